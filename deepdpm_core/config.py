@@ -1,0 +1,304 @@
+"""Typed, frozen run configuration loaded strictly from YAML.
+
+Every hyperparameter of the method lives here, as a field of a frozen dataclass.
+``cluster_configs/default.yaml`` documents each key; a test keeps the YAML and these
+defaults identical. Unknown or mistyped keys raise :class:`ConfigError` naming the
+dotted key, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from deepdpm_core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PriorConfig:
+    """Dirichlet-process and Normal-Inverse-Wishart prior (paper Supmat §NIW)."""
+
+    alpha: float = 10.0
+    kappa: float = 1.0e-4
+    nu: float | None = None
+    sigma_scale: float = 0.005
+    psi: Literal["identity", "data_std"] = "identity"
+    weight_pseudocount: float = 1.0
+
+
+@dataclass(frozen=True)
+class InitConfig:
+    """k-means initialisation of clusters and subclusters."""
+
+    n_clusters: int = 1
+    max_points: int = 200_000
+    kmeans_iters: int = 25
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Clustering net and batched subclustering nets (one hidden layer each)."""
+
+    hidden: int = 50
+    sub_hidden: int = 50
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Adam optimisers of the two nets and the minibatch schedule."""
+
+    lr_cluster: float = 5.0e-4
+    lr_subcluster: float = 5.0e-3
+    batch_size: int = 128
+    base_batch_size: int = 128
+    lr_scaling: Literal["none", "sqrt", "linear"] = "sqrt"
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """When the M-step runs, when moves are proposed and when training stops."""
+
+    max_epochs: int = 200
+    warmup_epochs: int = 5
+    move_every: int = 5
+    freeze_epochs: int = 2
+    patience: int = 4
+    min_epochs: int = 0
+
+
+@dataclass(frozen=True)
+class MovesConfig:
+    """Split/merge proposals (paper §3.2, Supmat 'Merge Proposals')."""
+
+    split: bool = True
+    merge: bool = True
+    merge_neighbours: int = 3
+    min_subcluster_size: int = 5
+    prune_empty: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole run configuration.
+
+    Sections: ``prior``, ``init``, ``model``, ``optim``, ``schedule``, ``moves``;
+    plus ``seed`` (all randomness of a fit derives from it) and ``device``.
+    """
+
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    prior: PriorConfig = field(default_factory=PriorConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    moves: MovesConfig = field(default_factory=MovesConfig)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Nested plain-dict form (what YAML and checkpoints store)."""
+        return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """Flattened ``{"prior.alpha": 10.0, ...}`` form (MLflow params)."""
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(f"{prefix}{k}.", v)
+            else:
+                out[prefix[:-1]] = value
+
+        walk("", self.to_dict())
+        return out
+
+    def with_overrides(self, overrides: dict[str, Any]) -> Config:
+        """Return a copy with dotted-key overrides (``{"prior.alpha": 1.0}``) applied."""
+        data = self.to_dict()
+        for dotted, value in overrides.items():
+            node = data
+            parts = dotted.split(".")
+            for part in parts[:-1]:
+                if not isinstance(node.get(part), dict):
+                    raise ConfigError(f"unknown config key '{dotted}'")
+                node = node[part]
+            if parts[-1] not in node or isinstance(node[parts[-1]], dict):
+                raise ConfigError(f"unknown config key '{dotted}'")
+            node[parts[-1]] = value
+        return from_dict(data)
+
+
+def _positive(cfg: Config) -> dict[str, float]:
+    return {
+        "prior.alpha": cfg.prior.alpha,
+        "prior.kappa": cfg.prior.kappa,
+        "prior.sigma_scale": cfg.prior.sigma_scale,
+        "optim.lr_cluster": cfg.optim.lr_cluster,
+        "optim.lr_subcluster": cfg.optim.lr_subcluster,
+        "optim.batch_size": cfg.optim.batch_size,
+        "optim.base_batch_size": cfg.optim.base_batch_size,
+        "init.n_clusters": cfg.init.n_clusters,
+        "init.max_points": cfg.init.max_points,
+        "init.kmeans_iters": cfg.init.kmeans_iters,
+        "model.hidden": cfg.model.hidden,
+        "model.sub_hidden": cfg.model.sub_hidden,
+        "schedule.max_epochs": cfg.schedule.max_epochs,
+        "schedule.move_every": cfg.schedule.move_every,
+        "schedule.patience": cfg.schedule.patience,
+        "moves.merge_neighbours": cfg.moves.merge_neighbours,
+    }
+
+
+def _validate(cfg: Config) -> None:
+    for key, value in _positive(cfg).items():
+        if not value > 0:
+            raise ConfigError(f"config key '{key}' must be > 0, got {value!r}")
+    for key, value in {
+        "schedule.warmup_epochs": cfg.schedule.warmup_epochs,
+        "schedule.freeze_epochs": cfg.schedule.freeze_epochs,
+        "schedule.min_epochs": cfg.schedule.min_epochs,
+        "prior.weight_pseudocount": cfg.prior.weight_pseudocount,
+        "moves.min_subcluster_size": cfg.moves.min_subcluster_size,
+    }.items():
+        if value < 0:
+            raise ConfigError(f"config key '{key}' must be >= 0, got {value!r}")
+    if cfg.prior.nu is not None and cfg.prior.nu <= 0:
+        raise ConfigError(f"config key 'prior.nu' must be > 0 or null, got {cfg.prior.nu!r}")
+
+
+def _coerce(key: str, annotation: Any, value: Any) -> Any:
+    """Check ``value`` against a field annotation; ints are accepted for floats."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        if value not in typing.get_args(annotation):
+            allowed = ", ".join(repr(a) for a in typing.get_args(annotation))
+            raise ConfigError(f"config key '{key}' must be one of {allowed}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(key, arg, value)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"config key '{key}' has a bad value {value!r}")
+    if is_dataclass(annotation):
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
+        return _build(annotation, value, prefix=f"{key}.")
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config key '{key}' must be true or false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config key '{key}' must be an integer, got {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, str):
+            # YAML 1.1 reads "5e-4" (no dot) as a string; accept it as the number it is.
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config key '{key}' must be a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"config key '{key}' must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"config key '{key}' has an unsupported type {annotation!r}")
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"unknown config key '{prefix}{key}'")
+    kwargs = {name: _coerce(prefix + name, hints[name], data[name]) for name in data}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # pragma: no cover - defensive, names are checked above
+        raise ConfigError(str(exc)) from exc
+
+
+def from_dict(data: dict[str, Any] | None) -> Config:
+    """Build a :class:`Config` from a nested mapping, rejecting unknown keys."""
+    if data is None:
+        return Config()
+    if not isinstance(data, dict):
+        raise ConfigError(f"a config must be a mapping, got {type(data).__name__}")
+    return _build(Config, data)
+
+
+def load_config(path: str | Path) -> Config:
+    """Load a YAML config file strictly (``yaml.safe_load``; unknown keys are errors).
+
+    Parameters
+    ----------
+    path : str or Path
+        A YAML file such as ``cluster_configs/default.yaml``. Missing keys keep
+        their defaults.
+
+    Returns
+    -------
+    Config
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from exc
+    try:
+        return from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Parse CLI ``key=value`` strings; values are YAML scalars (``1e-3``, ``true``, ``null``)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got '{item}'")
+        key, raw = item.split("=", 1)
+        try:
+            out[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {key}: cannot parse value '{raw}'") from exc
+    return out
+
+
+__all__ = [
+    "Config",
+    "InitConfig",
+    "ModelConfig",
+    "MovesConfig",
+    "OptimConfig",
+    "PriorConfig",
+    "ScheduleConfig",
+    "from_dict",
+    "load_config",
+    "parse_overrides",
+    "replace",
+]

@@ -1,0 +1,1 @@
+"""I/O and distribution around :mod:`deepdpm_core`: CLI, Ray, MLflow, shards, Parquet."""

@@ -1,0 +1,70 @@
+"""The ``deepdpm`` command: one entry point, one module per subcommand.
+
+Each subcommand module exposes ``HELP`` (one line), ``add_arguments(parser)`` and
+``run(args) -> int``. Modules are imported lazily so ``deepdpm --help`` stays fast and
+a subcommand's heavy imports (Ray, MLflow) cost nothing to the others. Every error a
+user can cause (:class:`deepdpm_core.errors.DeepDPMError`, missing files) is printed
+as one line and exits with code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from deepdpm_core.errors import DeepDPMError
+
+#: subcommand name -> module implementing it (order = order in ``--help``)
+COMMANDS: dict[str, str] = {
+    "demo": "pipeline.commands.demo",
+    "shards": "pipeline.commands.shards",
+    "extract": "pipeline.commands.extract",
+    "embed": "pipeline.commands.embed",
+    "fit": "pipeline.commands.fit",
+    "predict": "pipeline.commands.predict",
+    "report": "pipeline.commands.report",
+}
+
+
+def _available() -> dict[str, object]:
+    modules = {}
+    for name, module in COMMANDS.items():
+        try:
+            modules[name] = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:  # a real missing dependency inside the module
+                raise
+    return modules
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (subcommands that exist in this install)."""
+    parser = argparse.ArgumentParser(
+        prog="deepdpm",
+        description="DeepDPM clustering with an unknown number of clusters.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module in _available().items():
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``deepdpm`` with ``argv``; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (DeepDPMError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        print(f"deepdpm {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"deepdpm {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``deepdpm`` subcommand (see :mod:`pipeline.cli`)."""
