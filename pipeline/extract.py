@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import io
 import json
 import os
 import re
@@ -143,8 +144,16 @@ def count_samples(shard: str | Path) -> int:
     """
     count, previous, seen = 0, None, set()
     try:
+        file_size = os.path.getsize(shard)
         with tarfile.open(shard, "r:*") as tar:
+            # tarfile stops quietly at a cut header, but a member whose data runs past the
+            # end of the file would make the streaming reader fail mid-run: check it here
+            plain = isinstance(tar.fileobj, io.BufferedReader)
             for member in tar:
+                if plain and member.offset_data + member.size > file_size:
+                    raise DataError(
+                        f"{shard}: truncated tar file (member {member.name} is cut off)"
+                    )
                 match = _SAMPLE_NAME.match(member.name) if member.isreg() else None
                 if match is None or match.group(1) == previous:
                     continue
@@ -156,6 +165,9 @@ def count_samples(shard: str | Path) -> int:
                     )
                 seen.add(previous)
                 count += 1
+            if plain and file_size - tar.offset < tarfile.BLOCKSIZE:
+                # a complete tar ends with zero blocks; tarfile reads a cut header as the end
+                raise DataError(f"{shard}: truncated tar file (no end-of-archive marker)")
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise DataError(f"{shard}: not a readable tar file ({exc})") from exc
     return count
