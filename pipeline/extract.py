@@ -59,7 +59,8 @@ class ExtractReport:
     """What :func:`extract_features` did (``to_dict()`` is JSON-able; ``metrics()`` for MLflow).
 
     ``images_*`` and ``seconds`` count this run only; ``totals`` counts every shard in
-    ``output_dir``, including those done by earlier runs.
+    ``output_dir``, including those done by earlier runs. ``seconds_to_first_batch`` is
+    the start-up cost (Ray, actors, model loading) inside ``seconds``.
     """
 
     output_dir: str
@@ -74,6 +75,7 @@ class ExtractReport:
     images_embedded: int = 0
     images_skipped: int = 0
     seconds: float = 0.0
+    seconds_to_first_batch: float = 0.0
     images_per_s: float = 0.0
     totals: dict = field(default_factory=dict)
 
@@ -91,6 +93,7 @@ class ExtractReport:
             "images_embedded": self.images_embedded,
             "images_skipped": self.images_skipped,
             "seconds": self.seconds,
+            "seconds_to_first_batch": self.seconds_to_first_batch,
             "images_per_s": self.images_per_s,
         }
 
@@ -469,6 +472,8 @@ def extract_features(
                 precision,
                 ray_address,
             ):
+                if not report.seconds_to_first_batch:  # Ray start, actor start, model load
+                    report.seconds_to_first_batch = time.perf_counter() - start
                 bar.update(len(batch["key"]))
                 for entry in assembler.add(batch):
                     finish(entry)

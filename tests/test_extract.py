@@ -245,3 +245,12 @@ def test_cli_errors_are_one_line(tmp_path, digit_shards, capsys):
         main(["extract", "--shards", str(tmp_path / "none"), "--output", str(tmp_path / "o")]) == 2
     )
     assert "no .tar shards found" in capsys.readouterr().err
+
+
+def test_cli_choices_match_the_library():
+    from pipeline import encoders, extract
+    from pipeline.commands import extract as command
+
+    assert command.ENCODERS == encoders.ENCODERS
+    assert command.RESNET_ARCHS == encoders.RESNET_ARCHS
+    assert command.PRECISIONS == extract.PRECISIONS

@@ -8,11 +8,22 @@ import warnings
 
 HELP = "embed the images of webdataset shards (MoCo/torchvision ResNet or pixels) into Parquet"
 
+# literal copies of pipeline.encoders/extract constants (tested equal), so that building
+# the parser (``deepdpm --help``) does not import torch
+ENCODERS = ("moco_v2", "moco_v3", "torchvision", "pixels")
+RESNET_ARCHS = (
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "wide_resnet50_2",
+    "wide_resnet101_2",
+)
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipeline.encoders import ENCODERS, RESNET_ARCHS
-    from pipeline.extract import PRECISIONS
-
     parser.add_argument(
         "--shards", required=True, help="folder of .tar shards, a glob, or one file"
     )
