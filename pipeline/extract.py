@@ -314,6 +314,19 @@ class _ShardAssembler:
         ]
 
 
+def _same_encoder(stored: dict | None, current: dict) -> bool:
+    """Same embeddings? Weights compare by content (sha256), so a moved checkpoint matches."""
+
+    def comparable(identity: dict) -> dict:
+        return {
+            k: v
+            for k, v in identity.items()
+            if not (k == "weights" and "weights_sha256" in identity)
+        }
+
+    return stored is not None and comparable(stored) == comparable(current)
+
+
 def _manifest(entries: dict[str, dict], failed: list[dict], encoder: dict, dim: int) -> dict:
     shards = [entries[s] for s in sorted(entries)]
     return {
@@ -420,7 +433,7 @@ def extract_features(
             pending.append(shard)
             continue
         entry = read_shard_entry(out)
-        if entry.get("encoder") != identity or entry.get("dim") != dim:
+        if not _same_encoder(entry.get("encoder"), identity) or entry.get("dim") != dim:
             raise ConfigError(
                 f"{out} holds features from another encoder ({entry.get('encoder')}); "
                 "extract into a new --output folder"

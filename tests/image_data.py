@@ -54,9 +54,9 @@ def write_raw_shard(path: Path, samples: list[dict]) -> Path:
     return path
 
 
-def moco_v2_state(arch: str = "resnet18", dim: int = 128, mlp: bool = True) -> dict:
+def moco_v2_state(arch: str = "resnet18", dim: int = 128, mlp: bool = True, seed: int = 1) -> dict:
     """State dict of facebookresearch/moco's ``MoCo`` (v1: ``mlp=False``; v2: ``mlp=True``)."""
-    torch.manual_seed(1)
+    torch.manual_seed(seed)
     encoders = {}
     for name in ("encoder_q", "encoder_k"):
         model = torchvision.models.get_model(arch, weights=None, num_classes=dim)

@@ -191,6 +191,17 @@ def test_moco_features_match_local_computation_and_bad_images_are_counted(
     assert again.images_embedded == 14
     np.testing.assert_allclose(read_features(tmp_path / "b").X, features.X, rtol=1e-5, atol=1e-6)
 
+    # resuming compares checkpoints by content: a moved copy matches, other weights do not
+    moved = shutil.copy(moco_checkpoint, tmp_path / "moved.pth.tar")
+    spec_moved = EncoderSpec("moco_v2", str(moved), "resnet18", head=True)
+    resumed = extract_features(mixed_shards, tmp_path / "a", spec_moved, progress=False)
+    assert (resumed.shards_reused, resumed.shards_done) == (4, 0)
+    other = save_checkpoint(tmp_path / "other.pth.tar", moco_v2_state("resnet18", mlp=True, seed=5))
+    with pytest.raises(ConfigError, match="another encoder"):
+        extract_features(
+            mixed_shards, tmp_path / "a", EncoderSpec("moco_v2", str(other), "resnet18", head=True)
+        )
+
 
 def test_truncated_shard_is_reported_and_the_others_are_done(
     ray_cluster, digit_shards, tmp_path, capsys
