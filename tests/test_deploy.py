@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 import re
 import shlex
@@ -366,14 +367,78 @@ def test_references_between_objects_resolve():
 
 
 # ----------------------------------------------------------------------------- entrypoints
-def _entrypoint_commands(job: dict) -> list[list[str]]:
-    """argv of each ``deepdpm`` command of a RayJob entrypoint (``a && b`` chains)."""
-    commands = []
-    for part in job["spec"]["entrypoint"].split("&&"):
-        argv = shlex.split(part)
-        assert argv[0] == "deepdpm", f"{job['metadata']['name']}: entrypoint runs {argv[0]!r}"
-        commands.append(argv[1:])
-    return commands
+_RAY_RECORDER = """#!{python}
+import shlex, sys
+args = sys.argv[1:]
+print(shlex.join(args[args.index("--") + 1:]))  # what `ray job submit` sends (Ray's cli.py)
+"""
+_DEEPDPM_RECORDER = """#!{python}
+import json, os, sys
+with open(os.environ["DEEPDPM_CALLS"], "a") as calls:
+    calls.write(json.dumps(sys.argv[1:]) + "\\n")
+"""
+
+
+def _container_env(container: dict) -> dict[str, str]:
+    config_maps = {d["metadata"]["name"]: d["data"] for d in _of_kind("ConfigMap")}
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env.update(config_maps[source["configMapRef"]["name"]])
+    env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
+    return env
+
+
+def _run_like_kuberay(job: dict, workdir: Path) -> list[list[str]]:
+    """argv of every `deepdpm` a RayJob runs, after the two shells its entrypoint meets.
+
+    KubeRay pastes the entrypoint as text into the submitter pod's ``bash -ce "... ray job
+    submit --address ... -- <entrypoint> ..."``; Ray's CLI sends ``shlex.join`` of the
+    words after ``--``; the job supervisor on the head runs that string with ``/bin/sh``.
+    Both shells run here for real, each with its pod's environment, and ``ray`` and
+    ``deepdpm`` replaced by recorders. ``failglob`` makes an unquoted glob an error.
+    """
+    bin_dir = workdir / "bin"
+    bin_dir.mkdir(parents=True)
+    for name, text in (("ray", _RAY_RECORDER), ("deepdpm", _DEEPDPM_RECORDER)):
+        (bin_dir / name).write_text(text.format(python=sys.executable))
+        (bin_dir / name).chmod(0o755)
+    calls = workdir / "calls.jsonl"
+    base = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(workdir), "DEEPDPM_CALLS": str(calls)}
+    spec = job["spec"]
+    submitter = spec["submitterPodTemplate"]["spec"]["containers"][0]
+    head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+
+    script = f"shopt -s failglob\nray job submit --address http://head:8265 -- {spec['entrypoint']}"
+    submitted = subprocess.run(
+        ["bash", "-ce", script],
+        env={**base, **_container_env(submitter)},
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    assert not calls.exists(), "part of the entrypoint would run in the submitter pod"
+    ran = subprocess.run(
+        ["/bin/sh", "-c", submitted.stdout.strip()],
+        env={**base, **_container_env(head)},
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    return [json.loads(line) for line in calls.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def job_commands(tmp_path_factory) -> dict[str, list[list[str]]]:
+    return {
+        job["metadata"]["name"]: _run_like_kuberay(
+            job, tmp_path_factory.mktemp(job["metadata"]["name"])
+        )
+        for job in _of_kind("RayJob")
+    }
 
 
 def _parse(argv: list[str]):
@@ -394,12 +459,29 @@ def _in_repo(path_in_image: str) -> Path:
     return REPO / path_in_image[len(APP_ROOT_IN_IMAGE) + 1 :]
 
 
-@pytest.mark.parametrize("job", _of_kind("RayJob"), ids=lambda j: j["metadata"]["name"])
-def test_rayjob_entrypoints_are_real_deepdpm_commands(job):
-    env = {d["metadata"]["name"]: d["data"] for d in _of_kind("ConfigMap")}["deepdpm-env"]
-    for name in re.findall(r"\$\{?([A-Z_]+)", job["spec"]["entrypoint"]):
-        assert name in env, f"{job['metadata']['name']} uses ${name}, which no ConfigMap sets"
-    for argv in _entrypoint_commands(job):
+def test_entrypoints_reach_the_head_with_their_data_paths_expanded(job_commands):
+    data_root = {d["metadata"]["name"]: d["data"] for d in _of_kind("ConfigMap")}["deepdpm-env"][
+        "DATA_ROOT"
+    ]
+    expected = {
+        "deepdpm-extract": ["extract", "extract"],
+        "deepdpm-fit": ["fit"],
+        "deepdpm-predict": ["predict"],
+    }
+    assert {name: [argv[0] for argv in calls] for name, calls in job_commands.items()} == expected
+    for name, calls in job_commands.items():
+        for argv in calls:
+            assert not any("$" in arg for arg in argv), (name, argv)
+            for flag, value in zip(argv, argv[1:], strict=False):
+                if flag in ("--shards", "--input", "--output", "--weights", "--model"):
+                    assert value.startswith(data_root + "/"), (name, flag, value)
+    shards = [argv[argv.index("--shards") + 1] for argv in job_commands["deepdpm-extract"]]
+    assert [Path(s).name for s in shards] == ["train-*.tar", "val-*.tar"]  # the glob arrives intact
+
+
+@pytest.mark.parametrize("name", ["deepdpm-extract", "deepdpm-fit", "deepdpm-predict"])
+def test_rayjob_entrypoints_are_real_deepdpm_commands(name, job_commands):
+    for argv in job_commands[name]:
         args = _parse(argv)
         if getattr(args, "config", None):
             load_config(_in_repo(args.config))
@@ -412,19 +494,16 @@ def test_images_put_the_configs_where_the_entrypoints_look():
         assert re.search(rf"^WORKDIR {APP_ROOT_IN_IMAGE}$", text, re.MULTILINE), variant
 
 
-def test_the_three_jobs_hand_their_files_to_each_other():
-    jobs = {d["metadata"]["name"]: d for d in _of_kind("RayJob")}
-    extract = [_parse(a) for a in _entrypoint_commands(jobs["deepdpm-extract"])]
-    (fit,) = [_parse(a) for a in _entrypoint_commands(jobs["deepdpm-fit"])]
-    (predict,) = [_parse(a) for a in _entrypoint_commands(jobs["deepdpm-predict"])]
-    train, val = (e.output for e in extract)
+def test_the_three_jobs_hand_their_files_to_each_other(job_commands):
+    train, val = (_parse(a).output for a in job_commands["deepdpm-extract"])
+    (fit,) = [_parse(a) for a in job_commands["deepdpm-fit"]]
+    (predict,) = [_parse(a) for a in job_commands["deepdpm-predict"]]
     assert fit.input == train
     assert predict.input == val
     assert predict.model == f"{fit.output}/model.pt"
-    assert (
-        fit.num_workers
-        == jobs["deepdpm-fit"]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"]
-    )
+    fit_job = next(j for j in _of_kind("RayJob") if j["metadata"]["name"] == "deepdpm-fit")
+    gpu_workers = fit_job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"]
+    assert fit.num_workers == gpu_workers and fit.use_gpu
 
 
 # ----------------------------------------------------------------------------- kustomize
