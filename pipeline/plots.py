@@ -16,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pipeline.io import atomic_path  # noqa: E402
 
@@ -30,6 +31,13 @@ def _save(fig: plt.Figure, path: str | Path) -> Path:
         fig.savefig(tmp, format="png", dpi=_DPI, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def _integer_axes(ax: plt.Axes, x: bool = True, y: bool = False) -> None:
+    if x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if y:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _column(history: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
@@ -59,7 +67,7 @@ def plot_k_over_epochs(history: Sequence[Mapping[str, Any]], path: str | Path) -
     ax.set_xlabel("epoch")
     ax.set_ylabel("number of clusters K")
     ax.set_title("K over epochs")
-    ax.yaxis.get_major_locator().set_params(integer=True)
+    _integer_axes(ax, y=True)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     return _save(fig, path)
@@ -77,13 +85,18 @@ def plot_moves(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     top.set_ylabel("accepted this epoch")
     top.set_title("Split / merge acceptance")
     top.legend(loc="best", fontsize="small")
-    bottom.plot(epochs, np.cumsum(splits), color=_SPLIT_COLOUR, label="splits (total)")
-    bottom.plot(epochs, np.cumsum(merges), color=_MERGE_COLOUR, label="merges (total)")
+    bottom.step(
+        epochs, np.cumsum(splits), where="post", color=_SPLIT_COLOUR, label="splits (total)"
+    )
+    bottom.step(
+        epochs, np.cumsum(merges), where="post", color=_MERGE_COLOUR, label="merges (total)"
+    )
     bottom.set_xlabel("epoch")
     bottom.set_ylabel("accepted so far")
     bottom.legend(loc="best", fontsize="small")
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
+        _integer_axes(ax, y=True)
     return _save(fig, path)
 
 
@@ -98,6 +111,7 @@ def plot_losses(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     twin.plot(epochs, _column(history, "loss_subcluster"), color="tab:orange")
     twin.set_ylabel("subcluster loss", color="tab:orange")
     ax.set_title("Losses")
+    _integer_axes(ax)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -121,6 +135,7 @@ def plot_cluster_sizes(counts: Sequence[int] | np.ndarray, path: str | Path) -> 
     if len(sizes) and sizes[0] > 50 * max(int(sizes[-1]), 1):
         ax.set_yscale("log")  # imbalanced: keep the small clusters visible
     ax.grid(alpha=0.3, axis="y")
+    _integer_axes(ax)
     return _save(fig, path)
 
 
