@@ -23,6 +23,8 @@ user has set them.
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import os
 import platform
@@ -401,16 +403,102 @@ class RunTracker:
         )
 
 
+# -- the seams the commands plug in ---------------------------------------------------------
+
+#: files of a fit output directory logged as artifacts (those that exist)
+FIT_ARTIFACTS = (
+    "config.yaml",
+    "summary.json",
+    "k_over_epochs.png",
+    "cluster_sizes.png",
+    "moves.png",
+    "losses.png",
+    "model.pt",
+    "assignments.parquet",
+)
+
+
+def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--tracking-uri``, ``--experiment``, ``--run-name``, ``--no-tracking``."""
+    group = parser.add_argument_group("MLflow tracking")
+    group.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db "
+        "in the working directory)",
+    )
+    group.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
+    group.add_argument("--run-name", help="MLflow run name (default: chosen by MLflow)")
+    group.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+
+
+def tracker_from_args(args: argparse.Namespace, rank: int = 0) -> RunTracker:
+    """A :class:`RunTracker` configured by :func:`add_tracking_arguments` flags."""
+    return RunTracker(
+        tracking_uri=args.tracking_uri,
+        experiment=args.experiment,
+        enabled=not args.no_tracking,
+        run_name=args.run_name,
+        rank=rank,
+    )
+
+
+def fit_params(
+    flat_config: Mapping[str, Any], n_samples: int, n_features: int, num_workers: int = 1
+) -> dict[str, Any]:
+    """Params of a fit run: the flattened config plus data shape and worker count."""
+    return {
+        **flat_config,
+        "data.n_samples": int(n_samples),
+        "data.n_features": int(n_features),
+        "num_workers": int(num_workers),
+    }
+
+
+def epoch_callback(tracker: RunTracker, config: Any) -> Callable[[Mapping[str, Any]], None]:
+    """Per-epoch callback for the estimator: log the record and run the diagnostics
+    (:class:`pipeline.diagnostics.DiagnosticsMonitor`, warnings through ``tracker.warn``)."""
+    from pipeline.diagnostics import DiagnosticsMonitor
+
+    monitor = DiagnosticsMonitor(config, tracker.warn)
+
+    def on_epoch(record: Mapping[str, Any]) -> None:
+        tracker.log_epoch(record)
+        monitor(record)
+
+    return on_epoch
+
+
+def log_fit_outputs(tracker: RunTracker, out_dir: str | Path) -> None:
+    """Log a finished fit's output directory: :data:`FIT_ARTIFACTS` and, from its
+    ``summary.json``, ``fit_seconds`` and the final ``final_nmi``/``final_ari``/``final_acc``."""
+    out_dir = Path(out_dir)
+    summary_path = out_dir / "summary.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        final = {f"final_{k}": v for k, v in (summary.get("metrics") or {}).items()}
+        if summary.get("fit_seconds") is not None:
+            final["fit_seconds"] = summary["fit_seconds"]
+        final["final_n_clusters"] = summary.get("n_clusters", 0)
+        tracker.log_metrics(final, step=int(summary.get("epochs") or 0))
+    tracker.log_artifacts(p for name in FIT_ARTIFACTS if (p := out_dir / name).exists())
+
+
 __all__ = [
     "DEFAULT_EXPERIMENT",
+    "FIT_ARTIFACTS",
     "DEFAULT_TRACKING_DB",
     "EPOCH_METRICS",
     "HTTP_ENV_DEFAULTS",
     "RunTracker",
+    "add_tracking_arguments",
     "environment_tags",
+    "epoch_callback",
     "epoch_metrics",
     "extraction_metrics",
+    "fit_params",
     "git_commit",
     "gpu_description",
+    "log_fit_outputs",
     "resolve_tracking_uri",
+    "tracker_from_args",
 ]

@@ -22,9 +22,14 @@ from pipeline import plots
 from pipeline.tracking import (
     HTTP_ENV_DEFAULTS,
     RunTracker,
+    add_tracking_arguments,
     environment_tags,
+    epoch_callback,
     epoch_metrics,
+    fit_params,
+    log_fit_outputs,
     resolve_tracking_uri,
+    tracker_from_args,
 )
 from tests.conftest_mlflow import MlflowServer, mlflow_env, mlflow_server  # noqa: F401
 
@@ -231,3 +236,61 @@ def test_server_killed_mid_run(tmp_path, mlflow_env, capsys):  # noqa: F811
         assert len(_warning_lines(capsys.readouterr().err)) == 1
     finally:
         server.stop()
+
+
+def test_fit_output_directory_and_diagnostics_logged(
+    mlflow_server,  # noqa: F811
+    mlflow_env,  # noqa: F811
+    experiment,
+    tmp_path,
+    capsys,
+):
+    import yaml
+
+    out = tmp_path / "fit"
+    out.mkdir()
+    config = Config()
+    history = [
+        {**r, "n_clusters": 1, "splits_accepted": 0, "merges_accepted": 0}
+        for r in _records(30, with_labels=False)
+    ]  # a fit that never splits: both diagnostics fire
+    (out / "config.yaml").write_text(yaml.safe_dump(config.to_dict()))
+    summary = {"n_clusters": 1, "epochs": 30, "fit_seconds": 3.5, "history": history}
+    (out / "summary.json").write_text(json.dumps({**summary, "metrics": {"nmi": 0.0}}))
+    plots.write_fit_plots(history, [85], out)
+    (out / "model.pt").write_bytes(b"checkpoint bytes")
+
+    with tracker_from_args(
+        build_args(["--tracking-uri", mlflow_server.uri, "--experiment", experiment])
+    ) as tracker:
+        tracker.log_params(fit_params(config.flat(), 85, 4, num_workers=2))
+        on_epoch = epoch_callback(tracker, config)
+        for record in history:
+            on_epoch(record)
+        log_fit_outputs(tracker, out)
+    assert not tracker.failed
+    err = capsys.readouterr().err
+    assert "no split accepted" in err and "K collapsed to 1" in err
+
+    client = MlflowClient(mlflow_server.uri)
+    run = client.get_run(tracker.run_id)
+    assert run.data.params["num_workers"] == "2"
+    assert run.data.metrics["final_nmi"] == 0.0
+    assert run.data.metrics["fit_seconds"] == 3.5
+    names = {a.path for a in client.list_artifacts(tracker.run_id)}
+    assert names == {
+        "config.yaml", "summary.json", "k_over_epochs.png", "cluster_sizes.png",
+        "moves.png", "losses.png", "model.pt", "warnings.txt",
+    }  # fmt: skip
+    text = Path(
+        client.download_artifacts(tracker.run_id, "warnings.txt", str(tmp_path))
+    ).read_text()
+    assert len(text.strip().splitlines()) == 2
+
+
+def build_args(argv: list[str]):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_tracking_arguments(parser)
+    return parser.parse_args(argv)
