@@ -454,12 +454,18 @@ def fit_params(
     }
 
 
-def epoch_callback(tracker: RunTracker, config: Any) -> Callable[[Mapping[str, Any]], None]:
+def epoch_callback(
+    tracker: RunTracker, config: Any, feature_variance: float | None = None
+) -> Callable[[Mapping[str, Any]], None]:
     """Per-epoch callback for the estimator: log the record and run the diagnostics
-    (:class:`pipeline.diagnostics.DiagnosticsMonitor`, warnings through ``tracker.warn``)."""
+    (:class:`pipeline.diagnostics.DiagnosticsMonitor`, warnings through ``tracker.warn``).
+
+    ``feature_variance`` (median per-feature variance of X) lets the diagnostics say
+    which way ``prior.sigma_scale`` moves K for these data.
+    """
     from pipeline.diagnostics import DiagnosticsMonitor
 
-    monitor = DiagnosticsMonitor(config, tracker.warn)
+    monitor = DiagnosticsMonitor(config, tracker.warn, feature_variance)
 
     def on_epoch(record: Mapping[str, Any]) -> None:
         tracker.log_epoch(record)

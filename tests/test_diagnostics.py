@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deepdpm_core.config import Config
-from pipeline.diagnostics import KNOB_EFFECTS, DiagnosticsMonitor, diagnose, split_rounds
+from pipeline.diagnostics import DiagnosticsMonitor, diagnose, knob_advice, move_kinds
 
 
 def _record(epoch: int, k: int, splits: int = 0, merges: int = 0) -> dict:
@@ -13,12 +13,24 @@ def _record(epoch: int, k: int, splits: int = 0, merges: int = 0) -> dict:
     }  # fmt: skip
 
 
-def test_split_rounds_follow_the_schedule():
-    schedule = {"warmup_epochs": 5, "move_every": 5}
-    assert split_rounds(5, schedule, {"merge": True}) == 0
-    # moves at epochs 5 (split), 10 (merge), 15 (split): 2 split rounds in 20 epochs
-    assert split_rounds(20, schedule, {"merge": True}) == 2
-    assert split_rounds(20, schedule, {"merge": False}) == 3
+def test_move_kinds_replay_the_trainer_schedule():
+    schedule = {"warmup_epochs": 5, "move_every": 5, "freeze_epochs": 2}
+    quiet = [_record(e, 1) for e in range(20)]
+    kinds = move_kinds(quiet, schedule, {"split": True, "merge": True})
+    # the nets are frozen through the warm-up, so the first round ends epoch 10 (index 9)
+    assert [(i, k) for i, k in enumerate(kinds) if k] == [
+        (9, "split"),
+        (14, "merge"),
+        (19, "split"),
+    ]
+    assert [k for k in move_kinds(quiet, schedule, {"merge": False}) if k] == ["split"] * 3
+    # an accepted move freezes the nets: a round falling in the freeze is skipped and
+    # the alternation does not advance
+    busy = list(quiet)
+    busy[5] = _record(5, 3, splits=2)
+    sched = {"warmup_epochs": 5, "move_every": 1, "freeze_epochs": 2}
+    kinds = move_kinds(busy[:10], sched, {})
+    assert [(i, k) for i, k in enumerate(kinds) if k] == [(5, "split"), (8, "merge"), (9, "split")]
 
 
 def test_no_warning_for_a_healthy_fit():
@@ -34,10 +46,21 @@ def test_stalled_splits_name_every_knob_with_its_value():
     (warning,) = diagnose(history, cfg)
     assert warning.kind == "no_split"
     assert "no split accepted in the last 3 split rounds" in warning.message
-    for key, direction, _ in KNOB_EFFECTS:
-        assert f"{direction} {key}" in warning.message
-    assert "prior.alpha (now 3.0" in warning.message
-    assert "prior.nu (now auto (D + 2)" in warning.message
+    assert "raise prior.alpha (now 3.0" in warning.message
+    assert "lower prior.nu (now auto = D + 2" in warning.message
+    assert "prior.sigma_scale (now 0.005) moves K non-monotonically" in warning.message
+
+
+def test_sigma_scale_direction_follows_the_data_variance():
+    # measured (module docstring): K peaks for Ψ ~ 0.001-0.3 x the feature variance
+    assert knob_advice({"sigma_scale": 0.005}, 0.16).startswith("raise prior.sigma_scale")
+    assert knob_advice({"sigma_scale": 0.5}, 0.16).startswith("lower prior.sigma_scale")
+    # psi="data_std": Ψ = s·std, so s = 1 on unit-variance data is at the pivot
+    assert knob_advice({"sigma_scale": 1.0, "psi": "data_std"}, 1.0).startswith("lower")
+    assert knob_advice({"sigma_scale": 1.0, "psi": "data_std"}, 100.0).startswith("raise")
+    assert "(now 0.5: Ψ is 3.1 × the median feature variance" in knob_advice(
+        {"sigma_scale": 0.5}, 0.16
+    )
 
 
 def test_collapse_to_one_or_two_clusters():
