@@ -1,7 +1,7 @@
 """RunTracker against a real ``mlflow server`` (and a real sqlite store).
 
-Records here follow the epoch-record contract of ``DeepDPM.history_``; the end-to-end
-tests of ``deepdpm fit`` against a live server are in ``test_fit_tracking.py``.
+Records here follow the epoch-record contract of ``DeepDPM.history_`` (what the
+estimator passes to its per-epoch callbacks).
 """
 
 from __future__ import annotations
