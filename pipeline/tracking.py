@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +154,16 @@ def extraction_metrics(read: int, embedded: int, skipped: int, seconds: float) -
         "images_skipped": float(skipped),
         "images_per_second": float(embedded) / seconds if seconds > 0 else 0.0,
     }
+
+
+def _redacted(uri: str | None) -> str:
+    """``uri`` without a ``user:password@`` part (warnings must not print credentials)."""
+    parts = urlsplit(uri or "")
+    if parts.password is None and parts.username is None:
+        return uri or ""
+    host = parts.hostname or ""
+    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _param_value(value: Any) -> str:
@@ -394,8 +405,9 @@ class RunTracker:
             self.failed = True
         self._started.set()  # nobody waits for a run id that will never come
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        first_line = first_line.replace(self.tracking_uri or "", _redacted(self.tracking_uri))
         print(
-            f"deepdpm: warning: MLflow tracking at {self.tracking_uri} failed "
+            f"deepdpm: warning: MLflow tracking at {_redacted(self.tracking_uri)} failed "
             f"({type(exc).__name__}: {first_line[:300]}); training continues without "
             "tracking and all outputs are still written locally",
             file=sys.stderr,

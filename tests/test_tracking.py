@@ -185,7 +185,7 @@ def test_default_store_is_sqlite_in_working_directory(tmp_path, monkeypatch, mlf
 def test_dead_server_warns_once_and_never_blocks(mlflow_env, capsys):  # noqa: F811
     with socket.socket() as sock:  # a port with nothing listening: connection refused
         sock.bind(("127.0.0.1", 0))
-        uri = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        uri = f"http://deepdpm:s3cret@127.0.0.1:{sock.getsockname()[1]}"
     start = time.monotonic()
     with RunTracker(uri, "nowhere", close_timeout=60) as tracker:
         for record in _records(20):
@@ -195,7 +195,9 @@ def test_dead_server_warns_once_and_never_blocks(mlflow_env, capsys):  # noqa: F
     assert tracker.failed and tracker.run_id is None
     # 2 retries with backoff factor 1 (HTTP_ENV_DEFAULTS): ~10 s, not MLflow's ~4 min
     assert time.monotonic() - start < 45
-    assert len(_warning_lines(capsys.readouterr().err)) == 1
+    err = capsys.readouterr().err
+    assert len(_warning_lines(err)) == 1
+    assert "s3cret" not in err and "***@127.0.0.1" in err
 
 
 def test_hung_server_does_not_stall_training(mlflow_env, capsys):  # noqa: F811
