@@ -161,6 +161,10 @@ class DeepDPM:
         return t.predict_log_proba(torch.from_numpy(X)).argmax(1).numpy()
 
     @property
+    def n_features_in_(self) -> int:
+        return self._fitted().dim
+
+    @property
     def n_clusters_(self) -> int:
         return self._fitted().n_clusters
 
