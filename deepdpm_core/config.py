@@ -55,8 +55,9 @@ class OptimConfig:
 
     lr_cluster: float = 5.0e-4
     lr_subcluster: float = 5.0e-3
-    batch_size: int = 128
+    batch_size: int | Literal["auto"] = "auto"
     base_batch_size: int = 128
+    steps_per_epoch: int = 64
     lr_scaling: Literal["none", "sqrt", "linear"] = "sqrt"
 
 
@@ -68,7 +69,7 @@ class ScheduleConfig:
     warmup_epochs: int = 5
     move_every: int = 5
     freeze_epochs: int = 2
-    patience: int = 4
+    patience: int = 3
     min_epochs: int = 0
 
 
@@ -144,7 +145,8 @@ def _positive(cfg: Config) -> dict[str, float]:
         "prior.sigma_scale": cfg.prior.sigma_scale,
         "optim.lr_cluster": cfg.optim.lr_cluster,
         "optim.lr_subcluster": cfg.optim.lr_subcluster,
-        "optim.batch_size": cfg.optim.batch_size,
+        "optim.batch_size": 1 if cfg.optim.batch_size == "auto" else cfg.optim.batch_size,
+        "optim.steps_per_epoch": cfg.optim.steps_per_epoch,
         "optim.base_batch_size": cfg.optim.base_batch_size,
         "init.n_clusters": cfg.init.n_clusters,
         "init.max_points": cfg.init.max_points,

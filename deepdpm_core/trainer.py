@@ -56,6 +56,17 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def auto_batch_size(n_total: int, steps_per_epoch: int, base: int, largest: int = 4096) -> int:
+    """Batch size giving about ``steps_per_epoch`` steps: a power of two in [base, largest].
+
+    Small data keep the paper's batch of 128 (enough updates per epoch); large data get
+    large batches, so an epoch costs a few hundred optimizer steps instead of N/128.
+    """
+    want = max(1, n_total // max(1, steps_per_epoch))
+    size = 1 << max(0, (want - 1).bit_length() - 1) if want > 1 else 1
+    return int(min(largest, max(base, size)))
+
+
 def scaled_lr(base_lr: float, batch_size: int, base_batch_size: int, rule: str) -> float:
     """Learning rate for ``batch_size`` from one tuned at ``base_batch_size``."""
     ratio = batch_size / base_batch_size
@@ -126,6 +137,9 @@ class Trainer:
             torch.zeros(self.dim, dtype=torch.float64), var.sqrt(), p.kappa, p.nu, p.sigma_scale, p.psi
         ).to(self.device)
         self.x = (x64 - mean).to(torch.float32).to(self.device)
+        o = self.config.optim
+        self.batch_size = (auto_batch_size(self.n_total, o.steps_per_epoch, o.base_batch_size)
+                           if o.batch_size == "auto" else int(o.batch_size))
 
     def initialize(self) -> None:
         """k-means clusters (rank with most rows), MAP parameters, principal-axis subclusters."""
@@ -159,7 +173,7 @@ class Trainer:
 
     def _lr(self, base: float) -> float:
         o = self.config.optim
-        return scaled_lr(base, o.batch_size, o.base_batch_size, o.lr_scaling)
+        return scaled_lr(base, self.batch_size, o.base_batch_size, o.lr_scaling)
 
     def _rewrap(self) -> None:
         self.cluster_model = self.wrap(self.cluster_net)
@@ -210,7 +224,7 @@ class Trainer:
         return SuffStats.from_flat(flat, stats.n_rows, stats.dim)
 
     def _n_steps(self) -> int:
-        local = math.ceil(self.x.shape[0] / self.config.optim.batch_size)
+        local = math.ceil(self.x.shape[0] / self.batch_size)
         t = torch.tensor([float(local)], dtype=torch.float64, device=self.device)
         return int(self.comm.all_reduce(t, op="max").item())
 
@@ -219,7 +233,7 @@ class Trainer:
 
         With ``train=False`` the nets are not updated (a pure statistics pass).
         """
-        k, d, bsz = self.n_clusters, self.dim, self.config.optim.batch_size
+        k, d, bsz = self.n_clusters, self.dim, self.batch_size
         n_local = self.x.shape[0]
         gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.epoch * 7919 + self.comm.rank)
         perm = torch.randperm(n_local, generator=gen).to(self.device)
