@@ -35,11 +35,17 @@ def test_architecture_mirrors_encoder_and_is_linear_at_both_ends():
     model = MLPAutoencoder(64, 10, (500, 500, 2000))
     linear = [m for m in model.encoder if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linear] == [
-        (64, 500), (500, 500), (500, 2000), (2000, 10)
+        (64, 500),
+        (500, 500),
+        (500, 2000),
+        (2000, 10),
     ]
     dec = [m for m in model.decoder if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in dec] == [
-        (10, 2000), (2000, 500), (500, 500), (500, 64)
+        (10, 2000),
+        (2000, 500),
+        (500, 500),
+        (500, 64),
     ]
     # No activation on the latent code nor on the reconstruction (DEC/DCN/n2d).
     assert isinstance(model.encoder[-1], torch.nn.Linear)
@@ -61,9 +67,7 @@ def test_losses_match_direct_formulas():
     z = torch.randn(7, 3, generator=gen, requires_grad=True)
     centers = torch.randn(4, 3, generator=gen, requires_grad=True)
     assign = torch.tensor([0, 3, 3, 1, 2, 0, 1])
-    direct = np.mean(
-        [np.sum((z[i] - centers[assign[i]]).detach().numpy() ** 2) for i in range(7)]
-    )
+    direct = np.mean([np.sum((z[i] - centers[assign[i]]).detach().numpy() ** 2) for i in range(7)])
     loss = cluster_loss(z, centers, assign)
     assert loss.item() == pytest.approx(direct, rel=1e-6)
     loss.backward()
@@ -109,8 +113,12 @@ def test_cluster_term_pulls_embeddings_to_fixed_centres(digits):
     centers = np.stack([Z[y == k].mean(axis=0) for k in range(10)])
     before = np.mean(np.sum((Z - centers[y]) ** 2, axis=1))
     history = train_autoencoder(
-        model, X, AETrainSettings(epochs=10, beta=1.0, recon_weight=0.005),
-        seed=0, centers=centers, assignments=y,
+        model,
+        X,
+        AETrainSettings(epochs=10, beta=1.0, recon_weight=0.005),
+        seed=0,
+        centers=centers,
+        assignments=y,
     )
     after = np.mean(np.sum((encode(model, X) - centers[y]) ** 2, axis=1))
     assert history[-1]["cluster"] < history[0]["cluster"]

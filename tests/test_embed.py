@@ -81,8 +81,14 @@ def test_umap_embedding_is_deterministic_for_a_seed(digits):
 @pytest.mark.parametrize(
     ("X", "message"),
     [
-        (np.array([[1.0, np.nan], [0.0, 1.0], [2.0, 2.0]]), r"1 NaN/infinite value\(s\) in 1 row\(s\), first at row 0"),
-        (np.array([[1.0, 2.0], [np.inf, 1.0], [0.0, -np.inf]]), r"2 NaN/infinite.*2 row\(s\), first at row 1"),
+        (
+            np.array([[1.0, np.nan], [0.0, 1.0], [2.0, 2.0]]),
+            r"1 NaN/infinite value\(s\) in 1 row\(s\), first at row 0",
+        ),
+        (
+            np.array([[1.0, 2.0], [np.inf, 1.0], [0.0, -np.inf]]),
+            r"2 NaN/infinite.*2 row\(s\), first at row 1",
+        ),
         (np.arange(5.0), r"shape \[N, D\]"),
         (np.zeros((1, 4)), "at least 2 are needed"),
         (np.array([["a", "b"], ["c", "d"]]), "numeric"),
@@ -96,7 +102,9 @@ def test_bad_arrays_are_data_errors(X, message):
 def test_dim_must_be_smaller_than_input(digits):
     X, _ = digits
     for method in ("ae", "umap", "ae-umap", "pca"):
-        with pytest.raises(DataError, match=r"--dim \(64\) must be smaller than the input dimension \(64\)"):
+        with pytest.raises(
+            DataError, match=r"--dim \(64\) must be smaller than the input dimension \(64\)"
+        ):
             embed(X[:50], method, FAST_CONFIG, dim=64)
     with pytest.raises(ConfigError, match="must not exceed the autoencoder latent size"):
         embed(X[:50], "ae-umap", FAST_CONFIG, dim=12)
@@ -111,8 +119,21 @@ def test_embed_command_writes_a_feature_table_with_labels(tmp_path, digits_npz, 
     out = tmp_path / "emb.parquet"
     model_path = tmp_path / "ae.pt"
     code = main(
-        ["embed", "--input", str(digits_npz), "--output", str(out), "--method", "ae", "--dim", "7",
-         "--save-model", str(model_path), "--quiet", *FAST]
+        [
+            "embed",
+            "--input",
+            str(digits_npz),
+            "--output",
+            str(out),
+            "--method",
+            "ae",
+            "--dim",
+            "7",
+            "--save-model",
+            str(model_path),
+            "--quiet",
+            *FAST,
+        ]
     )
     assert code == 0
     assert "1797 rows: 64 -> 7 dims with ae" in capsys.readouterr().out
@@ -137,7 +158,10 @@ def test_embed_command_reads_parquet_features_and_keeps_keys(tmp_path, digits):
     src = tmp_path / "features.parquet"
     write_parquet_atomic(features_table(X, keys, labels), src)
     out = tmp_path / "pca.parquet"
-    assert main(["embed", "--input", str(src), "--output", str(out), "--method", "pca", "--dim", "4"]) == 0
+    assert (
+        main(["embed", "--input", str(src), "--output", str(out), "--method", "pca", "--dim", "4"])
+        == 0
+    )
     result = read_features(out)
     assert result.X.shape == (len(X), 4)
     assert result.keys.tolist() == keys.tolist()
@@ -154,14 +178,32 @@ def test_embed_command_bad_inputs_are_one_line_errors(tmp_path, digits_npz, caps
     ragged = tmp_path / "ragged.npz"
     np.savez(ragged, X=np.ones((10, 6)), y=np.zeros(9))
     cases = [
-        (["--input", str(nan_path), "--method", "pca", "--dim", "2"], "NaN/infinite value(s) in 1 row(s), first at row 3"),
-        (["--input", str(ragged), "--method", "pca", "--dim", "2"], "'y' has 9 rows but 'X' has 10"),
-        (["--input", str(digits_npz), "--method", "pca", "--dim", "64"], "--dim (64) must be smaller than the input dimension (64)"),
-        (["--input", str(digits_npz), "--method", "pca", "--dim", "80"], "--dim (80) must be smaller"),
+        (
+            ["--input", str(nan_path), "--method", "pca", "--dim", "2"],
+            "NaN/infinite value(s) in 1 row(s), first at row 3",
+        ),
+        (
+            ["--input", str(ragged), "--method", "pca", "--dim", "2"],
+            "'y' has 9 rows but 'X' has 10",
+        ),
+        (
+            ["--input", str(digits_npz), "--method", "pca", "--dim", "64"],
+            "--dim (64) must be smaller than the input dimension (64)",
+        ),
+        (
+            ["--input", str(digits_npz), "--method", "pca", "--dim", "80"],
+            "--dim (80) must be smaller",
+        ),
         (["--input", str(tmp_path / "missing.npz"), "--method", "pca"], "input not found"),
         (["--input", str(digits_npz), "--method", "ae", "--set", "ae.hidden=[]"], "ae.hidden"),
-        (["--input", str(digits_npz), "--method", "ae", "--set", "ae.latnet_dim=3"], "unknown config key 'ae.latnet_dim'"),
-        (["--input", str(digits_npz), "--method", "pca", "--save-model", str(tmp_path / "m.pt")], "--save-model needs an autoencoder"),
+        (
+            ["--input", str(digits_npz), "--method", "ae", "--set", "ae.latnet_dim=3"],
+            "unknown config key 'ae.latnet_dim'",
+        ),
+        (
+            ["--input", str(digits_npz), "--method", "pca", "--save-model", str(tmp_path / "m.pt")],
+            "--save-model needs an autoencoder",
+        ),
     ]
     for argv, message in cases:
         code = main(["embed", "--output", str(out), *argv])
