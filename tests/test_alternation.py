@@ -122,3 +122,44 @@ def test_bad_arguments(digits):
     bad[5, 5] = np.nan
     with pytest.raises(DataError, match="NaN"):
         fit_alternating(bad, FAST, cluster_fn=RecordingKMeans([3]))
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (
+            "mnist_ae",
+            {
+                "ae.latent_dim": 10,
+                "ae.recon_weight": 0.005,
+                "ae.beta": 1.0,
+                "ae.alternations": 3,
+                "init.n_clusters": 3,
+                "prior.sigma_scale": 0.005,
+                "schedule.max_epochs": 200,
+            },
+        ),
+        (
+            "imagenet50_ae",
+            {
+                "ae.latent_dim": 10,
+                "ae.recon_weight": 0.05,
+                "ae.beta": 0.01,
+                "ae.alternations": 2,
+                "init.n_clusters": 10,
+                "prior.nu": 12.0,
+                "prior.psi": "data_std",
+                "prior.sigma_scale": 1e-4,
+                "schedule.max_epochs": 300,
+            },
+        ),
+    ],
+)
+def test_paper_recipes_load_strictly(name, expected):
+    from pathlib import Path
+
+    from deepdpm_core.config import load_config
+
+    flat = load_config(Path(__file__).parent.parent / "cluster_configs" / f"{name}.yaml").flat()
+    assert {key: flat[key] for key in expected} == expected
+    assert flat["ae.hidden"] == (500, 500, 2000)
