@@ -1,0 +1,45 @@
+"""The one seam between the trainer and the distributed world.
+
+The trainer only ever all-reduces flat tensors and broadcasts small Python objects
+(move plans, k-means centres) through a :class:`Communicator`. :class:`LocalCommunicator`
+is the single-process no-op; ``pipeline`` provides the ``torch.distributed`` one, so
+the method itself never calls ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Communicator(Protocol):
+    """Collective operations the trainer needs."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    def all_reduce(self, tensor: torch.Tensor, op: Literal["sum", "max"] = "sum") -> torch.Tensor:
+        """Reduce ``tensor`` over all ranks and return the result (same shape and dtype)."""
+        ...
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Return rank ``src``'s ``obj`` on every rank."""
+        ...
+
+
+class LocalCommunicator:
+    """Single process: reductions are identities."""
+
+    rank = 0
+    world_size = 1
+
+    def all_reduce(self, tensor: torch.Tensor, op: Literal["sum", "max"] = "sum") -> torch.Tensor:
+        return tensor
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        return obj

@@ -1,0 +1,221 @@
+"""``DeepDPM``: a scikit-learn-style estimator around the single-process trainer."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from deepdpm_core.config import Config, from_dict, load_config
+from deepdpm_core.errors import CheckpointError, ConfigError
+from deepdpm_core.trainer import Trainer
+from deepdpm_core.validation import check_features
+
+FORMAT = "deepdpm-model/1"
+
+
+def _leaf_index() -> dict[str, list[str]]:
+    """Leaf name -> dotted keys having it (for ``DeepDPM(alpha=1.0)`` shortcuts)."""
+    index: dict[str, list[str]] = {}
+    for f in dataclasses.fields(Config):
+        sub = typing.get_type_hints(Config)[f.name]
+        if dataclasses.is_dataclass(sub):
+            for g in dataclasses.fields(sub):
+                index.setdefault(g.name, []).append(f"{f.name}.{g.name}")
+        else:
+            index.setdefault(f.name, []).append(f.name)
+    return index
+
+
+def resolve_config(config: Config | dict | str | Path | None, overrides: dict[str, Any]) -> Config:
+    """Combine a config (object, mapping, YAML path or None) with keyword overrides.
+
+    Overrides may be dotted (``{"prior.alpha": 1.0}``), double-underscored
+    (``prior__alpha=1.0``), a whole section (``prior={"alpha": 1.0}``) or an unambiguous
+    leaf name (``alpha=1.0``).
+    """
+    if config is None:
+        cfg = Config()
+    elif isinstance(config, Config):
+        cfg = config
+    elif isinstance(config, dict):
+        cfg = from_dict(config)
+    else:
+        cfg = load_config(config)
+    leaves = _leaf_index()
+    sections = {f.name for f in dataclasses.fields(Config)}
+    dotted: dict[str, Any] = {}
+    for key, value in overrides.items():
+        key = key.replace("__", ".")
+        if "." in key:
+            dotted[key] = value
+        elif key in sections and isinstance(value, dict):
+            dotted.update({f"{key}.{k}": v for k, v in value.items()})
+        elif len(leaves.get(key, [])) == 1:
+            dotted[leaves[key][0]] = value
+        elif key in leaves:
+            raise ConfigError(f"ambiguous parameter '{key}': use one of {', '.join(leaves[key])}")
+        else:
+            raise ConfigError(f"unknown parameter '{key}'")
+    return cfg.with_overrides(dotted) if dotted else cfg
+
+
+class DeepDPM:
+    """Deep clustering with an unknown number of clusters (Ronen et al., CVPR 2022).
+
+    Parameters
+    ----------
+    config : Config, dict, str or Path, optional
+        A config object, a nested mapping or a YAML file; defaults follow the paper.
+    random_state : int, optional
+        Overrides ``config.seed``; equal seeds give identical fits.
+    **overrides
+        Config keys, e.g. ``DeepDPM(alpha=1.0, prior__sigma_scale=0.01)``.
+
+    Attributes
+    ----------
+    n_clusters_ : int
+        K found (clusters owning at least one training point).
+    labels_ : ndarray of shape (N,)
+        Cluster of each training point.
+    means_ : ndarray of shape (K, D)
+    covariances_ : ndarray of shape (K, D, D)
+    weights_ : ndarray of shape (K,)
+    history_ : list of dict
+        One record per epoch: epoch, n_clusters, loss_cluster, loss_subcluster,
+        splits_accepted, merges_accepted, seconds.
+    """
+
+    def __init__(self, config: Config | dict | str | Path | None = None,
+                 random_state: int | None = None, **overrides: Any) -> None:
+        cfg = resolve_config(config, overrides)
+        if random_state is not None:
+            cfg = cfg.with_overrides({"seed": int(random_state)})
+        self.config = cfg
+        self._trainer: Trainer | None = None
+
+    # ----------------------------------------------------------------- fitting
+    def fit(self, X: Any, y: Any = None, callbacks: list[Callable[[dict], None]] | None = None,
+            progress: bool = False) -> DeepDPM:
+        """Fit on X (float [N, D]); ``y`` is ignored (scikit-learn convention).
+
+        Parameters
+        ----------
+        callbacks : list of callables, optional
+            Each is called with every epoch's history record.
+        progress : bool
+            Show a progress bar with K and the losses.
+        """
+        X = check_features(X, min_rows=max(2, self.config.init.n_clusters))
+        cbs = list(callbacks or [])
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self.config.schedule.max_epochs, desc="deepdpm fit", unit="epoch")
+
+            def show(rec: dict) -> None:
+                bar.update(1)
+                bar.set_postfix(K=rec["n_clusters"], cl=f"{rec['loss_cluster']:.3f}",
+                                sub=f"{rec['loss_subcluster']:.3g}")
+
+            cbs.append(show)
+        trainer = Trainer(self.config, torch.from_numpy(X), callbacks=cbs)
+        try:
+            trainer.fit()
+        finally:
+            if bar is not None:
+                bar.close()
+        log_r = trainer.predict_log_proba(torch.from_numpy(X))
+        labels = log_r.argmax(1)
+        trainer.prune_unused(torch.bincount(labels, minlength=trainer.n_clusters).to(torch.float64))
+        self._trainer = trainer
+        self.labels_ = self.predict(X)
+        return self
+
+    def fit_predict(self, X: Any, y: Any = None) -> np.ndarray:
+        """Fit and return :attr:`labels_`."""
+        return self.fit(X).labels_
+
+    # --------------------------------------------------------------- inference
+    def _fitted(self) -> Trainer:
+        if self._trainer is None:
+            raise RuntimeError("this DeepDPM instance is not fitted yet; call fit() or load()")
+        return self._trainer
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Cluster responsibilities r = softmax(f_cl(x)), shape (N, K)."""
+        t = self._fitted()
+        X = check_features(X, n_features=t.dim)
+        return t.predict_log_proba(torch.from_numpy(X)).exp().numpy()
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Hard cluster of each row, argmax of :meth:`predict_proba`, shape (N,)."""
+        t = self._fitted()
+        X = check_features(X, n_features=t.dim)
+        return t.predict_log_proba(torch.from_numpy(X)).argmax(1).numpy()
+
+    @property
+    def n_features_in_(self) -> int:
+        return self._fitted().dim
+
+    @property
+    def n_clusters_(self) -> int:
+        return self._fitted().n_clusters
+
+    @property
+    def means_(self) -> np.ndarray:
+        t = self._fitted()
+        return (t.means + t.shift.to(t.means)).cpu().numpy()
+
+    @property
+    def covariances_(self) -> np.ndarray:
+        return self._fitted().covs.cpu().numpy()
+
+    @property
+    def weights_(self) -> np.ndarray:
+        return self._fitted().log_weights.exp().cpu().numpy()
+
+    @property
+    def history_(self) -> list[dict]:
+        return list(self._fitted().history)
+
+    # ------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> None:
+        """Write the fitted model (config, nets, NIW parameters, history) atomically."""
+        t = self._fitted()
+        state = {"format": FORMAT, **t.state_dict()}
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save(state, tmp)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> DeepDPM:
+        """Load a model written by :meth:`save` (``torch.load(weights_only=True)``)."""
+        path = Path(path)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # unpickling errors have many types
+            raise CheckpointError(f"cannot read model checkpoint {path}: {exc}") from exc
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise CheckpointError(f"{path} is not a DeepDPM model checkpoint ({FORMAT})")
+        cfg = from_dict(state["config"]).with_overrides({"device": "cpu"})
+        est = cls(cfg)
+        dim = int(state["dim"])
+        trainer = Trainer.__new__(Trainer)
+        Trainer.__init__(trainer, cfg, torch.zeros(1, dim))
+        trainer.shift = state["shift"]
+        trainer.input_scale = float(state["input_scale"])
+        trainer.n_total = int(state["n_total"])
+        trainer.load_state_dict(state)
+        est._trainer = trainer
+        return est

@@ -1,0 +1,90 @@
+"""k-means initialisation (FAISS) and data-free subcluster initialisation."""
+
+from __future__ import annotations
+
+import math
+
+import faiss
+import numpy as np
+import torch
+
+Tensor = torch.Tensor
+
+
+def kmeans_centers(
+    x: np.ndarray, n_clusters: int, n_iter: int, max_points: int, rng: np.random.Generator
+) -> np.ndarray:
+    """k-means centres of at most ``max_points`` rows sampled from ``x``.
+
+    Parameters
+    ----------
+    x : ndarray of shape (N, D), float32
+    rng : numpy Generator
+        Chooses the sample and seeds FAISS, so the result is reproducible.
+
+    Returns
+    -------
+    ndarray of shape (n_clusters, D), float32
+    """
+    n, d = x.shape
+    if n_clusters == 1:
+        return x.mean(0, keepdims=True, dtype=np.float64).astype(np.float32)
+    if n > max_points:
+        x = x[np.sort(rng.choice(n, size=max_points, replace=False))]
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    km = faiss.Kmeans(
+        d, n_clusters, niter=n_iter, seed=int(rng.integers(1, 2**31 - 1)),
+        max_points_per_centroid=max(1, len(x) // n_clusters + 1), verbose=False,
+    )
+    km.train(x)
+    return np.asarray(km.centroids, dtype=np.float32)
+
+
+def nearest_center(x: Tensor, centers: Tensor, chunk: int = 65536) -> Tensor:
+    """Index of the nearest centre (squared L2) of every row.
+
+    Parameters
+    ----------
+    x : Tensor of shape (N, D)
+    centers : Tensor of shape (K, D)
+
+    Returns
+    -------
+    Tensor of shape (N,), int64
+    """
+    c = centers.to(x)
+    c_sq = c.square().sum(1)
+    out = torch.empty(x.shape[0], dtype=torch.long, device=x.device)
+    for s in range(0, x.shape[0], chunk):
+        xs = x[s : s + chunk]
+        out[s : s + chunk] = (c_sq - 2 * xs @ c.T).argmin(1)
+    return out
+
+
+def principal_split(means: Tensor, covariances: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Subcluster parameters that halve each cluster along its principal axis.
+
+    For N(μ, Σ) cut by the hyperplane through μ orthogonal to the top eigenvector v
+    (eigenvalue λ), each half has mean μ ± sqrt(2λ/π) v and covariance
+    Σ − (2/π) λ v vᵀ (moments of a half-normal). Data-free, so identical on every rank.
+
+    Parameters
+    ----------
+    means : Tensor of shape (K, D)
+    covariances : Tensor of shape (K, D, D)
+
+    Returns
+    -------
+    sub_means : Tensor of shape (K, 2, D)
+    sub_covariances : Tensor of shape (K, 2, D, D)
+    directions : Tensor of shape (K, D) — unit principal axes
+    spreads : Tensor of shape (K,) — sqrt(λ)
+    """
+    evals, evecs = torch.linalg.eigh(covariances)
+    lam = evals[:, -1].clamp_min(0)
+    v = evecs[:, :, -1]
+    offset = torch.sqrt(2 * lam / math.pi)[:, None] * v
+    sub_means = torch.stack([means + offset, means - offset], 1)
+    shrink = (2 / math.pi) * lam[:, None, None] * v[:, :, None] * v[:, None, :]
+    cov = covariances - shrink
+    return sub_means, torch.stack([cov, cov], 1), v, torch.sqrt(lam).clamp_min(1e-12)

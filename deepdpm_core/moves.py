@@ -1,0 +1,144 @@
+"""Split and merge proposals from reduced statistics, decided into a :class:`MovePlan`.
+
+Decisions see only sufficient statistics and the cluster means, and draw their Hastings
+coins from an explicit ``numpy.random.Generator``. In a distributed fit rank 0 decides
+and broadcasts the plan; every rank then applies the same plan (DESIGN §3.4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import faiss
+import numpy as np
+import torch
+
+from deepdpm_core.niw import NIWPrior, log_merge_hastings, log_split_hastings
+from deepdpm_core.stats import SuffStats
+
+
+@dataclass(frozen=True)
+class MovePlan:
+    """What changes K this round.
+
+    Attributes
+    ----------
+    splits : list of int
+        Clusters split into their two subclusters.
+    merges : list of (int, int)
+        Pairs merged; the first index survives, the second is removed.
+    prunes : list of int
+        Empty clusters removed.
+    """
+
+    splits: list[int] = field(default_factory=list)
+    merges: list[tuple[int, int]] = field(default_factory=list)
+    prunes: list[int] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.splits or self.merges or self.prunes)
+
+    @property
+    def removed(self) -> list[int]:
+        return [b for _, b in self.merges] + list(self.prunes)
+
+
+def _accept(log_h: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Metropolis–Hastings coins: accept with probability min(1, H)."""
+    u = rng.random(log_h.shape[0])
+    with np.errstate(divide="ignore"):
+        return np.log(u) < log_h
+
+
+def propose_splits(
+    prior: NIWPrior,
+    alpha: float,
+    sub_stats: SuffStats,
+    rng: np.random.Generator,
+    min_subcluster_size: float,
+) -> tuple[list[int], np.ndarray]:
+    """Propose every cluster's split in parallel (paper §3.2).
+
+    Parameters
+    ----------
+    sub_stats : SuffStats with 2K rows
+        Hard subcluster statistics (row 2k + j is subcluster j of cluster k).
+    min_subcluster_size : float
+        Splits whose smaller subcluster has fewer points are not proposed.
+
+    Returns
+    -------
+    accepted : list of int
+    log_h : ndarray of shape (K,)
+        ln H_s per cluster (−inf where not proposed).
+    """
+    log_h = log_split_hastings(prior, alpha, sub_stats).cpu().numpy()
+    small = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() < max(min_subcluster_size, 1.0)
+    log_h[small] = -np.inf
+    coins = _accept(log_h, rng)
+    return [int(k) for k in np.flatnonzero(coins)], log_h
+
+
+def merge_candidates(means: torch.Tensor, n_neighbours: int) -> list[tuple[int, int]]:
+    """Each cluster paired with its ``n_neighbours`` nearest means (FAISS, exact L2).
+
+    Returns
+    -------
+    list of (a, b) with a < b, unique, nearest pairs first.
+    """
+    k = means.shape[0]
+    if k < 2:
+        return []
+    x = np.ascontiguousarray(means.detach().cpu().numpy(), dtype=np.float32)
+    index = faiss.IndexFlatL2(x.shape[1])
+    index.add(x)
+    dist, nbr = index.search(x, min(n_neighbours + 1, k))
+    best: dict[tuple[int, int], float] = {}
+    for a in range(k):
+        for d, b in zip(dist[a], nbr[a], strict=True):
+            if b < 0 or b == a:
+                continue
+            pair = (min(a, int(b)), max(a, int(b)))
+            best[pair] = min(best.get(pair, np.inf), float(d))
+    return sorted(best, key=lambda p: (best[p], p))
+
+
+def propose_merges(
+    prior: NIWPrior,
+    alpha: float,
+    cluster_stats: SuffStats,
+    means: torch.Tensor,
+    rng: np.random.Generator,
+    n_neighbours: int,
+) -> list[tuple[int, int]]:
+    """Sequential merge proposals over nearest-neighbour pairs (Supmat "Merge Proposals").
+
+    Pairs are considered nearest first; a cluster takes part in at most one accepted
+    merge per round, so three clusters are never merged at once.
+
+    Parameters
+    ----------
+    cluster_stats : SuffStats with K rows
+        Hard cluster statistics.
+    means : Tensor of shape (K, D)
+
+    Returns
+    -------
+    list of (a, b): accepted merges, a survives.
+    """
+    pairs = [(a, b) for a, b in merge_candidates(means, n_neighbours)
+             if cluster_stats.n[a] > 0 and cluster_stats.n[b] > 0]
+    if not pairs:
+        return []
+    a_idx = [a for a, _ in pairs]
+    b_idx = [b for _, b in pairs]
+    log_h = log_merge_hastings(prior, alpha, cluster_stats.rows(a_idx), cluster_stats.rows(b_idx))
+    coins = _accept(log_h.cpu().numpy(), rng)
+    used: set[int] = set()
+    accepted = []
+    for (a, b), ok in zip(pairs, coins, strict=True):
+        if ok and a not in used and b not in used:
+            accepted.append((a, b))
+            used.update((a, b))
+    return accepted

@@ -1,0 +1,175 @@
+"""The clustering net, the batched subclustering nets, and split/merge surgery.
+
+Both are one-hidden-layer MLPs (paper §3.1). The K subclustering nets are stored as one
+parameter tensor per layer with a leading K axis, and each point is run through the net
+of its hard cluster by gathering that cluster's weights — O(B·D·H) per batch, whatever
+K is (the reference code uses a dense block-masked layer whose size grows with K²).
+
+Surgery changes the leading (cluster) axis of some parameters. It builds new
+:class:`torch.nn.Parameter` objects from a row map and moves the Adam state along the
+same map, so units that are kept keep their optimiser state (DESIGN §3.4).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+Tensor = torch.Tensor
+
+
+class ClusterNet(nn.Module):
+    """f_cl: x (B, D) -> logits (B, K); r = softmax(logits).
+
+    Weights are drawn from ``generator`` (PyTorch's Linear default ranges), never from
+    the global RNG, so a seed fixes the net on every rank.
+    """
+
+    def __init__(self, dim: int, hidden: int, n_clusters: int, generator: torch.Generator) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(dim, hidden)
+        self.out = nn.Linear(hidden, n_clusters)
+        with torch.no_grad():
+            for layer in (self.hidden, self.out):
+                bound = 1.0 / math.sqrt(layer.in_features)
+                layer.weight.copy_((torch.rand(layer.weight.shape, generator=generator) * 2 - 1) * bound)
+                layer.bias.copy_((torch.rand(layer.bias.shape, generator=generator) * 2 - 1) * bound)
+
+    @property
+    def n_clusters(self) -> int:
+        return self.out.weight.shape[0]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(torch.relu(self.hidden(x)))
+
+
+class SubclusterNets(nn.Module):
+    """K subclustering nets f_sub^k: (x, k) -> 2 logits, run batched by gathering weights.
+
+    Parameters are ``w1`` (K, D, H), ``b1`` (K, H), ``w2`` (K, H, 2), ``b2`` (K, 2).
+    """
+
+    def __init__(self, dim: int, hidden: int, n_clusters: int, generator: torch.Generator) -> None:
+        super().__init__()
+        self.dim, self.hidden_size = dim, hidden
+        w1, b1, w2, b2 = self.fresh(n_clusters, generator)
+        self.w1, self.b1 = nn.Parameter(w1), nn.Parameter(b1)
+        self.w2, self.b2 = nn.Parameter(w2), nn.Parameter(b2)
+
+    @property
+    def n_clusters(self) -> int:
+        return self.w1.shape[0]
+
+    def fresh(self, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Default (PyTorch Linear-style uniform) initial values for ``n`` nets."""
+        d, h = self.dim, self.hidden_size
+        a1, a2 = 1.0 / math.sqrt(d), 1.0 / math.sqrt(h)
+
+        def u(shape: tuple[int, ...], bound: float) -> Tensor:
+            return (torch.rand(shape, generator=generator) * 2 - 1) * bound
+
+        return u((n, d, h), a1), u((n, h), a1), u((n, h, 2), a2), u((n, 2), a2)
+
+    def forward(self, x: Tensor, z: Tensor) -> Tensor:
+        """Subcluster logits of each point under the net of its cluster.
+
+        Parameters
+        ----------
+        x : Tensor of shape (B, D)
+        z : Tensor of shape (B,), int64 — hard cluster of each point.
+
+        Returns
+        -------
+        Tensor of shape (B, 2)
+        """
+        h = torch.relu(torch.bmm(x[:, None, :], self.w1[z]).squeeze(1) + self.b1[z])
+        return torch.bmm(h[:, None, :], self.w2[z]).squeeze(1) + self.b2[z]
+
+
+def axis_aligned_subnet(
+    dim: int, hidden: int, center: Tensor, direction: Tensor, spread: float, generator: torch.Generator
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Data-free initial weights of one subclustering net splitting along ``direction``.
+
+    Two hidden units compute relu(±(x − c)·v / spread); each drives one subcluster's
+    logit, so the net starts out separating the two halves of the cluster along its
+    principal axis (or along the line between two merged clusters). The remaining units
+    start small and random. Being a function of parameters only, it is identical on
+    every rank.
+
+    Returns
+    -------
+    w1 (D, H), b1 (H,), w2 (H, 2), b2 (2,)
+    """
+    v = direction.to(torch.float32) / spread
+    c = center.to(torch.float32)
+    w1 = (torch.rand(dim, hidden, generator=generator) * 2 - 1) * (0.1 / math.sqrt(dim))
+    b1 = torch.zeros(hidden)
+    w2 = (torch.rand(hidden, 2, generator=generator) * 2 - 1) * (0.1 / math.sqrt(hidden))
+    b2 = torch.zeros(2)
+    if hidden >= 2:
+        w1[:, 0], b1[0] = v, -(v @ c)
+        w1[:, 1], b1[1] = -v, v @ c
+        w2[0, 0], w2[1, 1] = 2.0, 2.0
+        w2[0, 1], w2[1, 0] = 0.0, 0.0
+    return w1, b1, w2, b2
+
+
+def reindex_rows(
+    module: nn.Module,
+    name: str,
+    src: Tensor,
+    fresh: Tensor | None,
+    optimizer: torch.optim.Optimizer,
+) -> None:
+    """Replace parameter ``module.<name>`` by ``old[src]`` along its first axis.
+
+    Parameters
+    ----------
+    module : nn.Module
+    name : str
+        Attribute holding the parameter.
+    src : Tensor of shape (K_new,), int64
+        Source row of each new row; −1 marks a fresh row.
+    fresh : Tensor of shape (n_fresh, ...) or None
+        Values of the fresh rows, in order.
+    optimizer : Optimizer
+        Its state for the parameter (Adam moments) is moved along the same map; fresh
+        rows start with zero moments.
+    """
+    old: nn.Parameter = getattr(module, name)
+    keep = src.clamp_min(0)
+    is_fresh = src < 0
+    data = old.detach()[keep].clone()
+    if bool(is_fresh.any()):
+        data[is_fresh] = fresh.to(data)
+    new = nn.Parameter(data, requires_grad=old.requires_grad)
+    setattr(module, name, new)
+    for group in optimizer.param_groups:
+        group["params"] = [new if p is old else p for p in group["params"]]
+    state = optimizer.state.pop(old, None)
+    if state:
+        moved = {}
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.shape == old.shape:
+                value = value[keep].clone()
+                value[is_fresh] = 0
+            moved[key] = value
+        optimizer.state[new] = moved
+
+
+def cluster_row_map(n_clusters: int, splits: list[int], removed: list[int]) -> Tensor:
+    """Row map of a move: kept clusters in order, then the second half of each split.
+
+    A split cluster k keeps its row for its first half (k1) and appends a copy of it for
+    its second half (k2); removed clusters (merged away or empty) disappear.
+
+    Returns
+    -------
+    Tensor of shape (K_new,), int64 — source cluster of every new cluster.
+    """
+    gone = set(removed)
+    kept = [k for k in range(n_clusters) if k not in gone]
+    return torch.tensor(kept + list(splits), dtype=torch.long)

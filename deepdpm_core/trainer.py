@@ -1,0 +1,513 @@
+"""The DeepDPM epoch loop over a :class:`~deepdpm_core.communicator.Communicator`.
+
+One epoch (DESIGN §3, paper §3):
+
+1. minibatches: r = softmax(f_cl(x)); target r^E from the mixture frozen at the last
+   M-step (Eq. 3); cluster loss KL(r^E ‖ r); subcluster loss Σ_j r̃_ij ‖x_i − μ̃_{z_i j}‖²
+   (Eq. 6); accumulate soft cluster statistics (weights r) and hard subcluster statistics
+   (z_i = argmax r_i, j_i = argmax r̃_i) — never an N × K array;
+2. one all-reduce of all statistics as a flat float64 tensor;
+3. M-step on every rank (NIW MAP, :mod:`deepdpm_core.niw`), unless parameters are frozen;
+4. every ``move_every`` epochs, alternately, splits or merges decided on rank 0 from the
+   reduced statistics and broadcast as a :class:`~deepdpm_core.moves.MovePlan` that every
+   rank applies identically.
+
+Data live on the device as one (N_local, D) float32 tensor shifted by the global mean
+(so the prior mean is 0 and uncentred float64 sums stay accurate).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deepdpm_core.communicator import Communicator, LocalCommunicator
+from deepdpm_core.config import Config
+from deepdpm_core.gmm import GaussianMixture, log_weights_from_counts
+from deepdpm_core.init import kmeans_centers, nearest_center, principal_split
+from deepdpm_core.moves import MovePlan, propose_merges, propose_splits
+from deepdpm_core.nets import (
+    ClusterNet,
+    SubclusterNets,
+    axis_aligned_subnet,
+    cluster_row_map,
+    reindex_rows,
+)
+from deepdpm_core.niw import NIWPrior, map_estimate
+from deepdpm_core.stats import SuffStats, sparse_stats
+
+Tensor = torch.Tensor
+EpochCallback = Callable[[dict[str, Any]], None]
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("config device='cuda' but no CUDA device is available")
+    return torch.device(name)
+
+
+def scaled_lr(base_lr: float, batch_size: int, base_batch_size: int, rule: str) -> float:
+    """Learning rate for ``batch_size`` from one tuned at ``base_batch_size``."""
+    ratio = batch_size / base_batch_size
+    if rule == "linear":
+        return base_lr * ratio
+    if rule == "sqrt":
+        return base_lr * math.sqrt(ratio)
+    return base_lr
+
+
+class Trainer:
+    """Fits DeepDPM to this rank's rows; collective steps go through ``comm``.
+
+    Parameters
+    ----------
+    config : Config
+    x : Tensor of shape (N_local, D)
+        This rank's rows (any float dtype; may be empty on some ranks).
+    comm : Communicator, optional
+        Defaults to single-process.
+    wrap : callable, optional
+        Applied to each net after it is built or reshaped (e.g. DDP); identity by default.
+    callbacks : list of callables, optional
+        Called on every rank with each epoch's history record.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        x: Tensor,
+        comm: Communicator | None = None,
+        wrap: Callable[[nn.Module], nn.Module] | None = None,
+        callbacks: list[EpochCallback] | None = None,
+    ) -> None:
+        self.config = config
+        self.comm = comm or LocalCommunicator()
+        self.wrap = wrap or (lambda m: m)
+        self.callbacks = list(callbacks or [])
+        self.device = resolve_device(config.device)
+        self.dim = int(x.shape[1])
+        self.rng = np.random.default_rng(config.seed)  # move decisions (rank 0) and init
+        self.torch_gen = torch.Generator().manual_seed(config.seed)  # net initialisation
+        self.epoch = 0
+        self.move_round = 0
+        self.rounds_without_move = 0
+        self.frozen_until = config.schedule.warmup_epochs
+        self.history: list[dict[str, Any]] = []
+        self._init_data(x)
+
+    # ------------------------------------------------------------------ set-up
+    def _init_data(self, x: Tensor) -> None:
+        """Global moments (one all-reduce) -> shift, input scale and the NIW prior."""
+        x64 = x.to(torch.float64)
+        local = torch.cat([
+            torch.tensor([x64.shape[0]], dtype=torch.float64), x64.sum(0), x64.square().sum(0)
+        ])
+        tot = self.comm.all_reduce(local.to(self.device)).cpu()
+        n, s1, s2 = tot[0], tot[1 : 1 + self.dim], tot[1 + self.dim :]
+        self.n_total = int(n.item())
+        mean = s1 / n
+        var = (s2 / n - mean.square()).clamp_min(0)
+        self.shift = mean
+        # one global scale for the nets' inputs, so learning rates do not depend on units
+        overall = float(var.mean().sqrt())
+        self.input_scale = 1.0 / overall if overall > 0 else 1.0
+        p = self.config.prior
+        self.prior = NIWPrior.from_data_moments(
+            torch.zeros(self.dim, dtype=torch.float64), var.sqrt(), p.kappa, p.nu, p.sigma_scale, p.psi
+        ).to(self.device)
+        self.x = (x64 - mean).to(torch.float32).to(self.device)
+
+    def initialize(self) -> None:
+        """k-means clusters (rank with most rows), MAP parameters, principal-axis subclusters."""
+        cfg = self.config
+        counts = torch.zeros(self.comm.world_size, dtype=torch.float64, device=self.device)
+        counts[self.comm.rank] = self.x.shape[0]
+        counts = self.comm.all_reduce(counts)
+        src = int(counts.argmax())
+        centers = None
+        if self.comm.rank == src:
+            centers = kmeans_centers(
+                self.x.cpu().numpy(), cfg.init.n_clusters, cfg.init.kmeans_iters,
+                cfg.init.max_points, self.rng,
+            )
+        centers = torch.as_tensor(self.comm.broadcast_object(centers, src=src), device=self.device)
+        z = nearest_center(self.x, centers)
+        stats = self._reduce_stats(sparse_stats(self.x, z, torch.ones_like(z, dtype=torch.float64),
+                                                centers.shape[0]))
+        keep = torch.nonzero(stats.n > 0).squeeze(1)
+        stats = stats.rows(keep)
+        self.means, self.covs = map_estimate(self.prior, stats)
+        self.log_weights = log_weights_from_counts(stats.n, cfg.prior.weight_pseudocount)
+        k = self.means.shape[0]
+        self.cluster_net = ClusterNet(self.dim, cfg.model.hidden, k, self.torch_gen).to(self.device)
+        self.sub_nets = SubclusterNets(self.dim, cfg.model.sub_hidden, k, self.torch_gen).to(self.device)
+        self.opt_cluster = torch.optim.Adam(self.cluster_net.parameters(), lr=self._lr(cfg.optim.lr_cluster))
+        self.opt_sub = torch.optim.Adam(self.sub_nets.parameters(), lr=self._lr(cfg.optim.lr_subcluster))
+        self._reset_subclusters(torch.arange(k, device=self.device))
+        self._rewrap()
+        self._refresh_mixture()
+
+    def _lr(self, base: float) -> float:
+        o = self.config.optim
+        return scaled_lr(base, o.batch_size, o.base_batch_size, o.lr_scaling)
+
+    def _rewrap(self) -> None:
+        self.cluster_model = self.wrap(self.cluster_net)
+        self.sub_model = self.wrap(self.sub_nets)
+
+    def _refresh_mixture(self) -> None:
+        self.mixture = GaussianMixture(self.means, self.covs, self.log_weights)
+        self._sub_means32 = self.sub_means.to(torch.float32)
+
+    @property
+    def n_clusters(self) -> int:
+        return self.means.shape[0]
+
+    # ------------------------------------------------------------- subclusters
+    def _reset_subclusters(self, ks: Tensor) -> None:
+        """Principal-axis subclusters and matching subnet weights for clusters ``ks``."""
+        if not hasattr(self, "sub_means"):
+            k = self.n_clusters
+            self.sub_means = torch.zeros(k, 2, self.dim, dtype=torch.float64, device=self.device)
+            self.sub_covs = torch.zeros(k, 2, self.dim, self.dim, dtype=torch.float64, device=self.device)
+            self.sub_log_weights = torch.full((k, 2), -math.log(2), dtype=torch.float64, device=self.device)
+        if ks.numel() == 0:
+            return
+        sm, sc, direction, spread = principal_split(self.means[ks], self.covs[ks])
+        self.sub_means[ks], self.sub_covs[ks] = sm, sc
+        self.sub_log_weights[ks] = -math.log(2)
+        self._init_subnet_rows(ks, self.means[ks], direction, spread)
+
+    def _init_subnet_rows(self, ks: Tensor, centers: Tensor, directions: Tensor, spreads: Tensor) -> None:
+        s = self.input_scale
+        with torch.no_grad():
+            for i, k in enumerate(ks.tolist()):
+                w1, b1, w2, b2 = axis_aligned_subnet(
+                    self.dim, self.config.model.sub_hidden, centers[i].cpu() * s,
+                    directions[i].cpu(), float(spreads[i]) * s, self.torch_gen,
+                )
+                self.sub_nets.w1[k], self.sub_nets.b1[k] = w1, b1
+                self.sub_nets.w2[k], self.sub_nets.b2[k] = w2, b2
+                for p in (self.sub_nets.w1, self.sub_nets.b1, self.sub_nets.w2, self.sub_nets.b2):
+                    st = self.opt_sub.state.get(p)
+                    for key in ("exp_avg", "exp_avg_sq"):
+                        if st and key in st:
+                            st[key][k] = 0
+
+    # ------------------------------------------------------------------ epochs
+    def _reduce_stats(self, stats: SuffStats) -> SuffStats:
+        flat = self.comm.all_reduce(stats.flat())
+        return SuffStats.from_flat(flat, stats.n_rows, stats.dim)
+
+    def _n_steps(self) -> int:
+        local = math.ceil(self.x.shape[0] / self.config.optim.batch_size)
+        t = torch.tensor([float(local)], dtype=torch.float64, device=self.device)
+        return int(self.comm.all_reduce(t, op="max").item())
+
+    def run_epoch(self, train: bool = True) -> tuple[SuffStats, SuffStats, dict[str, float]]:
+        """One pass over the local rows; returns reduced soft cluster and hard subcluster stats.
+
+        With ``train=False`` the nets are not updated (a pure statistics pass).
+        """
+        k, d, bsz = self.n_clusters, self.dim, self.config.optim.batch_size
+        n_local = self.x.shape[0]
+        gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.epoch * 7919 + self.comm.rank)
+        perm = torch.randperm(n_local, generator=gen).to(self.device)
+        f64 = {"dtype": torch.float64, "device": self.device}
+        soft_n, soft_s1, soft_s2 = torch.zeros(k, **f64), torch.zeros(k, d, **f64), torch.zeros(k, d * d, **f64)
+        sub = SuffStats.zeros(2 * k, d, device=self.device)
+        loss_sums = torch.zeros(3, **f64)
+        self.cluster_model.train(train)
+        self.sub_model.train(train)
+        for step in range(self._n_steps()):
+            idx = perm[step * bsz : (step + 1) * bsz]
+            x = self.x[idx]
+            xin = x * self.input_scale
+            with torch.set_grad_enabled(train):
+                logits = self.cluster_model(xin)
+                log_r = F.log_softmax(logits, dim=1)
+                with torch.no_grad():
+                    log_target = self.mixture.log_responsibilities(x).to(log_r.dtype)
+                z = logits.detach().argmax(1)
+                sub_logits = self.sub_model(xin, z)
+                sub_r = torch.softmax(sub_logits, dim=1)
+                dist2 = (x[:, None, :] - self._sub_means32[z]).square().sum(-1)
+                b = max(x.shape[0], 1)
+                # KL(r^E || r) summed over the batch; divided by B for a per-point loss
+                loss_cl = F.kl_div(log_r, log_target, log_target=True, reduction="sum") / b
+                loss_sub = (sub_r * dist2).sum() / b
+                if train:
+                    self.opt_cluster.zero_grad(set_to_none=True)
+                    self.opt_sub.zero_grad(set_to_none=True)
+                    (loss_cl + loss_sub).backward()
+                    self.opt_cluster.step()
+                    self.opt_sub.step()
+            with torch.no_grad():
+                r = log_r.detach().exp().to(torch.float64)
+                x64 = x.to(torch.float64)
+                soft_n += r.sum(0)
+                soft_s1.addmm_(r.T, x64)
+                soft_s2.addmm_(r.T, (x64[:, :, None] * x64[:, None, :]).reshape(-1, d * d))
+                rows = 2 * z + sub_logits.detach().argmax(1)
+                sub_b = sparse_stats(x64, rows, torch.ones_like(rows, dtype=torch.float64), 2 * k)
+                sub = sub + sub_b
+                loss_sums += torch.stack([loss_cl.detach() * x.shape[0], loss_sub.detach() * x.shape[0],
+                                          torch.tensor(float(x.shape[0]))]).to(loss_sums)
+        soft = SuffStats(soft_n, soft_s1, soft_s2.view(k, d, d))
+        flat = torch.cat([soft.flat(), sub.flat(), loss_sums])
+        flat = self.comm.all_reduce(flat)
+        n_soft = SuffStats.numel(k, d)
+        soft = SuffStats.from_flat(flat[:n_soft], k, d)
+        sub = SuffStats.from_flat(flat[n_soft : n_soft + SuffStats.numel(2 * k, d)], 2 * k, d)
+        tot = flat[-3:]
+        losses = {
+            "loss_cluster": float(tot[0] / tot[2].clamp_min(1)),
+            "loss_subcluster": float(tot[1] / tot[2].clamp_min(1)),
+        }
+        return soft, sub, losses
+
+    def m_step(self, soft: SuffStats, sub: SuffStats) -> None:
+        """Bayesian M-step from the net's responsibilities (paper §3.1) and subclusters."""
+        pc = self.config.prior.weight_pseudocount
+        self.means, self.covs = map_estimate(self.prior, soft)
+        self.log_weights = log_weights_from_counts(soft.n, pc)
+        k = self.n_clusters
+        sm, sc = map_estimate(self.prior, sub)
+        self.sub_means, self.sub_covs = sm.view(k, 2, self.dim), sc.view(k, 2, self.dim, self.dim)
+        sub_n = sub.n.view(k, 2)
+        self.sub_log_weights = torch.stack(
+            [log_weights_from_counts(sub_n[i], pc) for i in range(k)]
+        ) if k else self.sub_log_weights
+        # a subcluster that lost all its points cannot propose a split: restart it
+        dead = torch.nonzero(sub_n.min(1).values < 1).squeeze(1)
+        self._reset_subclusters(dead)
+
+    # ------------------------------------------------------------------- moves
+    def _decide(self, kind: str, soft: SuffStats, sub: SuffStats) -> MovePlan:
+        cfg = self.config
+        plan = None
+        if self.comm.rank == 0:
+            hard = sub.pair_sums()
+            prunes = [int(i) for i in torch.nonzero(hard.n <= 0).squeeze(1).tolist()] \
+                if cfg.moves.prune_empty and self.n_clusters > 1 else []
+            if len(prunes) == self.n_clusters:
+                prunes = prunes[1:]
+            splits, merges = [], []
+            if kind == "split":
+                accepted, _ = propose_splits(self.prior, cfg.prior.alpha, sub, self.rng,
+                                             cfg.moves.min_subcluster_size)
+                splits = [k for k in accepted if k not in prunes]
+            else:
+                merges = [(a, b) for a, b in propose_merges(
+                    self.prior, cfg.prior.alpha, hard, self.means, self.rng, cfg.moves.merge_neighbours)
+                    if a not in prunes and b not in prunes]
+            plan = MovePlan(splits=splits, merges=merges, prunes=prunes)
+        return self.comm.broadcast_object(plan, src=0)
+
+    def apply_plan(self, plan: MovePlan, soft: SuffStats) -> None:
+        """Surgery on parameters, nets and optimiser state (identical on every rank)."""
+        if plan.empty:
+            return
+        src = cluster_row_map(self.n_clusters, plan.splits, plan.removed).to(self.device)
+        k_new, n_split = src.shape[0], len(plan.splits)
+        # split cluster k -> rows (first, second); merge (a, b) -> row of a
+        halves = {k: (int(torch.nonzero(src == k)[0]), k_new - n_split + i)
+                  for i, k in enumerate(plan.splits)}
+        merged = [(int(torch.nonzero(src == a)[0]), a, b) for a, b in plan.merges]
+        old_bias = self.cluster_net.out.bias.detach().clone()
+
+        means, covs, logw = self.means[src].clone(), self.covs[src].clone(), self.log_weights[src].clone()
+        sub_means, sub_covs = self.sub_means[src].clone(), self.sub_covs[src].clone()
+        sub_logw = self.sub_log_weights[src].clone()
+        for k, rows in halves.items():  # paper Eq. 5: new clusters take their subclusters' params
+            for j, row in enumerate(rows):
+                means[row], covs[row] = self.sub_means[k, j], self.sub_covs[k, j]
+                logw[row] = self.log_weights[k] + self.sub_log_weights[k, j]
+        for row, a, b in merged:
+            m, c = map_estimate(self.prior, soft.rows([a]) + soft.rows([b]))
+            means[row], covs[row] = m[0], c[0]
+            logw[row] = torch.logaddexp(self.log_weights[a], self.log_weights[b])
+            # the two old clusters become the subclusters of the merged one
+            sub_means[row] = torch.stack([self.means[a], self.means[b]])
+            sub_covs[row] = torch.stack([self.covs[a], self.covs[b]])
+            pair = torch.stack([self.log_weights[a], self.log_weights[b]])
+            sub_logw[row] = pair - torch.logsumexp(pair, 0)
+        old_sub_logw = self.sub_log_weights
+        self.means, self.covs = means, covs
+        self.log_weights = logw - torch.logsumexp(logw, 0)
+        self.sub_means, self.sub_covs, self.sub_log_weights = sub_means, sub_covs, sub_logw
+
+        # clustering net: duplicate the split unit, drop removed ones (paper §3.2); biases
+        # shifted so the halves share the old unit's mass in proportion to the subclusters
+        out = self.cluster_net.out
+        reindex_rows(out, "weight", src, None, self.opt_cluster)
+        reindex_rows(out, "bias", src, None, self.opt_cluster)
+        with torch.no_grad():
+            for k, rows in halves.items():
+                for j, row in enumerate(rows):
+                    out.bias[row] = old_bias[k] + old_sub_logw[k, j].float()
+            for row, a, b in merged:
+                out.bias[row] = torch.logaddexp(old_bias[a], old_bias[b])
+
+        # subclustering nets: fresh nets for the new and the merged clusters
+        split_rows = [row for rows in halves.values() for row in rows]
+        fresh_rows = sorted(split_rows + [row for row, _, _ in merged])
+        sub_src = src.clone()
+        sub_src[fresh_rows] = -1
+        fresh = self.sub_nets.fresh(len(fresh_rows), self.torch_gen)
+        for name, values in zip(("w1", "b1", "w2", "b2"), fresh, strict=True):
+            reindex_rows(self.sub_nets, name, sub_src, values.to(self.device), self.opt_sub)
+        self._reset_subclusters(torch.tensor(split_rows, dtype=torch.long, device=self.device))
+        for row, _, _ in merged:  # split the merged cluster along the line between its parts
+            axis = self.sub_means[row, 0] - self.sub_means[row, 1]
+            half = float(axis.norm()) / 2 or 1.0
+            self._init_subnet_rows(torch.tensor([row]), self.means[row : row + 1],
+                                   (axis / axis.norm().clamp_min(1e-300))[None], torch.tensor([half]))
+        self._rewrap()
+        self._refresh_mixture()
+
+    # --------------------------------------------------------------------- fit
+    def _move_kind(self) -> str | None:
+        """``split``/``merge`` when this epoch ends a move round, else None."""
+        mv, sch = self.config.moves, self.config.schedule
+        e = self.epoch + 1
+        if e < sch.warmup_epochs or (e - sch.warmup_epochs) % sch.move_every or e <= self.frozen_until:
+            return None
+        kinds = [k for k, on in (("split", mv.split), ("merge", mv.merge)) if on]
+        return kinds[self.move_round % len(kinds)] if kinds else None
+
+    def step_epoch(self) -> dict:
+        """Train one epoch, M-step, maybe a move; returns the history record."""
+        t0 = time.perf_counter()
+        soft, sub, losses = self.run_epoch(train=True)
+        if self.epoch + 1 > self.frozen_until:
+            self.m_step(soft, sub)
+            self._refresh_mixture()
+        splits = merges = 0
+        kind = self._move_kind()
+        if kind is not None:
+            plan = self._decide(kind, soft, sub)
+            self.apply_plan(plan, soft)
+            splits, merges = len(plan.splits), len(plan.merges)
+            self.move_round += 1
+            if splits or merges:
+                self.rounds_without_move = 0
+                self.frozen_until = self.epoch + 1 + self.config.schedule.freeze_epochs
+            else:
+                self.rounds_without_move += 1
+        record = {
+            "epoch": self.epoch,
+            "n_clusters": self.n_clusters,
+            "loss_cluster": losses["loss_cluster"],
+            "loss_subcluster": losses["loss_subcluster"],
+            "splits_accepted": splits,
+            "merges_accepted": merges,
+            "seconds": time.perf_counter() - t0,
+        }
+        self.history.append(record)
+        self.epoch += 1
+        for cb in self.callbacks:
+            cb(record)
+        return record
+
+    @property
+    def converged(self) -> bool:
+        """No move accepted for ``patience`` rounds (and at least ``min_epochs`` done)."""
+        sch = self.config.schedule
+        return self.rounds_without_move >= sch.patience and self.epoch >= sch.min_epochs
+
+    def fit(self) -> None:
+        """Initialise if needed, then run epochs until convergence or ``max_epochs``."""
+        if not hasattr(self, "cluster_net"):
+            self.initialize()
+        while self.epoch < self.config.schedule.max_epochs and not self.converged:
+            self.step_epoch()
+
+    # --------------------------------------------------------------- inference
+    @torch.no_grad()
+    def predict_log_proba(self, x: Tensor, batch_size: int = 65536) -> Tensor:
+        """ln r from the clustering net for raw (unshifted) rows; shape (N, K)."""
+        self.cluster_net.eval()
+        out = []
+        shift = self.shift.to(self.device)
+        for s in range(0, x.shape[0], batch_size):
+            xb = (x[s : s + batch_size].to(self.device, torch.float64) - shift).float()
+            out.append(F.log_softmax(self.cluster_net(xb * self.input_scale), dim=1).cpu())
+        if not out:
+            return torch.zeros(0, self.n_clusters)
+        return torch.cat(out)
+
+    def prune_unused(self, labels_counts: Tensor) -> None:
+        """Drop clusters that own no point (hard counts over all ranks are given)."""
+        empty = [int(k) for k in torch.nonzero(labels_counts <= 0).squeeze(1).tolist()]
+        if empty and len(empty) < self.n_clusters:
+            soft = SuffStats.zeros(self.n_clusters, self.dim, device=self.device)
+            self.apply_plan(MovePlan(prunes=empty), soft)
+
+    # ---------------------------------------------------------- checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume or predict (tensors and plain containers only)."""
+        return {
+            "config": self.config.to_dict(),
+            "dim": self.dim,
+            "n_total": self.n_total,
+            "shift": self.shift.cpu(),
+            "input_scale": self.input_scale,
+            "epoch": self.epoch,
+            "move_round": self.move_round,
+            "rounds_without_move": self.rounds_without_move,
+            "frozen_until": self.frozen_until,
+            "history": list(self.history),
+            "means": self.means.cpu(),
+            "covariances": self.covs.cpu(),
+            "log_weights": self.log_weights.cpu(),
+            "sub_means": self.sub_means.cpu(),
+            "sub_covariances": self.sub_covs.cpu(),
+            "sub_log_weights": self.sub_log_weights.cpu(),
+            "cluster_net": {k: v.cpu() for k, v in self.cluster_net.state_dict().items()},
+            "sub_nets": {k: v.cpu() for k, v in self.sub_nets.state_dict().items()},
+            "opt_cluster": self.opt_cluster.state_dict(),
+            "opt_sub": self.opt_sub.state_dict(),
+            "rng": self.rng.bit_generator.state,
+            "torch_gen": self.torch_gen.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (the data and config come from the constructor)."""
+        dev = self.device
+        self.epoch, self.move_round = int(state["epoch"]), int(state["move_round"])
+        self.rounds_without_move = int(state["rounds_without_move"])
+        self.frozen_until = int(state["frozen_until"])
+        self.history = list(state["history"])
+        self.means = state["means"].to(dev)
+        self.covs = state["covariances"].to(dev)
+        self.log_weights = state["log_weights"].to(dev)
+        self.sub_means = state["sub_means"].to(dev)
+        self.sub_covs = state["sub_covariances"].to(dev)
+        self.sub_log_weights = state["sub_log_weights"].to(dev)
+        k = self.means.shape[0]
+        cfg = self.config
+        self.cluster_net = ClusterNet(self.dim, cfg.model.hidden, k, self.torch_gen).to(dev)
+        self.cluster_net.load_state_dict(state["cluster_net"])
+        self.sub_nets = SubclusterNets(self.dim, cfg.model.sub_hidden, k, self.torch_gen).to(dev)
+        self.sub_nets.load_state_dict(state["sub_nets"])
+        self.opt_cluster = torch.optim.Adam(self.cluster_net.parameters(), lr=self._lr(cfg.optim.lr_cluster))
+        self.opt_sub = torch.optim.Adam(self.sub_nets.parameters(), lr=self._lr(cfg.optim.lr_subcluster))
+        if "opt_cluster" in state:
+            self.opt_cluster.load_state_dict(state["opt_cluster"])
+            self.opt_sub.load_state_dict(state["opt_sub"])
+        if "rng" in state:
+            self.rng.bit_generator.state = state["rng"]
+            self.torch_gen.set_state(state["torch_gen"])
+        self._rewrap()
+        self._refresh_mixture()

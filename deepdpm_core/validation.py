@@ -1,0 +1,55 @@
+"""Input checks that turn bad data into precise :class:`DataError` messages."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from deepdpm_core.errors import DataError
+
+
+def check_features(X: object, *, min_rows: int = 1, n_features: int | None = None) -> np.ndarray:
+    """Validate an embedding matrix and return it as a float32 array.
+
+    Parameters
+    ----------
+    X : array-like of shape (N, D)
+    min_rows : int
+        Fewest rows accepted (e.g. the initial number of clusters).
+    n_features : int, optional
+        Required D (at predict time: the D the model was fitted on).
+
+    Returns
+    -------
+    ndarray of shape (N, D), float32
+
+    Raises
+    ------
+    DataError
+        Not numeric, not 2-D, empty, NaN/inf entries (the first offending rows are
+        named), too few rows, or the wrong number of features.
+    """
+    if isinstance(X, torch.Tensor):
+        X = X.detach().cpu().numpy()
+    try:
+        arr = np.asarray(X)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"X must be a numeric array [N, D]: {exc}") from exc
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise DataError(f"X must be a numeric array [N, D], got dtype {arr.dtype}")
+    if arr.ndim != 2:
+        raise DataError(f"X must be a 2-D array [N, D], got shape {arr.shape}")
+    n, d = arr.shape
+    if n == 0 or d == 0:
+        raise DataError(f"X is empty (shape {arr.shape})")
+    if n_features is not None and d != n_features:
+        raise DataError(f"X has {d} features but the model was fitted on {n_features}")
+    arr = arr.astype(np.float32, copy=False)
+    finite = np.isfinite(arr).all(1)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        head = ", ".join(str(i) for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
+        raise DataError(f"X has {len(bad)} row(s) with NaN or inf values (rows {head})")
+    if n < min_rows:
+        raise DataError(f"X has {n} rows, fewer than the {min_rows} needed (initial clusters)")
+    return arr

@@ -1,0 +1,111 @@
+"""``deepdpm extract``: webdataset shards -> embeddings (Parquet), with Ray Data actors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+HELP = "embed the images of webdataset shards (MoCo/torchvision ResNet or pixels) into Parquet"
+
+# literal copies of pipeline.encoders/extract constants (tested equal), so that building
+# the parser (``deepdpm --help``) does not import torch
+ENCODERS = ("moco_v2", "moco_v3", "torchvision", "pixels")
+RESNET_ARCHS = (
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "wide_resnet50_2",
+    "wide_resnet101_2",
+)
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shards", required=True, help="folder of .tar shards, a glob, or one file"
+    )
+    parser.add_argument(
+        "--output", required=True, help="folder for <shard>.parquet + _manifest.json"
+    )
+    parser.add_argument("--encoder", choices=ENCODERS, default="moco_v2", help="default: moco_v2")
+    parser.add_argument(
+        "--weights", default=None, help="checkpoint (.pth/.pth.tar); none: random init"
+    )
+    parser.add_argument(
+        "--arch", choices=RESNET_ARCHS, default="resnet50", help="default: resnet50"
+    )
+    parser.add_argument(
+        "--head",
+        action="store_true",
+        help="projection-head output (MoCo v2: 128-D) instead of the pooled trunk",
+    )
+    parser.add_argument("--l2-normalize", action="store_true", help="unit-length embeddings")
+    parser.add_argument(
+        "--pixel-size", type=int, default=8, help="thumbnail side of --encoder pixels (default: 8)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=256, help="images per encoder call (default: 256)"
+    )
+    parser.add_argument(
+        "--num-workers",
+        type=int,
+        default=1,
+        help="encoder actors: one per GPU or CPU slot (default: 1)",
+    )
+    parser.add_argument("--use-gpu", action="store_true", help="one GPU per encoder actor")
+    parser.add_argument(
+        "--cpus-per-worker",
+        type=float,
+        default=1.0,
+        help="CPUs per encoder actor without GPU (default: 1)",
+    )
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default="auto", help="auto: bf16 on GPU, fp32 on CPU"
+    )
+    parser.add_argument(
+        "--address", default=None, help="Ray address (default: $RAY_ADDRESS, else a local Ray)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.extract import extract_features
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        report = extract_features(
+            args.shards,
+            args.output,
+            args.encoder,
+            weights=args.weights,
+            arch=args.arch,
+            head=args.head,
+            pixel_size=args.pixel_size,
+            l2_normalize=args.l2_normalize,
+            batch_size=args.batch_size,
+            num_workers=args.num_workers,
+            use_gpu=args.use_gpu,
+            cpus_per_worker=args.cpus_per_worker,
+            precision=args.precision,
+            ray_address=args.address,
+            progress=not args.no_progress,
+        )
+    for warning in caught:  # one line each, not Python's file:line format
+        print(f"warning: {warning.message}", file=sys.stderr)
+    totals = report.totals
+    print(
+        f"embedded {report.images_embedded}/{report.images_read} images of {report.shards_done} shards "
+        f"({report.shards_reused} already done) in {report.seconds:.1f} s "
+        f"({report.images_per_s:.1f} images/s); dim {report.dim}"
+    )
+    print(
+        f"features:  {report.output_dir} ({totals['embedded']} rows in {totals['shards']} files, "
+        f"{totals['skipped']} images skipped)"
+    )
+    print(f"manifest:  {report.manifest}")
+    for failed in report.shards_failed:
+        print(f"error: shard not extracted: {failed['shard']}: {failed['reason']}", file=sys.stderr)
+    return 1 if report.shards_failed else 0

@@ -1,0 +1,33 @@
+"""``deepdpm predict``: assign rows of a feature table with a fitted model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "assign features to the clusters of a fitted model (writes a Parquet table)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model.pt written by deepdpm fit")
+    parser.add_argument("--input", required=True, help=".npy, .npz or Parquet features")
+    parser.add_argument("--output", required=True, help="output .parquet (key, cluster, confidence, label)")
+    parser.add_argument("--batch-size", type=int, default=65536, help="rows per forward pass")
+
+
+def run(args: argparse.Namespace) -> int:
+    from deepdpm_core import DeepDPM
+    from deepdpm_core.validation import check_features
+    from pipeline.fitting import assignments_table, label_metrics
+    from pipeline.io import read_features, write_parquet_atomic
+
+    model = DeepDPM.load(args.model)
+    table = read_features(args.input)
+    table.X = check_features(table.X, n_features=model.n_features_in_)
+    proba = model.predict_proba(table.X)
+    write_parquet_atomic(assignments_table(table, proba), args.output)
+    scores = label_metrics(table.labels, proba.argmax(1))
+    line = " ".join(f"{k}={v:.3f}" for k, v in scores.items())
+    print(f"assigned {len(proba)} rows to {proba.shape[1]} clusters {line}".rstrip(), file=sys.stderr)
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0

@@ -1,0 +1,41 @@
+"""``deepdpm report``: one self-contained HTML page about a fit."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "Render a self-contained HTML report of a fit (output directory or MLflow run id)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run", metavar="RUN_DIR_OR_RUN_ID",
+        help="output directory of 'deepdpm fit' (has summary.json) or an MLflow run id",
+    )  # fmt: skip
+    parser.add_argument("--output", "-o", default="report.html", help="HTML file to write")
+    parser.add_argument(
+        "--images", metavar="DIR_OR_SHARDS",
+        help="webdataset shard(s) or image directory whose keys match the assignments: "
+        "adds the most confident sample images of each cluster",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI for a run id (default: $MLFLOW_TRACKING_URI, else "
+        "sqlite:///mlflow.db in the working directory)",
+    )
+    parser.add_argument("--max-clusters", type=int, default=30, help="largest clusters shown")
+    parser.add_argument("--per-cluster", type=int, default=8, help="sample images per cluster")
+
+
+def run(args: argparse.Namespace) -> int:
+    from deepdpm_core.errors import ConfigError
+    from pipeline.report import load_run, render_report, write_report
+    from pipeline.tracking import resolve_tracking_uri
+
+    if args.max_clusters < 1 or args.per_cluster < 1:
+        raise ConfigError("--max-clusters and --per-cluster must be >= 1")
+    data = load_run(args.run, resolve_tracking_uri(args.tracking_uri))
+    text = render_report(data, args.images, args.max_clusters, args.per_cluster)
+    path = write_report(text, args.output)
+    print(f"report written to {path}")
+    return 0

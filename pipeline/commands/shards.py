@@ -1,0 +1,50 @@
+"""``deepdpm shards``: an image folder (ImageFolder / ImageNet layout) -> webdataset shards."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "write an image folder (one sub-folder per class) as webdataset .tar shards"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input", required=True, help="image folder: one sub-folder per class")
+    parser.add_argument("--output", required=True, help="folder for shard-NNNNNN.tar files")
+    parser.add_argument(
+        "--shard-size", type=int, default=1000, help="images per shard (default: 1000)"
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace shards already in --output"
+    )
+    parser.add_argument(
+        "--read-threads", type=int, default=8, help="threads reading files (default: 8)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.shards import CLASS_INDEX_NAME, MANIFEST_NAME, write_shards
+
+    report = write_shards(
+        args.input,
+        args.output,
+        shard_size=args.shard_size,
+        overwrite=args.overwrite,
+        read_threads=args.read_threads,
+        progress=not args.no_progress,
+    )
+    labeled = f"{len(report.classes)} classes" if report.classes else "unlabeled"
+    print(
+        f"wrote {report.images_written} images ({labeled}) into {len(report.shards)} shards "
+        f"in {report.output_dir} ({report.seconds:.1f} s)"
+    )
+    print(f"class index: {report.output_dir}/{CLASS_INDEX_NAME}")
+    print(f"manifest:    {report.output_dir}/{MANIFEST_NAME}")
+    if report.skipped:
+        print(
+            f"warning: skipped {len(report.skipped)} unreadable files (listed in the manifest), "
+            f"e.g. {report.skipped[0]['path']}: {report.skipped[0]['reason']}",
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,162 @@
+"""PNG plots of a fit: K over epochs, accepted moves, losses, cluster sizes.
+
+Every function takes plain data (the epoch records of ``DeepDPM.history_`` or cluster
+counts) and writes one PNG atomically with matplotlib's Agg backend, so plots work on
+headless machines and inside Ray workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless; must precede pyplot
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from pipeline.io import atomic_path  # noqa: E402
+
+_SPLIT_COLOUR = "tab:green"
+_MERGE_COLOUR = "tab:red"
+_DPI = 110
+
+
+def _save(fig: plt.Figure, path: str | Path) -> Path:
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=_DPI, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _integer_axes(ax: plt.Axes, x: bool = True, y: bool = False) -> None:
+    if x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if y:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _column(history: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
+    return np.array([float(r.get(key) or 0) for r in history])
+
+
+def plot_k_over_epochs(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """K after each epoch, with the epochs of accepted splits/merges marked.
+
+    Parameters
+    ----------
+    history : sequence of epoch records (``epoch``, ``n_clusters``, ``splits_accepted``,
+        ``merges_accepted``)
+    path : destination PNG
+    """
+    epochs = _column(history, "epoch")
+    k = _column(history, "n_clusters")
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.step(epochs, k, where="post", color="tab:blue", lw=2, label="K")
+    for key, colour, name in (
+        ("splits_accepted", _SPLIT_COLOUR, "split accepted"),
+        ("merges_accepted", _MERGE_COLOUR, "merge accepted"),
+    ):
+        moved = _column(history, key) > 0
+        if moved.any():
+            ax.scatter(epochs[moved], k[moved], color=colour, zorder=3, s=28, label=name)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("number of clusters K")
+    ax.set_title("K over epochs")
+    _integer_axes(ax, y=True)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    return _save(fig, path)
+
+
+def plot_moves(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """Accepted splits (up) and merges (down) per epoch, and their running totals."""
+    epochs = _column(history, "epoch")
+    splits = _column(history, "splits_accepted")
+    merges = _column(history, "merges_accepted")
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 4.8), sharex=True)
+    top.bar(epochs, splits, color=_SPLIT_COLOUR, label="splits")
+    top.bar(epochs, -merges, color=_MERGE_COLOUR, label="merges")
+    top.axhline(0, color="black", lw=0.8)
+    top.set_ylabel("accepted this epoch")
+    top.set_title("Split / merge acceptance")
+    top.legend(loc="best", fontsize="small")
+    bottom.step(
+        epochs, np.cumsum(splits), where="post", color=_SPLIT_COLOUR, label="splits (total)"
+    )
+    bottom.step(
+        epochs, np.cumsum(merges), where="post", color=_MERGE_COLOUR, label="merges (total)"
+    )
+    bottom.set_xlabel("epoch")
+    bottom.set_ylabel("accepted so far")
+    bottom.legend(loc="best", fontsize="small")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+        _integer_axes(ax, y=True)
+    return _save(fig, path)
+
+
+def plot_losses(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """Cluster and subcluster losses per epoch (two y-axes: their scales differ)."""
+    epochs = _column(history, "epoch")
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.plot(epochs, _column(history, "loss_cluster"), color="tab:blue", label="cluster")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("cluster loss", color="tab:blue")
+    twin = ax.twinx()
+    twin.plot(epochs, _column(history, "loss_subcluster"), color="tab:orange")
+    twin.set_ylabel("subcluster loss", color="tab:orange")
+    ax.set_title("Losses")
+    _integer_axes(ax)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_cluster_sizes(counts: Sequence[int] | np.ndarray, path: str | Path) -> Path:
+    """Cluster sizes sorted from largest to smallest (one bar per cluster).
+
+    Parameters
+    ----------
+    counts : array of shape (K,)
+        Points per cluster, in any order.
+    path : destination PNG
+    """
+    sizes = np.sort(np.asarray(counts, dtype=np.int64))[::-1]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ranks = np.arange(1, len(sizes) + 1)
+    ax.bar(ranks, sizes, width=1.0 if len(sizes) > 60 else 0.8, color="tab:blue")
+    ax.set_xlabel("cluster (largest first)")
+    ax.set_ylabel("points")
+    ax.set_title(f"Cluster sizes (K = {len(sizes)}, N = {int(sizes.sum())})")
+    if len(sizes) and sizes[0] > 50 * max(int(sizes[-1]), 1):
+        ax.set_yscale("log")  # imbalanced: keep the small clusters visible
+    ax.grid(alpha=0.3, axis="y")
+    _integer_axes(ax)
+    return _save(fig, path)
+
+
+def write_fit_plots(
+    history: Sequence[Mapping[str, Any]], counts: Sequence[int] | np.ndarray, out_dir: str | Path
+) -> list[Path]:
+    """The plots a fit leaves beside ``summary.json``: ``k_over_epochs.png``,
+    ``cluster_sizes.png``, ``moves.png``, ``losses.png``. Returns their paths."""
+    out = Path(out_dir)
+    return [
+        plot_k_over_epochs(history, out / "k_over_epochs.png"),
+        plot_cluster_sizes(counts, out / "cluster_sizes.png"),
+        plot_moves(history, out / "moves.png"),
+        plot_losses(history, out / "losses.png"),
+    ]
+
+
+__all__ = [
+    "plot_cluster_sizes",
+    "plot_k_over_epochs",
+    "plot_losses",
+    "plot_moves",
+    "write_fit_plots",
+]

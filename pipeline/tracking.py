@@ -1,0 +1,522 @@
+"""MLflow run tracking that can never break a training run.
+
+:class:`RunTracker` is what ``deepdpm fit`` (one process or Ray rank 0) and
+``deepdpm extract`` log through. Every MLflow call runs on one background thread fed
+by a bounded queue, so a slow or dead tracking server never stalls an epoch. The first
+failure of any call (server down at start, server killed mid-run, queue overflow, a
+close that does not finish in time) prints ONE warning and switches tracking off for
+the rest of the run; training and its local outputs are unaffected.
+
+Typical use::
+
+    with RunTracker(args.tracking_uri, args.experiment, enabled=not args.no_tracking) as t:
+        t.log_params({**config.flat(), "data.n_samples": N, "data.n_features": D})
+        t.set_tags(environment_tags(input_path))
+        model.fit(X, callback=t.log_epoch)
+        t.log_artifacts([out / "config.yaml", out / "summary.json", ...])
+
+MLflow's own HTTP client retries a failed request 7 times with exponential backoff
+(about 4 minutes) and waits 120 s per request by default. A tracked run lowers those
+through the documented environment variables (:data:`HTTP_ENV_DEFAULTS`) unless the
+user has set them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+logger = logging.getLogger(__name__)
+
+#: file name of the default tracking store, created in the working directory
+#: (MLflow 3 refuses the old ``./mlruns`` file store for new runs)
+DEFAULT_TRACKING_DB = "mlflow.db"
+DEFAULT_EXPERIMENT = "deepdpm"
+
+#: epoch-record key -> MLflow metric name (see ``DeepDPM.history_``)
+EPOCH_METRICS: dict[str, str] = {
+    "n_clusters": "n_clusters",
+    "loss_cluster": "loss_cluster",
+    "loss_subcluster": "loss_subcluster",
+    "splits_accepted": "splits_accepted",
+    "merges_accepted": "merges_accepted",
+    "seconds": "epoch_seconds",
+    "nmi": "nmi",
+    "ari": "ari",
+    "acc": "acc",
+}
+
+#: MLflow HTTP client settings for tracked runs; a value the user exported wins.
+#: 2 retries with backoff factor 1 give up on a dead server within ~10 s instead of ~4 min.
+HTTP_ENV_DEFAULTS: dict[str, str] = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+}
+
+#: MLflow accepts at most 100 params or tags and 1000 metrics per ``log_batch`` call
+_MAX_PARAMS_PER_BATCH = 100
+_MAX_METRICS_PER_BATCH = 1000
+_MAX_PARAM_LENGTH = 6000
+
+
+def resolve_tracking_uri(uri: str | None = None) -> str:
+    """The tracking URI a run uses: ``uri``, else ``$MLFLOW_TRACKING_URI``, else
+    ``sqlite:///<cwd>/mlflow.db``.
+
+    The default is made absolute so that Ray workers, whose working directory is not
+    the driver's, write to the same database.
+    """
+    if uri:
+        return uri
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    return "sqlite:///" + str(Path.cwd().resolve() / DEFAULT_TRACKING_DB)
+
+
+def git_commit(start: str | Path | None = None) -> str | None:
+    """Commit of the code being run: ``$DEEPDPM_GIT_COMMIT`` (set in container images)
+    or ``git rev-parse HEAD`` of the checkout this package lives in; None when unknown."""
+    env = os.environ.get("DEEPDPM_GIT_COMMIT")
+    if env:
+        return env
+    where = Path(start) if start is not None else Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and len(commit) == 40 else None
+
+
+def gpu_description() -> str:
+    """Name and count of the CUDA devices, or ``"none"``."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            n = torch.cuda.device_count()
+            return f"{n}x {torch.cuda.get_device_name(0)}"
+    except Exception:  # a broken CUDA install must not stop a run from being tagged
+        return "unknown"
+    return "none"
+
+
+def environment_tags(input_path: str | Path | None = None) -> dict[str, str]:
+    """Run tags: input path, git commit (MLflow's own tag, shown in the UI), host, GPU."""
+    tags = {
+        "host": platform.node(),
+        "gpu": gpu_description(),
+        "python": platform.python_version(),
+    }
+    if input_path is not None:
+        tags["input"] = str(input_path)
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def epoch_metrics(record: Mapping[str, Any]) -> dict[str, float]:
+    """MLflow metrics of one epoch record (``seconds`` becomes ``epoch_seconds``)."""
+    return {
+        name: float(record[key])
+        for key, name in EPOCH_METRICS.items()
+        if record.get(key) is not None
+    }
+
+
+def extraction_metrics(read: int, embedded: int, skipped: int, seconds: float) -> dict[str, float]:
+    """Metrics of a ``deepdpm extract`` run (images read/embedded/skipped, images/s)."""
+    return {
+        "images_read": float(read),
+        "images_embedded": float(embedded),
+        "images_skipped": float(skipped),
+        "images_per_second": float(embedded) / seconds if seconds > 0 else 0.0,
+    }
+
+
+def _redacted(uri: str | None) -> str:
+    """``uri`` without a ``user:password@`` part (warnings must not print credentials)."""
+    parts = urlsplit(uri or "")
+    if parts.password is None and parts.username is None:
+        return uri or ""
+    host = parts.hostname or ""
+    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _param_value(value: Any) -> str:
+    text = "null" if value is None else str(value)
+    return text[:_MAX_PARAM_LENGTH]
+
+
+def _chunks(items: list, size: int) -> Iterable[list]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+class RunTracker:
+    """One MLflow run, logged from a background thread; a no-op when disabled.
+
+    Parameters
+    ----------
+    tracking_uri : str or None
+        Passed to :func:`resolve_tracking_uri` (flag > ``MLFLOW_TRACKING_URI`` > sqlite
+        file in the working directory).
+    experiment : str
+        Experiment name; created when missing.
+    enabled : bool
+        False (``--no-tracking``) makes every method a no-op except :meth:`warn`.
+    run_name : str or None
+        MLflow run name (MLflow picks one when None).
+    rank : int
+        Distributed rank of the caller; only rank 0 logs or prints.
+    queue_size : int
+        Calls that may wait for the server. When the queue is full the server is too
+        slow to keep up and tracking is switched off (with the one warning).
+    close_timeout : float
+        Seconds :meth:`close` waits for pending calls before giving up on them.
+
+    Attributes
+    ----------
+    failed : bool
+        True once a call has failed and tracking has been switched off.
+    warnings : list of str
+        Messages passed to :meth:`warn`.
+    """
+
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment: str = DEFAULT_EXPERIMENT,
+        enabled: bool = True,
+        run_name: str | None = None,
+        rank: int = 0,
+        *,
+        queue_size: int = 10_000,
+        close_timeout: float = 60.0,
+    ) -> None:
+        self.is_logger = rank == 0
+        self.active = bool(enabled) and self.is_logger
+        self.tracking_uri = resolve_tracking_uri(tracking_uri) if self.active else None
+        self.experiment = experiment
+        self.run_name = run_name
+        self.close_timeout = close_timeout
+        self.failed = False
+        self.warnings: list[str] = []
+        self._run_id: str | None = None
+        self._started = threading.Event()
+        self._closing = threading.Event()
+        self._queue: queue.Queue[Callable[[Any], None]] = queue.Queue(maxsize=queue_size)
+        self._thread: threading.Thread | None = None
+        self._fail_lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def __enter__(self) -> RunTracker:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            status = "FINISHED"
+        elif issubclass(exc_type, KeyboardInterrupt):
+            status = "KILLED"
+        else:
+            status = "FAILED"
+        self.close(status)
+
+    def start(self) -> None:
+        """Start the logging thread and create the run (asynchronously)."""
+        if not self.active or self._thread is not None:
+            return
+        for key, value in HTTP_ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        self._thread = threading.Thread(target=self._work, name="deepdpm-mlflow", daemon=True)
+        self._thread.start()
+        self._submit(self._start_run)
+
+    def close(self, status: str = "FINISHED") -> None:
+        """End the run with ``status`` (FINISHED, FAILED, KILLED) and stop the thread.
+
+        Waits at most ``close_timeout`` seconds for the pending calls; never raises.
+        """
+        if self._thread is None:
+            return
+        self._submit(lambda client: client.set_terminated(self._run_id, status=status))
+        self._closing.set()
+        self._thread.join(self.close_timeout)
+        if self._thread.is_alive():
+            self._fail(
+                TimeoutError(f"pending calls did not finish within {self.close_timeout:.0f} s")
+            )
+        self._thread = None
+        self._started.set()
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run id once the run exists (waits for its creation); None when
+        tracking is disabled or failed."""
+        if not self.active:
+            return None
+        self._started.wait(self.close_timeout)
+        return self._run_id
+
+    # -- logging -----------------------------------------------------------------------
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Log flat ``{name: value}`` params (``None`` becomes ``"null"``)."""
+        items = [(str(k), _param_value(v)) for k, v in params.items()]
+        for chunk in _chunks(items, _MAX_PARAMS_PER_BATCH):
+            self._submit(lambda client, chunk=chunk: self._log_batch(client, params=chunk))
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        """Set run tags."""
+        items = [(str(k), _param_value(v)) for k, v in tags.items()]
+        for chunk in _chunks(items, _MAX_PARAMS_PER_BATCH):
+            self._submit(lambda client, chunk=chunk: self._log_batch(client, tags=chunk))
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        """Log ``{name: value}`` metrics at ``step`` (timestamped now, not when sent)."""
+        stamp = int(time.time() * 1000)
+        items = [(str(k), float(v), stamp, int(step)) for k, v in metrics.items()]
+        for chunk in _chunks(items, _MAX_METRICS_PER_BATCH):
+            self._submit(lambda client, chunk=chunk: self._log_batch(client, metrics=chunk))
+
+    def log_epoch(self, record: Mapping[str, Any]) -> None:
+        """Log one epoch record of ``DeepDPM.history_`` at step ``record["epoch"]``.
+
+        Usable directly as the estimator's per-epoch ``callback``.
+        """
+        self.log_metrics(epoch_metrics(record), step=int(record["epoch"]))
+
+    def log_artifacts(self, paths: Iterable[str | Path], artifact_path: str | None = None) -> None:
+        """Upload files (and directories, under their own name); missing paths are skipped.
+
+        The files are read by the logging thread: keep them until :meth:`close`.
+        """
+        for path in paths:
+            path = Path(path)
+            if not path.exists():
+                logger.warning("not logging missing artifact %s", path)
+                continue
+            if path.is_dir():
+                dest = f"{artifact_path}/{path.name}" if artifact_path else path.name
+                self._submit(
+                    lambda client, p=path, d=dest: client.log_artifacts(self._run_id, str(p), d)
+                )
+            else:
+                self._submit(
+                    lambda client, p=path: client.log_artifact(self._run_id, str(p), artifact_path)
+                )
+
+    def warn(self, message: str) -> None:
+        """Print a warning (rank 0 only) and keep it in the run as ``warnings.txt``."""
+        if not self.is_logger:
+            return
+        print(f"deepdpm: warning: {message}", file=sys.stderr, flush=True)
+        self.warnings.append(message)
+        text = "\n".join(self.warnings) + "\n"
+        self._submit(lambda client: client.log_text(self._run_id, text, "warnings.txt"))
+
+    # -- the logging thread ------------------------------------------------------------
+
+    def _submit(self, op: Callable[[Any], None]) -> None:
+        if not self.active or self.failed or self._thread is None:
+            return
+        try:
+            self._queue.put_nowait(op)
+        except queue.Full:
+            self._fail(RuntimeError(f"{self._queue.maxsize} calls waiting for the server"))
+
+    def _work(self) -> None:
+        client = None
+        while True:
+            try:
+                op = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                if self._closing.is_set():
+                    return
+                continue
+            if self.failed:
+                continue  # drain: keep the queue from filling, send nothing
+            try:
+                if client is None:
+                    from mlflow import MlflowClient  # ~1 s import, paid off the training thread
+
+                    client = MlflowClient(tracking_uri=self.tracking_uri)
+                op(client)
+            except Exception as exc:  # any failure of tracking must not reach training
+                self._fail(exc)
+
+    def _start_run(self, client: Any) -> None:
+        experiment = client.get_experiment_by_name(self.experiment)
+        if experiment is not None:
+            experiment_id = experiment.experiment_id
+        else:
+            try:
+                experiment_id = client.create_experiment(self.experiment)
+            except Exception:
+                # another process may have created it between our get and create
+                experiment = client.get_experiment_by_name(self.experiment)
+                if experiment is None:
+                    raise
+                experiment_id = experiment.experiment_id
+        run = client.create_run(experiment_id, run_name=self.run_name)
+        self._run_id = run.info.run_id
+        self._started.set()
+
+    def _log_batch(self, client: Any, params=(), tags=(), metrics=()) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        client.log_batch(
+            self._run_id,
+            metrics=[Metric(k, v, ts, step) for k, v, ts, step in metrics],
+            params=[Param(k, v) for k, v in params],
+            tags=[RunTag(k, v) for k, v in tags],
+            synchronous=True,
+        )
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._fail_lock:
+            if self.failed:
+                return
+            self.failed = True
+        self._started.set()  # nobody waits for a run id that will never come
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        first_line = first_line.replace(self.tracking_uri or "", _redacted(self.tracking_uri))
+        print(
+            f"deepdpm: warning: MLflow tracking at {_redacted(self.tracking_uri)} failed "
+            f"({type(exc).__name__}: {first_line[:300]}); training continues without "
+            "tracking and all outputs are still written locally",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+# -- the seams the commands plug in ---------------------------------------------------------
+
+#: files of a fit output directory logged as artifacts (those that exist)
+FIT_ARTIFACTS = (
+    "config.yaml",
+    "summary.json",
+    "k_over_epochs.png",
+    "cluster_sizes.png",
+    "moves.png",
+    "losses.png",
+    "model.pt",
+    "assignments.parquet",
+)
+
+
+def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--tracking-uri``, ``--experiment``, ``--run-name``, ``--no-tracking``."""
+    group = parser.add_argument_group("MLflow tracking")
+    group.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db "
+        "in the working directory)",
+    )
+    group.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
+    group.add_argument("--run-name", help="MLflow run name (default: chosen by MLflow)")
+    group.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+
+
+def tracker_from_args(args: argparse.Namespace, rank: int = 0) -> RunTracker:
+    """A :class:`RunTracker` configured by :func:`add_tracking_arguments` flags."""
+    return RunTracker(
+        tracking_uri=args.tracking_uri,
+        experiment=args.experiment,
+        enabled=not args.no_tracking,
+        run_name=args.run_name,
+        rank=rank,
+    )
+
+
+def fit_params(
+    flat_config: Mapping[str, Any], n_samples: int, n_features: int, num_workers: int = 1
+) -> dict[str, Any]:
+    """Params of a fit run: the flattened config plus data shape and worker count."""
+    return {
+        **flat_config,
+        "data.n_samples": int(n_samples),
+        "data.n_features": int(n_features),
+        "num_workers": int(num_workers),
+    }
+
+
+def epoch_callback(
+    tracker: RunTracker, config: Any, feature_variance: float | None = None
+) -> Callable[[Mapping[str, Any]], None]:
+    """Per-epoch callback for the estimator: log the record and run the diagnostics
+    (:class:`pipeline.diagnostics.DiagnosticsMonitor`, warnings through ``tracker.warn``).
+
+    ``feature_variance`` (median per-feature variance of X) lets the diagnostics say
+    which way ``prior.sigma_scale`` moves K for these data.
+    """
+    from pipeline.diagnostics import DiagnosticsMonitor
+
+    monitor = DiagnosticsMonitor(config, tracker.warn, feature_variance)
+
+    def on_epoch(record: Mapping[str, Any]) -> None:
+        tracker.log_epoch(record)
+        monitor(record)
+
+    return on_epoch
+
+
+def log_fit_outputs(tracker: RunTracker, out_dir: str | Path) -> None:
+    """Log a finished fit's output directory: :data:`FIT_ARTIFACTS` and, from its
+    ``summary.json``, ``fit_seconds`` and the final ``final_nmi``/``final_ari``/``final_acc``."""
+    out_dir = Path(out_dir)
+    summary_path = out_dir / "summary.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        final = {f"final_{k}": v for k, v in (summary.get("metrics") or {}).items()}
+        if summary.get("fit_seconds") is not None:
+            final["fit_seconds"] = summary["fit_seconds"]
+        final["final_n_clusters"] = summary.get("n_clusters", 0)
+        tracker.log_metrics(final, step=int(summary.get("epochs") or 0))
+    tracker.log_artifacts(p for name in FIT_ARTIFACTS if (p := out_dir / name).exists())
+
+
+__all__ = [
+    "DEFAULT_EXPERIMENT",
+    "FIT_ARTIFACTS",
+    "DEFAULT_TRACKING_DB",
+    "EPOCH_METRICS",
+    "HTTP_ENV_DEFAULTS",
+    "RunTracker",
+    "add_tracking_arguments",
+    "environment_tags",
+    "epoch_callback",
+    "epoch_metrics",
+    "extraction_metrics",
+    "fit_params",
+    "git_commit",
+    "gpu_description",
+    "log_fit_outputs",
+    "resolve_tracking_uri",
+    "tracker_from_args",
+]

@@ -1,0 +1,80 @@
+"""Diagnostics name the prior knobs when splits stall or K collapses."""
+
+from __future__ import annotations
+
+from deepdpm_core.config import Config
+from pipeline.diagnostics import DiagnosticsMonitor, diagnose, knob_advice, move_kinds
+
+
+def _record(epoch: int, k: int, splits: int = 0, merges: int = 0) -> dict:
+    return {
+        "epoch": epoch, "n_clusters": k, "loss_cluster": 1.0, "loss_subcluster": 1.0,
+        "splits_accepted": splits, "merges_accepted": merges, "seconds": 0.1,
+    }  # fmt: skip
+
+
+def test_move_kinds_replay_the_trainer_schedule():
+    schedule = {"warmup_epochs": 5, "move_every": 5, "freeze_epochs": 2}
+    quiet = [_record(e, 1) for e in range(20)]
+    kinds = move_kinds(quiet, schedule, {"split": True, "merge": True})
+    # the nets are frozen through the warm-up, so the first round ends epoch 10 (index 9)
+    assert [(i, k) for i, k in enumerate(kinds) if k] == [
+        (9, "split"),
+        (14, "merge"),
+        (19, "split"),
+    ]
+    assert [k for k in move_kinds(quiet, schedule, {"merge": False}) if k] == ["split"] * 3
+    # an accepted move freezes the nets: a round falling in the freeze is skipped and
+    # the alternation does not advance
+    busy = list(quiet)
+    busy[5] = _record(5, 3, splits=2)
+    sched = {"warmup_epochs": 5, "move_every": 1, "freeze_epochs": 2}
+    kinds = move_kinds(busy[:10], sched, {})
+    assert [(i, k) for i, k in enumerate(kinds) if k] == [(5, "split"), (8, "merge"), (9, "split")]
+
+
+def test_no_warning_for_a_healthy_fit():
+    cfg = Config()
+    history = [_record(e, 1) for e in range(5)] + [_record(5, 4, splits=3)]
+    history += [_record(e, 4) for e in range(6, 20)] + [_record(20, 6, splits=2)]
+    assert diagnose(history, cfg) == []
+
+
+def test_stalled_splits_name_every_knob_with_its_value():
+    cfg = Config().with_overrides({"prior.alpha": 3.0})
+    history = [_record(e, 5) for e in range(30)]  # K_init = 5, no move in 5 rounds
+    (warning,) = diagnose(history, cfg)
+    assert warning.kind == "no_split"
+    assert "no split accepted in the last 3 split rounds" in warning.message
+    assert "raise prior.alpha (now 3.0" in warning.message
+    assert "lower prior.nu (now auto = D + 2" in warning.message
+    assert "prior.sigma_scale (now 0.005) moves K non-monotonically" in warning.message
+
+
+def test_sigma_scale_direction_follows_the_data_variance():
+    # measured (module docstring): K peaks for Ψ ~ 0.001-0.3 x the feature variance
+    assert knob_advice({"sigma_scale": 0.005}, 0.16).startswith("raise prior.sigma_scale")
+    assert knob_advice({"sigma_scale": 0.5}, 0.16).startswith("lower prior.sigma_scale")
+    # psi="data_std": Ψ = s·std, so s = 1 on unit-variance data is at the pivot
+    assert knob_advice({"sigma_scale": 1.0, "psi": "data_std"}, 1.0).startswith("lower")
+    assert knob_advice({"sigma_scale": 1.0, "psi": "data_std"}, 100.0).startswith("raise")
+    assert "(now 0.5: Ψ is 3.1 × the median feature variance" in knob_advice(
+        {"sigma_scale": 0.5}, 0.16
+    )
+
+
+def test_collapse_to_one_or_two_clusters():
+    history = [_record(e, 8) for e in range(10)] + [_record(10, 2, merges=6)]
+    kinds = {d.kind for d in diagnose(history, Config().to_dict())}
+    assert kinds == {"collapsed"}
+    (warning,) = [d for d in diagnose(history, None) if d.kind == "collapsed"]
+    assert "K collapsed to 2 (largest K so far: 8)" in warning.message
+
+
+def test_monitor_reports_each_kind_once():
+    messages: list[str] = []
+    monitor = DiagnosticsMonitor(Config(), messages.append)
+    for e in range(60):
+        monitor(_record(e, 1))
+    assert len(messages) == 2
+    assert {d.kind for d in monitor.reported} == {"no_split", "collapsed"}
