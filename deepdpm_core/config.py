@@ -123,7 +123,8 @@ class EmbedConfig:
 class Config:
     """The whole run configuration.
 
-    Sections: ``prior``, ``init``, ``model``, ``optim``, ``schedule``, ``moves``;
+    Sections: ``prior``, ``init``, ``model``, ``optim``, ``schedule``, ``moves``, ``ae``
+    (autoencoder, alternation), ``embed`` (UMAP);
     plus ``seed`` (all randomness of a fit derives from it) and ``device``.
     """
 

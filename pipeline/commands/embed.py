@@ -14,18 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from tqdm import tqdm
-
-from deepdpm_core.autoencoder import MLPAutoencoder
-from deepdpm_core.config import Config, load_config, parse_overrides
-from deepdpm_core.embedding import METHODS, as_feature_matrix, embed
-from deepdpm_core.errors import CheckpointError, DataError
-from pipeline.io import atomic_path, features_table, read_features, write_parquet_atomic
-
 HELP = "Embed raw data or features with an autoencoder, UMAP, AE+UMAP (n2d) or PCA."
 
-_MODEL_FORMAT = "deepdpm-autoencoder-v1"
+#: = ``deepdpm_core.embedding.METHODS`` (spelled out so ``deepdpm --help`` needs no torch)
+METHODS = ("ae", "umap", "ae-umap", "pca")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,46 +51,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def save_autoencoder(model: MLPAutoencoder, config: Config, path: Path) -> None:
-    """Write the autoencoder (architecture, weights, input scaling) and its config atomically."""
-    payload = {
-        "format": _MODEL_FORMAT,
-        "architecture": model.architecture(),
-        "state_dict": model.state_dict(),
-        "config": config.to_dict(),
-    }
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
-
-
-def load_autoencoder(path: Path) -> MLPAutoencoder:
-    """Read a model written by :func:`save_autoencoder` (safe: ``weights_only=True``)."""
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except Exception as exc:  # torch raises many types for a corrupt or foreign file
-        raise CheckpointError(f"cannot read autoencoder {path}: {exc}") from exc
-    if not isinstance(payload, dict) or payload.get("format") != _MODEL_FORMAT:
-        raise CheckpointError(
-            f"{path} is not a deepdpm autoencoder (expected format {_MODEL_FORMAT})"
-        )
-    arch = payload["architecture"]
-    model = MLPAutoencoder(arch["input_dim"], arch["latent_dim"], arch["hidden"])
-    model.load_state_dict(payload["state_dict"])
-    return model.eval()
-
-
-def _load_config(args: argparse.Namespace) -> Config:
-    config = load_config(args.config) if args.config else Config()
-    overrides = parse_overrides(args.overrides)
-    if args.seed is not None:
-        overrides["seed"] = args.seed
-    return config.with_overrides(overrides) if overrides else config
-
-
 def run(args: argparse.Namespace) -> int:
-    config = _load_config(args)
+    from tqdm import tqdm
+
+    from deepdpm_core.embedding import as_feature_matrix, embed
+    from deepdpm_core.errors import DataError
+    from pipeline.alternate import save_autoencoder
+    from pipeline.fitting import config_from_args
+    from pipeline.io import features_table, read_features, write_parquet_atomic
+
+    config = config_from_args(args.config, args.overrides, args.seed)
     if args.output.suffix.lower() != ".parquet":
         raise DataError(f"--output must be a .parquet file, got '{args.output}'")
     if args.output.resolve() == args.input.resolve():
