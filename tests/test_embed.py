@@ -254,3 +254,10 @@ def test_digits_ae_umap_then_fit_finds_the_digits(tmp_path, digits_npz, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert 8 <= summary["n_clusters"] <= 12
     assert summary["metrics"]["nmi"] >= 0.80
+
+
+def test_command_methods_match_the_core():
+    from deepdpm_core.embedding import METHODS
+    from pipeline.commands import embed as command
+
+    assert command.METHODS == METHODS

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-HELP = "Embed raw data or features with an autoencoder, UMAP, AE+UMAP (n2d) or PCA."
+HELP = "learn features from raw pixels or features (autoencoder, UMAP, AE+UMAP = n2d, PCA) into Parquet"
 
 #: = ``deepdpm_core.embedding.METHODS`` (spelled out so ``deepdpm --help`` needs no torch)
 METHODS = ("ae", "umap", "ae-umap", "pca")
