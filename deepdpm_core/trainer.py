@@ -141,23 +141,34 @@ class Trainer:
         self.batch_size = (auto_batch_size(self.n_total, o.steps_per_epoch, o.base_batch_size)
                            if o.batch_size == "auto" else int(o.batch_size))
 
-    def initialize(self) -> None:
-        """k-means clusters (rank with most rows), MAP parameters, principal-axis subclusters."""
+    def initialize(self, init_labels: Tensor | None = None) -> None:
+        """k-means clusters (rank with most rows), MAP parameters, principal-axis subclusters.
+
+        ``init_labels`` (this rank's rows, int64 [n]) warm-starts from given hard clusters
+        instead of k-means (the AE alternation re-clusters from the previous clusters).
+        """
         cfg = self.config
-        counts = torch.zeros(self.comm.world_size, dtype=torch.float64, device=self.device)
-        counts[self.comm.rank] = self.x.shape[0]
-        counts = self.comm.all_reduce(counts)
-        src = int(counts.argmax())
-        centers = None
-        if self.comm.rank == src:
-            centers = kmeans_centers(
-                self.x.cpu().numpy(), cfg.init.n_clusters, cfg.init.kmeans_iters,
-                cfg.init.max_points, self.rng,
-            )
-        centers = torch.as_tensor(self.comm.broadcast_object(centers, src=src), device=self.device)
-        z = nearest_center(self.x, centers)
+        if init_labels is not None:
+            z = init_labels.to(device=self.device, dtype=torch.long)
+            local_max = torch.zeros(self.comm.world_size, dtype=torch.float64, device=self.device)
+            local_max[self.comm.rank] = float(z.max()) if len(z) else 0.0
+            n_init = int(self.comm.all_reduce(local_max).max()) + 1
+        else:
+            counts = torch.zeros(self.comm.world_size, dtype=torch.float64, device=self.device)
+            counts[self.comm.rank] = self.x.shape[0]
+            counts = self.comm.all_reduce(counts)
+            src = int(counts.argmax())
+            centers = None
+            if self.comm.rank == src:
+                centers = kmeans_centers(
+                    self.x.cpu().numpy(), cfg.init.n_clusters, cfg.init.kmeans_iters,
+                    cfg.init.max_points, self.rng,
+                )
+            centers = torch.as_tensor(self.comm.broadcast_object(centers, src=src), device=self.device)
+            z = nearest_center(self.x, centers)
+            n_init = centers.shape[0]
         stats = self._reduce_stats(sparse_stats(self.x, z, torch.ones_like(z, dtype=torch.float64),
-                                                centers.shape[0]))
+                                                n_init))
         keep = torch.nonzero(stats.n > 0).squeeze(1)
         stats = stats.rows(keep)
         self.means, self.covs = map_estimate(self.prior, stats)
@@ -440,10 +451,11 @@ class Trainer:
         sch = self.config.schedule
         return self.rounds_without_move >= sch.patience and self.epoch >= sch.min_epochs
 
-    def fit(self) -> None:
-        """Initialise if needed, then run epochs until convergence or ``max_epochs``."""
+    def fit(self, init_labels: Tensor | None = None) -> None:
+        """Initialise if needed (from ``init_labels`` when given), then run epochs until
+        convergence or ``max_epochs``."""
         if not hasattr(self, "cluster_net"):
-            self.initialize()
+            self.initialize(init_labels)
         while self.epoch < self.config.schedule.max_epochs and not self.converged:
             self.step_epoch()
 
