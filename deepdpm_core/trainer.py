@@ -234,10 +234,17 @@ class Trainer:
         flat = self.comm.all_reduce(stats.flat())
         return SuffStats.from_flat(flat, stats.n_rows, stats.dim)
 
-    def _n_steps(self) -> int:
+    def _n_steps(self) -> tuple[int, int]:
+        """(steps of one pass over the largest slice, optimizer steps this epoch).
+
+        Small data get extra training steps on re-drawn batches up to
+        ``optim.steps_per_epoch``, so the nets can follow the parameters after a move;
+        statistics always come from exactly one pass.
+        """
         local = math.ceil(self.x.shape[0] / self.batch_size)
         t = torch.tensor([float(local)], dtype=torch.float64, device=self.device)
-        return int(self.comm.all_reduce(t, op="max").item())
+        one_pass = int(self.comm.all_reduce(t, op="max").item())
+        return one_pass, max(one_pass, self.config.optim.steps_per_epoch)
 
     def run_epoch(self, train: bool = True) -> tuple[SuffStats, SuffStats, dict[str, float]]:
         """One pass over the local rows; returns reduced soft cluster and hard subcluster stats.
@@ -247,15 +254,24 @@ class Trainer:
         k, d, bsz = self.n_clusters, self.dim, self.batch_size
         n_local = self.x.shape[0]
         gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.epoch * 7919 + self.comm.rank)
+        one_pass, n_steps = self._n_steps()
         perm = torch.randperm(n_local, generator=gen).to(self.device)
+        if n_steps > one_pass and n_local:  # extra training-only batches, re-drawn at random
+            extra = torch.randint(n_local, ((n_steps - one_pass) * bsz,), generator=gen).to(self.device)
+            perm = torch.cat([perm, extra])
         f64 = {"dtype": torch.float64, "device": self.device}
         soft_n, soft_s1, soft_s2 = torch.zeros(k, **f64), torch.zeros(k, d, **f64), torch.zeros(k, d * d, **f64)
         sub = SuffStats.zeros(2 * k, d, device=self.device)
         loss_sums = torch.zeros(3, **f64)
         self.cluster_model.train(train)
         self.sub_model.train(train)
-        for step in range(self._n_steps()):
-            idx = perm[step * bsz : (step + 1) * bsz]
+        pass_rows = min(n_local, one_pass * bsz)
+        for step in range(n_steps if train else one_pass):
+            if step < one_pass:
+                idx = perm[step * bsz : min((step + 1) * bsz, pass_rows)]
+            else:
+                start = n_local + (step - one_pass) * bsz
+                idx = perm[start : start + bsz] if n_local else perm[:0]
             x = self.x[idx]
             xin = x * self.input_scale
             with torch.set_grad_enabled(train):
@@ -277,6 +293,8 @@ class Trainer:
                     (loss_cl + loss_sub).backward()
                     self.opt_cluster.step()
                     self.opt_sub.step()
+            if step >= one_pass:
+                continue
             with torch.no_grad():
                 r = log_r.detach().exp().to(torch.float64)
                 x64 = x.to(torch.float64)
