@@ -57,7 +57,8 @@ class OptimConfig:
     lr_subcluster: float = 5.0e-3
     batch_size: int | Literal["auto"] = "auto"
     base_batch_size: int = 128
-    steps_per_epoch: int = 64
+    steps_per_epoch: int = 32
+    min_steps_per_epoch: int = 64
     lr_scaling: Literal["none", "sqrt", "linear"] = "sqrt"
 
 
@@ -67,7 +68,7 @@ class ScheduleConfig:
 
     max_epochs: int = 200
     warmup_epochs: int = 5
-    move_every: int = 5
+    move_every: int = 4
     freeze_epochs: int = 2
     patience: int = 3
     min_epochs: int = 0
@@ -186,6 +187,7 @@ def _positive(cfg: Config) -> dict[str, float]:
         "optim.lr_subcluster": cfg.optim.lr_subcluster,
         "optim.batch_size": 1 if cfg.optim.batch_size == "auto" else cfg.optim.batch_size,
         "optim.steps_per_epoch": cfg.optim.steps_per_epoch,
+        "optim.min_steps_per_epoch": cfg.optim.min_steps_per_epoch,
         "optim.base_batch_size": cfg.optim.base_batch_size,
         "init.n_clusters": cfg.init.n_clusters,
         "init.max_points": cfg.init.max_points,

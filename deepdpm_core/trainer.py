@@ -238,13 +238,13 @@ class Trainer:
         """(steps of one pass over the largest slice, optimizer steps this epoch).
 
         Small data get extra training steps on re-drawn batches up to
-        ``optim.steps_per_epoch``, so the nets can follow the parameters after a move;
+        ``optim.min_steps_per_epoch``, so the nets can follow the parameters after a move;
         statistics always come from exactly one pass.
         """
         local = math.ceil(self.x.shape[0] / self.batch_size)
         t = torch.tensor([float(local)], dtype=torch.float64, device=self.device)
         one_pass = int(self.comm.all_reduce(t, op="max").item())
-        return one_pass, max(one_pass, self.config.optim.steps_per_epoch)
+        return one_pass, max(one_pass, self.config.optim.min_steps_per_epoch)
 
     def run_epoch(self, train: bool = True) -> tuple[SuffStats, SuffStats, dict[str, float]]:
         """One pass over the local rows; returns reduced soft cluster and hard subcluster stats.
