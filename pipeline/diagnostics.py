@@ -32,10 +32,18 @@ from typing import Any
 #: ``prior.sigma_scale`` gives more clusters (below it, a larger one does)
 SIGMA_PIVOT = 1.0
 
-#: a stalled fit: no split accepted in this many split rounds in a row
+#: a stalled fit: no split accepted in this many split rounds in a row. With the default
+#: schedule (split and merge rounds alternate, ``patience`` = 4 rounds without any move)
+#: a fit stops after 2 idle split rounds, so this fires while merges are still accepted
+#: (K shrinking without splits) or with a larger ``patience``
 STALL_SPLIT_ROUNDS = 3
 #: a collapsed fit: K at most this
 COLLAPSED_K = 2
+#: a fit stuck at K <= COLLAPSED_K: this many split rounds in a row accepted no split.
+#: 2 is when the default schedule stops (see STALL_SPLIT_ROUNDS), so the warning comes
+#: before the fit ends; a fit that starts at K = 1 (``init.n_clusters``) and splits in
+#: its first rounds is growing, not collapsed, and is not warned about
+STUCK_SPLIT_ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -143,7 +151,9 @@ def diagnose(
     -------
     list of Diagnostic
         ``no_split``: the last :data:`STALL_SPLIT_ROUNDS` (or more) split rounds accepted
-        no split. ``collapsed``: K is at most :data:`COLLAPSED_K` after moves started.
+        no split. ``collapsed``: K is at most :data:`COLLAPSED_K` after moves started,
+        having fallen from a larger K or with the last :data:`STUCK_SPLIT_ROUNDS` split
+        rounds idle.
     """
     if not history:
         return []
@@ -167,15 +177,22 @@ def diagnose(
             )
         )
 
+    k_max = max(int(r["n_clusters"]) for r in history)
     if k_now <= COLLAPSED_K and any(kind is not None for kind in kinds):
-        k_max = max(int(r["n_clusters"]) for r in history)
-        out.append(
-            Diagnostic(
-                "collapsed",
-                f"K collapsed to {k_now} (largest K so far: {k_max}). "
-                f"If the data have more clusters: {knob_advice(prior, feature_variance)}",
+        if k_max > k_now:
+            what = f"K collapsed to {k_now} (largest K so far: {k_max})"
+        elif stalled >= STUCK_SPLIT_ROUNDS:
+            what = f"K stayed at {k_now}: the last {stalled} split rounds accepted no split"
+        else:
+            what = None  # K is still growing from a small initial K
+        if what is not None:
+            out.append(
+                Diagnostic(
+                    "collapsed",
+                    f"{what}. If the data have more clusters: "
+                    f"{knob_advice(prior, feature_variance)}",
+                )
             )
-        )
     return out
 
 
@@ -212,6 +229,7 @@ __all__ = [
     "COLLAPSED_K",
     "SIGMA_PIVOT",
     "STALL_SPLIT_ROUNDS",
+    "STUCK_SPLIT_ROUNDS",
     "Diagnostic",
     "DiagnosticsMonitor",
     "diagnose",

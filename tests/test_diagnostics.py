@@ -71,6 +71,21 @@ def test_collapse_to_one_or_two_clusters():
     assert "K collapsed to 2 (largest K so far: 8)" in warning.message
 
 
+def test_growing_from_one_cluster_is_not_a_collapse():
+    # init.n_clusters = 1 (the default): the first split round takes K to 2, which is
+    # growth; K that then stays at 2 through 2 idle split rounds is stuck
+    cfg = Config()
+    growing = [_record(e, 1) for e in range(9)] + [_record(9, 2, splits=1)]
+    growing += [_record(e, 2) for e in range(10, 19)]
+    assert diagnose(growing, cfg) == []
+    stuck = growing + [_record(e, 2) for e in range(19, 30)]  # split rounds at 19 and 29 idle
+    (warning,) = diagnose(stuck, cfg, feature_variance=36.0)
+    assert warning.kind == "collapsed"
+    assert warning.message.startswith("K stayed at 2: the last 2 split rounds accepted no split.")
+    assert "raise prior.sigma_scale (now 0.005" in warning.message
+    assert diagnose(stuck[:-1], cfg) == []  # one idle split round is not enough
+
+
 def test_monitor_reports_each_kind_once():
     messages: list[str] = []
     monitor = DiagnosticsMonitor(Config(), messages.append)
