@@ -341,7 +341,7 @@ def render_report(
         f'<p class="source">{html.escape(run.source)}</p>',
         _overview(summary),
     ]
-    for diagnostic in diagnose(history, config):
+    for diagnostic in diagnose(history, config, summary.get("median_feature_variance")):
         parts.append(f'<div class="warn">{html.escape(diagnostic.message)}</div>')
 
     with tempfile.TemporaryDirectory(prefix="deepdpm-report-") as tmp:
