@@ -416,6 +416,7 @@ FIT_ARTIFACTS = (
     "cluster_sizes.png",
     "moves.png",
     "losses.png",
+    "scores.png",
     "model.pt",
     "assignments.parquet",
 )

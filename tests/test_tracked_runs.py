@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 EPOCH_METRICS = {"n_clusters", "loss_cluster", "loss_subcluster", "splits_accepted",
                  "merges_accepted", "epoch_seconds"}  # fmt: skip
 LABEL_METRICS = {"nmi", "ari", "acc"}
-PNGS = ("k_over_epochs.png", "cluster_sizes.png", "moves.png", "losses.png")
+PNGS = ("k_over_epochs.png", "cluster_sizes.png", "moves.png", "losses.png", "scores.png")
 TRACKING_WARNING = "deepdpm: warning: MLflow tracking at"
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -158,7 +158,7 @@ def test_fit_run_artifacts(fit_run, mlflow_server, tmp_path):  # noqa: F811
     client = MlflowClient(mlflow_server.uri)
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert names == {"config.yaml", "summary.json", "model.pt", "assignments.parquet", *PNGS}
-    for name in ("k_over_epochs.png", "cluster_sizes.png"):
+    for name in ("k_over_epochs.png", "cluster_sizes.png", "scores.png"):
         _assert_png(client.download_artifacts(run.info.run_id, name, str(tmp_path)))
     remote = client.download_artifacts(run.info.run_id, "summary.json", str(tmp_path))
     assert json.loads(Path(remote).read_text()) == _summary(out)
@@ -198,7 +198,7 @@ def test_report_of_the_real_fit(fit_run, mlflow_server, tmp_path, source):  # no
     text, pngs = _report_images(html)
     summary = _summary(out)
     assert f"DeepDPM report: K = {summary['n_clusters']}" in text
-    assert len(pngs) == 4  # K, moves, cluster sizes, losses
+    assert len(pngs) == 5  # K, moves, cluster sizes, losses, scores
     for png in pngs:
         Image.open(io.BytesIO(png)).verify()
     assert 'class="warn"' not in text
