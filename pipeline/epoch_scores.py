@@ -24,7 +24,7 @@ import torch
 from deepdpm_core import Config, DeepDPM
 from deepdpm_core.metrics import clustering_scores
 from deepdpm_core.trainer import Trainer
-from deepdpm_core.validation import check_features
+from deepdpm_core.validation import check_features, check_init_labels
 
 #: labelled rows scored per epoch (a uniform random subsample when there are more)
 DEFAULT_MAX_ROWS = 10_000
@@ -89,9 +89,11 @@ def fit_estimator(
     callbacks: list[Callable[[dict], None]] | None = None,
     scores: EpochLabelScores | None = None,
     progress: bool = False,
+    init_labels: np.ndarray | None = None,
 ) -> DeepDPM:
-    """``DeepDPM(config).fit(X, callbacks=callbacks, progress=progress)``, with ``scores``
-    (when given) bound to the trainer and run first in every epoch.
+    """``DeepDPM(config).fit(X, callbacks=callbacks, progress=progress,
+    init_labels=init_labels)``, with ``scores`` (when given) bound to the trainer and run
+    first in every epoch.
 
     Mirrors :meth:`deepdpm_core.DeepDPM.fit` step for step; a test checks that both give
     the same history and labels.
@@ -100,6 +102,8 @@ def fit_estimator(
     ----------
     X : ndarray of shape (N, D)
     callbacks : per-epoch callbacks, called after ``scores`` with the same record
+    init_labels : ndarray of shape (N,), optional
+        Warm start from these hard clusters instead of k-means (as ``DeepDPM.fit``).
 
     Returns
     -------
@@ -108,6 +112,9 @@ def fit_estimator(
     """
     model = DeepDPM(config)
     X = check_features(X, min_rows=max(2, config.init.n_clusters))
+    start_labels = None
+    if init_labels is not None:
+        start_labels = torch.from_numpy(check_init_labels(init_labels, len(X)))
     cbs: list[Callable[[dict], None]] = ([scores] if scores is not None else []) + list(callbacks or [])
     bar = None
     if progress:
@@ -125,7 +132,7 @@ def fit_estimator(
     if scores is not None:
         scores.bind(trainer)
     try:
-        trainer.fit()
+        trainer.fit(start_labels)
     finally:
         if bar is not None:
             bar.close()

@@ -61,6 +61,18 @@ def test_fit_estimator_fits_like_the_estimator_and_scoring_changes_nothing(blobs
     assert last["nmi"] > 0.5
 
 
+def test_fit_estimator_warm_starts_like_the_estimator(blobs, config):
+    X, y = blobs
+    short = config.with_overrides({"schedule.max_epochs": 6})
+    reference = DeepDPM(short).fit(X, init_labels=y)
+    scored = fit_estimator(short, X, scores=EpochLabelScores(X, y), init_labels=y)
+    # starts from the true classes (a cold start has K = 1 and NMI 0 after one epoch)
+    assert scored.history_[0]["n_clusters"] == 3 and scored.history_[0]["nmi"] > 0.5
+    np.testing.assert_array_equal(scored.labels_, reference.labels_)
+    for got, want in zip(scored.history_, reference.history_, strict=True):
+        assert _without(got, "seconds", "nmi", "ari", "acc") == _without(want, "seconds")
+
+
 def test_scored_rows_are_a_fixed_labelled_subsample():
     X = np.arange(40, dtype=np.float32).reshape(20, 2)
     labels = np.array([0, 1, -1, 2] * 5)

@@ -21,10 +21,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a config key, e.g. --set prior.sigma_scale=0.01 (repeatable)")
     parser.add_argument("--seed", type=int, help="random seed (overrides the config's)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--alternate", type=int, metavar="N",
+                        help="learn features too: pretrain an MLP autoencoder on the (raw) input, then "
+                        "alternate N times between DeepDPM on its embedding and AE training with the "
+                        "clusters fixed; stops early once K is stable (config section 'ae')")
     add_tracking_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    from deepdpm_core.errors import ConfigError
     from deepdpm_core.validation import check_features
     from pipeline.epoch_scores import EpochLabelScores, fit_estimator
     from pipeline.fitting import config_from_args, write_fit_outputs
@@ -39,6 +44,18 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args.config, args.overrides, args.seed)
     table = read_features(args.input)
+    if args.alternate is not None:
+        from pipeline.alternate import run_alternating_fit
+
+        if args.alternate < 0:
+            raise ConfigError(f"--alternate must be >= 0, got {args.alternate}")
+        summary = run_alternating_fit(args, config, table)
+        scores = " ".join(f"{k}={v:.3f}" for k, v in summary["metrics"].items())
+        print(f"K={summary['n_clusters']} alternations={len(summary['alternation']) - 1} "
+              f"time={summary['fit_seconds']:.1f}s {scores}".rstrip(), file=sys.stderr)
+        print(f"wrote {args.output}/summary.json, assignments.parquet, model.pt, autoencoder.pt, "
+              "embedding.parquet", file=sys.stderr)
+        return 0
     table.X = check_features(table.X, min_rows=max(2, config.init.n_clusters))
     feature_variance = float(np.median(table.X.var(axis=0)))
     # nmi/ari/acc on <= 10k labelled rows every epoch; runs before the tracker's
