@@ -448,6 +448,10 @@ class Trainer:
                 self.frozen_until = self.epoch + 1 + self.config.schedule.freeze_epochs
             else:
                 self.rounds_without_move += 1
+        sch = self.config.schedule
+        if self.epoch + 1 >= sch.max_epochs or (
+                self.rounds_without_move >= sch.patience and self.epoch + 1 >= sch.min_epochs):
+            self.prune_unused(self.hard_counts())  # last epoch: K = clusters that own points
         record = {
             "epoch": self.epoch,
             "n_clusters": self.n_clusters,
@@ -490,6 +494,15 @@ class Trainer:
         if not out:
             return torch.zeros(0, self.n_clusters)
         return torch.cat(out)
+
+    @torch.no_grad()
+    def hard_counts(self, batch_size: int = 65536) -> Tensor:
+        """Points per cluster under the clustering net's argmax, summed over ranks; (K,)."""
+        counts = torch.zeros(self.n_clusters, dtype=torch.float64, device=self.device)
+        for s in range(0, self.x.shape[0], batch_size):
+            z = self.cluster_net(self.x[s : s + batch_size] * self.input_scale).argmax(1)
+            counts += torch.bincount(z, minlength=self.n_clusters).to(counts)
+        return self.comm.all_reduce(counts)
 
     def prune_unused(self, labels_counts: Tensor) -> None:
         """Drop clusters that own no point (hard counts over all ranks are given)."""

@@ -9,22 +9,19 @@ so when it runs before the tracker's callback the scores reach MLflow, ``history
 ``summary.json`` and the report. Scoring uses no random numbers and leaves the nets'
 mode to the next epoch, so a scored fit trains exactly like an unscored one (tested).
 
-The per-epoch callbacks of ``DeepDPM.fit`` see only the record, not the model being
-trained, so :func:`fit_estimator` runs the estimator's fit with access to its trainer.
+Bind it to the estimator before ``fit`` (``scores.bind(model)``): ``DeepDPM.fit``
+exposes the model being trained to its callbacks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from deepdpm_core import Config, DeepDPM
+from deepdpm_core import DeepDPM
 from deepdpm_core.metrics import clustering_scores
-from deepdpm_core.trainer import Trainer
-from deepdpm_core.validation import check_features, check_init_labels
 
 #: labelled rows scored per epoch (a uniform random subsample when there are more)
 DEFAULT_MAX_ROWS = 10_000
@@ -60,7 +57,7 @@ class EpochLabelScores:
         self.rows = rows
         self._x = torch.from_numpy(np.ascontiguousarray(X[rows]))
         self._y = labels[rows]
-        self._trainer: Trainer | None = None
+        self._model: DeepDPM | None = None
 
     @classmethod
     def for_labels(
@@ -72,75 +69,15 @@ class EpochLabelScores:
             return None
         return cls(X, labels, max_rows, seed)
 
-    def bind(self, trainer: Trainer) -> None:
-        """Score the nets of ``trainer`` (the one being fitted)."""
-        self._trainer = trainer
+    def bind(self, model: DeepDPM) -> None:
+        """Score the clustering net of ``model`` while it is being fitted."""
+        self._model = model
 
     def __call__(self, record: dict[str, Any]) -> None:
-        if self._trainer is None:
+        if self._model is None:
             return
-        predicted = self._trainer.predict_log_proba(self._x).argmax(1).numpy()
+        predicted = self._model.predict(self._x)
         record.update(clustering_scores(self._y, predicted))
 
 
-def fit_estimator(
-    config: Config,
-    X: np.ndarray,
-    callbacks: list[Callable[[dict], None]] | None = None,
-    scores: EpochLabelScores | None = None,
-    progress: bool = False,
-    init_labels: np.ndarray | None = None,
-) -> DeepDPM:
-    """``DeepDPM(config).fit(X, callbacks=callbacks, progress=progress,
-    init_labels=init_labels)``, with ``scores`` (when given) bound to the trainer and run
-    first in every epoch.
-
-    Mirrors :meth:`deepdpm_core.DeepDPM.fit` step for step; a test checks that both give
-    the same history and labels.
-
-    Parameters
-    ----------
-    X : ndarray of shape (N, D)
-    callbacks : per-epoch callbacks, called after ``scores`` with the same record
-    init_labels : ndarray of shape (N,), optional
-        Warm start from these hard clusters instead of k-means (as ``DeepDPM.fit``).
-
-    Returns
-    -------
-    DeepDPM
-        Fitted, as ``DeepDPM.fit`` leaves it (empty clusters pruned, ``labels_`` set).
-    """
-    model = DeepDPM(config)
-    X = check_features(X, min_rows=max(2, config.init.n_clusters))
-    start_labels = None
-    if init_labels is not None:
-        start_labels = torch.from_numpy(check_init_labels(init_labels, len(X)))
-    cbs: list[Callable[[dict], None]] = ([scores] if scores is not None else []) + list(callbacks or [])
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=config.schedule.max_epochs, desc="deepdpm fit", unit="epoch")
-
-        def show(rec: dict) -> None:
-            bar.update(1)
-            bar.set_postfix(K=rec["n_clusters"], cl=f"{rec['loss_cluster']:.3f}",
-                            sub=f"{rec['loss_subcluster']:.3g}")
-
-        cbs.append(show)
-    trainer = Trainer(config, torch.from_numpy(X), callbacks=cbs)
-    if scores is not None:
-        scores.bind(trainer)
-    try:
-        trainer.fit(start_labels)
-    finally:
-        if bar is not None:
-            bar.close()
-    labels = trainer.predict_log_proba(torch.from_numpy(X)).argmax(1)
-    trainer.prune_unused(torch.bincount(labels, minlength=trainer.n_clusters).to(torch.float64))
-    model._trainer = trainer  # what DeepDPM.fit and DeepDPM.load set
-    model.labels_ = model.predict(X)
-    return model
-
-
-__all__ = ["DEFAULT_MAX_ROWS", "EpochLabelScores", "fit_estimator"]
+__all__ = ["DEFAULT_MAX_ROWS", "EpochLabelScores"]

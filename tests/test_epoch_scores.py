@@ -10,7 +10,7 @@ import pytest
 from deepdpm_core import DeepDPM
 from deepdpm_core.config import Config
 from deepdpm_core.metrics import clustering_scores
-from pipeline.epoch_scores import EpochLabelScores, fit_estimator
+from pipeline.epoch_scores import EpochLabelScores
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -28,7 +28,7 @@ def blobs() -> tuple[np.ndarray, np.ndarray]:
 def config() -> Config:
     # one pass per epoch (8 batches of 128), not the default 64 steps: 8x faster
     return Config().with_overrides(
-        {"schedule.max_epochs": 22, "optim.steps_per_epoch": 8, "seed": 5}
+        {"schedule.max_epochs": 22, "optim.min_steps_per_epoch": 8, "seed": 5}
     )
 
 
@@ -36,12 +36,18 @@ def _without(record: dict, *keys: str) -> dict:
     return {k: v for k, v in record.items() if k not in keys}
 
 
-def test_fit_estimator_fits_like_the_estimator_and_scoring_changes_nothing(blobs, config):
+def _scored_fit(config, X, scores, **kw):
+    model = DeepDPM(config)
+    scores.bind(model)
+    return model.fit(X, callbacks=[scores], **kw)
+
+
+def test_scoring_changes_nothing(blobs, config):
     X, y = blobs
     reference = DeepDPM(config).fit(X)
-    plain = fit_estimator(config, X)
+    plain = DeepDPM(config).fit(X)
     scores = EpochLabelScores(X, y, max_rows=500, seed=1)
-    scored = fit_estimator(config, X, scores=scores)
+    scored = _scored_fit(config, X, scores)
 
     assert reference.n_clusters_ > 1, "the data should make the fit split at least once"
     for model in (plain, scored):
@@ -64,11 +70,11 @@ def test_fit_estimator_fits_like_the_estimator_and_scoring_changes_nothing(blobs
     assert last["nmi"] > 0.5
 
 
-def test_fit_estimator_warm_starts_like_the_estimator(blobs, config):
+def test_scored_warm_start_like_the_estimator(blobs, config):
     X, y = blobs
     short = config.with_overrides({"schedule.max_epochs": 6})
     reference = DeepDPM(short).fit(X, init_labels=y)
-    scored = fit_estimator(short, X, scores=EpochLabelScores(X, y), init_labels=y)
+    scored = _scored_fit(short, X, EpochLabelScores(X, y), init_labels=y)
     assert scored.history_[0]["n_clusters"] == 3  # from the true classes, not K = 1
     assert all({"nmi", "ari", "acc"} <= r.keys() for r in scored.history_)
     np.testing.assert_array_equal(scored.labels_, reference.labels_)

@@ -77,7 +77,7 @@ def fit_run(mlflow_server, tracking_env, mixture, tmp_path_factory):  # noqa: F8
     with contextlib.redirect_stderr(stderr):
         code = main([
             "fit", "--input", str(mixture), "--output", str(out), "--quiet",
-            "--set", "schedule.max_epochs=25", "--set", f"optim.steps_per_epoch={ONE_PASS}",
+            "--set", "schedule.max_epochs=25", "--set", f"optim.min_steps_per_epoch={ONE_PASS}",
             "--tracking-uri", mlflow_server.uri, "--experiment", "fit-e2e", "--run-name", "mix",
         ])  # fmt: skip
     assert code == 0, stderr.getvalue()
@@ -108,7 +108,7 @@ def test_fit_run_params_and_tags(fit_run, mixture):
     out, run, _ = fit_run
     assert run.info.run_name == "mix" and run.info.status == "FINISHED"
     params = run.data.params
-    config = Config().with_overrides({"schedule.max_epochs": 25, "optim.steps_per_epoch": ONE_PASS})
+    config = Config().with_overrides({"schedule.max_epochs": 25, "optim.min_steps_per_epoch": ONE_PASS})
     for key, value in config.flat().items():
         assert params[key] == ("null" if value is None else str(value)), key
     assert params["prior.nu"] == "null" and params["schedule.max_epochs"] == "25"
@@ -221,7 +221,7 @@ def test_fit_survives_its_tracking_server_being_killed(mixture, tmp_path):
         [sys.executable, "-m", "pipeline.cli", "fit", "--input", str(mixture),
          "--output", str(out), "--quiet", "--tracking-uri", server.uri, "--experiment", "kill",
          "--set", f"schedule.max_epochs={epochs}", "--set", "schedule.patience=1000",
-         "--set", f"optim.steps_per_epoch={ONE_PASS}"],
+         "--set", f"optim.min_steps_per_epoch={ONE_PASS}"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

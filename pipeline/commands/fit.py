@@ -29,9 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from deepdpm_core import DeepDPM
     from deepdpm_core.errors import ConfigError
     from deepdpm_core.validation import check_features
-    from pipeline.epoch_scores import EpochLabelScores, fit_estimator
+    from pipeline.epoch_scores import EpochLabelScores
     from pipeline.fitting import config_from_args, write_fit_outputs
     from pipeline.io import read_features
     from pipeline.tracking import (
@@ -66,7 +67,11 @@ def run(args: argparse.Namespace) -> int:
         tracker.set_tags(environment_tags(args.input))
         on_epoch = epoch_callback(tracker, config, feature_variance)
         t0 = time.perf_counter()
-        model = fit_estimator(config, table.X, [on_epoch], scores, progress=not args.quiet)
+        model = DeepDPM(config)
+        if scores is not None:
+            scores.bind(model)
+        callbacks = [scores, on_epoch] if scores is not None else [on_epoch]
+        model.fit(table.X, callbacks=callbacks, progress=not args.quiet)
         fit_seconds = time.perf_counter() - t0
         summary = write_fit_outputs(args.output, model, table, fit_seconds, args.input,
                                     extra={"median_feature_variance": feature_variance})
