@@ -37,6 +37,9 @@ class GaussianMixture:
         ln π_k (normalised).
     compute_dtype : torch.dtype
         dtype of the cached factors used for per-batch work.
+    work_dtype : torch.dtype
+        dtype of the whitening GEMMs of the top-m path (points are centred first, so
+        float32 loses only ~1e-7 of each Mahalanobis distance).
     """
 
     means: Tensor
@@ -46,8 +49,9 @@ class GaussianMixture:
     _prec_chol: Tensor = field(init=False, repr=False)
     _shifted_means: Tensor = field(init=False, repr=False)
     _log_norm: Tensor = field(init=False, repr=False)
-    _prec_chol_k: Tensor = field(init=False, repr=False)
-    _shifted_means_k: Tensor = field(init=False, repr=False)
+    work_dtype: torch.dtype = torch.float32
+    _means_work: Tensor = field(init=False, repr=False)
+    _prec_chol_work: Tensor = field(init=False, repr=False)
     _proxy: tuple[Tensor, Tensor, Tensor] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -73,11 +77,13 @@ class GaussianMixture:
         ).to(self.compute_dtype)
         # (D, K·D) so one matmul projects a batch into every component's whitened frame
         self._prec_chol = prec_chol.permute(1, 0, 2).reshape(self.dim, -1).to(self.compute_dtype)
-        shifted = torch.einsum("kd,kde->ke", self.means, prec_chol)
-        self._shifted_means = shifted.reshape(-1).to(self.compute_dtype)
-        # per-component factors for the grouped top-m path: (K, D, D) and (K, D)
-        self._prec_chol_k = prec_chol.to(self.compute_dtype)
-        self._shifted_means_k = shifted.to(self.compute_dtype)
+        self._shifted_means = torch.einsum("kd,kde->ke", self.means, prec_chol).reshape(-1).to(
+            self.compute_dtype
+        )
+        # per-component factors for the grouped top-m path, (K, D) and (K, D, D), in the
+        # dtype of the data (float32: its GEMMs are ~8x faster than float64 on CPU)
+        self._means_work = self.means.to(self.work_dtype)
+        self._prec_chol_work = prec_chol.to(self.work_dtype)
         # candidate proxy: each component replaced by the isotropic Gaussian with the same
         # mean variance v_k = tr Σ_k / D, so the score is one (B, D) x (D, K) float32 GEMM:
         # ln π_k − D/2 ln 2πv_k − ‖x − μ_k‖²/(2 v_k) = x·μ_k/v_k − ‖x‖²/(2 v_k) + c_k
@@ -150,7 +156,8 @@ class GaussianMixture:
 
         Returns
         -------
-        Tensor of shape (N, m), in ``compute_dtype``; entry (i, j) is for component index[i, j].
+        Tensor of shape (N, m), in ``compute_dtype`` (GEMMs in ``work_dtype``); entry
+        (i, j) is for component index[i, j].
         """
         m = index.shape[1]
         flat = index.reshape(-1)
@@ -161,8 +168,9 @@ class GaussianMixture:
         for k, count in enumerate(counts):
             for s in range(start, start + count, chunk_rows):
                 pairs = order[s : min(s + chunk_rows, start + count)]
-                y = x[pairs // m].to(self.compute_dtype) @ self._prec_chol_k[k] - self._shifted_means_k[k]
-                out[pairs] = self._log_norm[k] - 0.5 * y.square().sum(1)
+                # centred before the (float32) GEMM, so rounding is relative to the spread
+                y = (x[pairs // m].to(self.work_dtype) - self._means_work[k]) @ self._prec_chol_work[k]
+                out[pairs] = self._log_norm[k] - 0.5 * y.square().sum(1).to(self.compute_dtype)
             start += count
         return out.view(index.shape)
 
@@ -189,7 +197,7 @@ class GaussianMixture:
     def to(self, device: torch.device | str) -> GaussianMixture:
         return GaussianMixture(
             self.means.to(device), self.covariances.to(device), self.log_weights.to(device),
-            self.compute_dtype,
+            self.compute_dtype, self.work_dtype,
         )
 
 

@@ -11,12 +11,13 @@ from deepdpm_core.stats import TripleBuffer, grouped_stats, sparse_stats
 from deepdpm_core.trainer import Trainer
 
 
-def _mixture(k=12, d=5, seed=0):
+def _mixture(k=12, d=5, seed=0, work_dtype=torch.float64):
     rng = np.random.default_rng(seed)
     means = rng.normal(size=(k, d)) * 8
     covs = np.stack([a @ a.T / d + 0.2 * np.eye(d) for a in rng.normal(size=(k, d, d))])
     logw = np.log(rng.dirichlet(np.ones(k)))
-    return GaussianMixture(torch.tensor(means), torch.tensor(covs), torch.tensor(logw)), means
+    gmm = GaussianMixture(torch.tensor(means), torch.tensor(covs), torch.tensor(logw), work_dtype=work_dtype)
+    return gmm, means
 
 
 def test_log_prob_at_pairs_equals_dense_columns():
@@ -25,6 +26,10 @@ def test_log_prob_at_pairs_equals_dense_columns():
     index = torch.randint(0, 12, (300, 3))
     dense = gmm.weighted_log_prob(x)
     torch.testing.assert_close(gmm.weighted_log_prob_at(x, index, chunk_rows=7), dense.gather(1, index))
+    # float32 whitening GEMMs (the default): points are centred first, so ~1e-6 relative
+    gmm32, _ = _mixture(work_dtype=torch.float32)
+    torch.testing.assert_close(gmm32.weighted_log_prob_at(x.float(), index), dense.gather(1, index),
+                               rtol=1e-5, atol=1e-4)
 
 
 def test_top_m_with_all_components_is_the_dense_e_step():
@@ -55,6 +60,13 @@ def test_grouped_and_buffered_stats_match_sparse_stats():
     pts = torch.arange(150)[:, None].expand(150, 2).reshape(-1)
     got = grouped_stats(x, pts, rows.reshape(-1), w.reshape(-1), 6, chunk_rows=11)
     torch.testing.assert_close(got.flat(), ref.flat(), rtol=1e-12, atol=1e-12)
+    # float32 GEMMs on points far from the origin: centring keeps the float64 sums accurate
+    far = x + 100.0
+    got32 = grouped_stats(far.float(), pts, rows.reshape(-1), w.reshape(-1), 6)
+    ref_far = sparse_stats(far, rows, w, 6)
+    torch.testing.assert_close(got32.s1, ref_far.s1, rtol=1e-6, atol=0)
+    cov = lambda st: st.s2 / st.n[:, None, None] - (st.s1 / st.n[:, None])[:, :, None] * (st.s1 / st.n[:, None])[:, None, :]  # noqa: E731
+    torch.testing.assert_close(cov(got32), cov(ref_far), rtol=0, atol=2e-4)
     buf = TripleBuffer()
     perm = torch.randperm(150)
     for part in perm.split(40):
@@ -82,3 +94,19 @@ def test_top_m_fit_matches_dense_fit():
     assert k_top == k_dense, (k_top, k_dense)
     assert abs(nmi_top - nmi_dense) <= 0.01, (nmi_top, nmi_dense)
     assert nmi_top > 0.9, nmi_top
+
+
+def test_per_cluster_matmul_equals_gathered_weights():
+    from deepdpm_core.nets import _per_cluster_matmul
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(30, 6, 5, generator=gen, requires_grad=True)
+    x = torch.randn(200, 6, generator=gen)
+    for z in (torch.randint(0, 30, (200,), generator=gen), torch.cat([torch.full((150,), 7),
+                                                                       torch.arange(50) % 30])):
+        got = _per_cluster_matmul(x, z, w)
+        ref = torch.bmm(x[:, None, :], w[z]).squeeze(1)
+        torch.testing.assert_close(got, ref)
+        g_got, = torch.autograd.grad(got.square().sum(), w)
+        g_ref, = torch.autograd.grad(ref.square().sum(), w)
+        torch.testing.assert_close(g_got, g_ref)
