@@ -47,7 +47,7 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict) -> dict[str, f
     """Seconds of one full training epoch with M-step at K clusters (init not timed)."""
     cfg = Config().with_overrides({
         "seed": seed, "device": "cpu", "init.n_clusters": k, "schedule.warmup_epochs": 0,
-        "moves.split": False, "moves.merge": False, **overrides,
+        "moves.split": False, "moves.merge": False, "init.kmeans_iters": 5, **overrides,
     })
     trainer = Trainer(cfg, torch.from_numpy(x))
     t = time.perf_counter()
