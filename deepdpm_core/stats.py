@@ -134,8 +134,9 @@ def sparse_stats(x: Tensor, index: Tensor, weights: Tensor, n_rows: int) -> Suff
     """
     x = x.to(torch.float64)
     b, d = x.shape
-    index = index.reshape(b, -1)
-    weights = weights.to(torch.float64).reshape(b, -1)
+    index = index.reshape(b, -1) if index.dim() > 1 else index[:, None]  # B may be 0
+    weights = weights.to(torch.float64)
+    weights = weights.reshape(b, -1) if weights.dim() > 1 else weights[:, None]
     out = SuffStats.zeros(n_rows, d, device=x.device)
     flat_idx = index.reshape(-1)
     out.n.index_add_(0, flat_idx, weights.reshape(-1))
