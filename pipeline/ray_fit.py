@@ -53,6 +53,8 @@ from deepdpm_core.trainer import Trainer
 from pipeline.io import feature_shape, write_json_atomic
 
 REQUEST_FILE = "fit_request.json"
+#: a user error the workers agreed on (bad rows, a checkpoint of other data), for the driver
+ERROR_FILE = "worker_error.json"
 TRAIN_DIR = "ray_train"
 CHECKPOINT_FILE = "model.pt"
 #: epochs between the cross-rank model checksums (one 16-byte all-reduce each)
@@ -82,8 +84,9 @@ class FitRequest:
     quiet: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_workers < 0:
-            raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}")
+        if self.num_workers < 1:  # Ray Train's 0 (local mode) would drop the checkpoints
+            raise ConfigError(f"a Ray fit needs --num-workers >= 1, got {self.num_workers} (without "
+                              "--ray-address, --resume and --checkpoint-every, 0 or 1 fit in this process)")
         if self.checkpoint_every < 0:
             raise ConfigError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
         if self.max_failures < -1:
@@ -154,9 +157,10 @@ def run_fit(request: FitRequest, *, resume: bool = False, ray_address: str | Non
         check_resources(request.num_workers, request.use_gpu,
                         0.0 if started_here == "local" else wait_for_workers_s)
         out.mkdir(parents=True, exist_ok=True)
+        (out / ERROR_FILE).unlink(missing_ok=True)
         if not resume:
             request.save()
-        result = _trainer(request).fit()
+        _trainer(request).fit()
     except Exception as exc:
         user_error = _worker_user_error(exc)
         if user_error is not None:
@@ -165,9 +169,11 @@ def run_fit(request: FitRequest, *, resume: bool = False, ray_address: str | Non
     finally:
         if started_here:
             ray.shutdown()
-    error = (result.metrics or {}).get("error")
-    if error:
-        raise _rebuild_error(error)
+    error_file = out / ERROR_FILE
+    if error_file.exists():
+        message = json.loads(error_file.read_text())["error"]
+        error_file.unlink()
+        raise _rebuild_error(message)
     return json.loads((out / "summary.json").read_text())
 
 
@@ -285,7 +291,7 @@ def _train_worker(loop: dict[str, Any]) -> None:
         error = f"{type(exc).__name__}: {exc}"
     error = _first_error(comm, error)
     if error:
-        ray.train.report({"error": error})
+        _stop_with(error, req, rank)
         return
 
     tracker = RunTracker(req.tracking_uri, req.experiment, enabled=req.tracking,
@@ -301,7 +307,7 @@ def _train_worker(loop: dict[str, Any]) -> None:
             else:
                 trainer = Trainer(config, torch.from_numpy(x), comm, wrap, callbacks)
         except DeepDPMError as exc:  # decided from global quantities: the same on every rank
-            ray.train.report({"error": f"{type(exc).__name__}: {exc}"})
+            _stop_with(f"{type(exc).__name__}: {exc}", req, rank)
             return
         del x  # the trainer holds its own (shifted) copy
         resumed_from = trainer.epoch if checkpoint is not None else None
@@ -370,6 +376,13 @@ def _load_state(checkpoint) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a DeepDPM checkpoint ({FORMAT})")
     return state
+
+
+def _stop_with(error: str, req: FitRequest, rank: int) -> None:
+    """End the run cleanly on a user error that every rank agrees on: a retry could not
+    help, so no rank raises; rank 0 leaves the message for the driver."""
+    if rank == 0:
+        write_json_atomic({"error": error}, Path(req.output) / ERROR_FILE)
 
 
 def _first_error(comm: Communicator, error: str) -> str:

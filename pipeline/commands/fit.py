@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Used when --num-workers >= 2, --ray-address, --resume or --checkpoint-every is given; "
         "otherwise the fit runs in this process.")
     dist.add_argument("--num-workers", type=int, metavar="W",
-                      help="Ray Train workers, each with its slice of the rows (0: in the driver)")
+                      help="Ray Train workers, each with its slice of the rows (default 2 when a Ray "
+                           "flag is given; 0 or 1 alone: this process)")
     dist.add_argument("--use-gpu", action="store_true",
                       help="one GPU per worker (NCCL); in-process: config device=cuda")
     dist.add_argument("--ray-address", metavar="ADDR",
