@@ -14,7 +14,7 @@ import torch
 from deepdpm_core.config import Config, from_dict, load_config
 from deepdpm_core.errors import CheckpointError, ConfigError
 from deepdpm_core.trainer import Trainer
-from deepdpm_core.validation import check_features
+from deepdpm_core.validation import check_features, check_init_labels
 
 FORMAT = "deepdpm-model/1"
 
@@ -101,7 +101,7 @@ class DeepDPM:
 
     # ----------------------------------------------------------------- fitting
     def fit(self, X: Any, y: Any = None, callbacks: list[Callable[[dict], None]] | None = None,
-            progress: bool = False) -> DeepDPM:
+            progress: bool = False, init_labels: Any = None) -> DeepDPM:
         """Fit on X (float [N, D]); ``y`` is ignored (scikit-learn convention).
 
         Parameters
@@ -110,8 +110,14 @@ class DeepDPM:
             Each is called with every epoch's history record.
         progress : bool
             Show a progress bar with K and the losses.
+        init_labels : array of shape (N,), int, optional
+            Warm start: initial hard clusters (any non-negative ids; empty ids are
+            dropped) instead of k-means with ``init.n_clusters``.
         """
         X = check_features(X, min_rows=max(2, self.config.init.n_clusters))
+        start_labels = None
+        if init_labels is not None:
+            start_labels = torch.from_numpy(check_init_labels(init_labels, len(X)))
         cbs = list(callbacks or [])
         bar = None
         if progress:
@@ -127,7 +133,7 @@ class DeepDPM:
             cbs.append(show)
         trainer = Trainer(self.config, torch.from_numpy(X), callbacks=cbs)
         try:
-            trainer.fit()
+            trainer.fit(start_labels)
         finally:
             if bar is not None:
                 bar.close()

@@ -19,6 +19,9 @@ from torch import nn
 
 Tensor = torch.Tensor
 
+#: below this many hidden units over all K subnets, run every net on every point (one GEMM)
+_DENSE_HIDDEN_LIMIT = 4096
+
 
 class ClusterNet(nn.Module):
     """f_cl: x (B, D) -> logits (B, K); r = softmax(logits).
@@ -84,8 +87,16 @@ class SubclusterNets(nn.Module):
         -------
         Tensor of shape (B, 2)
         """
-        h = torch.relu(torch.bmm(x[:, None, :], self.w1[z]).squeeze(1) + self.b1[z])
-        return torch.bmm(h[:, None, :], self.w2[z]).squeeze(1) + self.b2[z]
+        k, h_size = self.n_clusters, self.hidden_size
+        if k * h_size <= _DENSE_HIDDEN_LIMIT:
+            # small K: one GEMM through every net, then keep each point's own hidden layer
+            # (its backward is a GEMM too, much cheaper than scattering gathered weights)
+            hidden = x @ self.w1.permute(1, 0, 2).reshape(self.dim, k * h_size)
+            hidden = hidden.view(-1, k, h_size)[torch.arange(x.shape[0], device=x.device), z]
+        else:
+            hidden = torch.bmm(x[:, None, :], self.w1[z]).squeeze(1)
+        h = torch.relu(hidden + self.b1[z])
+        return (h[:, :, None] * self.w2[z]).sum(1) + self.b2[z]
 
 
 def axis_aligned_subnet(

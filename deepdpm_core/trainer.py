@@ -57,6 +57,17 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def auto_batch_size(n_total: int, steps_per_epoch: int, base: int, largest: int = 4096) -> int:
+    """Batch size giving about ``steps_per_epoch`` steps: a power of two in [base, largest].
+
+    Small data keep the paper's batch of 128 (enough updates per epoch); large data get
+    large batches, so an epoch costs a few hundred optimizer steps instead of N/128.
+    """
+    want = max(1, n_total // max(1, steps_per_epoch))
+    size = 1 << max(0, (want - 1).bit_length() - 1) if want > 1 else 1
+    return int(min(largest, max(base, size)))
+
+
 def scaled_lr(base_lr: float, batch_size: int, base_batch_size: int, rule: str) -> float:
     """Learning rate for ``batch_size`` from one tuned at ``base_batch_size``."""
     ratio = batch_size / base_batch_size
@@ -133,23 +144,41 @@ class Trainer:
             torch.zeros(self.dim, dtype=torch.float64), var.sqrt(), p.kappa, p.nu, p.sigma_scale, p.psi
         ).to(self.device)
         self.x = (x64 - mean).to(torch.float32).to(self.device)
+        # per rank; "auto" aims at steps_per_epoch steps over this rank's share of the rows,
+        # so W ranks step as often as one process would, on a W times larger global batch
+        o = self.config.optim
+        share = -(-self.n_total // self.comm.world_size)
+        self.batch_size = (auto_batch_size(share, o.steps_per_epoch, o.base_batch_size)
+                           if o.batch_size == "auto" else int(o.batch_size))
 
-    def initialize(self) -> None:
+    def initialize(self, init_labels: Tensor | None = None) -> None:
         """k-means clusters (rank 0, on a sample gathered from all ranks), MAP parameters,
-        principal-axis subclusters."""
+        principal-axis subclusters.
+
+        ``init_labels`` (this rank's rows, int64 [n]) warm-starts from given hard clusters
+        instead of k-means (the AE alternation re-clusters from the previous clusters).
+        """
         cfg = self.config
-        if cfg.init.n_clusters == 1:  # one centre: every point is assigned to it anyway
-            centers = torch.zeros(1, self.dim, device=self.device)
+        if init_labels is not None:
+            z = init_labels.to(device=self.device, dtype=torch.long)
+            local_max = torch.zeros(self.comm.world_size, dtype=torch.float64, device=self.device)
+            local_max[self.comm.rank] = float(z.max()) if len(z) else 0.0
+            n_init = int(self.comm.all_reduce(local_max).max()) + 1
         else:
-            sample = self._kmeans_sample()
-            centers = None
-            if self.comm.rank == 0:
-                centers = kmeans_centers(sample.cpu().numpy(), cfg.init.n_clusters,
-                                         cfg.init.kmeans_iters, cfg.init.max_points, self.rng)
-            centers = torch.as_tensor(self.comm.broadcast_object(centers, src=0), device=self.device)
-        z = nearest_center(self.x, centers)
+            if cfg.init.n_clusters == 1:  # one centre: every point is assigned to it anyway
+                centers = torch.zeros(1, self.dim, device=self.device)
+            else:
+                sample = self._kmeans_sample()
+                centers = None
+                if self.comm.rank == 0:
+                    centers = kmeans_centers(sample.cpu().numpy(), cfg.init.n_clusters,
+                                             cfg.init.kmeans_iters, cfg.init.max_points, self.rng)
+                centers = torch.as_tensor(self.comm.broadcast_object(centers, src=0),
+                                          device=self.device)
+            z = nearest_center(self.x, centers)
+            n_init = centers.shape[0]
         stats = self._reduce_stats(sparse_stats(self.x, z, torch.ones_like(z, dtype=torch.float64),
-                                                centers.shape[0]))
+                                                n_init))
         keep = torch.nonzero(stats.n > 0).squeeze(1)
         stats = stats.rows(keep)
         self.means, self.covs = map_estimate(self.prior, stats)
@@ -183,7 +212,7 @@ class Trainer:
     def _lr(self, base: float) -> float:
         """Learning rate at the global batch W·B (``optim.batch_size`` is per rank)."""
         o = self.config.optim
-        return scaled_lr(base, o.batch_size * self.comm.world_size, o.base_batch_size, o.lr_scaling)
+        return scaled_lr(base, self.batch_size * self.comm.world_size, o.base_batch_size, o.lr_scaling)
 
     def _rewrap(self) -> None:
         self.cluster_model = self.wrap(self.cluster_net)
@@ -233,14 +262,23 @@ class Trainer:
         flat = self.comm.all_reduce(stats.flat())
         return SuffStats.from_flat(flat, stats.n_rows, stats.dim)
 
-    def _n_steps(self) -> int:
-        local = math.ceil(self.x.shape[0] / self.config.optim.batch_size)
-        t = torch.tensor([float(local)], dtype=torch.float64, device=self.device)
-        return int(self.comm.all_reduce(t, op="max").item())
+    def _n_steps(self) -> tuple[int, int]:
+        """(steps of one pass over the largest slice, optimizer steps this epoch).
 
-    def _global_batch(self, step: int) -> int:
+        Small data get extra training steps on re-drawn batches up to
+        ``optim.steps_per_epoch``, so the nets can follow the parameters after a move;
+        statistics always come from exactly one pass.
+        """
+        local = math.ceil(self.x.shape[0] / self.batch_size)
+        t = torch.tensor([float(local)], dtype=torch.float64, device=self.device)
+        one_pass = int(self.comm.all_reduce(t, op="max").item())
+        return one_pass, max(one_pass, self.config.optim.steps_per_epoch)
+
+    def _global_batch(self, step: int, one_pass: int) -> int:
         """Points in minibatch ``step`` summed over all ranks (no communication needed)."""
-        bsz = self.config.optim.batch_size
+        bsz = self.batch_size
+        if step >= one_pass:  # extra training batches: bsz re-drawn rows on every rank with rows
+            return sum(bsz for n in self.rank_rows if n)
         return sum(min(bsz, max(0, n - step * bsz)) for n in self.rank_rows)
 
     def run_epoch(self, train: bool = True) -> tuple[SuffStats, SuffStats, dict[str, float]]:
@@ -248,18 +286,27 @@ class Trainer:
 
         With ``train=False`` the nets are not updated (a pure statistics pass).
         """
-        k, d, bsz = self.n_clusters, self.dim, self.config.optim.batch_size
+        k, d, bsz = self.n_clusters, self.dim, self.batch_size
         n_local = self.x.shape[0]
         gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.epoch * 7919 + self.comm.rank)
+        one_pass, n_steps = self._n_steps()
         perm = torch.randperm(n_local, generator=gen).to(self.device)
+        if n_steps > one_pass and n_local:  # extra training-only batches, re-drawn at random
+            extra = torch.randint(n_local, ((n_steps - one_pass) * bsz,), generator=gen).to(self.device)
+            perm = torch.cat([perm, extra])
         f64 = {"dtype": torch.float64, "device": self.device}
         soft_n, soft_s1, soft_s2 = torch.zeros(k, **f64), torch.zeros(k, d, **f64), torch.zeros(k, d * d, **f64)
         sub = SuffStats.zeros(2 * k, d, device=self.device)
         loss_sums = torch.zeros(3, **f64)
         self.cluster_model.train(train)
         self.sub_model.train(train)
-        for step in range(self._n_steps()):
-            idx = perm[step * bsz : (step + 1) * bsz]
+        pass_rows = min(n_local, one_pass * bsz)
+        for step in range(n_steps if train else one_pass):
+            if step < one_pass:
+                idx = perm[step * bsz : min((step + 1) * bsz, pass_rows)]
+            else:
+                start = n_local + (step - one_pass) * bsz
+                idx = perm[start : start + bsz] if n_local else perm[:0]
             x = self.x[idx]
             xin = x * self.input_scale
             with torch.set_grad_enabled(train):
@@ -278,7 +325,7 @@ class Trainer:
                 # empty batch (zero gradients) so every rank takes the same steps.
                 sum_cl = F.kl_div(log_r, log_target, log_target=True, reduction="sum")
                 sum_sub = (sub_r * dist2).sum()
-                per_rank = max(self._global_batch(step), 1) / self.comm.world_size
+                per_rank = max(self._global_batch(step, one_pass), 1) / self.comm.world_size
                 loss_cl, loss_sub = sum_cl / per_rank, sum_sub / per_rank
                 if train:
                     self.opt_cluster.zero_grad(set_to_none=True)
@@ -286,6 +333,8 @@ class Trainer:
                     (loss_cl + loss_sub).backward()
                     self.opt_cluster.step()
                     self.opt_sub.step()
+            if step >= one_pass:
+                continue
             with torch.no_grad():
                 r = log_r.detach().exp().to(torch.float64)
                 x64 = x.to(torch.float64)
@@ -460,10 +509,11 @@ class Trainer:
         sch = self.config.schedule
         return self.rounds_without_move >= sch.patience and self.epoch >= sch.min_epochs
 
-    def fit(self) -> None:
-        """Initialise if needed, then run epochs until convergence or ``max_epochs``."""
+    def fit(self, init_labels: Tensor | None = None) -> None:
+        """Initialise if needed (from ``init_labels`` when given), then run epochs until
+        convergence or ``max_epochs``."""
         if not hasattr(self, "cluster_net"):
-            self.initialize()
+            self.initialize(init_labels)
         while self.epoch < self.config.schedule.max_epochs and not self.converged:
             self.step_epoch()
 

@@ -53,3 +53,21 @@ def check_features(X: object, *, min_rows: int = 1, n_features: int | None = Non
     if n < min_rows:
         raise DataError(f"X has {n} rows, fewer than the {min_rows} needed (initial clusters)")
     return arr
+
+
+def check_init_labels(labels: object, n_rows: int) -> np.ndarray:
+    """Validate warm-start cluster ids: integers >= 0, one per row -> int64 [N].
+
+    Raises
+    ------
+    DataError
+        Wrong length, non-integer values or negative ids.
+    """
+    arr = np.asarray(labels)
+    if arr.shape != (n_rows,):
+        raise DataError(f"init_labels must have shape ({n_rows},), got {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise DataError(f"init_labels must be integers, got dtype {arr.dtype}")
+    if n_rows and arr.min() < 0:
+        raise DataError(f"init_labels must be >= 0, got {int(arr.min())}")
+    return arr.astype(np.int64)

@@ -39,12 +39,10 @@ pytestmark = pytest.mark.ray
 REPO = Path(__file__).resolve().parents[1]
 TRUE_K = 8
 CHECKPOINT_EVERY = 3
-# local.yaml with a short move schedule; lr_cluster 5e-3 because at the paper's 5e-4 a
-# net fed ~20 minibatches an epoch does not separate fresh split halves before the next
-# move round prunes them (the fit then settles at K = 6-7 on these data)
+# local.yaml with a short move schedule
 FIT_SETTINGS = [
     "--config", "cluster_configs/local.yaml", "--seed", "0",
-    "--set", "init.n_clusters=3", "--set", "optim.lr_cluster=5e-3",
+    "--set", "init.n_clusters=3",
     "--set", "schedule.warmup_epochs=3", "--set", "schedule.move_every=3",
     "--set", "schedule.freeze_epochs=1", "--set", "schedule.patience=3",
     "--set", "schedule.max_epochs=45", "--quiet",
@@ -101,7 +99,7 @@ def two_worker_run(ray_session, data, tmp_path_factory):
     out = tmp_path_factory.mktemp("w2") / "run"
     db = out.parent / "mlflow.db"
     code = _fit("--input", str(data[0]), "--output", str(out), *FIT_SETTINGS,
-                "--num-workers", "2", "--checkpoint-every", str(CHECKPOINT_EVERY),
+                "--num-workers", "2", "--checkpoint-every", "10",
                 "--tracking-uri", f"sqlite:///{db}", "--experiment", "dist-test")
     assert code == 0
     return out, db
@@ -133,7 +131,7 @@ def test_two_workers_find_the_true_k_as_one_process_does(two_worker_run, data, t
     np.testing.assert_array_equal(model.predict(pq.read_table(data[0]).column("embedding")
                                                 .combine_chunks().flatten().to_numpy().reshape(-1, 4)),
                                   assignments.column("cluster").to_numpy())
-    # a checkpoint every 3 epochs (2 kept) plus the final one, in Ray Train's storage
+    # a checkpoint every 10 epochs and the final one (the last 2 kept), in Ray Train's storage
     checkpoints = sorted(p for p in (run / TRAIN_DIR).glob("checkpoint_*") if p.is_dir())
     assert len(checkpoints) == 2 and all((c / "model.pt").exists() for c in checkpoints)
 

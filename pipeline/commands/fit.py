@@ -22,6 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a config key, e.g. --set prior.sigma_scale=0.01 (repeatable)")
     parser.add_argument("--seed", type=int, help="random seed (overrides the config's)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--alternate", type=int, metavar="N",
+                        help="learn features too: pretrain an MLP autoencoder on the (raw) input, then "
+                        "alternate N times between DeepDPM on its embedding and AE training with the "
+                        "clusters fixed; stops early once K is stable (config section 'ae')")
     dist = parser.add_argument_group(
         "distributed (Ray Train, DDP)",
         "Used when --num-workers >= 2, --ray-address, --resume or --checkpoint-every is given; "
@@ -108,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
     if args.num_workers is not None and args.num_workers < 0:
         raise ConfigError(f"--num-workers must be >= 0, got {args.num_workers}")
     if _distributed(args):
+        if args.alternate is not None:
+            raise ConfigError("--alternate runs in this process: drop --num-workers, --ray-address, "
+                              "--resume and --checkpoint-every")
         return _run_distributed(args)
     if not args.input or not args.output:
         raise ConfigError("--input and --output are required (unless --resume DIR)")
@@ -116,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_local(args: argparse.Namespace) -> int:
     from deepdpm_core import DeepDPM
+    from deepdpm_core.errors import ConfigError
     from deepdpm_core.validation import check_features
     from pipeline.fitting import config_from_args, write_fit_outputs
     from pipeline.io import read_features
@@ -131,6 +139,18 @@ def _run_local(args: argparse.Namespace) -> int:
     if args.use_gpu:
         config = config.with_overrides({"device": "cuda"})
     table = read_features(args.input)
+    if args.alternate is not None:
+        from pipeline.alternate import run_alternating_fit
+
+        if args.alternate < 0:
+            raise ConfigError(f"--alternate must be >= 0, got {args.alternate}")
+        summary = run_alternating_fit(args, config, table)
+        scores = " ".join(f"{k}={v:.3f}" for k, v in summary["metrics"].items())
+        print(f"K={summary['n_clusters']} alternations={len(summary['alternation']) - 1} "
+              f"time={summary['fit_seconds']:.1f}s {scores}".rstrip(), file=sys.stderr)
+        print(f"wrote {args.output}/summary.json, assignments.parquet, model.pt, autoencoder.pt, "
+              "embedding.parquet", file=sys.stderr)
+        return 0
     table.X = check_features(table.X, min_rows=max(2, config.init.n_clusters))
     model = DeepDPM(config)
     with tracker_from_args(args) as tracker:

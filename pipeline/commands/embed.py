@@ -1,0 +1,106 @@
+"""``deepdpm embed``: learn a feature space to cluster in (AE, UMAP, AE + UMAP, PCA).
+
+Reads raw pixel arrays (``.npz`` with ``X`` [N, ...] and optional ``y``, or ``.npy``) or a
+Parquet feature table from ``deepdpm extract``, and writes a feature table (key, embedding,
+label carried through) that ``deepdpm fit`` reads. With ``--save-model`` the trained
+autoencoder is saved too (``torch.load(..., weights_only=True)``-safe), so new data can
+be encoded the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+HELP = "learn features from raw pixels or features (autoencoder, UMAP, AE+UMAP = n2d, PCA) into Parquet"
+
+#: = ``deepdpm_core.embedding.METHODS`` (spelled out so ``deepdpm --help`` needs no torch)
+METHODS = ("ae", "umap", "ae-umap", "pca")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--input",
+        required=True,
+        type=Path,
+        help="raw .npz (X, y) / .npy, or a Parquet feature table",
+    )
+    parser.add_argument("--output", required=True, type=Path, help="Parquet feature table to write")
+    parser.add_argument("--method", required=True, choices=METHODS, help="embedding method")
+    parser.add_argument(
+        "--dim",
+        type=int,
+        default=None,
+        help="output dimension (default: ae.latent_dim for ae, embed.dim otherwise)",
+    )
+    parser.add_argument("--config", type=Path, default=None, help="YAML run config")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted config override, e.g. --set ae.pretrain_epochs=100 (repeatable)",
+    )
+    parser.add_argument("--seed", type=int, default=None, help="overrides the config's seed")
+    parser.add_argument(
+        "--save-model", type=Path, default=None, help="also save the trained autoencoder (.pt)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from deepdpm_core.embedding import as_feature_matrix, embed
+    from deepdpm_core.errors import DataError
+    from pipeline.alternate import save_autoencoder
+    from pipeline.fitting import config_from_args
+    from pipeline.io import features_table, read_features, write_parquet_atomic
+
+    config = config_from_args(args.config, args.overrides, args.seed)
+    if args.output.suffix.lower() != ".parquet":
+        raise DataError(f"--output must be a .parquet file, got '{args.output}'")
+    if args.output.resolve() == args.input.resolve():
+        raise DataError("--output must differ from --input")
+    if args.save_model is not None and args.method not in ("ae", "ae-umap"):
+        raise DataError(
+            f"--save-model needs an autoencoder method (ae, ae-umap), not '{args.method}'"
+        )
+    table = read_features(args.input)
+    X = as_feature_matrix(table.X, name=str(args.input))
+
+    bar = None
+    if args.method in ("ae", "ae-umap") and not args.quiet:
+        bar = tqdm(
+            total=config.ae.pretrain_epochs, desc="autoencoder", unit="epoch", file=sys.stderr
+        )
+
+    def on_epoch(record: dict[str, float]) -> None:
+        if bar is not None:
+            bar.set_postfix(loss=f"{record['loss']:.4g}", refresh=False)
+            bar.update(1)
+
+    start = time.perf_counter()
+    try:
+        result = embed(X, args.method, config, dim=args.dim, on_epoch=on_epoch)
+    finally:
+        if bar is not None:
+            bar.close()
+    seconds = time.perf_counter() - start
+
+    write_parquet_atomic(features_table(result.embedding, table.keys, table.labels), args.output)
+    if args.save_model is not None and result.autoencoder is not None:
+        save_autoencoder(result.autoencoder, config, args.save_model)
+    summary = (
+        f"embedded {X.shape[0]} rows: {X.shape[1]} -> {result.embedding.shape[1]} dims "
+        f"with {args.method} in {seconds:.1f}s"
+    )
+    if result.ae_history:
+        summary += (
+            f" (AE loss {result.ae_history[0]['loss']:.4g} -> {result.ae_history[-1]['loss']:.4g})"
+        )
+    print(f"{summary}; wrote {args.output}")
+    return 0

@@ -1,0 +1,51 @@
+"""Strict typed configs: every shipped YAML loads; bad keys and values are named."""
+
+from pathlib import Path
+
+import pytest
+
+from deepdpm_core.config import Config, ConfigError, from_dict, load_config, parse_overrides
+
+CONFIGS = sorted((Path(__file__).parents[1] / "cluster_configs").glob("*.yaml"))
+
+
+def test_default_yaml_equals_dataclass_defaults():
+    assert load_config(CONFIGS[0].parent / "default.yaml") == Config()
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    assert isinstance(load_config(path), Config)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"prior": {"alpah": 1.0}}, "unknown config key 'prior.alpah'"),
+        ({"optimizer": {}}, "unknown config key 'optimizer'"),
+        ({"optim": {"batch_size": 1.5}}, "optim.batch_size"),
+        ({"prior": {"psi": "diag"}}, "prior.psi"),
+        ({"prior": {"alpha": -1}}, "prior.alpha"),
+        ({"moves": {"split": "yes"}}, "moves.split"),
+        ({"prior": 3}, "prior"),
+    ],
+)
+def test_bad_configs_name_the_key(data, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        from_dict(data)
+
+
+def test_overrides_and_yaml_scalars(tmp_path):
+    cfg = Config().with_overrides(parse_overrides(["prior.sigma_scale=5e-3", "moves.merge=false",
+                                                   "optim.batch_size=256", "prior.nu=null"]))
+    assert cfg.prior.sigma_scale == 0.005 and cfg.moves.merge is False
+    assert cfg.optim.batch_size == 256 and cfg.prior.nu is None
+    with pytest.raises(ConfigError, match="unknown config key 'prior.sigma'"):
+        Config().with_overrides({"prior.sigma": 1})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("prior: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml")
+    assert Config().flat()["prior.alpha"] == 10.0

@@ -1,0 +1,99 @@
+"""The DeepDPM estimator: API, determinism, persistence and bad input."""
+
+import numpy as np
+import pytest
+import torch
+
+from deepdpm_core import CheckpointError, ConfigError, DataError, DeepDPM
+from deepdpm_core.datasets import make_mixture
+
+FAST = {"schedule__max_epochs": 25}
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_mixture(1200, 3, 3, random_state=1)
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    return DeepDPM(random_state=0, **FAST).fit(data[0])
+
+
+def test_fit_attributes_and_history(fitted, data):
+    X, _ = data
+    m = fitted
+    assert m.labels_.shape == (len(X),)
+    assert m.means_.shape == (m.n_clusters_, 3) and m.covariances_.shape == (m.n_clusters_, 3, 3)
+    assert m.weights_.sum() == pytest.approx(1.0)
+    keys = {"epoch", "n_clusters", "loss_cluster", "loss_subcluster", "splits_accepted",
+            "merges_accepted", "seconds"}
+    assert all(set(h) == keys for h in m.history_)
+    assert [h["epoch"] for h in m.history_] == list(range(len(m.history_)))
+    proba = m.predict_proba(X[:10])
+    np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(m.predict(X), m.labels_)
+
+
+def test_same_random_state_same_result(fitted, data):
+    again = DeepDPM(random_state=0, **FAST).fit(data[0])
+    np.testing.assert_array_equal(again.labels_, fitted.labels_)
+    assert [h["n_clusters"] for h in again.history_] == [h["n_clusters"] for h in fitted.history_]
+    assert [h["loss_cluster"] for h in again.history_] == [h["loss_cluster"] for h in fitted.history_]
+
+
+def test_save_load_round_trip(fitted, data, tmp_path):
+    path = tmp_path / "model.pt"
+    fitted.save(path)
+    loaded = DeepDPM.load(path)
+    np.testing.assert_allclose(loaded.predict_proba(data[0]), fitted.predict_proba(data[0]), rtol=1e-6)
+    assert loaded.n_clusters_ == fitted.n_clusters_ and loaded.history_ == fitted.history_
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot read model checkpoint"):
+        DeepDPM.load(tmp_path / "junk.pt")
+    torch.save({"format": "other"}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="not a DeepDPM model"):
+        DeepDPM.load(tmp_path / "other.pt")
+
+
+def test_overrides_are_checked():
+    assert DeepDPM(alpha=2.0).config.prior.alpha == 2.0
+    assert DeepDPM(prior={"sigma_scale": 0.1}).config.prior.sigma_scale == 0.1
+    with pytest.raises(ConfigError, match="unknown parameter 'alpah'"):
+        DeepDPM(alpah=2.0)
+
+
+@pytest.mark.parametrize(
+    ("X", "message"),
+    [
+        (np.array([[0.0, 1.0], [np.nan, 2.0], [1.0, np.inf], [3.0, 3.0]]), r"2 row\(s\) with NaN or inf values \(rows 1, 2\)"),
+        (np.zeros(10), "2-D array"),
+        (np.zeros((0, 3)), "empty"),
+        (np.array([["a", "b"]]), "numeric"),
+    ],
+)
+def test_bad_input_is_named(X, message):
+    with pytest.raises(DataError, match=message):
+        DeepDPM().fit(X)
+
+
+def test_fewer_points_than_initial_clusters():
+    with pytest.raises(DataError, match="fewer than the 30 needed"):
+        DeepDPM(init__n_clusters=30).fit(np.random.default_rng(0).normal(size=(20, 2)))
+
+
+def test_wrong_dimension_at_predict(fitted):
+    with pytest.raises(DataError, match="has 5 features but the model was fitted on 3"):
+        fitted.predict(np.zeros((4, 5)))
+
+
+def test_degenerate_data_gives_finite_parameters():
+    rng = np.random.default_rng(0)
+    base = np.concatenate([rng.normal(size=(300, 2)) - 5, rng.normal(size=(300, 2)) + 5])
+    # a constant feature and a duplicated feature make the sample covariance singular
+    X = np.column_stack([base, np.full(600, 7.0), base[:, 0]])
+    m = DeepDPM(random_state=0, schedule__max_epochs=30).fit(X)
+    assert np.isfinite(m.means_).all() and np.isfinite(m.covariances_).all()
+    assert m.n_clusters_ == 2
+    const = DeepDPM(random_state=0, schedule__max_epochs=8).fit(np.ones((50, 3)))
+    assert const.n_clusters_ == 1 and np.isfinite(const.covariances_).all()

@@ -1,0 +1,89 @@
+"""Batched subcluster nets and split/merge surgery."""
+
+import numpy as np
+import pytest
+import torch
+
+from deepdpm_core import nets
+from deepdpm_core.config import Config
+from deepdpm_core.datasets import make_mixture
+from deepdpm_core.moves import MovePlan
+from deepdpm_core.nets import SubclusterNets
+from deepdpm_core.trainer import Trainer
+
+
+def test_batched_subnets_equal_per_cluster_mlps(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    net = SubclusterNets(5, 7, 4, g)
+    x = torch.randn(33, 5, generator=g)
+    z = torch.randint(0, 4, (33,), generator=g)
+    ref = torch.stack([
+        torch.relu(x[i] @ net.w1[z[i]] + net.b1[z[i]]) @ net.w2[z[i]] + net.b2[z[i]] for i in range(33)
+    ])
+    torch.testing.assert_close(net(x, z), ref)  # dense path (small K·H)
+    monkeypatch.setattr(nets, "_DENSE_HIDDEN_LIMIT", 0)
+    torch.testing.assert_close(net(x, z), ref)  # gather path (large K·H)
+
+
+@pytest.fixture
+def trainer():
+    X, _ = make_mixture(1500, 3, 4, random_state=0)
+    cfg = Config().with_overrides({"init.n_clusters": 4, "schedule.warmup_epochs": 0})
+    t = Trainer(cfg, torch.from_numpy(X))
+    t.initialize()
+    t.step_epoch()
+    return t
+
+
+def _logits(t, x):
+    with torch.no_grad():
+        return t.cluster_net(x)
+
+
+def test_split_keeps_other_units_and_their_optimizer_state(trainer):
+    t = trainer
+    x = torch.randn(64, 3)
+    before = _logits(t, x)
+    w = t.cluster_net.out.weight
+    adam_before = t.opt_cluster.state[w]["exp_avg"].clone()
+    soft, _, _ = t.run_epoch(train=False)
+    t.apply_plan(MovePlan(splits=[1]), soft)
+    after = _logits(t, x)
+    assert t.n_clusters == 5
+    torch.testing.assert_close(after[:, [0, 2, 3]], before[:, [0, 2, 3]])
+    # the two halves share the old unit's probability mass
+    torch.testing.assert_close(torch.logaddexp(after[:, 1], after[:, 4]), before[:, 1], atol=1e-5, rtol=0)
+    adam_after = t.opt_cluster.state[t.cluster_net.out.weight]["exp_avg"]
+    torch.testing.assert_close(adam_after[[0, 2, 3]], adam_before[[0, 2, 3]])
+    assert any(p is t.cluster_net.out.weight for p in t.opt_cluster.param_groups[0]["params"])
+    # new clusters take the subclusters' parameters (paper Eq. 5); mixture stays valid
+    assert torch.isfinite(t.means).all() and torch.isfinite(t.covs).all()
+    torch.testing.assert_close(t.log_weights.exp().sum(), torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_merge_removes_one_unit_and_keeps_others(trainer):
+    t = trainer
+    x = torch.randn(64, 3)
+    before = _logits(t, x)
+    soft, _, _ = t.run_epoch(train=False)
+    merged_soft = soft.rows([0]) + soft.rows([2])
+    t.apply_plan(MovePlan(merges=[(0, 2)]), soft)
+    after = _logits(t, x)
+    assert t.n_clusters == 3
+    torch.testing.assert_close(after[:, [1, 2]], before[:, [1, 3]])
+    # merged parameters come from the summed statistics of the two clusters
+    from deepdpm_core.niw import map_estimate
+
+    mean, _ = map_estimate(t.prior, merged_soft)
+    torch.testing.assert_close(t.means[0], mean[0])
+    # and its subclusters are the two old clusters
+    assert np.isfinite(t.sub_means.numpy()).all()
+
+
+def test_training_continues_after_surgery(trainer):
+    t = trainer
+    soft, _, _ = t.run_epoch(train=False)
+    t.apply_plan(MovePlan(splits=[0], merges=[(1, 2)]), soft)
+    rec = t.step_epoch()
+    assert rec["n_clusters"] == 4
+    assert np.isfinite(rec["loss_cluster"]) and np.isfinite(rec["loss_subcluster"])

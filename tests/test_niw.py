@@ -1,0 +1,120 @@
+"""NIW math against independent references (Student-t chain rule, numerical integral)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import integrate, stats
+
+from deepdpm_core.niw import (
+    NIWPrior,
+    log_marginal_likelihood,
+    log_merge_hastings,
+    log_split_hastings,
+    map_estimate,
+    posterior,
+)
+from deepdpm_core.stats import SuffStats, sparse_stats
+
+
+def _prior(d, kappa=0.5, nu=None, s=0.7, seed=0):
+    rng = np.random.default_rng(seed)
+    m0 = torch.tensor(rng.normal(size=d))
+    a = rng.normal(size=(d, d))
+    nu = d + 2.0 if nu is None else nu
+    scale = torch.tensor(a @ a.T + s * np.eye(d))
+    return NIWPrior(m0, kappa, nu, scale)
+
+
+def _stats(x):
+    x = torch.as_tensor(x, dtype=torch.float64)
+    return sparse_stats(x, torch.zeros(len(x), dtype=torch.long), torch.ones(len(x)), 1)
+
+
+def _chain_rule(prior, x):
+    """ln p(x_1..x_n) = Σ ln p(x_i | x_<i), each a Student-t posterior predictive."""
+    d = prior.dim
+    total = 0.0
+    for i in range(len(x)):
+        st = _stats(x[:i]) if i else SuffStats.zeros(1, d)
+        post = posterior(prior, st)
+        dof = float(post.nu[0]) - d + 1
+        shape = post.scale[0].numpy() * (float(post.kappa[0]) + 1) / (float(post.kappa[0]) * dof)
+        total += stats.multivariate_t(loc=post.mean[0].numpy(), shape=shape, df=dof).logpdf(x[i])
+    return total
+
+
+@pytest.mark.parametrize("d", [1, 3])
+def test_marginal_likelihood_matches_student_t_chain_rule(d):
+    x = np.random.default_rng(1).normal(size=(7, d)) * 1.5 + 0.3
+    prior = _prior(d)
+    ours = float(log_marginal_likelihood(prior, _stats(x))[0])
+    assert ours == pytest.approx(_chain_rule(prior, x), rel=1e-9, abs=1e-9)
+
+
+def test_marginal_likelihood_matches_numerical_integral_1d():
+    """1-D: ∫∫ Π N(x_i; μ, σ²) NIW(μ, σ²) dμ dσ² on a fine grid (σ² = e^t)."""
+    x = np.array([0.3, -1.1, 0.8, 1.9])
+    m0, k0, nu0, lam0 = 0.2, 0.8, 3.0, 2.0
+    prior = NIWPrior(torch.tensor([m0]), k0, nu0, torch.tensor([[lam0]]))
+    mu = np.linspace(-12.0, 12.0, 2401)[:, None]
+    t = np.linspace(-8.0, 6.0, 2801)[None, :]
+    var = np.exp(t)
+    log_f = (
+        stats.invgamma(a=nu0 / 2, scale=lam0 / 2).logpdf(var) + t  # dσ² = e^t dt
+        + stats.norm(m0, np.sqrt(var / k0)).logpdf(mu)
+        + stats.norm(mu[..., None], np.sqrt(var)[..., None]).logpdf(x).sum(-1)
+    )
+    peak = log_f.max()
+    val = integrate.trapezoid(integrate.trapezoid(np.exp(log_f - peak), t[0], axis=1), mu[:, 0])
+    ours = float(log_marginal_likelihood(prior, _stats(x[:, None]))[0])
+    assert ours == pytest.approx(peak + math.log(val), abs=1e-6)
+
+
+def test_map_is_posterior_mode_formula():
+    x = np.random.default_rng(2).normal(size=(50, 3))
+    prior = _prior(3)
+    mean, cov = map_estimate(prior, _stats(x))
+    kn = prior.kappa + 50
+    mn = (prior.kappa * prior.m0.numpy() + x.sum(0)) / kn
+    lam = (prior.scale.numpy() + prior.kappa * np.outer(prior.m0, prior.m0) + x.T @ x - kn * np.outer(mn, mn))
+    np.testing.assert_allclose(mean[0].numpy(), mn, rtol=1e-12)
+    np.testing.assert_allclose(cov[0].numpy(), lam / (prior.nu + 50 + 3 + 2), rtol=1e-10)
+    # weak prior: MAP ~ the sample moments
+    weak = NIWPrior(torch.zeros(3, dtype=torch.float64), 1e-6, 5.0, torch.eye(3, dtype=torch.float64) * 1e-8)
+    big = np.random.default_rng(3).normal(size=(20000, 3)) @ np.diag([1.0, 2.0, 0.5]) + 4
+    m, c = map_estimate(weak, _stats(big))
+    np.testing.assert_allclose(m[0].numpy(), big.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(c[0].numpy(), np.cov(big.T, bias=True), rtol=2e-3, atol=2e-3)
+
+
+def _two_way(x, z):
+    xt = torch.as_tensor(x, dtype=torch.float64)
+    return sparse_stats(xt, torch.as_tensor(z), torch.ones(len(x)), 2)
+
+
+def test_split_accepts_two_blobs_rejects_one_gaussian():
+    rng = np.random.default_rng(4)
+    prior = NIWPrior.from_data_moments(torch.zeros(2), torch.ones(2), 1e-4, None, 0.005, "identity")
+    blobs = np.concatenate([rng.normal(size=(300, 2)) - 4, rng.normal(size=(300, 2)) + 4])
+    z = np.repeat([0, 1], 300)
+    assert float(log_split_hastings(prior, 10.0, _two_way(blobs, z))[0]) > 50
+    one = rng.normal(size=(600, 2))
+    z = (one[:, 0] > 0).astype(int)  # the best 2-way cut of a single Gaussian
+    assert float(log_split_hastings(prior, 10.0, _two_way(one, z))[0]) < -5
+
+
+def test_split_then_merge_restores_stats_and_negates_ratio():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(200, 3))
+    z = rng.integers(0, 2, 200)
+    sub = _two_way(x, z)
+    whole = _stats(x)
+    merged = sub.rows([0]) + sub.rows([1])
+    for a, b in ((merged.n, whole.n), (merged.s1, whole.s1), (merged.s2, whole.s2)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-10)
+    prior = _prior(3)
+    ls = log_split_hastings(prior, 10.0, sub)
+    lm = log_merge_hastings(prior, 10.0, sub.rows([0]), sub.rows([1]))
+    torch.testing.assert_close(lm, -ls)
