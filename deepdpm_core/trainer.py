@@ -18,6 +18,7 @@ Data live on the device as one (N_local, D) float32 tensor shifted by the global
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -668,8 +669,13 @@ class Trainer:
         self.opt_cluster = torch.optim.Adam(self.cluster_net.parameters(), lr=self._lr(cfg.optim.lr_cluster))
         self.opt_sub = torch.optim.Adam(self.sub_nets.parameters(), lr=self._lr(cfg.optim.lr_subcluster))
         if "opt_cluster" in state:
-            self.opt_cluster.load_state_dict(state["opt_cluster"])
-            self.opt_sub.load_state_dict(state["opt_sub"])
+            # copies: Adam keeps the given moment/step tensors and updates them in place
+            self.opt_cluster.load_state_dict(copy.deepcopy(state["opt_cluster"]))
+            self.opt_sub.load_state_dict(copy.deepcopy(state["opt_sub"]))
+            # the learning rate follows this run's (global) batch, not the stored one
+            for opt, base in ((self.opt_cluster, cfg.optim.lr_cluster), (self.opt_sub, cfg.optim.lr_subcluster)):
+                for group in opt.param_groups:
+                    group["lr"] = self._lr(base)
         if "rng" in state:
             self.rng.bit_generator.state = state["rng"]
             self.torch_gen.set_state(state["torch_gen"])
