@@ -114,6 +114,21 @@ def _diverge(rank: int, world: int, x: np.ndarray, config: Config):
     return None
 
 
+def _resume(rank: int, world: int, x: np.ndarray, state: dict, config: Config):
+    part = x[slice(*rank_rows(len(x), rank, world))]
+    trainer = Trainer.from_state(state, torch.from_numpy(part), TorchDistCommunicator(), ddp_wrapper(),
+                                 config=config)
+    for _ in range(3):
+        trainer.step_epoch()
+    trainer.check_consistency()
+    try:  # other data than the checkpoint's: refused on every rank alike
+        Trainer.from_state(state, torch.from_numpy(part[: len(part) // 2]), TorchDistCommunicator(),
+                           config=config)
+    except Exception as exc:  # noqa: BLE001
+        refused = f"{type(exc).__name__}: {exc}"
+    return trainer.history, trainer.n_clusters, refused
+
+
 # ------------------------------------------------------------------------ tests
 def test_first_epoch_statistics_of_two_ranks_equal_one_process(tmp_path):
     # batch 1: every row meets the same float32 net kernels on any rank, so only the
@@ -181,3 +196,18 @@ def test_rank_slices_cover_the_input_in_order(tmp_path, suffix):
     # more ranks than rows: the last ones get empty slices of the right width
     empty, start = load_rank_rows(path, len(x), 0, 201)
     assert empty.shape == (0, 4) and start == 0
+
+
+def test_a_one_process_checkpoint_resumes_on_two_ranks(tmp_path):
+    # statistics add up over any split of the rows, so a run may resume with another W
+    x, config = _mixture(), _config()
+    single = Trainer(config, torch.from_numpy(x))
+    single.initialize()
+    for _ in range(4):
+        single.step_epoch()
+    state = single.state_dict()
+    for history, k, refused in run_ranks(tmp_path, _resume, x, state, config):
+        assert [r["epoch"] for r in history] == list(range(7))
+        assert history[:4] == single.history
+        assert k >= 1
+        assert refused.startswith("CheckpointError: the data differ from the checkpoint's: 500 rows")
