@@ -59,6 +59,7 @@ def _run_distributed(args: argparse.Namespace) -> int:
     from deepdpm_core.errors import ConfigError
     from pipeline.fitting import config_from_args
     from pipeline.ray_fit import FitRequest, run_fit
+    from pipeline.tracking import resolve_tracking_uri
 
     if args.resume:
         if args.input or args.config or args.overrides or args.seed is not None:
@@ -67,7 +68,9 @@ def _run_distributed(args: argparse.Namespace) -> int:
         if args.output and Path(args.output).resolve() != Path(args.resume).resolve():
             raise ConfigError("--resume DIR writes to DIR: drop --output or make it DIR")
         request = FitRequest.load(args.resume)
-        changes = {"max_failures": args.max_failures, "quiet": args.quiet}
+        # the directory may have moved since: its checkpoints and outputs are where it is now
+        changes = {"output": str(Path(args.resume).resolve()), "max_failures": args.max_failures,
+                   "quiet": args.quiet}
         if args.num_workers is not None:  # statistics add up over any split of the rows
             changes["num_workers"] = args.num_workers
         if args.use_gpu:
@@ -88,7 +91,8 @@ def _run_distributed(args: argparse.Namespace) -> int:
             checkpoint_every=5 if args.checkpoint_every is None else args.checkpoint_every,
             max_failures=args.max_failures,
             tracking=not args.no_tracking,
-            tracking_uri=args.tracking_uri,
+            # resolved here: the workers' working directory is not this one
+            tracking_uri=None if args.no_tracking else resolve_tracking_uri(args.tracking_uri),
             experiment=args.experiment,
             run_name=args.run_name,
             quiet=args.quiet,
