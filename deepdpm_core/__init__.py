@@ -5,7 +5,6 @@ The method only: pure, single-process, no Ray and no MLflow. See :class:`DeepDPM
 
 from deepdpm_core.config import Config, load_config
 from deepdpm_core.errors import CheckpointError, ConfigError, DataError, DeepDPMError
-from deepdpm_core.estimator import DeepDPM
 
 __all__ = [
     "CheckpointError",
@@ -16,3 +15,12 @@ __all__ = [
     "DeepDPMError",
     "load_config",
 ]
+
+
+def __getattr__(name: str):
+    # the estimator pulls in torch; import it on first use so `deepdpm --help` stays light
+    if name == "DeepDPM":
+        from deepdpm_core.estimator import DeepDPM
+
+        return DeepDPM
+    raise AttributeError(f"module 'deepdpm_core' has no attribute {name!r}")

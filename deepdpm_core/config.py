@@ -57,7 +57,8 @@ class OptimConfig:
     lr_subcluster: float = 5.0e-3
     batch_size: int | Literal["auto"] = "auto"
     base_batch_size: int = 128
-    steps_per_epoch: int = 64
+    steps_per_epoch: int = 32
+    min_steps_per_epoch: int = 64
     lr_scaling: Literal["none", "sqrt", "linear"] = "sqrt"
 
 
@@ -67,7 +68,7 @@ class ScheduleConfig:
 
     max_epochs: int = 200
     warmup_epochs: int = 5
-    move_every: int = 5
+    move_every: int = 4
     freeze_epochs: int = 2
     patience: int = 3
     min_epochs: int = 0
@@ -82,6 +83,21 @@ class MovesConfig:
     merge_neighbours: int = 3
     min_subcluster_size: int = 5
     prune_empty: bool = True
+
+
+@dataclass(frozen=True)
+class EStepConfig:
+    """E-step targets and soft statistics at large K (issue 8).
+
+    While K <= ``dense_max_k`` every point is scored against every cluster (exact).
+    Above it each point keeps ``top_m`` candidate clusters: E-step targets are exact
+    Gaussian log-densities over the candidates ranked by an isotropic proxy, and the soft
+    statistics use the ``top_m`` largest net responsibilities (not renormalised), so an
+    epoch costs O(N·m·D²) instead of O(N·K·D²).
+    """
+
+    top_m: int = 8
+    dense_max_k: int = 32
 
 
 @dataclass(frozen=True)
@@ -124,7 +140,7 @@ class EmbedConfig:
 class Config:
     """The whole run configuration.
 
-    Sections: ``prior``, ``init``, ``model``, ``optim``, ``schedule``, ``moves``, ``ae``
+    Sections: ``prior``, ``init``, ``model``, ``optim``, ``schedule``, ``moves``, ``estep``, ``ae``
     (autoencoder, alternation), ``embed`` (UMAP);
     plus ``seed`` (all randomness of a fit derives from it) and ``device``.
     """
@@ -137,6 +153,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     moves: MovesConfig = field(default_factory=MovesConfig)
+    estep: EStepConfig = field(default_factory=EStepConfig)
     ae: AEConfig = field(default_factory=AEConfig)
     embed: EmbedConfig = field(default_factory=EmbedConfig)
 
@@ -186,6 +203,7 @@ def _positive(cfg: Config) -> dict[str, float]:
         "optim.lr_subcluster": cfg.optim.lr_subcluster,
         "optim.batch_size": 1 if cfg.optim.batch_size == "auto" else cfg.optim.batch_size,
         "optim.steps_per_epoch": cfg.optim.steps_per_epoch,
+        "optim.min_steps_per_epoch": cfg.optim.min_steps_per_epoch,
         "optim.base_batch_size": cfg.optim.base_batch_size,
         "init.n_clusters": cfg.init.n_clusters,
         "init.max_points": cfg.init.max_points,
@@ -196,6 +214,7 @@ def _positive(cfg: Config) -> dict[str, float]:
         "schedule.move_every": cfg.schedule.move_every,
         "schedule.patience": cfg.schedule.patience,
         "moves.merge_neighbours": cfg.moves.merge_neighbours,
+        "estep.top_m": cfg.estep.top_m,
         "ae.latent_dim": cfg.ae.latent_dim,
         "ae.lr": cfg.ae.lr,
         "ae.batch_size": cfg.ae.batch_size,
@@ -221,6 +240,7 @@ def _validate(cfg: Config) -> None:
         "ae.epochs": cfg.ae.epochs,
         "ae.alternations": cfg.ae.alternations,
         "embed.min_dist": cfg.embed.min_dist,
+        "estep.dense_max_k": cfg.estep.dense_max_k,
     }.items():
         if value < 0:
             raise ConfigError(f"config key '{key}' must be >= 0, got {value!r}")
@@ -355,6 +375,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 __all__ = [
     "AEConfig",
     "Config",
+    "EStepConfig",
     "EmbedConfig",
     "InitConfig",
     "ModelConfig",

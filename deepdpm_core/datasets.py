@@ -55,5 +55,9 @@ def make_mixture(
         axes = np.geomspace(1.0, elongation, n_features) * rng.uniform(0.5, 1.0)
         factors[k] = q * (axes / np.sqrt(elongation))[None, :]
     noise = rng.normal(size=(n_samples, n_features))
-    X = centers[y] + np.einsum("nde,ne->nd", factors[y], noise)
-    return X.astype(np.float32), y.astype(np.int64)
+    X = np.empty((n_samples, n_features), dtype=np.float32)
+    step = max(1, (1 << 22) // (n_features * n_features))  # bounds the (rows, D, D) gather
+    for s in range(0, n_samples, step):
+        ys = y[s : s + step]
+        X[s : s + step] = centers[ys] + np.einsum("nde,ne->nd", factors[ys], noise[s : s + step])
+    return X, y.astype(np.int64)

@@ -132,14 +132,12 @@ class DeepDPM:
 
             cbs.append(show)
         trainer = Trainer(self.config, torch.from_numpy(X), callbacks=cbs)
+        self._trainer = trainer  # callbacks may predict with the model while it trains
         try:
             trainer.fit(start_labels)
         finally:
             if bar is not None:
                 bar.close()
-        log_r = trainer.predict_log_proba(torch.from_numpy(X))
-        labels = log_r.argmax(1)
-        trainer.prune_unused(torch.bincount(labels, minlength=trainer.n_clusters).to(torch.float64))
         self._trainer = trainer
         self.labels_ = self.predict(X)
         return self

@@ -43,7 +43,7 @@ from deepdpm_core.nets import (
     reindex_rows,
 )
 from deepdpm_core.niw import NIWPrior, map_estimate
-from deepdpm_core.stats import SuffStats, sparse_stats
+from deepdpm_core.stats import SuffStats, TripleBuffer, sparse_stats
 
 Tensor = torch.Tensor
 EpochCallback = Callable[[dict[str, Any]], None]
@@ -267,13 +267,13 @@ class Trainer:
         """(steps of one pass over the largest slice, optimizer steps this epoch).
 
         Small data get extra training steps on re-drawn batches up to
-        ``optim.steps_per_epoch``, so the nets can follow the parameters after a move;
+        ``optim.min_steps_per_epoch``, so the nets can follow the parameters after a move;
         statistics always come from exactly one pass.
         """
         local = math.ceil(self.x.shape[0] / self.batch_size)
         t = torch.tensor([float(local)], dtype=torch.float64, device=self.device)
         one_pass = int(self.comm.all_reduce(t, op="max").item())
-        return one_pass, max(one_pass, self.config.optim.steps_per_epoch)
+        return one_pass, max(one_pass, self.config.optim.min_steps_per_epoch)
 
     def _global_batch(self, step: int, one_pass: int) -> int:
         """Points in minibatch ``step`` summed over all ranks (no communication needed)."""
@@ -296,8 +296,12 @@ class Trainer:
             extra = torch.randint(n_local, ((n_steps - one_pass) * bsz,), generator=gen).to(self.device)
             perm = torch.cat([perm, extra])
         f64 = {"dtype": torch.float64, "device": self.device}
-        soft_n, soft_s1, soft_s2 = torch.zeros(k, **f64), torch.zeros(k, d, **f64), torch.zeros(k, d * d, **f64)
-        sub = SuffStats.zeros(2 * k, d, device=self.device)
+        m = self._top_m()
+        # sparse E-step targets for every local row at once: the mixture is frozen all epoch
+        targets = self.mixture.top_m_log_responsibilities(self.x, m) if m else None
+        soft_n, soft_s1, soft_s2 = (torch.zeros(k, **f64), torch.zeros(k, d, **f64),
+                                    torch.zeros(k, d * d, **f64)) if not m else (None, None, None)
+        soft_buf, sub_buf = TripleBuffer(), TripleBuffer()
         loss_sums = torch.zeros(3, **f64)
         self.cluster_model.train(train)
         self.sub_model.train(train)
@@ -313,8 +317,6 @@ class Trainer:
             with torch.set_grad_enabled(train):
                 logits = self.cluster_model(xin)
                 log_r = F.log_softmax(logits, dim=1)
-                with torch.no_grad():
-                    log_target = self.mixture.log_responsibilities(x).to(log_r.dtype)
                 z = logits.detach().argmax(1)
                 sub_logits = self.sub_model(xin, z)
                 sub_r = torch.softmax(sub_logits, dim=1)
@@ -324,7 +326,7 @@ class Trainer:
                 # over the W ranks, so the update is that of the per-point mean over the
                 # global batch (W = 1: the batch mean). A rank with no rows left runs an
                 # empty batch (zero gradients) so every rank takes the same steps.
-                sum_cl = F.kl_div(log_r, log_target, log_target=True, reduction="sum")
+                sum_cl = self._cluster_kl(log_r, x, idx, targets)
                 sum_sub = (sub_r * dist2).sum()
                 per_rank = max(self._global_batch(step, one_pass), 1) / self.comm.world_size
                 loss_cl, loss_sub = sum_cl / per_rank, sum_sub / per_rank
@@ -337,17 +339,21 @@ class Trainer:
             if step >= one_pass:
                 continue
             with torch.no_grad():
-                r = log_r.detach().exp().to(torch.float64)
-                x64 = x.to(torch.float64)
-                soft_n += r.sum(0)
-                soft_s1.addmm_(r.T, x64)
-                soft_s2.addmm_(r.T, (x64[:, :, None] * x64[:, None, :]).reshape(-1, d * d))
+                r = log_r.detach().exp()
+                if m:  # the m largest responsibilities of each point (not renormalised)
+                    top = r.topk(min(m, k), dim=1)
+                    soft_buf.add(idx, top.indices, top.values)
+                else:
+                    r, x64 = r.to(torch.float64), x.to(torch.float64)
+                    soft_n += r.sum(0)
+                    soft_s1.addmm_(r.T, x64)
+                    soft_s2.addmm_(r.T, (x64[:, :, None] * x64[:, None, :]).reshape(-1, d * d))
                 rows = 2 * z + sub_logits.detach().argmax(1)
-                sub_b = sparse_stats(x64, rows, torch.ones_like(rows, dtype=torch.float64), 2 * k)
-                sub = sub + sub_b
+                sub_buf.add(idx, rows, torch.ones_like(rows, dtype=torch.float32))
                 loss_sums += torch.stack([sum_cl.detach().double(), sum_sub.detach().double(),
                                           torch.tensor(float(x.shape[0]), **f64)])
-        soft = SuffStats(soft_n, soft_s1, soft_s2.view(k, d, d))
+        soft = soft_buf.stats(self.x, k) if m else SuffStats(soft_n, soft_s1, soft_s2.view(k, d, d))
+        sub = sub_buf.stats(self.x, 2 * k)
         flat = torch.cat([soft.flat(), sub.flat(), loss_sums])
         flat = self.comm.all_reduce(flat)
         n_soft = SuffStats.numel(k, d)
@@ -359,6 +365,22 @@ class Trainer:
             "loss_subcluster": float(tot[1] / tot[2].clamp_min(1)),
         }
         return soft, sub, losses
+
+    def _top_m(self) -> int | None:
+        """Candidates per point for the sparse E-step, or None for the dense one."""
+        e = self.config.estep
+        return e.top_m if self.n_clusters > e.dense_max_k and e.top_m < self.n_clusters else None
+
+    def _cluster_kl(self, log_r: Tensor, x: Tensor, idx: Tensor,
+                    targets: tuple[Tensor, Tensor] | None) -> Tensor:
+        """KL(r^E ‖ r) summed over the batch (paper Eq. 3 target; dense or over top-m candidates)."""
+        if targets is None:
+            with torch.no_grad():
+                log_target = self.mixture.log_responsibilities(x).to(log_r.dtype)
+            return F.kl_div(log_r, log_target, log_target=True, reduction="sum")
+        cand, log_target = targets[0][idx], targets[1][idx].to(log_r.dtype)
+        # targets are 0 off the candidates, so only candidate terms of the KL remain
+        return (log_target.exp() * (log_target - log_r.gather(1, cand))).sum()
 
     def m_step(self, soft: SuffStats, sub: SuffStats) -> None:
         """Bayesian M-step from the net's responsibilities (paper §3.1) and subclusters."""
@@ -489,6 +511,10 @@ class Trainer:
                 self.frozen_until = self.epoch + 1 + self.config.schedule.freeze_epochs
             else:
                 self.rounds_without_move += 1
+        sch = self.config.schedule
+        if self.epoch + 1 >= sch.max_epochs or (
+                self.rounds_without_move >= sch.patience and self.epoch + 1 >= sch.min_epochs):
+            self.prune_unused(self.hard_counts())  # last epoch: K = clusters that own points
         record = {
             "epoch": self.epoch,
             "n_clusters": self.n_clusters,
@@ -561,6 +587,15 @@ class Trainer:
         if not out:
             return torch.zeros(0, self.n_clusters)
         return torch.cat(out)
+
+    @torch.no_grad()
+    def hard_counts(self, batch_size: int = 65536) -> Tensor:
+        """Points per cluster under the clustering net's argmax, summed over ranks; (K,)."""
+        counts = torch.zeros(self.n_clusters, dtype=torch.float64, device=self.device)
+        for s in range(0, self.x.shape[0], batch_size):
+            z = self.cluster_net(self.x[s : s + batch_size] * self.input_scale).argmax(1)
+            counts += torch.bincount(z, minlength=self.n_clusters).to(counts)
+        return self.comm.all_reduce(counts)
 
     def prune_unused(self, labels_counts: Tensor) -> None:
         """Drop clusters that own no point (hard counts over all ranks are given)."""

@@ -32,10 +32,17 @@ from typing import Any
 #: ``prior.sigma_scale`` gives more clusters (below it, a larger one does)
 SIGMA_PIVOT = 1.0
 
-#: a stalled fit: no split accepted in this many split rounds in a row
+#: a stalled fit: no split accepted in this many split rounds in a row. With the default
+#: schedule (split and merge rounds alternate; the fit stops after ``patience`` = 3
+#: rounds without any move, i.e. after 1 or 2 idle split rounds) this fires only while
+#: merges are still accepted (K shrinking without splits) or with a larger ``patience``
 STALL_SPLIT_ROUNDS = 3
 #: a collapsed fit: K at most this
 COLLAPSED_K = 2
+#: a fit stuck at K <= COLLAPSED_K: this many split rounds in a row accepted no split,
+#: or at least one when the fit has converged (stopped for ``patience``). A fit that
+#: starts at K = 1 (``init.n_clusters``) and is still splitting is growing, not stuck
+STUCK_SPLIT_ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -143,7 +150,9 @@ def diagnose(
     -------
     list of Diagnostic
         ``no_split``: the last :data:`STALL_SPLIT_ROUNDS` (or more) split rounds accepted
-        no split. ``collapsed``: K is at most :data:`COLLAPSED_K` after moves started.
+        no split. ``collapsed``: K is at most :data:`COLLAPSED_K` after moves started,
+        having fallen from a larger K, or with the last :data:`STUCK_SPLIT_ROUNDS` split
+        rounds idle, or with the last split round idle and the fit converged.
     """
     if not history:
         return []
@@ -155,9 +164,17 @@ def diagnose(
 
     kinds = move_kinds(history, schedule, moves)
     stalled = 0  # split rounds since the last accepted split
+    idle = 0  # move rounds since the last accepted move (the trainer's convergence test)
     for kind, record in zip(kinds, history, strict=True):
+        if kind is None:
+            continue
+        moved = int(record.get("splits_accepted") or 0) + int(record.get("merges_accepted") or 0)
+        idle = 0 if moved else idle + 1
         if kind == "split":
             stalled = 0 if int(record.get("splits_accepted") or 0) else stalled + 1
+    converged = idle >= int(_get(schedule, "patience", 3)) and len(history) >= int(
+        _get(schedule, "min_epochs", 0)
+    )
     if stalled >= STALL_SPLIT_ROUNDS:
         out.append(
             Diagnostic(
@@ -167,15 +184,23 @@ def diagnose(
             )
         )
 
+    k_max = max(int(r["n_clusters"]) for r in history)
     if k_now <= COLLAPSED_K and any(kind is not None for kind in kinds):
-        k_max = max(int(r["n_clusters"]) for r in history)
-        out.append(
-            Diagnostic(
-                "collapsed",
-                f"K collapsed to {k_now} (largest K so far: {k_max}). "
-                f"If the data have more clusters: {knob_advice(prior, feature_variance)}",
+        if k_max > k_now:
+            what = f"K collapsed to {k_now} (largest K so far: {k_max})"
+        elif stalled >= STUCK_SPLIT_ROUNDS or (stalled and converged):
+            rounds = f"{stalled} split rounds" if stalled > 1 else "split round"
+            what = f"K stayed at {k_now}: the last {rounds} accepted no split"
+        else:
+            what = None  # K is still growing from a small initial K
+        if what is not None:
+            out.append(
+                Diagnostic(
+                    "collapsed",
+                    f"{what}. If the data have more clusters: "
+                    f"{knob_advice(prior, feature_variance)}",
+                )
             )
-        )
     return out
 
 
@@ -212,6 +237,7 @@ __all__ = [
     "COLLAPSED_K",
     "SIGMA_PIVOT",
     "STALL_SPLIT_ROUNDS",
+    "STUCK_SPLIT_ROUNDS",
     "Diagnostic",
     "DiagnosticsMonitor",
     "diagnose",

@@ -1,4 +1,4 @@
-"""PNG plots of a fit: K over epochs, accepted moves, losses, cluster sizes.
+"""PNG plots of a fit: K over epochs, accepted moves, losses, cluster sizes, scores.
 
 Every function takes plain data (the epoch records of ``DeepDPM.history_`` or cluster
 counts) and writes one PNG atomically with matplotlib's Agg backend, so plots work on
@@ -116,6 +116,35 @@ def plot_losses(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+#: label scores of an epoch record (present when the fitted data have labels)
+SCORE_KEYS = ("nmi", "ari", "acc")
+
+
+def has_scores(history: Sequence[Mapping[str, Any]]) -> bool:
+    """True when the epoch records carry NMI/ARI/ACC (labelled data)."""
+    return any(r.get("nmi") is not None for r in history)
+
+
+def plot_scores(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """NMI, ARI and ACC per epoch (on the labelled rows the fit scored), with K."""
+    epochs = _column(history, "epoch")
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for key, colour in zip(SCORE_KEYS, ("tab:purple", "tab:olive", "tab:cyan"), strict=True):
+        ax.plot(epochs, _column(history, key), color=colour, lw=2, label=key.upper())
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("score")
+    twin = ax.twinx()
+    twin.step(epochs, _column(history, "n_clusters"), where="post", color="grey", lw=1, ls="--")
+    twin.set_ylabel("K (dashed)", color="grey")
+    _integer_axes(twin, x=False, y=True)
+    ax.set_title("Clustering scores")
+    _integer_axes(ax)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
+    return _save(fig, path)
+
+
 def plot_cluster_sizes(counts: Sequence[int] | np.ndarray, path: str | Path) -> Path:
     """Cluster sizes sorted from largest to smallest (one bar per cluster).
 
@@ -143,20 +172,27 @@ def write_fit_plots(
     history: Sequence[Mapping[str, Any]], counts: Sequence[int] | np.ndarray, out_dir: str | Path
 ) -> list[Path]:
     """The plots a fit leaves beside ``summary.json``: ``k_over_epochs.png``,
-    ``cluster_sizes.png``, ``moves.png``, ``losses.png``. Returns their paths."""
+    ``cluster_sizes.png``, ``moves.png``, ``losses.png`` and, when the epoch records
+    carry label scores, ``scores.png``. Returns their paths."""
     out = Path(out_dir)
-    return [
+    paths = [
         plot_k_over_epochs(history, out / "k_over_epochs.png"),
         plot_cluster_sizes(counts, out / "cluster_sizes.png"),
         plot_moves(history, out / "moves.png"),
         plot_losses(history, out / "losses.png"),
     ]
+    if has_scores(history):
+        paths.append(plot_scores(history, out / "scores.png"))
+    return paths
 
 
 __all__ = [
+    "SCORE_KEYS",
+    "has_scores",
     "plot_cluster_sizes",
     "plot_k_over_epochs",
     "plot_losses",
     "plot_moves",
+    "plot_scores",
     "write_fit_plots",
 ]

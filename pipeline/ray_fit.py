@@ -322,11 +322,12 @@ def _train_worker(loop: dict[str, Any]) -> None:
         for callback in callbacks:
             if isinstance(callback, _EpochBar):
                 callback.close()
-        _finish(trainer, comm)
+        trainer.check_consistency()  # the last epoch pruned clusters that own no point
         _report(trainer, rank, final=True)
         if rank == 0:
             _write_outputs(trainer, req, before + time.perf_counter() - t0, tracker,
-                           {"num_workers": world, "resumed_from_epoch": resumed_from})
+                           {"num_workers": world, "resumed_from_epoch": resumed_from,
+                            "median_feature_variance": variance})
 
 
 def _train(trainer: Trainer, req: FitRequest, loop: dict[str, Any], rank: int) -> None:
@@ -340,18 +341,6 @@ def _train(trainer: Trainer, req: FitRequest, loop: dict[str, Any], rank: int) -
             trainer.check_consistency()
         if req.checkpoint_every and trainer.epoch % req.checkpoint_every == 0:
             _report(trainer, rank, final=False)
-
-
-def _finish(trainer: Trainer, comm: Communicator) -> None:
-    """Drop clusters that own no point (hard counts over all rows), as the estimator does."""
-    counts = torch.zeros(trainer.n_clusters, dtype=torch.float64)
-    x = trainer.x
-    for s in range(0, x.shape[0], 65536):
-        raw = x[s : s + 65536].to(torch.float64) + trainer.shift.to(x.device)
-        counts += torch.bincount(trainer.predict_log_proba(raw).argmax(1),
-                                 minlength=trainer.n_clusters).to(torch.float64)
-    trainer.prune_unused(comm.all_reduce(counts.to(trainer.device)).cpu())
-    trainer.check_consistency()
 
 
 def _report(trainer: Trainer, rank: int, final: bool) -> None:
@@ -450,8 +439,6 @@ def _write_outputs(trainer: Trainer, req: FitRequest, fit_seconds: float, tracke
     from pipeline.tracking import log_fit_outputs
 
     table = read_features(req.input)
-    summary = write_fit_outputs(req.output, DeepDPM.from_trainer(trainer), table, fit_seconds,
-                                req.input, extra=extra)
-    if summary["metrics"]:
-        tracker.log_metrics(summary["metrics"], step=summary["epochs"])
-    log_fit_outputs(tracker, req.output)
+    write_fit_outputs(req.output, DeepDPM.from_trainer(trainer), table, fit_seconds, req.input,
+                      extra=extra)
+    log_fit_outputs(tracker, req.output)  # + final_nmi/ari/acc over all labelled rows

@@ -341,7 +341,7 @@ def render_report(
         f'<p class="source">{html.escape(run.source)}</p>',
         _overview(summary),
     ]
-    for diagnostic in diagnose(history, config):
+    for diagnostic in diagnose(history, config, summary.get("median_feature_variance")):
         parts.append(f'<div class="warn">{html.escape(diagnostic.message)}</div>')
 
     with tempfile.TemporaryDirectory(prefix="deepdpm-report-") as tmp:
@@ -354,6 +354,9 @@ def render_report(
             sizes = plots.plot_cluster_sizes([r.size for r in rows], tmp_dir / "sizes.png")
             figures.append(("Cluster sizes", sizes))
         figures.append(("Losses", plots.plot_losses(history, tmp_dir / "losses.png")))
+        if plots.has_scores(history):
+            scores = plots.plot_scores(history, tmp_dir / "scores.png")
+            figures.append(("NMI / ARI / ACC over epochs", scores))
         parts.append('<h2>Training</h2><div class="grid">')
         parts.extend(_img(path.read_bytes(), name) for name, path in figures)
         parts.append("</div>")

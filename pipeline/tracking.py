@@ -1,11 +1,12 @@
 """MLflow run tracking that can never break a training run.
 
 :class:`RunTracker` is what ``deepdpm fit`` (one process or Ray rank 0) and
-``deepdpm extract`` log through. Every MLflow call runs on one background thread fed
-by a bounded queue, so a slow or dead tracking server never stalls an epoch. The first
-failure of any call (server down at start, server killed mid-run, queue overflow, a
-close that does not finish in time) prints ONE warning and switches tracking off for
-the rest of the run; training and its local outputs are unaffected.
+``deepdpm extract`` (metrics: ``ExtractReport.metrics()``) log through. Every MLflow
+call runs on one background thread fed by a bounded queue, so a slow or dead tracking
+server never stalls an epoch. The first failure of any call (server down at start,
+server killed mid-run, queue overflow, a close that does not finish in time) prints ONE
+warning and switches tracking off for the rest of the run; training and its local
+outputs are unaffected.
 
 Typical use::
 
@@ -143,16 +144,6 @@ def epoch_metrics(record: Mapping[str, Any]) -> dict[str, float]:
         name: float(record[key])
         for key, name in EPOCH_METRICS.items()
         if record.get(key) is not None
-    }
-
-
-def extraction_metrics(read: int, embedded: int, skipped: int, seconds: float) -> dict[str, float]:
-    """Metrics of a ``deepdpm extract`` run (images read/embedded/skipped, images/s)."""
-    return {
-        "images_read": float(read),
-        "images_embedded": float(embedded),
-        "images_skipped": float(skipped),
-        "images_per_second": float(embedded) / seconds if seconds > 0 else 0.0,
     }
 
 
@@ -425,6 +416,7 @@ FIT_ARTIFACTS = (
     "cluster_sizes.png",
     "moves.png",
     "losses.png",
+    "scores.png",
     "model.pt",
     "assignments.parquet",
 )
@@ -512,7 +504,6 @@ __all__ = [
     "environment_tags",
     "epoch_callback",
     "epoch_metrics",
-    "extraction_metrics",
     "fit_params",
     "git_commit",
     "gpu_description",

@@ -71,6 +71,29 @@ def test_collapse_to_one_or_two_clusters():
     assert "K collapsed to 2 (largest K so far: 8)" in warning.message
 
 
+def test_growing_from_one_cluster_is_not_a_collapse():
+    # init.n_clusters = 1 (the default): the first split round (epoch 9) takes K to 2,
+    # which is growth, not collapse
+    cfg = Config()
+    growing = [_record(e, 1) for e in range(9)] + [_record(9, 2, splits=1)]
+    growing += [_record(e, 2) for e in range(10, 19)]
+    assert diagnose(growing, cfg) == []
+    # K stays at 2 through the merge (14), split (19) and merge (24) rounds: 3 idle
+    # rounds = patience, the fit stops there, after one idle split round
+    ended = growing + [_record(e, 2) for e in range(19, 25)]
+    assert diagnose(ended[:-1], cfg) == []
+    (warning,) = diagnose(ended, cfg, feature_variance=36.0)
+    assert warning.kind == "collapsed"
+    assert warning.message.startswith("K stayed at 2: the last split round accepted no split.")
+    assert "raise prior.sigma_scale (now 0.005" in warning.message
+    # a fit that goes on needs 2 idle split rounds (19 and 29) before K counts as stuck
+    patient = cfg.with_overrides({"schedule.patience": 10})
+    stuck = growing + [_record(e, 2) for e in range(19, 30)]
+    assert diagnose(ended, patient) == [] and diagnose(stuck[:-1], patient) == []
+    (warning,) = diagnose(stuck, patient)
+    assert warning.message.startswith("K stayed at 2: the last 2 split rounds accepted no split.")
+
+
 def test_monitor_reports_each_kind_once():
     messages: list[str] = []
     monitor = DiagnosticsMonitor(Config(), messages.append)

@@ -70,3 +70,16 @@ def test_write_fit_plots_names(tmp_path):
     ]  # fmt: skip
     for path in paths:
         _pixels(path)
+    scored = [{**r, "nmi": 0.5, "ari": 0.4, "acc": 0.7} for r in _history([1, 2, 2])]
+    paths = plots.write_fit_plots(scored, [10, 20], tmp_path / "scored")
+    assert [p.name for p in paths][-1] == "scores.png"  # labelled data only
+
+
+def test_scores_plot_follows_the_scores(tmp_path):
+    history = _history([1, 1, 3, 3, 3])
+    rising = [{**r, "nmi": e / 4, "ari": e / 5, "acc": 0.5 + e / 10} for e, r in enumerate(history)]
+    flat = [{**r, "nmi": 0.2, "ari": 0.2, "acc": 0.5} for r in history]
+    assert plots.has_scores(rising) and not plots.has_scores(history)
+    a = _pixels(plots.plot_scores(rising, tmp_path / "a.png"))
+    b = _pixels(plots.plot_scores(flat, tmp_path / "b.png"))
+    assert a.shape[0] > 200 and _differ(a, b)

@@ -149,9 +149,10 @@ def test_report_with_sample_images(run_dir, tmp_path, images):
     assert code == 0
     parser, pngs = _parse(output)
     text = " ".join(parser.text)
-    # K over epochs, moves, cluster sizes, losses + one sample strip per cluster
-    assert len(pngs) == 4 + len(CLUSTERS)
-    for name in ("K over epochs", "Split / merge acceptance", "Cluster sizes", "Losses"):
+    # K over epochs, moves, cluster sizes, losses, scores + one sample strip per cluster
+    assert len(pngs) == 5 + len(CLUSTERS)
+    for name in ("K over epochs", "Split / merge acceptance", "Cluster sizes", "Losses",
+                 "NMI / ARI / ACC over epochs"):  # fmt: skip
         assert name in parser.alts
     assert "0.61" in text and "NMI" in text
     # strips come largest cluster first, each in its cluster's colour (keys were matched)
@@ -169,13 +170,16 @@ def test_report_without_images_or_labels(run_dir, tmp_path):
     fit.mkdir()
     summary = json.loads((run_dir / "fit" / "summary.json").read_text())
     del summary["metrics"]
+    summary["history"] = [
+        {k: v for k, v in r.items() if k not in ("nmi", "ari", "acc")} for r in summary["history"]
+    ]
     (fit / "summary.json").write_text(json.dumps(summary))
     table = pq.read_table(run_dir / "fit" / "assignments.parquet").drop_columns(["label"])
     pq.write_table(table, fit / "assignments.parquet")
     output = tmp_path / "r.html"
     assert main(["report", str(fit), "-o", str(output)]) == 0
     parser, pngs = _parse(output)
-    assert len(pngs) == 4
+    assert len(pngs) == 4  # no scores plot either
     assert "No labels" in " ".join(parser.text)
 
 
@@ -203,7 +207,7 @@ def test_report_warns_about_a_stalled_fit(tmp_path):
     assert main(["report", str(tmp_path), "-o", str(output)]) == 0
     parser, pngs = _parse(output)
     text = " ".join(parser.text)
-    assert "no split accepted" in text and "K collapsed to 1" in text
+    assert "no split accepted" in text and "K stayed at 1" in text
     assert len(pngs) == 3  # no assignments: no cluster-size plot
 
 
@@ -219,7 +223,7 @@ def test_report_from_mlflow_run_id(run_dir, tmp_path, monkeypatch, mlflow_env): 
     code = main(["report", tracker.run_id, "--tracking-uri", uri, "-o", str(output)])
     assert code == 0
     parser, pngs = _parse(output)
-    assert len(pngs) == 4
+    assert len(pngs) == 5
     assert f"MLflow run {tracker.run_id}" in " ".join(parser.text)
 
 

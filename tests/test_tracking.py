@@ -272,7 +272,7 @@ def test_fit_output_directory_and_diagnostics_logged(
         log_fit_outputs(tracker, out)
     assert not tracker.failed
     err = capsys.readouterr().err
-    assert "no split accepted" in err and "K collapsed to 1" in err
+    assert "no split accepted" in err and "K stayed at 1" in err
 
     client = MlflowClient(mlflow_server.uri)
     run = client.get_run(tracker.run_id)

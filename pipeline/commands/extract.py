@@ -1,4 +1,9 @@
-"""``deepdpm extract``: webdataset shards -> embeddings (Parquet), with Ray Data actors."""
+"""``deepdpm extract``: webdataset shards -> embeddings (Parquet), with Ray Data actors.
+
+Each run is an MLflow run (see :mod:`pipeline.tracking`): the options as params, the
+counts and throughput of :meth:`pipeline.extract.ExtractReport.metrics` as metrics, the
+manifest as an artifact.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +29,8 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipeline.tracking import add_tracking_arguments
+
     parser.add_argument(
         "--shards", required=True, help="folder of .tar shards, a glob, or one file"
     )
@@ -69,30 +76,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--address", default=None, help="Ray address (default: $RAY_ADDRESS, else a local Ray)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_tracking_arguments(parser)
+
+
+#: options logged as the MLflow run's params
+TRACKED_OPTIONS = (
+    "encoder",
+    "weights",
+    "arch",
+    "head",
+    "l2_normalize",
+    "pixel_size",
+    "batch_size",
+    "num_workers",
+    "use_gpu",
+    "cpus_per_worker",
+    "precision",
+    "output",
+)
 
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.extract import extract_features
+    from pipeline.tracking import environment_tags, tracker_from_args
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UserWarning)
-        report = extract_features(
-            args.shards,
-            args.output,
-            args.encoder,
-            weights=args.weights,
-            arch=args.arch,
-            head=args.head,
-            pixel_size=args.pixel_size,
-            l2_normalize=args.l2_normalize,
-            batch_size=args.batch_size,
-            num_workers=args.num_workers,
-            use_gpu=args.use_gpu,
-            cpus_per_worker=args.cpus_per_worker,
-            precision=args.precision,
-            ray_address=args.address,
-            progress=not args.no_progress,
-        )
+    with tracker_from_args(args) as tracker:
+        tracker.log_params({name: getattr(args, name) for name in TRACKED_OPTIONS})
+        tracker.set_tags({**environment_tags(args.shards), "deepdpm.command": "extract"})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UserWarning)
+            report = extract_features(
+                args.shards,
+                args.output,
+                args.encoder,
+                weights=args.weights,
+                arch=args.arch,
+                head=args.head,
+                pixel_size=args.pixel_size,
+                l2_normalize=args.l2_normalize,
+                batch_size=args.batch_size,
+                num_workers=args.num_workers,
+                use_gpu=args.use_gpu,
+                cpus_per_worker=args.cpus_per_worker,
+                precision=args.precision,
+                ray_address=args.address,
+                progress=not args.no_progress,
+            )
+        tracker.log_params({"embedding_dim": report.dim})
+        tracker.log_metrics(report.metrics())
+        tracker.log_artifacts([report.manifest])
+        if report.shards_failed:
+            tracker.close("FAILED")
     for warning in caught:  # one line each, not Python's file:line format
         print(f"warning: {warning.message}", file=sys.stderr)
     totals = report.totals

@@ -1,0 +1,131 @@
+"""One DeepDPM epoch vs one FAISS k-means iteration at ImageNet-like scale (issue 8).
+
+Usage: OMP_NUM_THREADS=2 python bench/scale.py --n 200000 --d 64 --k 200 [--json] [--fit]
+
+In one run, on one generated imbalanced mixture (N points, D dims, K true clusters):
+
+* DeepDPM: a Trainer initialised with K clusters (k-means, not timed), then ONE full
+  epoch timed — forward, backward, E-step targets, all statistics and the M-step
+  (``schedule.warmup_epochs=0`` so the M-step runs; splits/merges off so no move);
+  the E-step precompute alone is timed too;
+* FAISS k-means on the same data and K, every point used (no subsampling):
+  ``--kmeans-iters`` iterations timed, divided by their number;
+* peak RSS of the process (``ru_maxrss``, data generation included).
+
+``--fit`` also runs a full fit (default schedule, moves on, from ``--init-k`` clusters)
+and reports the K found and the NMI. The machine is shared: compare the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+import faiss
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from deepdpm_core.config import Config, parse_overrides  # noqa: E402
+from deepdpm_core.datasets import make_mixture  # noqa: E402
+from deepdpm_core.metrics import nmi  # noqa: E402
+from deepdpm_core.trainer import Trainer  # noqa: E402
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
+
+
+def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict) -> dict[str, float]:
+    """Seconds of one full training epoch with M-step at K clusters (init not timed)."""
+    cfg = Config().with_overrides({
+        "seed": seed, "device": "cpu", "init.n_clusters": k, "schedule.warmup_epochs": 0,
+        "moves.split": False, "moves.merge": False, "init.kmeans_iters": 5, **overrides,
+    })
+    trainer = Trainer(cfg, torch.from_numpy(x))
+    t = time.perf_counter()
+    trainer.initialize()
+    init_s = time.perf_counter() - t
+    m = trainer._top_m()
+    t = time.perf_counter()
+    if m:
+        trainer.mixture.top_m_log_responsibilities(trainer.x, m)
+    else:
+        for s in range(0, trainer.x.shape[0], trainer.batch_size):
+            trainer.mixture.log_responsibilities(trainer.x[s : s + trainer.batch_size])
+    estep_s = time.perf_counter() - t
+    t = time.perf_counter()
+    record = trainer.step_epoch()
+    epoch_s = time.perf_counter() - t
+    assert record["splits_accepted"] == record["merges_accepted"] == 0
+    return {"epoch_seconds": epoch_s, "estep_seconds": estep_s, "init_seconds": init_s,
+            "k_epoch": trainer.n_clusters, "top_m": m or 0, "batch_size": trainer.batch_size}
+
+
+def time_kmeans(x: np.ndarray, k: int, iters: int, seed: int) -> float:
+    """Seconds per FAISS k-means iteration over all N points (no subsampling)."""
+    km = faiss.Kmeans(x.shape[1], k, niter=iters, seed=seed, verbose=False,
+                      max_points_per_centroid=x.shape[0] // k + 1)
+    t = time.perf_counter()
+    km.train(x)
+    return (time.perf_counter() - t) / iters
+
+
+def full_fit(x: np.ndarray, y: np.ndarray, init_k: int, seed: int, overrides: dict) -> dict:
+    cfg = Config().with_overrides({"seed": seed, "device": "cpu", "init.n_clusters": init_k, **overrides})
+    trainer = Trainer(cfg, torch.from_numpy(x))
+    t = time.perf_counter()
+    trainer.fit()
+    seconds = time.perf_counter() - t
+    labels = trainer.predict_log_proba(torch.from_numpy(x)).argmax(1).numpy()
+    return {"fit_k": trainer.n_clusters, "fit_nmi": nmi(y, labels), "fit_seconds": seconds,
+            "fit_epochs": trainer.epoch}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=200_000)
+    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--k", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kmeans-iters", type=int, default=5)
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config overrides for the DeepDPM runs, e.g. estep.top_m=4")
+    ap.add_argument("--fit", action="store_true", help="also run a full fit (K found, NMI)")
+    ap.add_argument("--init-k", type=int, default=None, help="initial K of --fit (default: --k)")
+    ap.add_argument("--json", action="store_true", help="last line: JSON of the results")
+    args = ap.parse_args()
+    overrides = parse_overrides(args.set)
+    x, y = make_mixture(args.n, args.d, args.k, imbalance=1.0, min_weight=0.1 / args.k,
+                        random_state=args.seed)
+    out = {"n": args.n, "d": args.d, "k": args.k, "threads": torch.get_num_threads()}
+    out.update(time_epoch(x, args.k, args.seed, overrides))
+    out["kmeans_iter_seconds"] = time_kmeans(x, args.k, args.kmeans_iters, args.seed)
+    out["ratio"] = out["epoch_seconds"] / out["kmeans_iter_seconds"]
+    if args.fit:
+        out.update(full_fit(x, y, args.init_k or args.k, args.seed, overrides))
+    out["peak_rss_mb"] = peak_rss_mb()
+    print(f"data: {args.n} x {args.d}, K = {args.k}, {out['threads']} threads, "
+          f"batch {out['batch_size']}, top_m {out['top_m'] or 'dense'}")
+    print(f"{'what':34s} {'seconds':>9s} {'/ k-means iter':>15s}")
+    for name, key in (("FAISS k-means, one iteration", "kmeans_iter_seconds"),
+                      ("DeepDPM epoch (train + M-step)", "epoch_seconds"),
+                      ("  of which E-step targets", "estep_seconds")):
+        print(f"{name:34s} {out[key]:9.3f} {out[key] / out['kmeans_iter_seconds']:15.2f}")
+    if args.fit:
+        print(f"full fit: K = {out['fit_k']} (true {args.k}), NMI = {out['fit_nmi']:.3f}, "
+              f"{out['fit_epochs']} epochs, {out['fit_seconds']:.1f} s")
+    print(f"peak RSS: {out['peak_rss_mb']:.0f} MiB")
+    if args.json:
+        print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

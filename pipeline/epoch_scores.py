@@ -1,0 +1,83 @@
+"""NMI/ARI/ACC after every epoch of a fit on labelled data, at a fixed small cost.
+
+The estimator's epoch records carry K, the losses and the accepted moves. When the
+input has labels, :class:`EpochLabelScores` adds ``nmi``, ``ari`` and ``acc`` of the
+clustering net's current hard assignment on a fixed random subsample of at most
+``max_rows`` labelled rows (one forward pass of the net and one contingency table: a
+few milliseconds for 10 000 rows, independent of N). It writes into the record itself,
+so when it runs before the tracker's callback the scores reach MLflow, ``history_``,
+``summary.json`` and the report. Scoring uses no random numbers and leaves the nets'
+mode to the next epoch, so a scored fit trains exactly like an unscored one (tested).
+
+Bind it to the estimator before ``fit`` (``scores.bind(model)``): ``DeepDPM.fit``
+exposes the model being trained to its callbacks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from deepdpm_core import DeepDPM
+from deepdpm_core.metrics import clustering_scores
+
+#: labelled rows scored per epoch (a uniform random subsample when there are more)
+DEFAULT_MAX_ROWS = 10_000
+
+
+class EpochLabelScores:
+    """Per-epoch callback adding ``nmi``, ``ari``, ``acc`` to the epoch record.
+
+    Parameters
+    ----------
+    X : ndarray of shape (N, D)
+        The features being fitted.
+    labels : ndarray of shape (N,)
+        Ground-truth classes; rows with a negative label are unlabelled and not scored.
+    max_rows : int
+        At most this many labelled rows are scored (chosen once, with ``seed``).
+    seed : int
+
+    Attributes
+    ----------
+    rows : ndarray of shape (M,)
+        Indices of the scored rows into ``X``, M <= ``max_rows``.
+    """
+
+    def __init__(
+        self, X: np.ndarray, labels: np.ndarray, max_rows: int = DEFAULT_MAX_ROWS, seed: int = 0
+    ) -> None:
+        labels = np.asarray(labels)
+        rows = np.flatnonzero(labels >= 0)
+        if rows.size > max_rows:
+            rng = np.random.default_rng(seed)
+            rows = np.sort(rng.choice(rows, size=max_rows, replace=False))
+        self.rows = rows
+        self._x = torch.from_numpy(np.ascontiguousarray(X[rows]))
+        self._y = labels[rows]
+        self._model: DeepDPM | None = None
+
+    @classmethod
+    def for_labels(
+        cls, X: np.ndarray, labels: np.ndarray | None, max_rows: int = DEFAULT_MAX_ROWS,
+        seed: int = 0,
+    ) -> EpochLabelScores | None:
+        """The callback for ``labels``, or None when there is no labelled row."""
+        if labels is None or not (np.asarray(labels) >= 0).any():
+            return None
+        return cls(X, labels, max_rows, seed)
+
+    def bind(self, model: DeepDPM) -> None:
+        """Score the clustering net of ``model`` while it is being fitted."""
+        self._model = model
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        if self._model is None:
+            return
+        predicted = self._model.predict(self._x)
+        record.update(clustering_scores(self._y, predicted))
+
+
+__all__ = ["DEFAULT_MAX_ROWS", "EpochLabelScores"]
