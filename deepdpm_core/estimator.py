@@ -214,12 +214,12 @@ class DeepDPM:
             raise CheckpointError(f"{path} is not a DeepDPM model checkpoint ({FORMAT})")
         cfg = from_dict(state["config"]).with_overrides({"device": "cpu"})
         est = cls(cfg)
-        dim = int(state["dim"])
-        trainer = Trainer.__new__(Trainer)
-        Trainer.__init__(trainer, cfg, torch.zeros(1, dim))
-        trainer.shift = state["shift"]
-        trainer.input_scale = float(state["input_scale"])
-        trainer.n_total = int(state["n_total"])
-        trainer.load_state_dict(state)
+        est._trainer = Trainer.from_state(state, config=cfg)
+        return est
+
+    @classmethod
+    def from_trainer(cls, trainer: Trainer) -> DeepDPM:
+        """A fitted estimator around a finished trainer (e.g. one rank of a distributed fit)."""
+        est = cls(trainer.config)
         est._trainer = trainer
         return est

@@ -134,8 +134,9 @@ def sparse_stats(x: Tensor, index: Tensor, weights: Tensor, n_rows: int) -> Suff
     """
     x = x.to(torch.float64)
     b, d = x.shape
-    index = index.reshape(b, -1)
-    weights = weights.to(torch.float64).reshape(b, -1)
+    index = index.reshape(b, -1) if index.dim() > 1 else index[:, None]  # B may be 0
+    weights = weights.to(torch.float64)
+    weights = weights.reshape(b, -1) if weights.dim() > 1 else weights[:, None]
     out = SuffStats.zeros(n_rows, d, device=x.device)
     flat_idx = index.reshape(-1)
     out.n.index_add_(0, flat_idx, weights.reshape(-1))
@@ -225,6 +226,8 @@ class TripleBuffer:
         rows : Tensor of shape (B,) or (B, M), int64
         weights : Tensor of the shape of ``rows``
         """
+        if points.shape[0] == 0:  # an empty batch (a rank whose rows ran out)
+            return
         rows = rows.reshape(points.shape[0], -1)
         self._points.append(points[:, None].expand_as(rows).reshape(-1))
         self._rows.append(rows.reshape(-1))

@@ -18,6 +18,7 @@ Data live on the device as one (N_local, D) float32 tensor shifted by the global
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -29,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepdpm_core.communicator import Communicator, LocalCommunicator
-from deepdpm_core.config import Config
+from deepdpm_core.config import Config, from_dict
+from deepdpm_core.errors import CheckpointError
 from deepdpm_core.gmm import GaussianMixture, log_weights_from_counts
 from deepdpm_core.init import kmeans_centers, nearest_center, principal_split
 from deepdpm_core.moves import MovePlan, propose_merges, propose_splits
@@ -120,12 +122,18 @@ class Trainer:
     def _init_data(self, x: Tensor) -> None:
         """Global moments (one all-reduce) -> shift, input scale and the NIW prior."""
         x64 = x.to(torch.float64)
+        rows = torch.zeros(self.comm.world_size, dtype=torch.float64)
+        rows[self.comm.rank] = x64.shape[0]
         local = torch.cat([
-            torch.tensor([x64.shape[0]], dtype=torch.float64), x64.sum(0), x64.square().sum(0)
+            torch.tensor([x64.shape[0]], dtype=torch.float64), x64.sum(0), x64.square().sum(0), rows
         ])
         tot = self.comm.all_reduce(local.to(self.device)).cpu()
-        n, s1, s2 = tot[0], tot[1 : 1 + self.dim], tot[1 + self.dim :]
+        d = self.dim
+        n, s1, s2 = tot[0], tot[1 : 1 + d], tot[1 + d : 1 + 2 * d]
         self.n_total = int(n.item())
+        #: rows held by each rank: fixes every step's global batch (DDP loss scale) and
+        #: where each rank's rows sit in the k-means sample
+        self.rank_rows = [int(v) for v in tot[1 + 2 * d :].tolist()]
         mean = s1 / n
         var = (s2 / n - mean.square()).clamp_min(0)
         self.shift = mean
@@ -137,12 +145,16 @@ class Trainer:
             torch.zeros(self.dim, dtype=torch.float64), var.sqrt(), p.kappa, p.nu, p.sigma_scale, p.psi
         ).to(self.device)
         self.x = (x64 - mean).to(torch.float32).to(self.device)
+        # per rank; "auto" aims at steps_per_epoch steps over this rank's share of the rows,
+        # so W ranks step as often as one process would, on a W times larger global batch
         o = self.config.optim
-        self.batch_size = (auto_batch_size(self.n_total, o.steps_per_epoch, o.base_batch_size)
+        share = -(-self.n_total // self.comm.world_size)
+        self.batch_size = (auto_batch_size(share, o.steps_per_epoch, o.base_batch_size)
                            if o.batch_size == "auto" else int(o.batch_size))
 
     def initialize(self, init_labels: Tensor | None = None) -> None:
-        """k-means clusters (rank with most rows), MAP parameters, principal-axis subclusters.
+        """k-means clusters (rank 0, on a sample gathered from all ranks), MAP parameters,
+        principal-axis subclusters.
 
         ``init_labels`` (this rank's rows, int64 [n]) warm-starts from given hard clusters
         instead of k-means (the AE alternation re-clusters from the previous clusters).
@@ -154,17 +166,16 @@ class Trainer:
             local_max[self.comm.rank] = float(z.max()) if len(z) else 0.0
             n_init = int(self.comm.all_reduce(local_max).max()) + 1
         else:
-            counts = torch.zeros(self.comm.world_size, dtype=torch.float64, device=self.device)
-            counts[self.comm.rank] = self.x.shape[0]
-            counts = self.comm.all_reduce(counts)
-            src = int(counts.argmax())
-            centers = None
-            if self.comm.rank == src:
-                centers = kmeans_centers(
-                    self.x.cpu().numpy(), cfg.init.n_clusters, cfg.init.kmeans_iters,
-                    cfg.init.max_points, self.rng,
-                )
-            centers = torch.as_tensor(self.comm.broadcast_object(centers, src=src), device=self.device)
+            if cfg.init.n_clusters == 1:  # one centre: every point is assigned to it anyway
+                centers = torch.zeros(1, self.dim, device=self.device)
+            else:
+                sample = self._kmeans_sample()
+                centers = None
+                if self.comm.rank == 0:
+                    centers = kmeans_centers(sample.cpu().numpy(), cfg.init.n_clusters,
+                                             cfg.init.kmeans_iters, cfg.init.max_points, self.rng)
+                centers = torch.as_tensor(self.comm.broadcast_object(centers, src=0),
+                                          device=self.device)
             z = nearest_center(self.x, centers)
             n_init = centers.shape[0]
         stats = self._reduce_stats(sparse_stats(self.x, z, torch.ones_like(z, dtype=torch.float64),
@@ -182,9 +193,27 @@ class Trainer:
         self._rewrap()
         self._refresh_mixture()
 
+    def _kmeans_sample(self) -> Tensor:
+        """The rows k-means sees, shape (min(N, init.max_points), D): the same for any W.
+
+        Global row indices are drawn with the seeded generator (identically on every rank,
+        as the single-process sampling in :func:`kmeans_centers` would); each rank fills in
+        the rows it holds and one all-reduce assembles the sample (exact: each row has one
+        non-zero contributor). Rows are taken to be split over ranks in rank order, which is
+        how ``pipeline`` slices inputs; any other split still gives a valid random sample.
+        """
+        n, m = self.n_total, self.config.init.max_points
+        idx = np.arange(n) if n <= m else np.sort(self.rng.choice(n, size=m, replace=False))
+        offset = sum(self.rank_rows[: self.comm.rank])
+        lo, hi = np.searchsorted(idx, [offset, offset + self.x.shape[0]])
+        sample = torch.zeros(len(idx), self.dim, device=self.device)
+        sample[lo:hi] = self.x[torch.as_tensor(idx[lo:hi] - offset, device=self.device)]
+        return self.comm.all_reduce(sample)
+
     def _lr(self, base: float) -> float:
+        """Learning rate at the global batch W·B (``optim.batch_size`` is per rank)."""
         o = self.config.optim
-        return scaled_lr(base, self.batch_size, o.base_batch_size, o.lr_scaling)
+        return scaled_lr(base, self.batch_size * self.comm.world_size, o.base_batch_size, o.lr_scaling)
 
     def _rewrap(self) -> None:
         self.cluster_model = self.wrap(self.cluster_net)
@@ -246,6 +275,13 @@ class Trainer:
         one_pass = int(self.comm.all_reduce(t, op="max").item())
         return one_pass, max(one_pass, self.config.optim.min_steps_per_epoch)
 
+    def _global_batch(self, step: int, one_pass: int) -> int:
+        """Points in minibatch ``step`` summed over all ranks (no communication needed)."""
+        bsz = self.batch_size
+        if step >= one_pass:  # extra training batches: bsz re-drawn rows on every rank with rows
+            return sum(bsz for n in self.rank_rows if n)
+        return sum(min(bsz, max(0, n - step * bsz)) for n in self.rank_rows)
+
     def run_epoch(self, train: bool = True) -> tuple[SuffStats, SuffStats, dict[str, float]]:
         """One pass over the local rows; returns reduced soft cluster and hard subcluster stats.
 
@@ -285,10 +321,15 @@ class Trainer:
                 sub_logits = self.sub_model(xin, z)
                 sub_r = torch.softmax(sub_logits, dim=1)
                 dist2 = (x[:, None, :] - self._sub_means32[z]).square().sum(-1)
-                b = max(x.shape[0], 1)
-                # KL(r^E || r) summed over the batch; divided by B for a per-point loss
-                loss_cl = self._cluster_kl(log_r, x, idx, targets) / b
-                loss_sub = (sub_r * dist2).sum() / b
+                # KL(r^E || r) and the subcluster loss summed over the local batch, divided
+                # by G/W with G the step's points over all ranks: DDP averages gradients
+                # over the W ranks, so the update is that of the per-point mean over the
+                # global batch (W = 1: the batch mean). A rank with no rows left runs an
+                # empty batch (zero gradients) so every rank takes the same steps.
+                sum_cl = self._cluster_kl(log_r, x, idx, targets)
+                sum_sub = (sub_r * dist2).sum()
+                per_rank = max(self._global_batch(step, one_pass), 1) / self.comm.world_size
+                loss_cl, loss_sub = sum_cl / per_rank, sum_sub / per_rank
                 if train:
                     self.opt_cluster.zero_grad(set_to_none=True)
                     self.opt_sub.zero_grad(set_to_none=True)
@@ -309,8 +350,8 @@ class Trainer:
                     soft_s2.addmm_(r.T, (x64[:, :, None] * x64[:, None, :]).reshape(-1, d * d))
                 rows = 2 * z + sub_logits.detach().argmax(1)
                 sub_buf.add(idx, rows, torch.ones_like(rows, dtype=torch.float32))
-                loss_sums += torch.stack([loss_cl.detach() * x.shape[0], loss_sub.detach() * x.shape[0],
-                                          torch.tensor(float(x.shape[0]))]).to(loss_sums)
+                loss_sums += torch.stack([sum_cl.detach().double(), sum_sub.detach().double(),
+                                          torch.tensor(float(x.shape[0]), **f64)])
         soft = soft_buf.stats(self.x, k) if m else SuffStats(soft_n, soft_s1, soft_s2.view(k, d, d))
         sub = sub_buf.stats(self.x, 2 * k)
         flat = torch.cat([soft.flat(), sub.flat(), loss_sums])
@@ -503,6 +544,36 @@ class Trainer:
         while self.epoch < self.config.schedule.max_epochs and not self.converged:
             self.step_epoch()
 
+    def check_consistency(self, rtol: float = 1e-9) -> None:
+        """Raise RuntimeError if the ranks' models differ (they must never diverge).
+
+        One all-reduce (op max) of (c, −c), c a position-weighted float64 checksum of the
+        nets, the mixture and subcluster parameters and the schedule counters. Every rank
+        runs the same M-steps and surgeries on all-reduced statistics and gradients, so
+        the checksums agree to round-off; a relative gap above ``rtol`` names the epoch.
+        """
+        c = self._checksum()
+        both = self.comm.all_reduce(torch.tensor([c, -c], dtype=torch.float64, device=self.device),
+                                    op="max").cpu()
+        hi, lo = float(both[0]), -float(both[1])
+        if hi - lo > rtol * max(abs(hi), abs(lo), 1.0):
+            raise RuntimeError(
+                f"ranks diverged at epoch {self.epoch}: model checksums range from {lo!r} to "
+                f"{hi!r} over {self.comm.world_size} ranks (K = {self.n_clusters} on rank "
+                f"{self.comm.rank})"
+            )
+
+    def _checksum(self) -> float:
+        parts = [*self.cluster_net.parameters(), *self.sub_nets.parameters(), self.means, self.covs,
+                 self.log_weights, self.sub_means, self.sub_covs, self.sub_log_weights,
+                 torch.tensor([self.epoch, self.n_clusters, self.move_round, self.frozen_until])]
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for t in parts:
+            flat = torch.nan_to_num(t.detach().to(self.device, torch.float64).reshape(-1))
+            total += (flat * torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64,
+                                            device=self.device)).sum()
+        return float(total)
+
     # --------------------------------------------------------------- inference
     @torch.no_grad()
     def predict_log_proba(self, x: Tensor, batch_size: int = 65536) -> Tensor:
@@ -561,6 +632,56 @@ class Trainer:
             "torch_gen": self.torch_gen.get_state(),
         }
 
+    @classmethod
+    def from_state(
+        cls,
+        state: dict[str, Any],
+        x: Tensor | None = None,
+        comm: Communicator | None = None,
+        wrap: Callable[[nn.Module], nn.Module] | None = None,
+        callbacks: list[EpochCallback] | None = None,
+        config: Config | None = None,
+    ) -> Trainer:
+        """A trainer restored from :meth:`state_dict` output.
+
+        Parameters
+        ----------
+        state : dict
+        x : Tensor of shape (N_local, D), optional
+            This rank's rows, to resume training; they must be the rows the state was
+            trained on (same N over all ranks and, to round-off, the same mean). Without
+            them the trainer can only predict.
+        comm, wrap, callbacks
+            As for the constructor (``comm`` only with ``x``).
+        config : Config, optional
+            Replaces the stored config (e.g. another ``device``).
+
+        Raises
+        ------
+        CheckpointError
+            ``x`` has another dimension, row count or mean than the training data.
+        """
+        cfg = config or from_dict(state["config"])
+        dim = int(state["dim"])
+        if x is None:
+            trainer = cls(cfg, torch.zeros(1, dim), wrap=wrap, callbacks=callbacks)
+            trainer.shift = state["shift"]
+            trainer.input_scale = float(state["input_scale"])
+            trainer.n_total = int(state["n_total"])
+        else:
+            if x.shape[1] != dim:
+                raise CheckpointError(f"the checkpoint was trained on {dim}-D rows, these have {x.shape[1]}")
+            trainer = cls(cfg, x, comm, wrap, callbacks)
+            stored = state["shift"].to(torch.float64)
+            tol = 1e-5 * (1.0 / trainer.input_scale)
+            if trainer.n_total != int(state["n_total"]) or not torch.allclose(
+                    trainer.shift, stored, rtol=0, atol=tol):
+                raise CheckpointError(
+                    f"the data differ from the checkpoint's: {trainer.n_total} rows here, "
+                    f"{int(state['n_total'])} when it was written (or another mean)")
+        trainer.load_state_dict(state)
+        return trainer
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output (the data and config come from the constructor)."""
         dev = self.device
@@ -583,8 +704,13 @@ class Trainer:
         self.opt_cluster = torch.optim.Adam(self.cluster_net.parameters(), lr=self._lr(cfg.optim.lr_cluster))
         self.opt_sub = torch.optim.Adam(self.sub_nets.parameters(), lr=self._lr(cfg.optim.lr_subcluster))
         if "opt_cluster" in state:
-            self.opt_cluster.load_state_dict(state["opt_cluster"])
-            self.opt_sub.load_state_dict(state["opt_sub"])
+            # copies: Adam keeps the given moment/step tensors and updates them in place
+            self.opt_cluster.load_state_dict(copy.deepcopy(state["opt_cluster"]))
+            self.opt_sub.load_state_dict(copy.deepcopy(state["opt_sub"]))
+            # the learning rate follows this run's (global) batch, not the stored one
+            for opt, base in ((self.opt_cluster, cfg.optim.lr_cluster), (self.opt_sub, cfg.optim.lr_subcluster)):
+                for group in opt.param_groups:
+                    group["lr"] = self._lr(base)
         if "rng" in state:
             self.rng.bit_generator.state = state["rng"]
             self.torch_gen.set_state(state["torch_gen"])

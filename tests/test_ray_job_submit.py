@@ -189,7 +189,16 @@ def _mixture(path: Path, seed: int = 0) -> int:
 
 
 @needs_fit
-def test_ray_job_submit_runs_a_tiny_fit(ray_head, tmp_path):
+@pytest.mark.parametrize(
+    "workers",
+    [
+        pytest.param([], id="in-the-driver"),
+        # Ray Train on the job's cluster: `--ray-address auto` finds it through the
+        # RAY_ADDRESS the job server gives the driver; 2 DDP workers use both CPUs
+        pytest.param(["--num-workers", "2", "--ray-address", "auto", "--quiet"], id="two-workers"),
+    ],
+)
+def test_ray_job_submit_runs_a_tiny_fit(ray_head, tmp_path, workers):
     n = _mixture(tmp_path / "mixture.npy")
     output = tmp_path / "run"
     submission_id = f"deepdpm-fit-{uuid.uuid4().hex[:8]}"
@@ -199,7 +208,7 @@ def test_ray_job_submit_runs_a_tiny_fit(ray_head, tmp_path):
     }
     fit = ["python", "-m", "pipeline.cli", "fit", "--input", str(tmp_path / "mixture.npy")]
     fit += ["--output", str(output), "--config", "cluster_configs/local.yaml", "--seed", "0"]
-    fit += ["--no-tracking"]
+    fit += ["--no-tracking", *workers]
     started = time.monotonic()
     result = _ray(
         ray_head,
@@ -227,3 +236,7 @@ def test_ray_job_submit_runs_a_tiny_fit(ray_head, tmp_path):
     assert len(assignments["cluster"]) == n
     assert len(set(assignments["cluster"])) == summary["n_clusters"]
     assert (output / "model.pt").stat().st_size > 0
+    if workers:  # the job's driver started no cluster of its own: it used the job's
+        assert summary["num_workers"] == 2
+        assert any((output / "ray_train").glob("checkpoint_2*"))
+        assert "Started a local Ray instance" not in logs

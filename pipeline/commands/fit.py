@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -14,8 +15,8 @@ HELP = "fit DeepDPM to features (.npy, .npz or Parquet) and write model, assignm
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipeline.tracking import add_tracking_arguments
 
-    parser.add_argument("--input", required=True, help=".npy [N, D], .npz (X, y) or Parquet (embedding, label, key)")
-    parser.add_argument("--output", required=True, help="output directory")
+    parser.add_argument("--input", help=".npy [N, D], .npz (X, y) or Parquet (embedding, label, key)")
+    parser.add_argument("--output", help="output directory")
     parser.add_argument("--config", help="YAML config (default: built-in defaults = cluster_configs/default.yaml)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set prior.sigma_scale=0.01 (repeatable)")
@@ -25,10 +26,106 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="learn features too: pretrain an MLP autoencoder on the (raw) input, then "
                         "alternate N times between DeepDPM on its embedding and AE training with the "
                         "clusters fixed; stops early once K is stable (config section 'ae')")
+    dist = parser.add_argument_group(
+        "distributed (Ray Train, DDP)",
+        "Used when --num-workers >= 2, --ray-address, --resume or --checkpoint-every is given; "
+        "otherwise the fit runs in this process.")
+    dist.add_argument("--num-workers", type=int, metavar="W",
+                      help="Ray Train workers, each with its slice of the rows (default 2 when a Ray "
+                           "flag is given; 0 or 1 alone: this process)")
+    dist.add_argument("--use-gpu", action="store_true",
+                      help="one GPU per worker (NCCL); in-process: config device=cuda")
+    dist.add_argument("--ray-address", metavar="ADDR",
+                      help="Ray cluster (auto, host:port, ray://...); default $RAY_ADDRESS, else a new "
+                           "local cluster")
+    dist.add_argument("--checkpoint-every", type=int, metavar="N",
+                      help="checkpoint every N epochs (default 5; 0: only at the end)")
+    dist.add_argument("--max-failures", type=int, default=3, metavar="N",
+                      help="worker failures to recover from the last checkpoint (default 3)")
+    dist.add_argument("--resume", metavar="DIR",
+                      help="continue the stopped distributed fit whose --output was DIR")
+    dist.add_argument("--wait-for-workers", type=float, default=120.0, metavar="S",
+                      help="seconds to wait for an existing cluster to offer W workers' "
+                           "CPUs/GPUs before failing (default 120)")
     add_tracking_arguments(parser)
 
 
+def _distributed(args: argparse.Namespace) -> bool:
+    return bool((args.num_workers or 0) >= 2 or args.ray_address or args.resume
+                or args.checkpoint_every is not None)
+
+
+def _run_distributed(args: argparse.Namespace) -> int:
+    from deepdpm_core.errors import ConfigError
+    from pipeline.fitting import config_from_args
+    from pipeline.ray_fit import FitRequest, run_fit
+    from pipeline.tracking import resolve_tracking_uri
+
+    if args.resume:
+        if args.input or args.config or args.overrides or args.seed is not None:
+            raise ConfigError("--resume DIR continues a run as it was started: drop --input, "
+                              "--config, --set and --seed")
+        if args.output and Path(args.output).resolve() != Path(args.resume).resolve():
+            raise ConfigError("--resume DIR writes to DIR: drop --output or make it DIR")
+        request = FitRequest.load(args.resume)
+        # the directory may have moved since: its checkpoints and outputs are where it is now
+        changes = {"output": str(Path(args.resume).resolve()), "max_failures": args.max_failures,
+                   "quiet": args.quiet}
+        if args.num_workers is not None:  # statistics add up over any split of the rows
+            changes["num_workers"] = args.num_workers
+        if args.use_gpu:
+            changes["use_gpu"] = True
+        if args.checkpoint_every is not None:
+            changes["checkpoint_every"] = args.checkpoint_every
+        request = request.with_(**changes)
+    else:
+        if not args.input or not args.output:
+            raise ConfigError("--input and --output are required (unless --resume DIR)")
+        config = config_from_args(args.config, args.overrides, args.seed)
+        request = FitRequest(
+            input=str(Path(args.input).resolve()),
+            output=str(Path(args.output).resolve()),
+            config=config.to_dict(),
+            num_workers=2 if args.num_workers is None else args.num_workers,
+            use_gpu=args.use_gpu,
+            checkpoint_every=5 if args.checkpoint_every is None else args.checkpoint_every,
+            max_failures=args.max_failures,
+            tracking=not args.no_tracking,
+            # resolved here: the workers' working directory is not this one
+            tracking_uri=None if args.no_tracking else resolve_tracking_uri(args.tracking_uri),
+            experiment=args.experiment,
+            run_name=args.run_name,
+            quiet=args.quiet,
+        )
+    summary = run_fit(request, resume=bool(args.resume), ray_address=args.ray_address,
+                      wait_for_workers_s=args.wait_for_workers)
+    _print_summary(summary, request.output)
+    return 0
+
+
+def _print_summary(summary: dict, output: str) -> None:
+    scores = " ".join(f"{k}={v:.3f}" for k, v in summary["metrics"].items())
+    print(f"K={summary['n_clusters']} epochs={summary['epochs']} time={summary['fit_seconds']:.1f}s "
+          f"{scores}".rstrip(), file=sys.stderr)
+    print(f"wrote {output}/summary.json, assignments.parquet, model.pt", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
+    from deepdpm_core.errors import ConfigError
+
+    if args.num_workers is not None and args.num_workers < 0:
+        raise ConfigError(f"--num-workers must be >= 0, got {args.num_workers}")
+    if _distributed(args):
+        if args.alternate is not None:
+            raise ConfigError("--alternate runs in this process: drop --num-workers, --ray-address, "
+                              "--resume and --checkpoint-every")
+        return _run_distributed(args)
+    if not args.input or not args.output:
+        raise ConfigError("--input and --output are required (unless --resume DIR)")
+    return _run_local(args)
+
+
+def _run_local(args: argparse.Namespace) -> int:
     from deepdpm_core import DeepDPM
     from deepdpm_core.errors import ConfigError
     from deepdpm_core.validation import check_features
@@ -44,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     config = config_from_args(args.config, args.overrides, args.seed)
+    if args.use_gpu:
+        config = config.with_overrides({"device": "cuda"})
     table = read_features(args.input)
     if args.alternate is not None:
         from pipeline.alternate import run_alternating_fit
@@ -76,8 +175,5 @@ def run(args: argparse.Namespace) -> int:
         summary = write_fit_outputs(args.output, model, table, fit_seconds, args.input,
                                     extra={"median_feature_variance": feature_variance})
         log_fit_outputs(tracker, args.output)  # + final_nmi/ari/acc over all labelled rows
-    score_text = " ".join(f"{k}={v:.3f}" for k, v in summary["metrics"].items())
-    print(f"K={summary['n_clusters']} epochs={summary['epochs']} time={fit_seconds:.1f}s {score_text}".rstrip(),
-          file=sys.stderr)
-    print(f"wrote {args.output}/summary.json, assignments.parquet, model.pt", file=sys.stderr)
+    _print_summary(summary, args.output)
     return 0
