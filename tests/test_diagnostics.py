@@ -73,8 +73,8 @@ def test_collapse_to_one_or_two_clusters():
 
 def test_growing_from_one_cluster_is_not_a_collapse():
     # init.n_clusters = 1 (the default): the first split round (epoch 9) takes K to 2,
-    # which is growth, not collapse
-    cfg = Config()
+    # which is growth, not collapse (schedule pinned: moves every 5 epochs, patience 3)
+    cfg = Config().with_overrides({"schedule.move_every": 5, "schedule.patience": 3})
     growing = [_record(e, 1) for e in range(9)] + [_record(9, 2, splits=1)]
     growing += [_record(e, 2) for e in range(10, 19)]
     assert diagnose(growing, cfg) == []
