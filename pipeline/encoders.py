@@ -30,18 +30,9 @@ import torch
 from torch import nn
 
 from deepdpm_core.errors import CheckpointError, ConfigError
+from pipeline.encoder_choices import ENCODERS, RESNET_ARCHS
 from pipeline.preprocess import Preprocess
 
-ENCODERS = ("moco_v2", "moco_v3", "torchvision", "pixels")
-RESNET_ARCHS = (
-    "resnet18",
-    "resnet34",
-    "resnet50",
-    "resnet101",
-    "resnet152",
-    "wide_resnet50_2",
-    "wide_resnet101_2",
-)
 #: prefixes of the query/base encoder inside the published MoCo checkpoints (DDP and not)
 MOCO_PREFIXES = {
     "moco_v2": ("module.encoder_q.", "encoder_q."),

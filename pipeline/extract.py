@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from deepdpm_core.errors import ConfigError, DataError
+from pipeline.encoder_choices import PRECISIONS
 from pipeline.encoders import RANDOM_INIT_SEED, EncoderSpec, build_encoder, embed_numpy
 from pipeline.io import features_table, write_json_atomic, write_parquet_atomic
 from pipeline.preprocess import decode_sample, wanted_member
@@ -47,7 +48,6 @@ from pipeline.preprocess import decode_sample, wanted_member
 MANIFEST_NAME = "_manifest.json"
 #: Parquet schema-metadata key holding a shard's manifest entry
 SHARD_META_KEY = b"deepdpm.extract"
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 #: webdataset's sample grouping rule (same regex as webdataset and Ray's reader):
 #: the key is the member name up to the first dot of its last path component
 _SAMPLE_NAME = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")

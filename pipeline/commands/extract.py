@@ -11,21 +11,10 @@ import argparse
 import sys
 import warnings
 
+from pipeline.encoder_choices import ENCODERS, PRECISIONS, RESNET_ARCHS
+
 HELP = "embed the images of webdataset shards (MoCo/torchvision ResNet or pixels) into Parquet"
 
-# literal copies of pipeline.encoders/extract constants (tested equal), so that building
-# the parser (``deepdpm --help``) does not import torch
-ENCODERS = ("moco_v2", "moco_v3", "torchvision", "pixels")
-RESNET_ARCHS = (
-    "resnet18",
-    "resnet34",
-    "resnet50",
-    "resnet101",
-    "resnet152",
-    "wide_resnet50_2",
-    "wide_resnet101_2",
-)
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
