@@ -57,7 +57,8 @@ class OptimConfig:
     lr_subcluster: float = 5.0e-3
     batch_size: int | Literal["auto"] = "auto"
     base_batch_size: int = 128
-    steps_per_epoch: int = 32
+    max_batch_size: int = 4096
+    steps_per_epoch: int = 64
     min_steps_per_epoch: int = 64
     lr_scaling: Literal["none", "sqrt", "linear"] = "sqrt"
 
@@ -92,8 +93,9 @@ class EStepConfig:
     While K <= ``dense_max_k`` every point is scored against every cluster (exact).
     Above it each point keeps ``top_m`` candidate clusters: E-step targets are exact
     Gaussian log-densities over the candidates ranked by an isotropic proxy, and the soft
-    statistics use the ``top_m`` largest net responsibilities (not renormalised), so an
-    epoch costs O(N·m·D²) instead of O(N·K·D²).
+    statistics use the net's responsibilities at those same candidates (not renormalised:
+    the net is trained towards targets that are 0 elsewhere), so an epoch costs
+    O(N·m·D²) instead of O(N·K·D²).
     """
 
     top_m: int = 8
@@ -205,6 +207,7 @@ def _positive(cfg: Config) -> dict[str, float]:
         "optim.steps_per_epoch": cfg.optim.steps_per_epoch,
         "optim.min_steps_per_epoch": cfg.optim.min_steps_per_epoch,
         "optim.base_batch_size": cfg.optim.base_batch_size,
+        "optim.max_batch_size": cfg.optim.max_batch_size,
         "init.n_clusters": cfg.init.n_clusters,
         "init.max_points": cfg.init.max_points,
         "init.kmeans_iters": cfg.init.kmeans_iters,
@@ -244,6 +247,9 @@ def _validate(cfg: Config) -> None:
     }.items():
         if value < 0:
             raise ConfigError(f"config key '{key}' must be >= 0, got {value!r}")
+    if cfg.optim.max_batch_size < cfg.optim.base_batch_size:
+        raise ConfigError(f"config key 'optim.max_batch_size' ({cfg.optim.max_batch_size}) must be >= "
+                          f"optim.base_batch_size ({cfg.optim.base_batch_size})")
     if cfg.prior.nu is not None and cfg.prior.nu <= 0:
         raise ConfigError(f"config key 'prior.nu' must be > 0 or null, got {cfg.prior.nu!r}")
     if not cfg.ae.hidden or min(cfg.ae.hidden) <= 0:

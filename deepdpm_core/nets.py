@@ -2,8 +2,9 @@
 
 Both are one-hidden-layer MLPs (paper §3.1). The K subclustering nets are stored as one
 parameter tensor per layer with a leading K axis, and each point is run through the net
-of its hard cluster by gathering that cluster's weights — O(B·D·H) per batch, whatever
-K is (the reference code uses a dense block-masked layer whose size grows with K²).
+of its hard cluster by batched GEMMs over blocks of same-cluster points — O(B·D·H) per
+batch, whatever K is (the reference code uses a dense block-masked layer whose size grows
+with K²).
 
 Surgery changes the leading (cluster) axis of some parameters. It builds new
 :class:`torch.nn.Parameter` objects from a row map and moves the Adam state along the
@@ -18,10 +19,6 @@ import torch
 from torch import nn
 
 Tensor = torch.Tensor
-
-#: below this many hidden units over all K subnets, run every net on every point (one GEMM)
-_DENSE_HIDDEN_LIMIT = 4096
-
 
 class ClusterNet(nn.Module):
     """f_cl: x (B, D) -> logits (B, K); r = softmax(logits).
@@ -49,7 +46,7 @@ class ClusterNet(nn.Module):
 
 
 class SubclusterNets(nn.Module):
-    """K subclustering nets f_sub^k: (x, k) -> 2 logits, run batched by gathering weights.
+    """K subclustering nets f_sub^k: (x, k) -> 2 logits, run batched over same-cluster blocks.
 
     Parameters are ``w1`` (K, D, H), ``b1`` (K, H), ``w2`` (K, H, 2), ``b2`` (K, 2).
     """
@@ -87,54 +84,48 @@ class SubclusterNets(nn.Module):
         -------
         Tensor of shape (B, 2)
         """
-        k, h_size = self.n_clusters, self.hidden_size
-        if k * h_size <= _DENSE_HIDDEN_LIMIT:
-            # small K: one GEMM through every net, then keep each point's own hidden layer
-            # (its backward is a GEMM too, much cheaper than scattering gathered weights)
-            hidden = x @ self.w1.permute(1, 0, 2).reshape(self.dim, k * h_size)
-            hidden = hidden.view(-1, k, h_size)[torch.arange(x.shape[0], device=x.device), z]
-        else:
-            hidden = _per_cluster_matmul(x, z, self.w1)
-        h = torch.relu(hidden + self.b1[z])
-        return (h[:, :, None] * self.w2[z]).sum(1) + self.b2[z]
+        block, slot, block_cluster, cap = cluster_blocks(z, self.n_clusters)
+        padded = x.new_zeros(block_cluster.shape[0], cap, x.shape[1])
+        padded = padded.index_put((block, slot), x)
+        # both layers as batched GEMMs over blocks: each block reads its cluster's weights
+        # once (gathering them per point costs a (B, D, H) copy and a scatter-add backward)
+        h = torch.relu(torch.baddbmm(self.b1[block_cluster, None, :], padded, self.w1[block_cluster]))
+        out = torch.baddbmm(self.b2[block_cluster, None, :], h, self.w2[block_cluster])
+        return out[block, slot]
 
 
-def _per_cluster_matmul(x: Tensor, z: Tensor, w: Tensor) -> Tensor:
-    """x_i @ w[z_i] for every row, as one batched GEMM over blocks of same-cluster rows.
+def cluster_blocks(z: Tensor, n_clusters: int) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Lay rows out in blocks of same-cluster rows, for batched per-cluster GEMMs.
 
-    Rows are sorted by cluster and cut into zero-padded blocks of c = ceil(B / K_present)
-    rows, so each block multiplies by one cluster's weights: the weights are read once per
-    block instead of gathered per point (a (B, D, H) copy forward and a scatter-add
-    backward). At most 2·K_present blocks, i.e. at most ~2B padded rows, however
-    imbalanced the clusters.
+    Rows are grouped by cluster and cut into zero-padded blocks of c = ceil(B / K_present)
+    rows, so one block is multiplied by one cluster's weights. There are at most
+    2·K_present blocks, i.e. at most ~2B padded rows, however imbalanced the clusters.
 
     Parameters
     ----------
-    x : Tensor of shape (B, D)
-    z : Tensor of shape (B,), int64
-    w : Tensor of shape (K, D, H)
+    z : Tensor of shape (B,), int64, values in [0, n_clusters)
+    n_clusters : int
 
     Returns
     -------
-    Tensor of shape (B, H)
+    block : Tensor of shape (B,), int64 — block of each row.
+    slot : Tensor of shape (B,), int64 — position of each row in its block.
+    block_cluster : Tensor of shape (n_blocks,), int64 — cluster of each block.
+    cap : int — rows per block.
     """
-    b, dev = x.shape[0], x.device
-    if b == 0:
-        return x.new_zeros(0, w.shape[2])
+    b, dev = z.shape[0], z.device
+    counts = torch.bincount(z, minlength=n_clusters)
+    # an empty batch gives no blocks (but a graph that still reaches the weights, so a
+    # DDP rank whose rows ran out takes part in the gradient all-reduce)
+    cap = -(-b // max(1, int((counts > 0).sum()))) or 1
+    blocks = -(-counts // cap)  # blocks per cluster (0 when absent)
     order = torch.argsort(z)
-    present, counts = torch.unique_consecutive(z[order], return_counts=True)
-    cap = -(-b // present.numel())
-    blocks = -(-counts // cap)  # blocks per present cluster
-    segment = torch.repeat_interleave(torch.arange(present.numel(), device=dev), counts)
-    pos = torch.arange(b, device=dev) - (torch.cumsum(counts, 0) - counts)[segment]
-    block = (torch.cumsum(blocks, 0) - blocks)[segment] + torch.div(pos, cap, rounding_mode="floor")
-    slot = pos % cap
-    padded = x.new_zeros(int(blocks.sum()), cap, x.shape[1]).index_put((block, slot), x[order])
-    weights = w[torch.repeat_interleave(present, blocks)]
-    out = torch.bmm(padded, weights)[block, slot]  # (B, H), rows in sorted order
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(b, device=dev)
-    return out[inverse]
+    z_sorted = z[order]
+    pos = torch.arange(b, device=dev) - (torch.cumsum(counts, 0) - counts)[z_sorted]
+    block, slot = torch.empty_like(order), torch.empty_like(order)
+    block[order] = (torch.cumsum(blocks, 0) - blocks)[z_sorted] + torch.div(pos, cap, rounding_mode="floor")
+    slot[order] = pos % cap
+    return block, slot, torch.repeat_interleave(torch.arange(n_clusters, device=dev), blocks), cap
 
 
 def axis_aligned_subnet(

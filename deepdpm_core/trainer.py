@@ -58,15 +58,15 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def auto_batch_size(n_total: int, steps_per_epoch: int, base: int, largest: int = 4096) -> int:
-    """Batch size giving about ``steps_per_epoch`` steps: a power of two in [base, largest].
+def auto_batch_size(n_total: int, steps_per_epoch: int, base: int, largest: int) -> int:
+    """Batch size making one pass over ``n_total`` rows in ``steps_per_epoch`` steps,
+    clamped to [base, largest].
 
-    Small data keep the paper's batch of 128 (enough updates per epoch); large data get
-    large batches, so an epoch costs a few hundred optimizer steps instead of N/128.
+    Small data keep the paper's batch of 128; large data get large batches, so an epoch
+    costs a fixed number of optimizer steps instead of N/128 (per-step work, not
+    arithmetic, dominates an epoch of these small nets).
     """
-    want = max(1, n_total // max(1, steps_per_epoch))
-    size = 1 << max(0, (want - 1).bit_length() - 1) if want > 1 else 1
-    return int(min(largest, max(base, size)))
+    return int(min(largest, max(base, -(-n_total // max(1, steps_per_epoch)))))
 
 
 def scaled_lr(base_lr: float, batch_size: int, base_batch_size: int, rule: str) -> float:
@@ -77,6 +77,12 @@ def scaled_lr(base_lr: float, batch_size: int, base_batch_size: int, rule: str) 
     if rule == "sqrt":
         return base_lr * math.sqrt(ratio)
     return base_lr
+
+
+def _adam(params, lr: float) -> torch.optim.Adam:
+    """Adam as one fused kernel per step (CPU and CUDA): with small nets the per-tensor
+    update loop, not the arithmetic, is what a step costs."""
+    return torch.optim.Adam(params, lr=lr, fused=True)
 
 
 class Trainer:
@@ -149,7 +155,7 @@ class Trainer:
         # so W ranks step as often as one process would, on a W times larger global batch
         o = self.config.optim
         share = -(-self.n_total // self.comm.world_size)
-        self.batch_size = (auto_batch_size(share, o.steps_per_epoch, o.base_batch_size)
+        self.batch_size = (auto_batch_size(share, o.steps_per_epoch, o.base_batch_size, o.max_batch_size)
                            if o.batch_size == "auto" else int(o.batch_size))
 
     def initialize(self, init_labels: Tensor | None = None) -> None:
@@ -187,8 +193,8 @@ class Trainer:
         k = self.means.shape[0]
         self.cluster_net = ClusterNet(self.dim, cfg.model.hidden, k, self.torch_gen).to(self.device)
         self.sub_nets = SubclusterNets(self.dim, cfg.model.sub_hidden, k, self.torch_gen).to(self.device)
-        self.opt_cluster = torch.optim.Adam(self.cluster_net.parameters(), lr=self._lr(cfg.optim.lr_cluster))
-        self.opt_sub = torch.optim.Adam(self.sub_nets.parameters(), lr=self._lr(cfg.optim.lr_subcluster))
+        self.opt_cluster = _adam(self.cluster_net.parameters(), self._lr(cfg.optim.lr_cluster))
+        self.opt_sub = _adam(self.sub_nets.parameters(), self._lr(cfg.optim.lr_subcluster))
         self._reset_subclusters(torch.arange(k, device=self.device))
         self._rewrap()
         self._refresh_mixture()
@@ -297,8 +303,7 @@ class Trainer:
             perm = torch.cat([perm, extra])
         f64 = {"dtype": torch.float64, "device": self.device}
         m = self._top_m()
-        # sparse E-step targets for every local row at once: the mixture is frozen all epoch
-        targets = self.mixture.top_m_log_responsibilities(self.x, m) if m else None
+        targets = self._estep_targets(m)
         soft_n, soft_s1, soft_s2 = (torch.zeros(k, **f64), torch.zeros(k, d, **f64),
                                     torch.zeros(k, d * d, **f64)) if not m else (None, None, None)
         soft_buf, sub_buf = TripleBuffer(), TripleBuffer()
@@ -326,7 +331,7 @@ class Trainer:
                 # over the W ranks, so the update is that of the per-point mean over the
                 # global batch (W = 1: the batch mean). A rank with no rows left runs an
                 # empty batch (zero gradients) so every rank takes the same steps.
-                sum_cl = self._cluster_kl(log_r, x, idx, targets)
+                sum_cl = self._cluster_kl(log_r, idx, targets)
                 sum_sub = (sub_r * dist2).sum()
                 per_rank = max(self._global_batch(step, one_pass), 1) / self.comm.world_size
                 loss_cl, loss_sub = sum_cl / per_rank, sum_sub / per_rank
@@ -340,9 +345,9 @@ class Trainer:
                 continue
             with torch.no_grad():
                 r = log_r.detach().exp()
-                if m:  # the m largest responsibilities of each point (not renormalised)
-                    top = r.topk(min(m, k), dim=1)
-                    soft_buf.add(idx, top.indices, top.values)
+                if m:  # the net's responsibilities at the point's E-step candidates
+                    cand = targets[0][idx]
+                    soft_buf.add(idx, cand, r.gather(1, cand))
                 else:
                     r, x64 = r.to(torch.float64), x.to(torch.float64)
                     soft_n += r.sum(0)
@@ -371,16 +376,33 @@ class Trainer:
         e = self.config.estep
         return e.top_m if self.n_clusters > e.dense_max_k and e.top_m < self.n_clusters else None
 
-    def _cluster_kl(self, log_r: Tensor, x: Tensor, idx: Tensor,
-                    targets: tuple[Tensor, Tensor] | None) -> Tensor:
-        """KL(r^E ‖ r) summed over the batch (paper Eq. 3 target; dense or over top-m candidates)."""
-        if targets is None:
-            with torch.no_grad():
-                log_target = self.mixture.log_responsibilities(x).to(log_r.dtype)
+    def _estep_targets(self, m: int | None, chunk_rows: int = 4096) -> tuple[Tensor | None, Tensor]:
+        """E-step targets ln r^E (paper Eq. 3) of every local row, once per epoch (the
+        mixture is frozen all epoch, and extra training batches re-use rows).
+
+        Returns
+        -------
+        candidates : Tensor of shape (N_local, m), int64, or None when dense
+        log_resp : Tensor of shape (N_local, m) or (N_local, K), float32 — K ≤
+            ``estep.dense_max_k`` when dense, so memory is O(N) either way.
+        """
+        if m:
+            cand, log_resp = self.mixture.top_m_log_responsibilities(self.x, m)
+            return cand, log_resp.to(torch.float32)
+        out = torch.empty(self.x.shape[0], self.n_clusters, device=self.device)
+        # cache-sized chunks: the (rows, K·D) whitening is memory-bound
+        for s in range(0, self.x.shape[0], chunk_rows):
+            out[s : s + chunk_rows] = self.mixture.log_responsibilities(self.x[s : s + chunk_rows])
+        return None, out
+
+    @staticmethod
+    def _cluster_kl(log_r: Tensor, idx: Tensor, targets: tuple[Tensor | None, Tensor]) -> Tensor:
+        """KL(r^E ‖ r) summed over the batch (dense, or over the top-m candidates)."""
+        cand, log_target = targets[0], targets[1][idx]
+        if cand is None:
             return F.kl_div(log_r, log_target, log_target=True, reduction="sum")
-        cand, log_target = targets[0][idx], targets[1][idx].to(log_r.dtype)
         # targets are 0 off the candidates, so only candidate terms of the KL remain
-        return (log_target.exp() * (log_target - log_r.gather(1, cand))).sum()
+        return (log_target.exp() * (log_target - log_r.gather(1, cand[idx]))).sum()
 
     def m_step(self, soft: SuffStats, sub: SuffStats) -> None:
         """Bayesian M-step from the net's responsibilities (paper §3.1) and subclusters."""
@@ -701,8 +723,8 @@ class Trainer:
         self.cluster_net.load_state_dict(state["cluster_net"])
         self.sub_nets = SubclusterNets(self.dim, cfg.model.sub_hidden, k, self.torch_gen).to(dev)
         self.sub_nets.load_state_dict(state["sub_nets"])
-        self.opt_cluster = torch.optim.Adam(self.cluster_net.parameters(), lr=self._lr(cfg.optim.lr_cluster))
-        self.opt_sub = torch.optim.Adam(self.sub_nets.parameters(), lr=self._lr(cfg.optim.lr_subcluster))
+        self.opt_cluster = _adam(self.cluster_net.parameters(), self._lr(cfg.optim.lr_cluster))
+        self.opt_sub = _adam(self.sub_nets.parameters(), self._lr(cfg.optim.lr_subcluster))
         if "opt_cluster" in state:
             # copies: Adam keeps the given moment/step tensors and updates them in place
             self.opt_cluster.load_state_dict(copy.deepcopy(state["opt_cluster"]))

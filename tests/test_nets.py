@@ -12,17 +12,37 @@ from deepdpm_core.nets import SubclusterNets
 from deepdpm_core.trainer import Trainer
 
 
-def test_batched_subnets_equal_per_cluster_mlps(monkeypatch):
+def test_batched_subnets_equal_per_cluster_mlps():
     g = torch.Generator().manual_seed(0)
-    net = SubclusterNets(5, 7, 4, g)
-    x = torch.randn(33, 5, generator=g)
-    z = torch.randint(0, 4, (33,), generator=g)
-    ref = torch.stack([
-        torch.relu(x[i] @ net.w1[z[i]] + net.b1[z[i]]) @ net.w2[z[i]] + net.b2[z[i]] for i in range(33)
-    ])
-    torch.testing.assert_close(net(x, z), ref)  # dense path (small K·H)
-    monkeypatch.setattr(nets, "_DENSE_HIDDEN_LIMIT", 0)
-    torch.testing.assert_close(net(x, z), ref)  # gather path (large K·H)
+    net = SubclusterNets(5, 7, 30, g)
+    x = torch.randn(200, 5, generator=g)
+    # spread over many clusters; one cluster holding most rows (several blocks); one row
+    for z in (torch.randint(0, 30, (200,), generator=g),
+              torch.cat([torch.full((150,), 7), torch.arange(50) % 30]), torch.tensor([3])):
+        xb = x[: len(z)]
+        ref = torch.stack([torch.relu(xb[i] @ net.w1[z[i]] + net.b1[z[i]]) @ net.w2[z[i]] + net.b2[z[i]]
+                           for i in range(len(z))])
+        got = net(xb, z)
+        torch.testing.assert_close(got, ref)
+        grads = torch.autograd.grad(got.square().sum(), list(net.parameters()))
+        grads_ref = torch.autograd.grad(ref.square().sum(), list(net.parameters()))
+        for a, b in zip(grads, grads_ref, strict=True):
+            torch.testing.assert_close(a, b)
+    empty = net(x[:0], torch.zeros(0, dtype=torch.long))
+    assert empty.shape == (0, 2)
+    # a DDP rank whose rows ran out must still produce (zero) gradients for every weight
+    for grad in torch.autograd.grad(empty.sum(), list(net.parameters())):
+        assert not grad.any()
+
+
+def test_cluster_blocks_hold_one_cluster_each_and_at_most_twice_the_rows():
+    g = torch.Generator().manual_seed(1)
+    z = torch.cat([torch.full((500,), 2), torch.randint(0, 50, (300,), generator=g)])
+    block, slot, block_cluster, cap = nets.cluster_blocks(z, 60)
+    assert torch.equal(block_cluster[block], z)  # every row sits in a block of its cluster
+    cells = block * cap + slot
+    assert cells.unique().numel() == len(z) and int(slot.max()) < cap  # no two rows share a cell
+    assert block_cluster.numel() * cap <= 2 * len(z) + cap
 
 
 @pytest.fixture

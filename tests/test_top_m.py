@@ -94,19 +94,3 @@ def test_top_m_fit_matches_dense_fit():
     assert k_top == k_dense, (k_top, k_dense)
     assert abs(nmi_top - nmi_dense) <= 0.01, (nmi_top, nmi_dense)
     assert nmi_top > 0.9, nmi_top
-
-
-def test_per_cluster_matmul_equals_gathered_weights():
-    from deepdpm_core.nets import _per_cluster_matmul
-
-    gen = torch.Generator().manual_seed(0)
-    w = torch.randn(30, 6, 5, generator=gen, requires_grad=True)
-    x = torch.randn(200, 6, generator=gen)
-    for z in (torch.randint(0, 30, (200,), generator=gen), torch.cat([torch.full((150,), 7),
-                                                                       torch.arange(50) % 30])):
-        got = _per_cluster_matmul(x, z, w)
-        ref = torch.bmm(x[:, None, :], w[z]).squeeze(1)
-        torch.testing.assert_close(got, ref)
-        g_got, = torch.autograd.grad(got.square().sum(), w)
-        g_ref, = torch.autograd.grad(ref.square().sum(), w)
-        torch.testing.assert_close(g_got, g_ref)
