@@ -80,8 +80,16 @@ def time_kmeans(x: np.ndarray, k: int, iters: int, seed: int) -> float:
 
 def full_fit(x: np.ndarray, y: np.ndarray, init_k: int, seed: int, overrides: dict) -> dict:
     cfg = Config().with_overrides({"seed": seed, "device": "cpu", "init.n_clusters": init_k, **overrides})
-    trainer = Trainer(cfg, torch.from_numpy(x))
+
+    def progress(rec: dict) -> None:  # one line per epoch on stderr: a long fit shows it is alive
+        print(f"fit epoch {rec['epoch']:3d}: K = {rec['n_clusters']:4d}, {rec['seconds']:6.1f} s, "
+              f"peak RSS {peak_rss_mb():.0f} MiB", file=sys.stderr, flush=True)
+
+    trainer = Trainer(cfg, torch.from_numpy(x), callbacks=[progress])
     t = time.perf_counter()
+    trainer.initialize()
+    print(f"fit initialised with K = {trainer.n_clusters} in {time.perf_counter() - t:.1f} s",
+          file=sys.stderr, flush=True)
     trainer.fit()
     seconds = time.perf_counter() - t
     labels = trainer.predict_log_proba(torch.from_numpy(x)).argmax(1).numpy()
@@ -105,7 +113,8 @@ def main() -> None:
     overrides = parse_overrides(args.set)
     x, y = make_mixture(args.n, args.d, args.k, imbalance=1.0, min_weight=0.1 / args.k,
                         random_state=args.seed)
-    out = {"n": args.n, "d": args.d, "k": args.k, "threads": torch.get_num_threads()}
+    out = {"n": args.n, "d": args.d, "k": args.k, "threads": torch.get_num_threads(),
+           "data_rss_mb": peak_rss_mb()}
     out.update(time_epoch(x, args.k, args.seed, overrides))
     out["kmeans_iter_seconds"] = time_kmeans(x, args.k, args.kmeans_iters, args.seed)
     out["ratio"] = out["epoch_seconds"] / out["kmeans_iter_seconds"]

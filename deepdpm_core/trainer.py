@@ -43,7 +43,7 @@ from deepdpm_core.nets import (
     reindex_rows,
 )
 from deepdpm_core.niw import NIWPrior, map_estimate
-from deepdpm_core.stats import SuffStats, TripleBuffer, sparse_stats
+from deepdpm_core.stats import SuffStats, TripleBuffer, grouped_stats
 
 Tensor = torch.Tensor
 EpochCallback = Callable[[dict[str, Any]], None]
@@ -184,8 +184,10 @@ class Trainer:
                                           device=self.device)
             z = nearest_center(self.x, centers)
             n_init = centers.shape[0]
-        stats = self._reduce_stats(sparse_stats(self.x, z, torch.ones_like(z, dtype=torch.float64),
-                                                n_init))
+        # float64 GEMMs: the initial mixture is the same to round-off on any number of ranks
+        stats = self._reduce_stats(grouped_stats(
+            self.x, torch.arange(z.shape[0], device=self.device), z,
+            torch.ones_like(z, dtype=torch.float64), n_init, dtype=torch.float64))
         keep = torch.nonzero(stats.n > 0).squeeze(1)
         stats = stats.rows(keep)
         self.means, self.covs = map_estimate(self.prior, stats)
@@ -345,9 +347,9 @@ class Trainer:
                 continue
             with torch.no_grad():
                 r = log_r.detach().exp()
-                if m:  # the net's responsibilities at the point's E-step candidates
-                    cand = targets[0][idx]
-                    soft_buf.add(idx, cand, r.gather(1, cand))
+                if m:  # the m largest responsibilities of each point (not renormalised)
+                    top = r.topk(min(m, k), dim=1)
+                    soft_buf.add(idx, top.indices, top.values)
                 else:
                     r, x64 = r.to(torch.float64), x.to(torch.float64)
                     soft_n += r.sum(0)
@@ -484,6 +486,7 @@ class Trainer:
             for k, rows in halves.items():
                 for j, row in enumerate(rows):
                     out.bias[row] = old_bias[k] + old_sub_logw[k, j].float()
+                self._separate_halves(rows)
             for row, a, b in merged:
                 out.bias[row] = torch.logaddexp(old_bias[a], old_bias[b])
 
@@ -503,6 +506,42 @@ class Trainer:
                                    (axis / axis.norm().clamp_min(1e-300))[None], torch.tensor([half]))
         self._rewrap()
         self._refresh_mixture()
+
+    def _separate_halves(self, rows: tuple[int, int], max_gap: float = 8.0) -> None:
+        """Tilt the two duplicated output units of a split apart along the hidden-feature
+        difference of the subcluster means, so each half wins its own subcluster.
+
+        Duplicated units have the same weights, so the net starts out unable to tell the
+        halves apart and must break the symmetry by training alone; a small half often
+        never wins a point before the next move round and is pruned, and the split is
+        proposed again. Here the halves' logit gap g(x) = a·δ·h(x) + c (δ = h(μ₁) − h(μ₂),
+        h the hidden layer) is set to the subclusters' own log-odds at their two means
+        (clipped to ±``max_gap``), and the mean of the two units is unchanged. A function of
+        the parameters only, so every rank does the same.
+        """
+        net, s = self.cluster_net, self.input_scale
+        mu = self.means[list(rows)]  # the halves took their subclusters' parameters (Eq. 5)
+        h = torch.relu(net.hidden((mu * s).float())).double()  # (2, H)
+        delta = h[0] - h[1]
+        norm2 = float(delta.square().sum())
+        if norm2 < 1e-12:
+            return
+        pair = GaussianMixture(mu, self.covs[list(rows)], self.log_weights[list(rows)])
+        lp = pair.weighted_log_prob(mu)  # (2 points, 2 halves)
+        odds = (lp[:, 0] - lp[:, 1]).clamp(-max_gap, max_gap)  # wanted g at μ₁ and at μ₂
+        a = float(odds[0] - odds[1]) / norm2
+        if a <= 0:
+            return
+        c = float(odds[0]) - a * float(delta @ h[0])
+        out = net.out
+        w = out.weight[rows[0]].double()  # both rows hold the duplicated weights
+        step = 0.5 * a * delta
+        # g = (b₁ − b₂) at the midpoint shift: keep b₁ + b₂, set b₁ − b₂ = c
+        mean_bias = 0.5 * float(out.bias[rows[0]] + out.bias[rows[1]])
+        out.weight[rows[0]] = (w + step).float()
+        out.weight[rows[1]] = (w - step).float()
+        out.bias[rows[0]] = mean_bias + 0.5 * c
+        out.bias[rows[1]] = mean_bias - 0.5 * c
 
     # --------------------------------------------------------------------- fit
     def _move_kind(self) -> str | None:

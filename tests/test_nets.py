@@ -65,14 +65,23 @@ def test_split_keeps_other_units_and_their_optimizer_state(trainer):
     x = torch.randn(64, 3)
     before = _logits(t, x)
     w = t.cluster_net.out.weight
+    w_before, b_before = w.detach()[1].clone(), t.cluster_net.out.bias.detach()[1].clone()
     adam_before = t.opt_cluster.state[w]["exp_avg"].clone()
     soft, _, _ = t.run_epoch(train=False)
+    sub_logw = t.sub_log_weights[1].float()
     t.apply_plan(MovePlan(splits=[1]), soft)
     after = _logits(t, x)
     assert t.n_clusters == 5
     torch.testing.assert_close(after[:, [0, 2, 3]], before[:, [0, 2, 3]])
-    # the two halves share the old unit's probability mass
-    torch.testing.assert_close(torch.logaddexp(after[:, 1], after[:, 4]), before[:, 1], atol=1e-5, rtol=0)
+    # the halves are the old unit tilted apart symmetrically: their mean weights and bias
+    # sum are the duplicated unit's (biases shifted by the subclusters' log weights) ...
+    out = t.cluster_net.out
+    torch.testing.assert_close((out.weight[1] + out.weight[4]).detach() / 2, w_before)
+    torch.testing.assert_close((out.bias[1] + out.bias[4]).detach(), 2 * b_before + sub_logw.sum())
+    # ... and each half wins at its own subcluster's mean (it took the subcluster's
+    # parameters, paper Eq. 5), so the net can tell them apart from the first step
+    at_means = _logits(t, (t.means[[1, 4]] * t.input_scale).float())
+    assert at_means[0, 1] > at_means[0, 4] and at_means[1, 4] > at_means[1, 1]
     adam_after = t.opt_cluster.state[t.cluster_net.out.weight]["exp_avg"]
     torch.testing.assert_close(adam_after[[0, 2, 3]], adam_before[[0, 2, 3]])
     assert any(p is t.cluster_net.out.weight for p in t.opt_cluster.param_groups[0]["params"])
