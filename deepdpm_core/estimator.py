@@ -14,7 +14,7 @@ import torch
 from deepdpm_core.config import Config, from_dict, load_config
 from deepdpm_core.errors import CheckpointError, ConfigError
 from deepdpm_core.trainer import Trainer
-from deepdpm_core.validation import check_features, check_init_labels
+from deepdpm_core.validation import check_features, check_init_labels, readonly_tensor
 
 FORMAT = "deepdpm-model/1"
 
@@ -131,7 +131,7 @@ class DeepDPM:
                                 sub=f"{rec['loss_subcluster']:.3g}")
 
             cbs.append(show)
-        trainer = Trainer(self.config, torch.from_numpy(X), callbacks=cbs)
+        trainer = Trainer(self.config, readonly_tensor(X), callbacks=cbs)
         self._trainer = trainer  # callbacks may predict with the model while it trains
         try:
             trainer.fit(start_labels)
@@ -156,13 +156,13 @@ class DeepDPM:
         """Cluster responsibilities r = softmax(f_cl(x)), shape (N, K)."""
         t = self._fitted()
         X = check_features(X, n_features=t.dim)
-        return t.predict_log_proba(torch.from_numpy(X)).exp().numpy()
+        return t.predict_log_proba(readonly_tensor(X)).exp().numpy()
 
     def predict(self, X: Any) -> np.ndarray:
         """Hard cluster of each row, argmax of :meth:`predict_proba`, shape (N,)."""
         t = self._fitted()
         X = check_features(X, n_features=t.dim)
-        return t.predict_log_proba(torch.from_numpy(X)).argmax(1).numpy()
+        return t.predict_log_proba(readonly_tensor(X)).argmax(1).numpy()
 
     @property
     def n_features_in_(self) -> int:

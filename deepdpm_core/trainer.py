@@ -126,15 +126,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ set-up
     def _init_data(self, x: Tensor) -> None:
-        """Global moments (one all-reduce) -> shift, input scale and the NIW prior."""
-        x64 = x.to(torch.float64)
-        rows = torch.zeros(self.comm.world_size, dtype=torch.float64)
-        rows[self.comm.rank] = x64.shape[0]
-        local = torch.cat([
-            torch.tensor([x64.shape[0]], dtype=torch.float64), x64.sum(0), x64.square().sum(0), rows
-        ])
+        """Global moments (one all-reduce) -> shift, input scale and the NIW prior.
+
+        Works through the rows in chunks: a float64 copy of the whole data would be twice
+        its float32 size, and at ImageNet scale the data are most of the memory.
+        """
+        n_local, d, chunk = x.shape[0], self.dim, 1 << 16
+        f64 = {"dtype": torch.float64}
+        s1, s2 = torch.zeros(d, **f64), torch.zeros(d, **f64)
+        for s in range(0, n_local, chunk):
+            xc = x[s : s + chunk].to(torch.float64)
+            s1 += xc.sum(0)
+            s2 += xc.square().sum(0)
+        rows = torch.zeros(self.comm.world_size, **f64)
+        rows[self.comm.rank] = n_local
+        local = torch.cat([torch.tensor([float(n_local)], **f64), s1, s2, rows])
         tot = self.comm.all_reduce(local.to(self.device)).cpu()
-        d = self.dim
         n, s1, s2 = tot[0], tot[1 : 1 + d], tot[1 + d : 1 + 2 * d]
         self.n_total = int(n.item())
         #: rows held by each rank: fixes every step's global batch (DDP loss scale) and
@@ -148,9 +155,11 @@ class Trainer:
         self.input_scale = 1.0 / overall if overall > 0 else 1.0
         p = self.config.prior
         self.prior = NIWPrior.from_data_moments(
-            torch.zeros(self.dim, dtype=torch.float64), var.sqrt(), p.kappa, p.nu, p.sigma_scale, p.psi
+            torch.zeros(self.dim, **f64), var.sqrt(), p.kappa, p.nu, p.sigma_scale, p.psi
         ).to(self.device)
-        self.x = (x64 - mean).to(torch.float32).to(self.device)
+        self.x = torch.empty(n_local, d, dtype=torch.float32, device=self.device)
+        for s in range(0, n_local, chunk):  # shifted in float64, then stored as float32
+            self.x[s : s + chunk] = (x[s : s + chunk].to(torch.float64) - mean).to(self.device)
         # per rank; "auto" aims at steps_per_epoch steps over this rank's share of the rows,
         # so W ranks step as often as one process would, on a W times larger global batch
         o = self.config.optim

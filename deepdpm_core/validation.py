@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -71,3 +73,26 @@ def check_init_labels(labels: object, n_rows: int) -> np.ndarray:
     if n_rows and arr.min() < 0:
         raise DataError(f"init_labels must be >= 0, got {int(arr.min())}")
     return arr.astype(np.int64)
+
+
+def readonly_tensor(X: np.ndarray) -> torch.Tensor:
+    """A tensor view of ``X`` without a copy, also when ``X`` is read-only.
+
+    Parquet/Arrow columns, memory maps and UMAP outputs come as read-only arrays, for
+    which ``torch.from_numpy`` warns that writes would be undefined. The method only
+    reads its input (the trainer keeps its own shifted copy), so the view is safe and a
+    defensive copy would double the memory at ImageNet scale.
+
+    Parameters
+    ----------
+    X : ndarray of shape (N, D)
+
+    Returns
+    -------
+    Tensor of shape (N, D), sharing memory with ``X``
+    """
+    if X.flags.writeable:
+        return torch.from_numpy(X)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(X)

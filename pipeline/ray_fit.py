@@ -50,6 +50,7 @@ from deepdpm_core.config import Config, from_dict
 from deepdpm_core.errors import CheckpointError, ConfigError, DataError, DeepDPMError
 from deepdpm_core.estimator import FORMAT, DeepDPM
 from deepdpm_core.trainer import Trainer
+from deepdpm_core.validation import readonly_tensor
 from pipeline.io import feature_shape, write_json_atomic
 
 REQUEST_FILE = "fit_request.json"
@@ -302,10 +303,10 @@ def _train_worker(loop: dict[str, Any]) -> None:
         callbacks = _rank0_callbacks(tracker, config, variance, req) if rank == 0 else []
         try:
             if checkpoint is not None:
-                trainer = Trainer.from_state(_load_state(checkpoint), torch.from_numpy(x), comm, wrap,
+                trainer = Trainer.from_state(_load_state(checkpoint), readonly_tensor(x), comm, wrap,
                                              callbacks, config=config)
             else:
-                trainer = Trainer(config, torch.from_numpy(x), comm, wrap, callbacks)
+                trainer = Trainer(config, readonly_tensor(x), comm, wrap, callbacks)
         except DeepDPMError as exc:  # decided from global quantities: the same on every rank
             _stop_with(f"{type(exc).__name__}: {exc}", req, rank)
             return

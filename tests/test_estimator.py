@@ -42,6 +42,20 @@ def test_same_random_state_same_result(fitted, data):
     assert [h["loss_cluster"] for h in again.history_] == [h["loss_cluster"] for h in fitted.history_]
 
 
+def test_read_only_input_fits_without_warning_and_is_untouched(fitted, data):
+    """Arrow/Parquet columns and memory maps are read-only: no copy, no torch warning."""
+    import warnings
+
+    X = data[0].astype(np.float32)
+    X.flags.writeable = False
+    before = X.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = DeepDPM(random_state=0, schedule__max_epochs=3).fit(X)
+        m.predict_proba(X[:5])
+    np.testing.assert_array_equal(X, before)
+
+
 def test_save_load_round_trip(fitted, data, tmp_path):
     path = tmp_path / "model.pt"
     fitted.save(path)
