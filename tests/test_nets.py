@@ -100,6 +100,13 @@ def test_merge_removes_one_unit_and_keeps_others(trainer):
     after = _logits(t, x)
     assert t.n_clusters == 3
     torch.testing.assert_close(after[:, [1, 2]], before[:, [1, 3]])
+    # the merged unit is its larger part's, raised by ln(1 + n_small/n_large) <= ln 2: it
+    # never outbids a unit by more than its parts did, so it cannot take other clusters'
+    # points (adding the parts' biases in log space made it win everywhere)
+    n0, n2 = float(soft.n[0]), float(soft.n[2])
+    big, gain = (0, np.log1p(n2 / n0)) if n0 >= n2 else (2, np.log1p(n0 / n2))
+    torch.testing.assert_close(after[:, 0], before[:, big] + float(gain))
+    assert bool((after[:, 0] <= torch.maximum(before[:, 0], before[:, 2]) + np.log(2) + 1e-5).all())
     # merged parameters come from the summed statistics of the two clusters
     from deepdpm_core.niw import map_estimate
 
