@@ -92,7 +92,7 @@ def full_fit(x: np.ndarray, y: np.ndarray, init_k: int, seed: int, overrides: di
           file=sys.stderr, flush=True)
     trainer.fit()
     seconds = time.perf_counter() - t
-    labels = trainer.predict_log_proba(torch.from_numpy(x)).argmax(1).numpy()
+    labels = trainer.predict_labels(torch.from_numpy(x)).numpy()
     return {"fit_k": trainer.n_clusters, "fit_nmi": nmi(y, labels), "fit_seconds": seconds,
             "fit_epochs": trainer.epoch}
 

@@ -162,7 +162,7 @@ class DeepDPM:
         """Hard cluster of each row, argmax of :meth:`predict_proba`, shape (N,)."""
         t = self._fitted()
         X = check_features(X, n_features=t.dim)
-        return t.predict_log_proba(readonly_tensor(X)).argmax(1).numpy()
+        return t.predict_labels(readonly_tensor(X)).numpy()
 
     @property
     def n_features_in_(self) -> int:

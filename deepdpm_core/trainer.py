@@ -676,6 +676,16 @@ class Trainer:
         return torch.cat(out)
 
     @torch.no_grad()
+    def predict_labels(self, x: Tensor, batch_size: int = 65536) -> Tensor:
+        """Argmax of :meth:`predict_log_proba` per batch, for raw rows; shape (N,), int64.
+
+        Never holds the (N, K) responsibilities: at 1.28M rows and K = 1000 they are 5 GB.
+        """
+        out = [self.predict_log_proba(x[s : s + batch_size], batch_size).argmax(1)
+               for s in range(0, x.shape[0], batch_size)]
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+
+    @torch.no_grad()
     def hard_counts(self, batch_size: int = 65536) -> Tensor:
         """Points per cluster under the clustering net's argmax, summed over ranks; (K,)."""
         counts = torch.zeros(self.n_clusters, dtype=torch.float64, device=self.device)

@@ -33,6 +33,9 @@ def test_fit_attributes_and_history(fitted, data):
     proba = m.predict_proba(X[:10])
     np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-5)
     np.testing.assert_array_equal(m.predict(X), m.labels_)
+    # labels come batch by batch (no (N, K) array): batches of 7 rows give the same argmax
+    chunked = m._fitted().predict_labels(torch.from_numpy(X.astype(np.float32)), batch_size=7)
+    np.testing.assert_array_equal(chunked.numpy(), m.predict_proba(X).argmax(1))
 
 
 def test_same_random_state_same_result(fitted, data):
