@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -149,6 +149,8 @@ class Trainer:
         self.rank_rows = [int(v) for v in tot[1 + 2 * d :].tolist()]
         mean = s1 / n
         var = (s2 / n - mean.square()).clamp_min(0)
+        #: global per-feature variance (D,), float64: the data's scale, for diagnostics
+        self.feature_variance = var
         self.shift = mean
         # one global scale for the nets' inputs, so learning rates do not depend on units
         overall = float(var.mean().sqrt())
@@ -663,26 +665,25 @@ class Trainer:
 
     # --------------------------------------------------------------- inference
     @torch.no_grad()
-    def predict_log_proba(self, x: Tensor, batch_size: int = 65536) -> Tensor:
-        """ln r from the clustering net for raw (unshifted) rows; shape (N, K)."""
+    def _log_proba_batches(self, x: Tensor, batch_size: int) -> Iterator[Tensor]:
+        """ln r from the clustering net for raw (unshifted) rows, one (B, K) batch at a time."""
         self.cluster_net.eval()
-        out = []
         shift = self.shift.to(self.device)
         for s in range(0, x.shape[0], batch_size):
             xb = (x[s : s + batch_size].to(self.device, torch.float64) - shift).float()
-            out.append(F.log_softmax(self.cluster_net(xb * self.input_scale), dim=1).cpu())
-        if not out:
-            return torch.zeros(0, self.n_clusters)
-        return torch.cat(out)
+            yield F.log_softmax(self.cluster_net(xb * self.input_scale), dim=1).cpu()
 
-    @torch.no_grad()
+    def predict_log_proba(self, x: Tensor, batch_size: int = 65536) -> Tensor:
+        """ln r from the clustering net for raw (unshifted) rows; shape (N, K)."""
+        out = list(self._log_proba_batches(x, batch_size))
+        return torch.cat(out) if out else torch.zeros(0, self.n_clusters)
+
     def predict_labels(self, x: Tensor, batch_size: int = 65536) -> Tensor:
         """Argmax of :meth:`predict_log_proba` per batch, for raw rows; shape (N,), int64.
 
         Never holds the (N, K) responsibilities: at 1.28M rows and K = 1000 they are 5 GB.
         """
-        out = [self.predict_log_proba(x[s : s + batch_size], batch_size).argmax(1)
-               for s in range(0, x.shape[0], batch_size)]
+        out = [lp.argmax(1) for lp in self._log_proba_batches(x, batch_size)]
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
     @torch.no_grad()

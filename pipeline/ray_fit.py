@@ -299,18 +299,20 @@ def _train_worker(loop: dict[str, Any]) -> None:
                          run_name=req.run_name, rank=rank)
     with tracker:
         checkpoint = ray.train.get_checkpoint()
-        variance = _median_variance(comm, x)  # collective: every rank
-        callbacks = _rank0_callbacks(tracker, config, variance, req) if rank == 0 else []
         try:
             if checkpoint is not None:
                 trainer = Trainer.from_state(_load_state(checkpoint), readonly_tensor(x), comm, wrap,
-                                             callbacks, config=config)
+                                             config=config)
             else:
-                trainer = Trainer(config, readonly_tensor(x), comm, wrap, callbacks)
+                trainer = Trainer(config, readonly_tensor(x), comm, wrap)
         except DeepDPMError as exc:  # decided from global quantities: the same on every rank
             _stop_with(f"{type(exc).__name__}: {exc}", req, rank)
             return
         del x  # the trainer holds its own (shifted) copy
+        # the trainer's global moments (one all-reduce at set-up) give the diagnostics' scale
+        variance = float(np.median(trainer.feature_variance.cpu().numpy()))
+        callbacks = _rank0_callbacks(tracker, config, variance, req) if rank == 0 else []
+        trainer.callbacks.extend(callbacks)
         resumed_from = trainer.epoch if checkpoint is not None else None
         tracker.log_params(fit_params(config.flat(), trainer.n_total, trainer.dim, num_workers=world))
         tracker.set_tags({**environment_tags(req.input),
@@ -383,16 +385,6 @@ def _first_error(comm: Communicator, error: str) -> str:
     if top == 0:
         return ""
     return comm.broadcast_object(error, src=w - top)
-
-
-def _median_variance(comm: Communicator, x: np.ndarray) -> float:
-    """Median over features of the global per-feature variance (for the diagnostics)."""
-    x64 = torch.from_numpy(x).to(torch.float64)
-    tot = comm.all_reduce(torch.cat([torch.tensor([float(x.shape[0])], dtype=torch.float64),
-                                     x64.sum(0), x64.square().sum(0)]))
-    d = x.shape[1]
-    mean = tot[1 : 1 + d] / tot[0]
-    return float((tot[1 + d :] / tot[0] - mean.square()).median())
 
 
 def _rank0_callbacks(tracker: Any, config: Config, feature_variance: float, req: FitRequest) -> list:
