@@ -164,6 +164,27 @@ class DeepDPM:
         X = check_features(X, n_features=t.dim)
         return t.predict_labels(readonly_tensor(X)).numpy()
 
+    def predict_confidence(self, X: Any, batch_size: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+        """Hard cluster of each row and its responsibility, without the (N, K) array.
+
+        Parameters
+        ----------
+        X : array-like, shape (N, D)
+        batch_size : int
+            Rows per forward pass; memory is O(batch_size * K).
+
+        Returns
+        -------
+        labels : ndarray, shape (N,), int64
+            Same as :meth:`predict`.
+        confidence : ndarray, shape (N,), float32
+            ``predict_proba(X).max(1)``, computed batch by batch.
+        """
+        t = self._fitted()
+        X = check_features(X, n_features=t.dim)
+        labels, confidence = t.predict_assignments(readonly_tensor(X), batch_size)
+        return labels.numpy(), confidence.numpy()
+
     @property
     def n_features_in_(self) -> int:
         return self._fitted().dim

@@ -683,8 +683,24 @@ class Trainer:
 
         Never holds the (N, K) responsibilities: at 1.28M rows and K = 1000 they are 5 GB.
         """
-        out = [lp.argmax(1) for lp in self._log_proba_batches(x, batch_size)]
-        return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
+        return self.predict_assignments(x, batch_size)[0]
+
+    def predict_assignments(self, x: Tensor, batch_size: int = 65536) -> tuple[Tensor, Tensor]:
+        """Hard cluster and its responsibility max_k r_ik, batch by batch, for raw rows.
+
+        Returns
+        -------
+        labels : Tensor, shape (N,), int64
+        confidence : Tensor, shape (N,), float32
+        """
+        labels, confidence = [], []
+        for lp in self._log_proba_batches(x, batch_size):
+            best, arg = lp.max(1)
+            labels.append(arg)
+            confidence.append(best.exp())
+        if not labels:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0)
+        return torch.cat(labels), torch.cat(confidence)
 
     @torch.no_grad()
     def hard_counts(self, batch_size: int = 65536) -> Tensor:

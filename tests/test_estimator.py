@@ -36,6 +36,9 @@ def test_fit_attributes_and_history(fitted, data):
     # labels come batch by batch (no (N, K) array): batches of 7 rows give the same argmax
     chunked = m._fitted().predict_labels(torch.from_numpy(X.astype(np.float32)), batch_size=7)
     np.testing.assert_array_equal(chunked.numpy(), m.predict_proba(X).argmax(1))
+    labels, confidence = m.predict_confidence(X, batch_size=7)
+    np.testing.assert_array_equal(labels, m.labels_)
+    np.testing.assert_allclose(confidence, m.predict_proba(X).max(1), rtol=1e-6)
 
 
 def test_same_random_state_same_result(fitted, data):

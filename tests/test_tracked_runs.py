@@ -169,6 +169,27 @@ def test_fit_run_artifacts(fit_run, mlflow_server, tmp_path):  # noqa: F811
     assert "warning" not in stderr and "warnings.txt" not in names
 
 
+def test_predict_reproduces_the_fits_assignments(fit_run, mixture, tmp_path):
+    """``deepdpm predict`` with the saved model, in small batches, writes the fit's table."""
+    out, _, _ = fit_run
+    written = tmp_path / "pred.parquet"
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        code = main(["predict", "--model", str(out / "model.pt"), "--input", str(mixture),
+                     "--output", str(written), "--batch-size", "7"])
+    assert code == 0, stderr.getvalue()
+    fit_table, pred_table = pq.read_table(out / "assignments.parquet"), pq.read_table(written)
+    assert pred_table.column_names == ["key", "cluster", "confidence", "label"]
+    assert pred_table.column("key").to_pylist() == fit_table.column("key").to_pylist()
+    assert pred_table.column("cluster").equals(fit_table.column("cluster"))
+    np.testing.assert_allclose(pred_table.column("confidence").to_numpy(),
+                               fit_table.column("confidence").to_numpy(), rtol=1e-6)
+    proba = DeepDPM.load(out / "model.pt").predict_proba(np.load(mixture)["X"])
+    np.testing.assert_allclose(pred_table.column("confidence").to_numpy(), proba.max(1), rtol=1e-6)
+    nmi = _summary(out)["metrics"]["nmi"]
+    assert f"nmi={nmi:.3f}" in stderr.getvalue()
+
+
 def test_diagnostics_replay_the_real_move_schedule(fit_run):
     out, _, _ = fit_run
     summary = _summary(out)
