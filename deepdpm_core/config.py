@@ -39,6 +39,7 @@ class InitConfig:
     n_clusters: int = 1
     max_points: int = 200_000
     kmeans_iters: int = 25
+    seeding: Literal["kmeans++", "random"] = "kmeans++"
 
 
 @dataclass(frozen=True)

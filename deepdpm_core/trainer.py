@@ -190,7 +190,8 @@ class Trainer:
                 centers = None
                 if self.comm.rank == 0:
                     centers = kmeans_centers(sample.cpu().numpy(), cfg.init.n_clusters,
-                                             cfg.init.kmeans_iters, cfg.init.max_points, self.rng)
+                                             cfg.init.kmeans_iters, cfg.init.max_points, self.rng,
+                                             cfg.init.seeding)
                 centers = torch.as_tensor(self.comm.broadcast_object(centers, src=0),
                                           device=self.device)
             z = nearest_center(self.x, centers)

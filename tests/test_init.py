@@ -1,0 +1,53 @@
+"""k-means initialisation: k-means++ seeding and its effect on imbalanced mixtures."""
+
+import faiss
+import numpy as np
+import pytest
+
+from deepdpm_core.datasets import make_mixture
+from deepdpm_core.init import kmeans_centers, kmeans_pp_seeds
+
+
+def test_second_seed_follows_the_d2_distribution():
+    # first seed uniform, second drawn with probability d(x_j, seed)^2 / sum_l d(x_l, seed)^2:
+    # P(second = j) = (1/n) sum_i d_ij^2 / sum_l d_il^2, compared with 6000 draws
+    x = np.array([[0.0], [1.0], [3.0], [7.0], [15.0]], dtype=np.float32)
+    d2 = (x - x.T) ** 2
+    exact = (d2 / d2.sum(1, keepdims=True)).mean(0)
+    rng = np.random.default_rng(0)
+    draws = 6000
+    seconds = [float(kmeans_pp_seeds(x, 2, rng)[1, 0]) for _ in range(draws)]
+    freq = np.array([seconds.count(float(v)) for v in x[:, 0]]) / draws
+    sigma = np.sqrt(exact * (1 - exact) / draws)
+    assert np.all(np.abs(freq - exact) < 4 * sigma + 1e-12), (freq, exact)
+
+
+def test_seeds_are_distinct_rows_reproducible_and_survive_duplicates():
+    x = np.random.default_rng(1).normal(size=(500, 6)).astype(np.float32)
+    a = kmeans_pp_seeds(x, 20, np.random.default_rng(3))
+    b = kmeans_pp_seeds(x, 20, np.random.default_rng(3))
+    np.testing.assert_array_equal(a, b)
+    assert a.shape == (20, 6) and len(np.unique(a, axis=0)) == 20  # D² never redraws a seed
+    assert all((x == row).all(1).any() for row in a)
+    # two distinct rows, five seeds: the rest are drawn uniformly instead of failing
+    twins = np.repeat(np.eye(2, dtype=np.float32), 50, axis=0)
+    assert kmeans_pp_seeds(twins, 5, np.random.default_rng(0)).shape == (5, 2)
+
+
+def _covered(x: np.ndarray, y: np.ndarray, centers: np.ndarray) -> int:
+    """True clusters that are the majority of some centre's Voronoi cell."""
+    index = faiss.IndexFlatL2(x.shape[1])
+    index.add(centers)
+    z = index.search(x, 1)[1][:, 0]
+    return len({int(np.bincount(y[z == k]).argmax()) for k in np.unique(z)})
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kmeans_pp_covers_more_true_clusters_of_an_imbalanced_mixture(seed):
+    # 50 Gaussians with weights down to 0.2 %: from FAISS's uniformly drawn seeds k-means
+    # gives 35-38 of them a centre, from k-means++ seeds 45 (measured, seeds 0-2)
+    x, y = make_mixture(20000, 32, 50, imbalance=1.0, min_weight=0.1 / 50, random_state=0)
+    x = x.astype(np.float32)
+    pp = _covered(x, y, kmeans_centers(x, 50, 25, 200_000, np.random.default_rng(seed), "kmeans++"))
+    uniform = _covered(x, y, kmeans_centers(x, 50, 25, 200_000, np.random.default_rng(seed), "random"))
+    assert pp >= 43 and pp >= uniform + 4, (pp, uniform)
