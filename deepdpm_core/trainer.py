@@ -511,7 +511,7 @@ class Trainer:
             for k, rows in halves.items():
                 for j, row in enumerate(rows):
                     out.bias[row] = old_bias[k] + old_sub_logw[k, j].float()
-                self._separate_halves(rows)
+                self._separate_halves(rows, float(old_bias[k]))
             for row, gain in mass_gain.items():
                 out.bias[row] += gain
 
@@ -532,7 +532,8 @@ class Trainer:
         self._rewrap()
         self._refresh_mixture()
 
-    def _separate_halves(self, rows: tuple[int, int], max_gap: float = 2.0) -> None:
+    def _separate_halves(self, rows: tuple[int, int], unit_bias: float, max_gap: float = 2.0,
+                         margin: float = 1.0) -> None:
         """Tilt the two duplicated output units of a split apart along the hidden-feature
         difference of the subcluster means, so each half wins its own subcluster.
 
@@ -541,20 +542,28 @@ class Trainer:
         never wins a point before the next move round and is pruned, and the split is
         proposed again. Here the halves' logit gap g(x) = a·δ·h(x) + c (δ = h(μ₁) − h(μ₂),
         h the hidden layer) is set to the subclusters' own log-odds at their two means
-        (clipped to ±``max_gap``), and the mean of the two units is unchanged. A function of
-        the parameters only, so every rank does the same. The tilt is linear in h(x), so far
-        from the split cluster it can outbid other clusters' units until the net has
-        trained: a gap of 2 (odds e² ≈ 7 at each mean) is enough for each half to win its
-        subcluster, while 8 let a split of one digits cluster briefly take 1295 of 1797
-        points (2: at most 270; same K, NMI and epochs on bench/vs_bgm.py).
+        (clipped to ±``max_gap``: odds e² ≈ 7 at each mean are enough for each half to win
+        its subcluster), and the mean of the two units is unchanged.
+
+        The tilt is linear in h(x), so far from the split cluster it lifts the better half
+        by |g(x)|/2 and can outbid other clusters' units (a split of one cluster of a
+        barely trained 4-cluster net took up to 1200 of 1500 points). So the tilt is scaled
+        back, g_t = (1 − t)·Δb + t·g with Δb the untilted bias gap, by the largest
+        t ∈ [0, 1] for which, at every other cluster's mean, the better half is no higher
+        than the split unit was (bias ``unit_bias``) or stays ``margin`` below the best
+        other unit. A function of the parameters only, so every rank does the same.
         """
         net, s = self.cluster_net, self.input_scale
-        mu = self.means[list(rows)]  # the halves took their subclusters' parameters (Eq. 5)
-        h = torch.relu(net.hidden((mu * s).float())).double()  # (2, H)
+        out = net.out
+        with torch.no_grad():
+            h_all = torch.relu(net.hidden((self.means * s).float())).double()  # (K, H)
+            logits = out(h_all.float()).double()  # (K means, K units)
+        h = h_all[list(rows)]  # the halves took their subclusters' parameters (Eq. 5)
         delta = h[0] - h[1]
         norm2 = float(delta.square().sum())
         if norm2 < 1e-12:
             return
+        mu = self.means[list(rows)]
         pair = GaussianMixture(mu, self.covs[list(rows)], self.log_weights[list(rows)])
         lp = pair.weighted_log_prob(mu)  # (2 points, 2 halves)
         odds = (lp[:, 0] - lp[:, 1]).clamp(-max_gap, max_gap)  # wanted g at μ₁ and at μ₂
@@ -562,15 +571,58 @@ class Trainer:
         if a <= 0:
             return
         c = float(odds[0]) - a * float(delta @ h[0])
-        out = net.out
         w = out.weight[rows[0]].double()  # both rows hold the duplicated weights
-        step = 0.5 * a * delta
-        # g = (b₁ − b₂) at the midpoint shift: keep b₁ + b₂, set b₁ − b₂ = c
-        mean_bias = 0.5 * float(out.bias[rows[0]] + out.bias[rows[1]])
+        b1, b2 = float(out.bias[rows[0]]), float(out.bias[rows[1]])
+        mean_bias, gap0 = 0.5 * (b1 + b2), b1 - b2
+        t = self._tilt_scale(rows, h_all, logits, w, mean_bias, unit_bias - mean_bias, gap0,
+                             a * (h_all @ delta) + c, margin)
+        step = 0.5 * t * a * delta
         out.weight[rows[0]] = (w + step).float()
         out.weight[rows[1]] = (w - step).float()
-        out.bias[rows[0]] = mean_bias + 0.5 * c
-        out.bias[rows[1]] = mean_bias - 0.5 * c
+        gap = (1.0 - t) * gap0 + t * c
+        out.bias[rows[0]] = mean_bias + 0.5 * gap
+        out.bias[rows[1]] = mean_bias - 0.5 * gap
+
+    @staticmethod
+    def _tilt_scale(rows: tuple[int, int], h_all: Tensor, logits: Tensor, w: Tensor, mean_bias: float,
+                    lift: float, gap0: float, g: Tensor, margin: float) -> float:
+        """Largest t in [0, 1] such that |(1 − t)·gap0 + t·g_j| ≤ R_j at every other mean j.
+
+        Parameters
+        ----------
+        h_all : Tensor of shape (K, H)
+            Hidden features at every cluster mean.
+        logits : Tensor of shape (K, K)
+            Untilted logits at every cluster mean (both halves still duplicated).
+        w : Tensor of shape (H,)
+            The duplicated output weights.
+        lift : float
+            Split unit's bias minus ``mean_bias`` (≥ |gap0|/2: the halves' biases are the
+            unit's plus their subclusters' log weights).
+        g : Tensor of shape (K,)
+            Full tilt gap a·δ·h(μ_j) + c at every mean.
+
+        Notes
+        -----
+        The pair's larger logit at x is base(x) + |gap(x)|/2 with base = w·h(x) + mean_bias.
+        R_j = max(2·(L_j − margin − base_j), 2·lift), L_j the best other unit at μ_j: the
+        pair may reach the split unit's own logit there, or ``margin`` below the best other
+        unit. The gap is linear in t, so each j bounds t from above.
+        """
+        others = [j for j in range(logits.shape[0]) if j not in rows]
+        if not others:
+            return 1.0
+        keep = torch.ones(logits.shape[1], dtype=torch.bool)
+        keep[list(rows)] = False
+        idx = torch.tensor(others)
+        best_other = logits[idx][:, keep].max(1).values  # (K - 2,)
+        base = h_all[idx] @ w + mean_bias
+        bound = (2.0 * (best_other - margin - base)).clamp_min(max(2.0 * lift, abs(gap0)))
+        slope = g[idx] - gap0  # d gap / dt
+        # gap0 + t·slope ≤ R (slope > 0) and gap0 + t·slope ≥ −R (slope < 0)
+        limit = torch.where(slope > 0, (bound - gap0) / slope.clamp_min(1e-300),
+                            (bound + gap0) / (-slope).clamp_min(1e-300))
+        return float(limit.min().clamp(0.0, 1.0))
 
     # --------------------------------------------------------------------- fit
     def _move_kind(self) -> str | None:
