@@ -609,16 +609,14 @@ class Trainer:
         pair may reach the split unit's own logit there, or ``margin`` below the best other
         unit. The gap is linear in t, so each j bounds t from above.
         """
-        others = [j for j in range(logits.shape[0]) if j not in rows]
-        if not others:
+        other = torch.ones(logits.shape[0], dtype=torch.bool)  # means and units not of the pair
+        other[list(rows)] = False
+        if not other.any():
             return 1.0
-        keep = torch.ones(logits.shape[1], dtype=torch.bool)
-        keep[list(rows)] = False
-        idx = torch.tensor(others)
-        best_other = logits[idx][:, keep].max(1).values  # (K - 2,)
-        base = h_all[idx] @ w + mean_bias
+        best_other = logits[other][:, other].max(1).values  # (K - 2,)
+        base = h_all[other] @ w + mean_bias
         bound = (2.0 * (best_other - margin - base)).clamp_min(max(2.0 * lift, abs(gap0)))
-        slope = g[idx] - gap0  # d gap / dt
+        slope = g[other] - gap0  # d gap / dt
         # gap0 + t·slope ≤ R (slope > 0) and gap0 + t·slope ≥ −R (slope < 0)
         limit = torch.where(slope > 0, (bound - gap0) / slope.clamp_min(1e-300),
                             (bound + gap0) / (-slope).clamp_min(1e-300))
