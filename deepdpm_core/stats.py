@@ -215,13 +215,28 @@ class TripleBuffer:
 
     Accumulating per minibatch costs a Python loop over the rows every batch; collecting
     the triples (O(N·m) memory for m rows per point) and reducing once per epoch makes
-    every row's GEMM large.
+    every row's GEMM large. The storage is allocated once, up front: appending a small
+    tensor per batch interleaves long-lived blocks with each step's transient ones, and
+    the fragmented heap then held several times the buffers' size (1.7 GB of RSS over
+    a 640k-row epoch at K = 1000).
+
+    Parameters
+    ----------
+    capacity : int
+        Most points that will be added.
+    width : int
+        Rows per point (m).
+    device : torch.device or str
+    dtype : torch.dtype
+        dtype of the stored weights.
     """
 
-    def __init__(self) -> None:
-        self._points: list[Tensor] = []
-        self._rows: list[Tensor] = []
-        self._weights: list[Tensor] = []
+    def __init__(self, capacity: int, width: int, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        self._points = torch.empty(capacity, dtype=torch.long, device=device)
+        self._rows = torch.empty(capacity, width, dtype=torch.long, device=device)
+        self._weights = torch.empty(capacity, width, dtype=dtype, device=device)
+        self._size = 0
 
     def add(self, points: Tensor, rows: Tensor, weights: Tensor) -> None:
         """Record that point ``points[i]`` has weight ``weights[i, j]`` in row ``rows[i, j]``.
@@ -229,19 +244,19 @@ class TripleBuffer:
         Parameters
         ----------
         points : Tensor of shape (B,), int64
-        rows : Tensor of shape (B,) or (B, M), int64
+        rows : Tensor of shape (B,) or (B, width), int64
         weights : Tensor of the shape of ``rows``
         """
-        if points.shape[0] == 0:  # an empty batch (a rank whose rows ran out)
-            return
-        rows = rows.reshape(points.shape[0], -1)
-        self._points.append(points[:, None].expand_as(rows).reshape(-1))
-        self._rows.append(rows.reshape(-1))
-        self._weights.append(weights.reshape(-1))
+        b, end = points.shape[0], self._size + points.shape[0]
+        if end > self._points.shape[0]:
+            raise ValueError(f"TripleBuffer holds {self._points.shape[0]} points; {end} were added")
+        self._points[self._size : end] = points
+        self._rows[self._size : end] = rows.reshape(b, self._rows.shape[1])
+        self._weights[self._size : end] = weights.reshape(b, self._rows.shape[1])
+        self._size = end
 
     def stats(self, x: Tensor, n_rows: int) -> SuffStats:
         """Statistics of all recorded triples over the points ``x`` (N, D)."""
-        if not self._points:
-            return SuffStats.zeros(n_rows, x.shape[1], device=x.device)
-        return grouped_stats(x, torch.cat(self._points), torch.cat(self._rows),
-                             torch.cat(self._weights), n_rows)
+        n, rows = self._size, self._rows[: self._size]
+        points = self._points[:n, None].expand_as(rows)
+        return grouped_stats(x, points.reshape(-1), rows.reshape(-1), self._weights[:n].reshape(-1), n_rows)

@@ -320,11 +320,12 @@ class Trainer:
         targets = self._estep_targets(m)
         soft_n, soft_s1, soft_s2 = (torch.zeros(k, **f64), torch.zeros(k, d, **f64),
                                     torch.zeros(k, d * d, **f64)) if not m else (None, None, None)
-        soft_buf, sub_buf = TripleBuffer(), TripleBuffer()
         loss_sums = torch.zeros(3, **f64)
         self.cluster_model.train(train)
         self.sub_model.train(train)
         pass_rows = min(n_local, one_pass * bsz)
+        soft_buf = TripleBuffer(pass_rows, min(m, k), self.device) if m else None
+        sub_buf = TripleBuffer(pass_rows, 1, self.device)
         for step in range(n_steps if train else one_pass):
             if step < one_pass:
                 idx = perm[step * bsz : min((step + 1) * bsz, pass_rows)]

@@ -1,6 +1,7 @@
 """Top-m E-step and grouped statistics (issue 8): same answer as the dense computation."""
 
 import numpy as np
+import pytest
 import torch
 
 from deepdpm_core.config import Config
@@ -67,11 +68,13 @@ def test_grouped_and_buffered_stats_match_sparse_stats():
     torch.testing.assert_close(got32.s1, ref_far.s1, rtol=1e-6, atol=0)
     cov = lambda st: st.s2 / st.n[:, None, None] - (st.s1 / st.n[:, None])[:, :, None] * (st.s1 / st.n[:, None])[:, None, :]  # noqa: E731
     torch.testing.assert_close(cov(got32), cov(ref_far), rtol=0, atol=2e-4)
-    buf = TripleBuffer()
+    buf = TripleBuffer(150, 2, dtype=torch.float64)
     perm = torch.randperm(150)
     for part in perm.split(40):
         buf.add(part, rows[part], w[part])
     torch.testing.assert_close(buf.stats(x, 6).flat(), ref.flat(), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="holds 150 points"):
+        buf.add(perm[:1], rows[:1], w[:1])
 
 
 def _fit(x, dense_max_k):
