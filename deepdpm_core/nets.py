@@ -89,8 +89,8 @@ class SubclusterNets(nn.Module):
         padded = padded.index_put((block, slot), x)
         # both layers as batched GEMMs over blocks: each block reads its cluster's weights
         # once (gathering them per point costs a (B, D, H) copy and a scatter-add backward)
-        h = torch.relu(torch.baddbmm(self.b1[block_cluster, None, :], padded, self.w1[block_cluster]))
-        out = torch.baddbmm(self.b2[block_cluster, None, :], h, self.w2[block_cluster])
+        h = torch.relu(torch.baddbmm(self.b1.index_select(0, block_cluster)[:, None, :], padded, self.w1.index_select(0, block_cluster)))
+        out = torch.baddbmm(self.b2.index_select(0, block_cluster)[:, None, :], h, self.w2.index_select(0, block_cluster))
         return out[block, slot]
 
 

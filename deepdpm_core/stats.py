@@ -196,7 +196,7 @@ def grouped_stats(
     for r, count in enumerate(torch.bincount(rows, minlength=n_rows).tolist()):
         for s in range(start, start + count, chunk_rows):
             e = min(s + chunk_rows, start + count)
-            xs = x[points[s:e]].to(dtype)
+            xs = x.index_select(0, points[s:e]).to(dtype)
             c = xs.mean(0)
             xc = xs - c
             wx = xc * weights_work[s:e, None]
@@ -223,40 +223,67 @@ class TripleBuffer:
     Parameters
     ----------
     capacity : int
-        Most points that will be added.
-    width : int
-        Rows per point (m).
+        Most triples that will be added.
     device : torch.device or str
     dtype : torch.dtype
         dtype of the stored weights.
     """
 
-    def __init__(self, capacity: int, width: int, device: torch.device | str = "cpu",
+    def __init__(self, capacity: int, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32) -> None:
         self._points = torch.empty(capacity, dtype=torch.long, device=device)
-        self._rows = torch.empty(capacity, width, dtype=torch.long, device=device)
-        self._weights = torch.empty(capacity, width, dtype=dtype, device=device)
+        self._rows = torch.empty(capacity, dtype=torch.long, device=device)
+        self._weights = torch.empty(capacity, dtype=dtype, device=device)
         self._size = 0
 
     def add(self, points: Tensor, rows: Tensor, weights: Tensor) -> None:
-        """Record that point ``points[i]`` has weight ``weights[i, j]`` in row ``rows[i, j]``.
+        """Record that point ``points[t]`` has weight ``weights[t]`` in row ``rows[t]``.
 
         Parameters
         ----------
-        points : Tensor of shape (B,), int64
-        rows : Tensor of shape (B,) or (B, width), int64
-        weights : Tensor of the shape of ``rows``
+        points, rows : Tensor of shape (T,), int64
+        weights : Tensor of shape (T,)
         """
-        b, end = points.shape[0], self._size + points.shape[0]
+        end = self._size + points.shape[0]
         if end > self._points.shape[0]:
-            raise ValueError(f"TripleBuffer holds {self._points.shape[0]} points; {end} were added")
+            raise ValueError(f"TripleBuffer holds {self._points.shape[0]} triples; {end} were added")
         self._points[self._size : end] = points
-        self._rows[self._size : end] = rows.reshape(b, self._rows.shape[1])
-        self._weights[self._size : end] = weights.reshape(b, self._rows.shape[1])
+        self._rows[self._size : end] = rows
+        self._weights[self._size : end] = weights
         self._size = end
 
     def stats(self, x: Tensor, n_rows: int) -> SuffStats:
         """Statistics of all recorded triples over the points ``x`` (N, D)."""
-        n, rows = self._size, self._rows[: self._size]
-        points = self._points[:n, None].expand_as(rows)
-        return grouped_stats(x, points.reshape(-1), rows.reshape(-1), self._weights[:n].reshape(-1), n_rows)
+        n = self._size
+        return grouped_stats(x, self._points[:n], self._rows[:n], self._weights[:n], n_rows)
+
+
+def significant_top_m(r: Tensor, m: int, floor: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The entries of each row of ``r`` that are among its m largest and at least ``floor``.
+
+    The soft statistics of the top-m path take each point's m largest responsibilities;
+    for a confident net all but one are far below float precision, and carrying them costs
+    m GEMM rows per point. Thresholding first makes the common case one ``nonzero`` pass,
+    with :func:`torch.topk` only on the rows that have more than m entries above the floor.
+    With floor ≤ 1/K every row keeps its largest entry (which is ≥ 1/K).
+
+    Parameters
+    ----------
+    r : Tensor of shape (B, K)
+    m : int
+    floor : float
+
+    Returns
+    -------
+    point : Tensor of shape (T,), int64 — row of ``r`` of each kept entry
+    column : Tensor of shape (T,), int64
+    value : Tensor of shape (T,) — ``r[point, column]``
+    """
+    keep = r >= floor
+    over = keep.sum(1) > m
+    if bool(over.any()):
+        crowded = r[over]
+        top = torch.zeros_like(keep[over]).scatter_(1, crowded.topk(m, dim=1).indices, True)
+        keep[over] = top & (crowded >= floor)
+    point, column = keep.nonzero(as_tuple=True)
+    return point, column, r[point, column]

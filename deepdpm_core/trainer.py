@@ -43,10 +43,13 @@ from deepdpm_core.nets import (
     reindex_rows,
 )
 from deepdpm_core.niw import NIWPrior, map_estimate
-from deepdpm_core.stats import SuffStats, TripleBuffer, grouped_stats
+from deepdpm_core.stats import SuffStats, TripleBuffer, grouped_stats, significant_top_m
 
 Tensor = torch.Tensor
 EpochCallback = Callable[[dict[str, Any]], None]
+#: responsibilities below float32's resolution of 1 (a point's total mass) are left out
+#: of the top-m soft statistics: they are below the rounding of the kept ones
+_R_FLOOR = float(torch.finfo(torch.float32).eps)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -324,15 +327,15 @@ class Trainer:
         self.cluster_model.train(train)
         self.sub_model.train(train)
         pass_rows = min(n_local, one_pass * bsz)
-        soft_buf = TripleBuffer(pass_rows, min(m, k), self.device) if m else None
-        sub_buf = TripleBuffer(pass_rows, 1, self.device)
+        soft_buf = TripleBuffer(pass_rows * m, self.device) if m else None
+        sub_buf = TripleBuffer(pass_rows, self.device)
         for step in range(n_steps if train else one_pass):
             if step < one_pass:
                 idx = perm[step * bsz : min((step + 1) * bsz, pass_rows)]
             else:
                 start = n_local + (step - one_pass) * bsz
                 idx = perm[start : start + bsz] if n_local else perm[:0]
-            x = self.x[idx]
+            x = self.x.index_select(0, idx)
             xin = x * self.input_scale
             with torch.set_grad_enabled(train):
                 logits = self.cluster_model(xin)
@@ -340,7 +343,7 @@ class Trainer:
                 z = logits.detach().argmax(1)
                 sub_logits = self.sub_model(xin, z)
                 sub_r = torch.softmax(sub_logits, dim=1)
-                dist2 = (x[:, None, :] - self._sub_means32[z]).square().sum(-1)
+                dist2 = (x[:, None, :] - self._sub_means32.index_select(0, z)).square().sum(-1)
                 # KL(r^E || r) and the subcluster loss summed over the local batch, divided
                 # by G/W with G the step's points over all ranks: DDP averages gradients
                 # over the W ranks, so the update is that of the per-point mean over the
@@ -360,9 +363,10 @@ class Trainer:
                 continue
             with torch.no_grad():
                 r = log_r.detach().exp()
-                if m:  # the m largest responsibilities of each point (not renormalised)
-                    top = r.topk(min(m, k), dim=1)
-                    soft_buf.add(idx, top.indices, top.values)
+                if m:  # the m largest responsibilities of each point (not renormalised), less
+                    # those below float32 resolution of the point's unit mass
+                    point, column, value = significant_top_m(r, m, _R_FLOOR)
+                    soft_buf.add(idx.index_select(0, point), column, value)
                 else:
                     r, x64 = r.to(torch.float64), x.to(torch.float64)
                     soft_n += r.sum(0)
@@ -413,11 +417,11 @@ class Trainer:
     @staticmethod
     def _cluster_kl(log_r: Tensor, idx: Tensor, targets: tuple[Tensor | None, Tensor]) -> Tensor:
         """KL(r^E ‖ r) summed over the batch (dense, or over the top-m candidates)."""
-        cand, log_target = targets[0], targets[1][idx]
+        cand, log_target = targets[0], targets[1].index_select(0, idx)
         if cand is None:
             return F.kl_div(log_r, log_target, log_target=True, reduction="sum")
         # targets are 0 off the candidates, so only candidate terms of the KL remain
-        return (log_target.exp() * (log_target - log_r.gather(1, cand[idx]))).sum()
+        return (log_target.exp() * (log_target - log_r.gather(1, cand.index_select(0, idx)))).sum()
 
     def m_step(self, soft: SuffStats, sub: SuffStats) -> None:
         """Bayesian M-step from the net's responsibilities (paper §3.1) and subclusters."""
