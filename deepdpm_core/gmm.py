@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import faiss
 import torch
 
 from deepdpm_core.niw import _cholesky
@@ -119,6 +120,11 @@ class GaussianMixture:
     def candidates(self, x: Tensor, m: int, chunk_elems: int = 1 << 22) -> Tensor:
         """The m most likely components of each point under the isotropic proxy.
 
+        The proxy score is an inner product of [x, ‖x‖², 1] with [μ_k/v_k, −1/(2v_k), c_k],
+        so on the CPU FAISS's inner-product k-NN search (a GEMM with a fused heap top-m)
+        ranks it, about twice as fast as a score matrix and :func:`torch.topk`; on a GPU
+        the torch path is used.
+
         Parameters
         ----------
         x : Tensor of shape (N, D)
@@ -133,13 +139,11 @@ class GaussianMixture:
         """
         k = self.n_components
         m = min(m, k)
-        w, a, c = self._proxy
         out = torch.empty(x.shape[0], m, dtype=torch.long, device=x.device)
         rows = max(1, chunk_elems // max(1, k))
+        search = proxy_top_m_faiss if x.device.type == "cpu" else proxy_top_m_torch
         for s in range(0, x.shape[0], rows):
-            xs = x[s : s + rows].to(torch.float32)
-            score = xs @ w - xs.square().sum(1, keepdim=True) * a + c
-            out[s : s + rows] = score.topk(m, dim=1).indices
+            out[s : s + rows] = search(x[s : s + rows].to(torch.float32), *self._proxy, m)
         return out
 
     def weighted_log_prob_at(self, x: Tensor, index: Tensor, chunk_rows: int = 1 << 16) -> Tensor:
@@ -199,6 +203,20 @@ class GaussianMixture:
             self.means.to(device), self.covariances.to(device), self.log_weights.to(device),
             self.compute_dtype, self.work_dtype,
         )
+
+
+def proxy_top_m_torch(x: Tensor, w: Tensor, a: Tensor, c: Tensor, m: int) -> Tensor:
+    """Indices (B, m) of the m largest proxy scores x·w_k − ‖x‖² a_k + c_k of each row of x (B, D)."""
+    score = x @ w - x.square().sum(1, keepdim=True) * a + c
+    return score.topk(m, dim=1).indices
+
+
+def proxy_top_m_faiss(x: Tensor, w: Tensor, a: Tensor, c: Tensor, m: int) -> Tensor:
+    """:func:`proxy_top_m_torch` as a FAISS inner-product search of [x, ‖x‖², 1] (CPU tensors)."""
+    keys = torch.cat([w, -a[None, :], c[None, :]]).T.contiguous()
+    query = torch.cat([x, x.square().sum(1, keepdim=True), torch.ones(len(x), 1)], 1)
+    _, index = faiss.knn(query.numpy(), keys.numpy(), m, metric=faiss.METRIC_INNER_PRODUCT)
+    return torch.from_numpy(index)
 
 
 def log_weights_from_counts(counts: Tensor, pseudocount: float) -> Tensor:

@@ -6,7 +6,7 @@ import torch
 
 from deepdpm_core.config import Config
 from deepdpm_core.datasets import make_mixture
-from deepdpm_core.gmm import GaussianMixture
+from deepdpm_core.gmm import GaussianMixture, proxy_top_m_faiss, proxy_top_m_torch
 from deepdpm_core.metrics import nmi
 from deepdpm_core.stats import TripleBuffer, grouped_stats, significant_top_m, sparse_stats
 from deepdpm_core.trainer import Trainer
@@ -31,6 +31,20 @@ def test_log_prob_at_pairs_equals_dense_columns():
     gmm32, _ = _mixture(work_dtype=torch.float32)
     torch.testing.assert_close(gmm32.weighted_log_prob_at(x.float(), index), dense.gather(1, index),
                                rtol=1e-5, atol=1e-4)
+
+
+def test_faiss_and_torch_rank_the_proxy_alike():
+    gmm, means = _mixture(k=40, d=6)
+    x = (torch.tensor(means).repeat_interleave(30, 0) + torch.randn(1200, 6, dtype=torch.float64) * 2).float()
+    w, a, c = gmm._proxy
+    score = x @ w - x.square().sum(1, keepdim=True) * a + c
+    ref = proxy_top_m_torch(x, w, a, c, 5)
+    got = proxy_top_m_faiss(x, w, a, c, 5)
+    assert got.shape == ref.shape == (1200, 5) and got.dtype == torch.long
+    # the same scores in the same order (index sets may differ only between exact ties)
+    torch.testing.assert_close(score.gather(1, got), score.gather(1, ref), rtol=1e-5, atol=1e-4)
+    assert (got == ref).float().mean() > 0.99
+    torch.testing.assert_close(gmm.candidates(x, 5, chunk_elems=40 * 7), got)
 
 
 def test_top_m_with_all_components_is_the_dense_e_step():
