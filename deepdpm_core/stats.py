@@ -262,10 +262,9 @@ def significant_top_m(r: Tensor, m: int, floor: float) -> tuple[Tensor, Tensor, 
     """The entries of each row of ``r`` that are among its m largest and at least ``floor``.
 
     The soft statistics of the top-m path take each point's m largest responsibilities;
-    for a confident net all but one are far below float precision, and carrying them costs
-    m GEMM rows per point. Thresholding first makes the common case one ``nonzero`` pass,
-    with :func:`torch.topk` only on the rows that have more than m entries above the floor.
-    With floor ≤ 1/K every row keeps its largest entry (which is ≥ 1/K).
+    for a confident net all but one are far below float precision, and carrying them
+    costs m GEMM rows per point. With floor ≤ 1/K every row keeps its largest entry
+    (which is ≥ 1/K).
 
     Parameters
     ----------
@@ -279,11 +278,6 @@ def significant_top_m(r: Tensor, m: int, floor: float) -> tuple[Tensor, Tensor, 
     column : Tensor of shape (T,), int64
     value : Tensor of shape (T,) — ``r[point, column]``
     """
-    keep = r >= floor
-    over = keep.sum(1) > m
-    if bool(over.any()):
-        crowded = r[over]
-        top = torch.zeros_like(keep[over]).scatter_(1, crowded.topk(m, dim=1).indices, True)
-        keep[over] = top & (crowded >= floor)
-    point, column = keep.nonzero(as_tuple=True)
-    return point, column, r[point, column]
+    top = r.topk(min(m, r.shape[1]), dim=1)
+    point, j = (top.values >= floor).nonzero(as_tuple=True)
+    return point, top.indices[point, j], top.values[point, j]
