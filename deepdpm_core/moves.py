@@ -44,6 +44,17 @@ class MovePlan:
         return [b for _, b in self.merges] + list(self.prunes)
 
 
+#: (rows, D, D) float64 elements per batch of Hastings ratios (64 MiB): the NIW posteriors
+#: and Cholesky factors of ~3000 merge pairs at D = 128 would otherwise take GBs at once
+_CHUNK_ELEMS = 1 << 23
+
+
+def _chunks(n_rows: int, dim: int) -> list[tuple[int, int]]:
+    """[start, end) ranges of at most _CHUNK_ELEMS / D² rows covering n_rows rows."""
+    step = max(1, _CHUNK_ELEMS // (dim * dim))
+    return [(s, min(s + step, n_rows)) for s in range(0, n_rows, step)]
+
+
 def _accept(log_h: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Metropolis–Hastings coins: accept with probability min(1, H)."""
     u = rng.random(log_h.shape[0])
@@ -73,7 +84,10 @@ def propose_splits(
     log_h : ndarray of shape (K,)
         ln H_s per cluster (−inf where not proposed).
     """
-    log_h = log_split_hastings(prior, alpha, sub_stats).cpu().numpy()
+    log_h = np.concatenate([
+        log_split_hastings(prior, alpha, sub_stats.rows(torch.arange(2 * s, 2 * e))).cpu().numpy()
+        for s, e in _chunks(sub_stats.n_rows // 2, sub_stats.dim)
+    ])
     small = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() < max(min_subcluster_size, 1.0)
     log_h[small] = -np.inf
     coins = _accept(log_h, rng)
@@ -133,8 +147,11 @@ def propose_merges(
         return []
     a_idx = [a for a, _ in pairs]
     b_idx = [b for _, b in pairs]
-    log_h = log_merge_hastings(prior, alpha, cluster_stats.rows(a_idx), cluster_stats.rows(b_idx))
-    coins = _accept(log_h.cpu().numpy(), rng)
+    log_h = np.concatenate([
+        log_merge_hastings(prior, alpha, cluster_stats.rows(a_idx[s:e]), cluster_stats.rows(b_idx[s:e])).cpu().numpy()
+        for s, e in _chunks(len(pairs), cluster_stats.dim)
+    ])
+    coins = _accept(log_h, rng)
     used: set[int] = set()
     accepted = []
     for (a, b), ok in zip(pairs, coins, strict=True):
