@@ -11,12 +11,17 @@ import sys
 import time
 from pathlib import Path
 
+#: the fit's recipe: the demo clusters a UMAP embedding (the source checkout's copy)
+N2D_RECIPE = Path(__file__).resolve().parents[2] / "cluster_configs" / "n2d.yaml"
+
 HELP = "run shards → extract → embed → fit → predict on scikit-learn's digits (no downloads)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default="deepdpm-demo", help="working directory (default: ./deepdpm-demo)")
     parser.add_argument("--seed", type=int, default=0, help="random seed")
+    parser.add_argument("--config", type=Path, default=N2D_RECIPE,
+                        help="YAML config of the embed and fit steps (default: cluster_configs/n2d.yaml)")
     parser.add_argument("--no-ray", action="store_true",
                         help="skip the image stages (shards/extract): embed the digits array directly")
 
@@ -30,12 +35,13 @@ def run(args: argparse.Namespace) -> int:
     from sklearn.datasets import load_digits
 
     from deepdpm_core import DeepDPM
-    from deepdpm_core.config import Config
+    from deepdpm_core.config import load_config
     from deepdpm_core.embedding import embed
     from deepdpm_core.metrics import clustering_scores
     from pipeline.fitting import write_fit_outputs
     from pipeline.io import FeatureTable, features_table, read_features, write_parquet_atomic
 
+    cfg = load_config(args.config).with_overrides({"seed": args.seed})  # fail before any work
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -56,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
         extract_features(shards, features, encoder="pixels", num_workers=1, progress=False)
         _step("extract", features, t0)
         table = read_features(features)
-    cfg = Config().with_overrides({"seed": args.seed})
     emb = embed(table.X, "umap", cfg, dim=10).embedding
     emb_path = out / "embedding.parquet"
     write_parquet_atomic(features_table(emb, table.keys, table.labels), emb_path)
