@@ -173,7 +173,8 @@ class GaussianMixture:
             for s in range(start, start + count, chunk_rows):
                 pairs = order[s : min(s + chunk_rows, start + count)]
                 # centred before the (float32) GEMM, so rounding is relative to the spread
-                y = (x.index_select(0, pairs // m).to(self.work_dtype) - self._means_work[k]) @ self._prec_chol_work[k]
+                xs = x.index_select(0, pairs // m).to(self.work_dtype)
+                y = (xs - self._means_work[k]) @ self._prec_chol_work[k]
                 out[pairs] = self._log_norm[k] - 0.5 * y.square().sum(1).to(self.compute_dtype)
             start += count
         return out.view(index.shape)

@@ -89,8 +89,9 @@ class SubclusterNets(nn.Module):
         padded = padded.index_put((block, slot), x)
         # both layers as batched GEMMs over blocks: each block reads its cluster's weights
         # once (gathering them per point costs a (B, D, H) copy and a scatter-add backward)
-        h = torch.relu(torch.baddbmm(self.b1.index_select(0, block_cluster)[:, None, :], padded, self.w1.index_select(0, block_cluster)))
-        out = torch.baddbmm(self.b2.index_select(0, block_cluster)[:, None, :], h, self.w2.index_select(0, block_cluster))
+        w1, b1, w2, b2 = (p.index_select(0, block_cluster) for p in (self.w1, self.b1, self.w2, self.b2))
+        h = torch.relu(torch.baddbmm(b1[:, None, :], padded, w1))
+        out = torch.baddbmm(b2[:, None, :], h, w2)
         return out[block, slot]
 
 
