@@ -141,9 +141,11 @@ class GaussianMixture:
         m = min(m, k)
         out = torch.empty(x.shape[0], m, dtype=torch.long, device=x.device)
         rows = max(1, chunk_elems // max(1, k))
-        search = proxy_top_m_faiss if x.device.type == "cpu" else proxy_top_m_torch
+        keys = faiss_proxy_keys(*self._proxy) if x.device.type == "cpu" else None  # once, not per chunk
         for s in range(0, x.shape[0], rows):
-            out[s : s + rows] = search(x[s : s + rows].to(torch.float32), *self._proxy, m)
+            xs = x[s : s + rows].to(torch.float32)
+            out[s : s + rows] = (proxy_top_m_faiss(xs, keys, m) if keys is not None
+                                 else proxy_top_m_torch(xs, *self._proxy, m))
         return out
 
     def weighted_log_prob_at(self, x: Tensor, index: Tensor, chunk_rows: int = 1 << 16) -> Tensor:
@@ -212,9 +214,14 @@ def proxy_top_m_torch(x: Tensor, w: Tensor, a: Tensor, c: Tensor, m: int) -> Ten
     return score.topk(m, dim=1).indices
 
 
-def proxy_top_m_faiss(x: Tensor, w: Tensor, a: Tensor, c: Tensor, m: int) -> Tensor:
-    """:func:`proxy_top_m_torch` as a FAISS inner-product search of [x, ‖x‖², 1] (CPU tensors)."""
-    keys = torch.cat([w, -a[None, :], c[None, :]]).T.contiguous()
+def faiss_proxy_keys(w: Tensor, a: Tensor, c: Tensor) -> Tensor:
+    """The proxy as K key vectors [w_k, −a_k, c_k], shape (K, D + 2), float32, contiguous."""
+    return torch.cat([w, -a[None, :], c[None, :]]).T.contiguous()
+
+
+def proxy_top_m_faiss(x: Tensor, keys: Tensor, m: int) -> Tensor:
+    """:func:`proxy_top_m_torch` as a FAISS inner-product search of [x, ‖x‖², 1] against
+    :func:`faiss_proxy_keys` (CPU tensors)."""
     query = torch.cat([x, x.square().sum(1, keepdim=True), torch.ones(len(x), 1)], 1)
     _, index = faiss.knn(query.numpy(), keys.numpy(), m, metric=faiss.METRIC_INNER_PRODUCT)
     return torch.from_numpy(index)

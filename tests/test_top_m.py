@@ -6,7 +6,7 @@ import torch
 
 from deepdpm_core.config import Config
 from deepdpm_core.datasets import make_mixture
-from deepdpm_core.gmm import GaussianMixture, proxy_top_m_faiss, proxy_top_m_torch
+from deepdpm_core.gmm import GaussianMixture, faiss_proxy_keys, proxy_top_m_faiss, proxy_top_m_torch
 from deepdpm_core.metrics import nmi
 from deepdpm_core.stats import TripleBuffer, grouped_stats, significant_top_m, sparse_stats
 from deepdpm_core.trainer import Trainer
@@ -39,7 +39,7 @@ def test_faiss_and_torch_rank_the_proxy_alike():
     w, a, c = gmm._proxy
     score = x @ w - x.square().sum(1, keepdim=True) * a + c
     ref = proxy_top_m_torch(x, w, a, c, 5)
-    got = proxy_top_m_faiss(x, w, a, c, 5)
+    got = proxy_top_m_faiss(x, faiss_proxy_keys(w, a, c), 5)
     assert got.shape == ref.shape == (1200, 5) and got.dtype == torch.long
     # the same scores in the same order (index sets may differ only between exact ties)
     torch.testing.assert_close(score.gather(1, got), score.gather(1, ref), rtol=1e-5, atol=1e-4)
