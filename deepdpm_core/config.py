@@ -48,6 +48,7 @@ class ModelConfig:
 
     hidden: int = 50
     sub_hidden: int = 50
+    precision: Literal["auto", "float32", "tf32", "bf16"] = "auto"
 
 
 @dataclass(frozen=True)

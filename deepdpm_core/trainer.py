@@ -43,6 +43,7 @@ from deepdpm_core.nets import (
     reindex_rows,
 )
 from deepdpm_core.niw import NIWPrior, map_estimate
+from deepdpm_core.precision import net_precision, resolve_precision
 from deepdpm_core.stats import SuffStats, TripleBuffer, grouped_stats, significant_top_m
 
 Tensor = torch.Tensor
@@ -117,6 +118,7 @@ class Trainer:
         self.wrap = wrap or (lambda m: m)
         self.callbacks = list(callbacks or [])
         self.device = resolve_device(config.device)
+        self.precision = resolve_precision(config.model.precision, self.device)
         self.dim = int(x.shape[1])
         self.rng = np.random.default_rng(config.seed)  # move decisions (rank 0) and init
         self.torch_gen = torch.Generator().manual_seed(config.seed)  # net initialisation
@@ -337,7 +339,7 @@ class Trainer:
                 idx = perm[start : start + bsz] if n_local else perm[:0]
             x = self.x.index_select(0, idx)
             xin = x * self.input_scale
-            with torch.set_grad_enabled(train):
+            with torch.set_grad_enabled(train), net_precision(self.precision, self.device):
                 logits = self.cluster_model(xin)
                 log_r = F.log_softmax(logits, dim=1)
                 z = logits.detach().argmax(1)
@@ -353,12 +355,13 @@ class Trainer:
                 sum_sub = (sub_r * dist2).sum()
                 per_rank = max(self._global_batch(step, one_pass), 1) / self.comm.world_size
                 loss_cl, loss_sub = sum_cl / per_rank, sum_sub / per_rank
-                if train:
-                    self.opt_cluster.zero_grad(set_to_none=True)
-                    self.opt_sub.zero_grad(set_to_none=True)
+            if train:
+                self.opt_cluster.zero_grad(set_to_none=True)
+                self.opt_sub.zero_grad(set_to_none=True)
+                with net_precision(self.precision, self.device, backward=True):
                     (loss_cl + loss_sub).backward()
-                    self.opt_cluster.step()
-                    self.opt_sub.step()
+                self.opt_cluster.step()
+                self.opt_sub.step()
             if step >= one_pass:
                 continue
             with torch.no_grad():
@@ -727,7 +730,9 @@ class Trainer:
         shift = self.shift.to(self.device)
         for s in range(0, x.shape[0], batch_size):
             xb = (x[s : s + batch_size].to(self.device, torch.float64) - shift).float()
-            yield F.log_softmax(self.cluster_net(xb * self.input_scale), dim=1).cpu()
+            with net_precision(self.precision, self.device):
+                logits = self.cluster_net(xb * self.input_scale)
+            yield F.log_softmax(logits.float(), dim=1).cpu()
 
     def predict_log_proba(self, x: Tensor, batch_size: int = 65536) -> Tensor:
         """ln r from the clustering net for raw (unshifted) rows; shape (N, K)."""
@@ -763,7 +768,8 @@ class Trainer:
         """Points per cluster under the clustering net's argmax, summed over ranks; (K,)."""
         counts = torch.zeros(self.n_clusters, dtype=torch.float64, device=self.device)
         for s in range(0, self.x.shape[0], batch_size):
-            z = self.cluster_net(self.x[s : s + batch_size] * self.input_scale).argmax(1)
+            with net_precision(self.precision, self.device):
+                z = self.cluster_net(self.x[s : s + batch_size] * self.input_scale).argmax(1)
             counts += torch.bincount(z, minlength=self.n_clusters).to(counts)
         return self.comm.all_reduce(counts)
 

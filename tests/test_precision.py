@@ -1,0 +1,66 @@
+"""Reduced-precision nets (issue 8): bf16/TF32 matmuls for the nets, same clustering."""
+
+import torch
+from torch.nn.modules.module import register_module_forward_hook
+
+from deepdpm_core.config import Config
+from deepdpm_core.datasets import make_mixture
+from deepdpm_core.metrics import nmi
+from deepdpm_core.nets import ClusterNet
+from deepdpm_core.precision import net_precision, resolve_precision
+from deepdpm_core.trainer import Trainer
+
+
+def _fit(x, precision):
+    cfg = Config().with_overrides({
+        "device": "cpu", "init.n_clusters": 1, "model.precision": precision,
+        "schedule.max_epochs": 80, "schedule.warmup_epochs": 3, "schedule.move_every": 3,
+    })
+    trainer = Trainer(cfg, torch.as_tensor(x))
+    dtypes = set()
+
+    def record(module, inputs, out):  # global hook: splits rebuild the net
+        if isinstance(module, ClusterNet):
+            dtypes.add(out.dtype)
+
+    hook = register_module_forward_hook(record)
+    try:
+        trainer.fit()
+    finally:
+        hook.remove()
+    labels = trainer.predict_labels(torch.as_tensor(x)).numpy()
+    return trainer, labels, dtypes
+
+
+def test_bf16_nets_find_the_same_clusters_as_float32():
+    # bf16 rounds the nets' GEMM inputs to 8 significant bits, coarser than TF32's 11: if
+    # the clustering survives bf16 it survives TF32 (both accumulate in float32)
+    torch.set_num_threads(1)
+    x, y = make_mixture(20_000, 16, 40, imbalance=1.0, min_weight=0.005, random_state=3)
+    ref, lab_ref, dtypes_ref = _fit(x, "float32")
+    low, lab_low, dtypes_low = _fit(x, "bf16")
+    assert dtypes_ref == {torch.float32} and dtypes_low == {torch.bfloat16}
+    assert low.n_clusters == ref.n_clusters == 40
+    assert abs(nmi(y, lab_low) - nmi(y, lab_ref)) <= 0.01 and nmi(y, lab_low) > 0.99
+    # the statistics and the mixture stay float64: precision is scoped to the nets
+    assert low.means.dtype == low.covs.dtype == torch.float64
+    assert [h["loss_cluster"] for h in low.history] != [h["loss_cluster"] for h in ref.history]
+
+
+def test_auto_is_tf32_on_cuda_and_float32_elsewhere():
+    assert resolve_precision("auto", torch.device("cuda")) == "tf32"
+    assert resolve_precision("auto", torch.device("cpu")) == "float32"
+    assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
+
+
+def test_tf32_is_scoped_to_the_block_and_cuda_only():
+    mm = torch.backends.cuda.matmul
+    before = mm.fp32_precision
+    with net_precision("tf32", torch.device("cuda")):
+        assert mm.fp32_precision == "tf32"
+    assert mm.fp32_precision == before
+    with net_precision("tf32", torch.device("cpu")):  # no TF32 unit: plain float32
+        assert mm.fp32_precision == before
+        assert not torch.is_autocast_enabled("cpu")
+    with net_precision("bf16", torch.device("cpu"), backward=True):  # autocast: forward only
+        assert not torch.is_autocast_enabled("cpu")
