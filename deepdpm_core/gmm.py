@@ -22,6 +22,7 @@ import faiss
 import torch
 
 from deepdpm_core.niw import _cholesky
+from deepdpm_core.stats import gather_chunk_rows
 
 Tensor = torch.Tensor
 
@@ -148,7 +149,7 @@ class GaussianMixture:
                                  else proxy_top_m_torch(xs, *self._proxy, m))
         return out
 
-    def weighted_log_prob_at(self, x: Tensor, index: Tensor, chunk_rows: int = 1 << 16) -> Tensor:
+    def weighted_log_prob_at(self, x: Tensor, index: Tensor, chunk_rows: int | None = None) -> Tensor:
         """ln π_k + ln N(x_i; μ_k, Σ_k) for the given (point, component) pairs only.
 
         Pairs are sorted by component, and each component's points are whitened with one
@@ -159,6 +160,8 @@ class GaussianMixture:
         x : Tensor of shape (N, D)
         index : Tensor of shape (N, m), int64
             Components to evaluate for each point.
+        chunk_rows : int, optional
+            Most pairs per GEMM (default :func:`~deepdpm_core.stats.gather_chunk_rows`).
 
         Returns
         -------
@@ -166,6 +169,7 @@ class GaussianMixture:
         (i, j) is for component index[i, j].
         """
         m = index.shape[1]
+        chunk_rows = chunk_rows or gather_chunk_rows(self.dim, x.device)
         flat = index.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.n_components).tolist()

@@ -150,8 +150,19 @@ def sparse_stats(x: Tensor, index: Tensor, weights: Tensor, n_rows: int) -> Suff
     return out
 
 
+def gather_chunk_rows(dim: int, device: torch.device | str) -> int:
+    """Rows per gathered (rows, D) block of the grouped GEMMs.
+
+    On CPU a 1 MiB float32 block (2^18 / D rows): blocks that stay in cache made the
+    top-m whitening and the soft statistics about twice as fast as 2^16-row ones (1.6M
+    pairs at D = 64, one core: 0.59 -> 0.26 s and 0.69 -> 0.33 s). On a GPU 2^16 rows,
+    for fewer kernel launches.
+    """
+    return max(1, (1 << 18) // max(1, dim)) if torch.device(device).type == "cpu" else 1 << 16
+
+
 def grouped_stats(
-    x: Tensor, points: Tensor, rows: Tensor, weights: Tensor, n_rows: int, chunk_rows: int = 1 << 16,
+    x: Tensor, points: Tensor, rows: Tensor, weights: Tensor, n_rows: int, chunk_rows: int | None = None,
     dtype: torch.dtype | None = None,
 ) -> SuffStats:
     """Statistics from (point, row, weight) triples, one GEMM per row.
@@ -175,8 +186,8 @@ def grouped_stats(
     weights : Tensor of shape (T,)
         Weight of each triple.
     n_rows : int
-    chunk_rows : int
-        Most points in one GEMM.
+    chunk_rows : int, optional
+        Most points in one GEMM (default :func:`gather_chunk_rows`).
     dtype : torch.dtype, optional
         dtype of the GEMMs.
 
@@ -186,11 +197,12 @@ def grouped_stats(
     """
     d = x.shape[1]
     dtype = dtype or x.dtype
+    chunk_rows = chunk_rows or gather_chunk_rows(d, x.device)
     out = SuffStats.zeros(n_rows, d, device=x.device)
     out.n.index_add_(0, rows, weights.to(torch.float64))
     # (row, point) order: one segment per row, and points read in memory order
     order = torch.argsort(rows * x.shape[0] + points)
-    points, weights = points[order], weights[order].to(torch.float64)
+    points, weights = points.index_select(0, order), weights.index_select(0, order).to(torch.float64)
     weights_work = weights.to(dtype)
     start = 0
     for r, count in enumerate(torch.bincount(rows, minlength=n_rows).tolist()):
@@ -257,27 +269,3 @@ class TripleBuffer:
         n = self._size
         return grouped_stats(x, self._points[:n], self._rows[:n], self._weights[:n], n_rows)
 
-
-def significant_top_m(r: Tensor, m: int, floor: float) -> tuple[Tensor, Tensor, Tensor]:
-    """The entries of each row of ``r`` that are among its m largest and at least ``floor``.
-
-    The soft statistics of the top-m path take each point's m largest responsibilities;
-    for a confident net all but one are far below float precision, and carrying them
-    costs m GEMM rows per point. With floor ≤ 1/K every row keeps its largest entry
-    (which is ≥ 1/K).
-
-    Parameters
-    ----------
-    r : Tensor of shape (B, K)
-    m : int
-    floor : float
-
-    Returns
-    -------
-    point : Tensor of shape (T,), int64 — row of ``r`` of each kept entry
-    column : Tensor of shape (T,), int64
-    value : Tensor of shape (T,) — ``r[point, column]``
-    """
-    top = r.topk(min(m, r.shape[1]), dim=1)
-    point, j = (top.values >= floor).nonzero(as_tuple=True)
-    return point, top.indices[point, j], top.values[point, j]

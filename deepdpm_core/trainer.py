@@ -44,7 +44,7 @@ from deepdpm_core.nets import (
 )
 from deepdpm_core.niw import NIWPrior, map_estimate
 from deepdpm_core.precision import net_precision, resolve_precision
-from deepdpm_core.stats import SuffStats, TripleBuffer, grouped_stats, significant_top_m
+from deepdpm_core.stats import SuffStats, TripleBuffer, grouped_stats
 
 Tensor = torch.Tensor
 EpochCallback = Callable[[dict[str, Any]], None]
@@ -351,7 +351,7 @@ class Trainer:
                 # over the W ranks, so the update is that of the per-point mean over the
                 # global batch (W = 1: the batch mean). A rank with no rows left runs an
                 # empty batch (zero gradients) so every rank takes the same steps.
-                sum_cl = self._cluster_kl(log_r, idx, targets)
+                sum_cl, cand, log_r_cand = self._cluster_kl(log_r, idx, targets)
                 sum_sub = (sub_r * dist2).sum()
                 per_rank = max(self._global_batch(step, one_pass), 1) / self.comm.world_size
                 loss_cl, loss_sub = sum_cl / per_rank, sum_sub / per_rank
@@ -365,13 +365,14 @@ class Trainer:
             if step >= one_pass:
                 continue
             with torch.no_grad():
-                r = log_r.detach().exp()
-                if m:  # the m largest responsibilities of each point (not renormalised), less
-                    # those below float32 resolution of the point's unit mass
-                    point, column, value = significant_top_m(r, m, _R_FLOOR)
-                    soft_buf.add(idx.index_select(0, point), column, value)
+                if m:  # the net's responsibilities on the point's m E-step candidates (the
+                    # support of its target r^E, where the KL puts the net's mass; not
+                    # renormalised), less those below float32 resolution of its unit mass
+                    r = log_r_cand.detach().exp()
+                    point, j = (r >= _R_FLOOR).nonzero(as_tuple=True)
+                    soft_buf.add(idx.index_select(0, point), cand[point, j], r[point, j])
                 else:
-                    r, x64 = r.to(torch.float64), x.to(torch.float64)
+                    r, x64 = log_r.detach().exp().to(torch.float64), x.to(torch.float64)
                     soft_n += r.sum(0)
                     soft_s1.addmm_(r.T, x64)
                     soft_s2.addmm_(r.T, (x64[:, :, None] * x64[:, None, :]).reshape(-1, d * d))
@@ -418,13 +419,24 @@ class Trainer:
         return None, out
 
     @staticmethod
-    def _cluster_kl(log_r: Tensor, idx: Tensor, targets: tuple[Tensor | None, Tensor]) -> Tensor:
-        """KL(r^E ‖ r) summed over the batch (dense, or over the top-m candidates)."""
+    def _cluster_kl(
+        log_r: Tensor, idx: Tensor, targets: tuple[Tensor | None, Tensor]
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """KL(r^E ‖ r) summed over the batch (dense, or over the top-m candidates).
+
+        Returns
+        -------
+        kl : Tensor, scalar
+        cand : Tensor of shape (B, m), int64, or None when dense — the batch's candidates
+        log_r_cand : Tensor of shape (B, m), or None when dense — ln r on them
+        """
         cand, log_target = targets[0], targets[1].index_select(0, idx)
         if cand is None:
-            return F.kl_div(log_r, log_target, log_target=True, reduction="sum")
+            return F.kl_div(log_r, log_target, log_target=True, reduction="sum"), None, None
         # targets are 0 off the candidates, so only candidate terms of the KL remain
-        return (log_target.exp() * (log_target - log_r.gather(1, cand.index_select(0, idx)))).sum()
+        cand = cand.index_select(0, idx)
+        log_r_cand = log_r.gather(1, cand)
+        return (log_target.exp() * (log_target - log_r_cand)).sum(), cand, log_r_cand
 
     def m_step(self, soft: SuffStats, sub: SuffStats) -> None:
         """Bayesian M-step from the net's responsibilities (paper §3.1) and subclusters."""

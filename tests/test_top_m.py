@@ -8,7 +8,7 @@ from deepdpm_core.config import Config
 from deepdpm_core.datasets import make_mixture
 from deepdpm_core.gmm import GaussianMixture, faiss_proxy_keys, proxy_top_m_faiss, proxy_top_m_torch
 from deepdpm_core.metrics import nmi
-from deepdpm_core.stats import TripleBuffer, grouped_stats, significant_top_m, sparse_stats
+from deepdpm_core.stats import TripleBuffer, grouped_stats, sparse_stats
 from deepdpm_core.trainer import Trainer
 
 
@@ -89,25 +89,6 @@ def test_grouped_and_buffered_stats_match_sparse_stats():
     torch.testing.assert_close(buf.stats(x, 6).flat(), ref.flat(), rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="holds 300 triples"):
         buf.add(perm[:1], rows[0, :1], w[0, :1])
-
-
-@pytest.mark.parametrize("floor", [0.0, 1e-7, 0.03])  # all <= 1/K
-def test_significant_top_m_is_the_top_m_entries_above_the_floor(floor):
-    gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(500, 30, generator=gen) * torch.rand(500, 1, generator=gen) * 12
-    r = torch.softmax(logits, dim=1)
-    r[:5] = 1 / 30  # all tied: topk picks any m of them
-    point, column, value = significant_top_m(r, 4, floor)
-    got = torch.zeros_like(r, dtype=torch.bool)
-    got[point, column] = True
-    assert len(point) == int(got.sum())  # no entry twice
-    torch.testing.assert_close(value, r[point, column])
-    top = torch.zeros_like(got).scatter_(1, r.topk(4, dim=1).indices, True)
-    expected = top & (r >= floor)
-    assert (got[5:] == expected[5:]).all()
-    assert (got[:5].sum(1) == 4).all()
-    assert got.any(1).all()  # every point keeps its largest responsibility
-    assert 500 <= len(point) <= 4 * 500
 
 
 def _fit(x, dense_max_k):
