@@ -34,20 +34,14 @@ def resolve_precision(name: str, device: torch.device) -> str:
 def _cuda_tf32() -> Iterator[None]:
     """TF32 inputs for CUDA float32 matmuls inside the block, restored after it."""
     mm = torch.backends.cuda.matmul
-    if hasattr(mm, "fp32_precision"):  # torch >= 2.9; mixing it with allow_tf32 is an error
-        old = mm.fp32_precision
-        mm.fp32_precision = "tf32"
-        try:
-            yield
-        finally:
-            mm.fp32_precision = old
-    else:
-        old = mm.allow_tf32
-        mm.allow_tf32 = True
-        try:
-            yield
-        finally:
-            mm.allow_tf32 = old
+    # newer torch: fp32_precision (not to be mixed with the legacy allow_tf32); older: allow_tf32
+    name, value = ("fp32_precision", "tf32") if hasattr(mm, "fp32_precision") else ("allow_tf32", True)
+    old = getattr(mm, name)
+    setattr(mm, name, value)
+    try:
+        yield
+    finally:
+        setattr(mm, name, old)
 
 
 def net_precision(precision: str, device: torch.device, backward: bool = False) -> contextlib.AbstractContextManager:
