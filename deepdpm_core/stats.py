@@ -268,4 +268,3 @@ class TripleBuffer:
         """Statistics of all recorded triples over the points ``x`` (N, D)."""
         n = self._size
         return grouped_stats(x, self._points[:n], self._rows[:n], self._weights[:n], n_rows)
-
