@@ -56,7 +56,7 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict) -> dict[str, f
     m = trainer._top_m()
     t = time.perf_counter()
     if m:
-        trainer.mixture.top_m_log_responsibilities(trainer.x, m)
+        trainer.mixture.sparse_log_responsibilities(trainer.x, m)
     else:
         for s in range(0, trainer.x.shape[0], trainer.batch_size):
             trainer.mixture.log_responsibilities(trainer.x[s : s + trainer.batch_size])

@@ -92,13 +92,13 @@ class MovesConfig:
 class EStepConfig:
     """E-step targets and soft statistics at large K (issue 8).
 
-    While K <= ``dense_max_k`` every point is scored against every cluster (exact).
-    Above it each point keeps ``top_m`` candidate clusters: E-step targets are exact
-    Gaussian log-densities over the candidates ranked by an isotropic proxy, and the soft
-    statistics use the ``top_m`` largest net responsibilities (not renormalised), so an
-    epoch costs O(N·m·D²) instead of O(N·K·D²). (Taking the net's responsibilities at the
-    E-step candidates instead saves a top-k but lost 4 of 40 clusters in
-    tests/test_top_m.py: the proxy's ranking is not the net's.)
+    While K <= ``dense_max_k`` every point is scored against every cluster. Above it the
+    E-step is sparse (:meth:`~deepdpm_core.gmm.GaussianMixture.sparse_log_responsibilities`):
+    a lower bound on every cluster's Mahalanobis distance rules out the clusters whose
+    responsibility is provably below float32 resolution, exact log-densities are computed
+    for the rest, and each point keeps at most ``top_m`` clusters (memory O(N·top_m)). The
+    soft statistics take the net's responsibilities on each point's E-step support, so an
+    epoch costs O(N·K·D + N·s·D²) for s supported clusters per point instead of O(N·K·D²).
     """
 
     top_m: int = 8

@@ -5,12 +5,28 @@ minibatch, with parameters frozen for the whole epoch. The precision Cholesky fa
 are computed once per M-step (as in scikit-learn's ``_estimate_log_gaussian_prob``), so a
 batch costs one (B, D) x (D, K·D) matrix product and no factorisation.
 
-At large K that dense product, O(B·K·D²), dominates an epoch. The top-m E-step
-(:meth:`GaussianMixture.top_m_log_responsibilities`) ranks the components of each point
-by a cheap O(K·D) isotropic proxy, keeps the best m, and evaluates the exact Gaussian
-log-densities only for those m, grouped by component so each component costs one GEMM
-(O(N·m·D²) in all). Points' responsibilities outside their m candidates are taken as 0;
-for separated clusters that mass is below float precision.
+At large K that dense product, O(B·K·D²), dominates an epoch. The sparse E-step
+(:meth:`GaussianMixture.sparse_log_responsibilities`) evaluates exact log-densities only
+where they can matter:
+
+1. each point's *anchor*, its best component under a cheap isotropic proxy (an O(K·D)
+   inner-product search), is evaluated exactly;
+2. every other component k gets a lower bound on its Mahalanobis distance from the
+   Cauchy–Schwarz inequality (vᵀ(x − μ_k))² ≤ (vᵀΣ_k v)·(x − μ_k)ᵀΣ_k⁻¹(x − μ_k), with v
+   = Σ_k⁻¹(μ_j − μ_k) pointing from k's mean to the anchor j's:
+   Maha_k(x) ≥ (a_jk + u_jkᵀ(x − μ_j))², a_jk the Mahalanobis distance of μ_j under
+   component k and u_jk = v/a_jk. For a point near its anchor this is close to the exact
+   value, and it costs one (n_j, D) x (D, K) GEMM per anchor: O(N·K·D) in all, one
+   k-means iteration;
+3. components whose bound leaves them :data:`SUPPORT_LOG_GAP` below the anchor have a
+   responsibility provably below float32's resolution of 1 and get exactly 0; the rest
+   (on separated clusters a fraction of one per point) are evaluated exactly, grouped by
+   component so each costs one GEMM.
+
+So the targets are the dense E-step's to float32 resolution, at O(N·K·D + N·s·D²) for s
+surviving components per point, and memory is O(N·m + chunk·K): a point keeps at most m
+components (``estep.top_m``), those with the highest upper bounds, which only matters
+where more than m components are within float32 resolution of each other.
 """
 
 from __future__ import annotations
@@ -25,6 +41,13 @@ from deepdpm_core.niw import _cholesky
 from deepdpm_core.stats import gather_chunk_rows
 
 Tensor = torch.Tensor
+
+#: a component whose log-density is this far below a point's best has a responsibility
+#: below float32's resolution of 1 (the point's total mass): it is left out of the support
+SUPPORT_LOG_GAP = -math.log(torch.finfo(torch.float32).eps)
+#: nats added to the gap when pruning by the bound: covers the float32 arithmetic of the
+#: bound test itself (the dot products' rounding is bounded separately)
+_BOUND_MARGIN = 1.0
 
 
 @dataclass
@@ -48,10 +71,12 @@ class GaussianMixture:
     covariances: Tensor
     log_weights: Tensor
     compute_dtype: torch.dtype = torch.float64
-    _prec_chol: Tensor = field(init=False, repr=False)
-    _shifted_means: Tensor = field(init=False, repr=False)
-    _log_norm: Tensor = field(init=False, repr=False)
     work_dtype: torch.dtype = torch.float32
+    _prec_chol: Tensor = field(init=False, repr=False)
+    _whitened_means: Tensor = field(init=False, repr=False)
+    _log_norm: Tensor = field(init=False, repr=False)
+    _dense: tuple[Tensor, Tensor] | None = field(init=False, repr=False)
+    _precision: tuple[Tensor, Tensor] | None = field(init=False, repr=False)
     _means_work: Tensor = field(init=False, repr=False)
     _prec_chol_work: Tensor = field(init=False, repr=False)
     _proxy: tuple[Tensor, Tensor, Tensor] = field(init=False, repr=False)
@@ -77,11 +102,10 @@ class GaussianMixture:
         self._log_norm = (
             self.log_weights - 0.5 * (self.dim * math.log(2 * math.pi) + log_det)
         ).to(self.compute_dtype)
-        # (D, K·D) so one matmul projects a batch into every component's whitened frame
-        self._prec_chol = prec_chol.permute(1, 0, 2).reshape(self.dim, -1).to(self.compute_dtype)
-        self._shifted_means = torch.einsum("kd,kde->ke", self.means, prec_chol).reshape(-1).to(
-            self.compute_dtype
-        )
+        self._prec_chol = prec_chol  # (K, D, D), float64
+        self._whitened_means = torch.einsum("kd,kde->ke", self.means, prec_chol)  # (K, D): Pᵀμ
+        self._dense = None  # the dense E-step's layout, built on first use
+        self._precision = None  # Σ⁻¹ and Σ⁻¹μ for the sparse E-step's bound, likewise
         # per-component factors for the grouped top-m path, (K, D) and (K, D, D), in the
         # dtype of the data (float32: its GEMMs are ~8x faster than float64 on CPU)
         self._means_work = self.means.to(self.work_dtype)
@@ -109,7 +133,12 @@ class GaussianMixture:
         -------
         Tensor of shape (B, K), in ``compute_dtype``.
         """
-        y = x.to(self.compute_dtype) @ self._prec_chol - self._shifted_means
+        if self._dense is None:
+            # (D, K·D) so one matmul projects a batch into every component's whitened frame
+            self._dense = (self._prec_chol.permute(1, 0, 2).reshape(self.dim, -1).to(self.compute_dtype),
+                           self._whitened_means.reshape(-1).to(self.compute_dtype))
+        prec_chol, shifted_means = self._dense
+        y = x.to(self.compute_dtype) @ prec_chol - shifted_means
         maha = y.view(x.shape[0], self.n_components, self.dim).square().sum(-1)
         return self._log_norm - 0.5 * maha
 
@@ -149,60 +178,181 @@ class GaussianMixture:
                                  else proxy_top_m_torch(xs, *self._proxy, m))
         return out
 
-    def weighted_log_prob_at(self, x: Tensor, index: Tensor, chunk_rows: int | None = None) -> Tensor:
-        """ln π_k + ln N(x_i; μ_k, Σ_k) for the given (point, component) pairs only.
+    def weighted_log_prob_pairs(self, x: Tensor, points: Tensor, comps: Tensor,
+                                chunk_rows: int | None = None) -> Tensor:
+        """ln π_k + ln N(x_p; μ_k, Σ_k) for pairs p = (points[p], comps[p]) only.
 
-        Pairs are sorted by component, and each component's points are whitened with one
-        (n_k, D) x (D, D) GEMM: O(N·m·D²) flops and O(N·m + chunk·D) memory.
+        Pairs are grouped by component, and each component's points are whitened with one
+        (n_k, D) x (D, D) GEMM (in ``work_dtype``): O(P·D²) flops, O(P + chunk·D) memory.
 
         Parameters
         ----------
         x : Tensor of shape (N, D)
-        index : Tensor of shape (N, m), int64
-            Components to evaluate for each point.
+        points, comps : Tensor of shape (P,), int64
         chunk_rows : int, optional
             Most pairs per GEMM (default :func:`~deepdpm_core.stats.gather_chunk_rows`).
 
         Returns
         -------
-        Tensor of shape (N, m), in ``compute_dtype`` (GEMMs in ``work_dtype``); entry
-        (i, j) is for component index[i, j].
+        Tensor of shape (P,), in ``compute_dtype``
         """
-        m = index.shape[1]
         chunk_rows = chunk_rows or gather_chunk_rows(self.dim, x.device)
-        flat = index.reshape(-1)
-        order = torch.argsort(flat.to(torch.int32), stable=True)  # same order, 2x faster than int64
-        counts = torch.bincount(flat, minlength=self.n_components).tolist()
-        out = torch.empty(flat.shape[0], dtype=self.compute_dtype, device=x.device)
+        order = torch.argsort(comps.to(torch.int32), stable=True)  # same order, 2x faster than int64
+        counts = torch.bincount(comps, minlength=self.n_components).tolist()
+        out = torch.empty(comps.shape[0], dtype=self.compute_dtype, device=x.device)
         start = 0
         for k, count in enumerate(counts):
             for s in range(start, start + count, chunk_rows):
                 pairs = order[s : min(s + chunk_rows, start + count)]
-                # centred before the (float32) GEMM, so rounding is relative to the spread
-                xs = x.index_select(0, pairs // m).to(self.work_dtype)
-                y = (xs - self._means_work[k]) @ self._prec_chol_work[k]
-                out[pairs] = self._log_norm[k] - 0.5 * y.square().sum(1).to(self.compute_dtype)
+                xs = x.index_select(0, points.index_select(0, pairs))
+                out[pairs] = self._log_prob_centred(self._centre(xs, k), k)
             start += count
-        return out.view(index.shape)
+        return out
 
-    def top_m_log_responsibilities(self, x: Tensor, m: int) -> tuple[Tensor, Tensor]:
-        """Sparse E-step: ln r^E over each point's m candidate components.
+    def _centre(self, xs: Tensor, k: int) -> Tensor:
+        """x − μ_k in ``work_dtype``: centred before the (float32) GEMMs, so their rounding
+        is relative to the component's spread, not to its offset."""
+        return xs.to(self.work_dtype) - self._means_work[k]
 
-        Exact log-densities, normalised over the candidates (the mass of the other K − m
-        components is dropped). With m = K this is :meth:`log_responsibilities`, permuted.
+    def _log_prob_centred(self, delta: Tensor, k: int) -> Tensor:
+        """ln π_k + ln N(μ_k + delta; μ_k, Σ_k) for rows delta (n, D); (n,) in ``compute_dtype``."""
+        y = delta @ self._prec_chol_work[k]
+        return self._log_norm[k] - 0.5 * y.square().sum(1).to(self.compute_dtype)
+
+    def anchor_directions(self, anchors: Tensor) -> tuple[Tensor, Tensor]:
+        """The Cauchy–Schwarz bound's vectors for anchors j against every component k.
+
+        a_jk = √((μ_j − μ_k)ᵀΣ_k⁻¹(μ_j − μ_k)) (the Mahalanobis distance of μ_j under
+        component k) and u_jk = Σ_k⁻¹(μ_j − μ_k) / a_jk, so that u_jkᵀΣ_k u_jk = 1 and, for
+        any x, Maha_k(x) ≥ (u_jkᵀ(x − μ_k))² = (a_jk + u_jkᵀ(x − μ_j))². Σ_k⁻¹μ_j for all k
+        and J anchors is one (J, D) x (D, K·D) GEMM, in float64; u = 0 where μ_j = μ_k
+        (the bound is then 0).
+
+        Parameters
+        ----------
+        anchors : Tensor of shape (J,), int64
+
+        Returns
+        -------
+        u : Tensor of shape (J, K, D), ``work_dtype``
+        a : Tensor of shape (J, K), ``work_dtype``
+        """
+        if self._precision is None:
+            prec = self._prec_chol @ self._prec_chol.transpose(-1, -2)  # Σ⁻¹ = P Pᵀ, (K, D, D)
+            self._precision = (prec.reshape(-1, self.dim), torch.einsum("kde,ke->kd", prec, self.means))
+        prec, prec_means = self._precision
+        mu_j = self.means[anchors]
+        v = (mu_j @ prec.T).view(len(anchors), self.n_components, self.dim)  # Σ_k⁻¹μ_j (Σ⁻¹ symmetric)
+        v -= prec_means  # Σ_k⁻¹(μ_j − μ_k)
+        a = torch.einsum("jkd,jkd->jk", mu_j[:, None, :] - self.means, v).clamp_min_(0).sqrt_()
+        v *= torch.where(a > 0, 1.0 / a, 0.0)[..., None]
+        return v.to(self.work_dtype), a.to(self.work_dtype)
+
+    def _bound_survivors(self, delta: Tensor, lp_anchor: Tensor, j: int, u: Tensor, a: Tensor,
+                         cap: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Components other than anchor j whose upper bound reaches lp_anchor − gap.
+
+        The bound is L_k − ½ z², with L_k = ln π_k − ½ ln|2πΣ_k| and z = a_jk + u_jkᵀ delta
+        (module docstring); it reaches the threshold iff z² ≤ R = 2 (L_k − lp_anchor + gap).
+        The float32 ẑ is off by at most ρ = (D + 2)·ε·‖u_jk‖·(‖delta‖ + ‖μ_j‖) (delta is
+        itself rounded relative to ‖μ_j‖), and |ẑ| ≤ √R + ρ implies ẑ²/(1 + ρ) ≤ R + ρ
+        (as 2√R ≤ R + 1), so testing the latter never drops a component that can reach.
+        With ρ the chunk's largest, 1/√(1 + ρ) scales u and a before the GEMM, and the
+        test is a GEMM, three passes over the (n, K) block and a row minimum; only rows
+        with a survivor are searched further.
+
+        Parameters
+        ----------
+        delta : Tensor of shape (n, D)
+            Points minus μ_j, ``work_dtype``.
+        lp_anchor : Tensor of shape (n,)
+            Their exact log-density under component j.
+        j : int
+        u, a : Tensor of shape (K, D) and (K,)
+            :meth:`anchor_directions` of j.
+        cap : int
+            Most survivors per point (those with the highest bounds are kept).
+
+        Returns
+        -------
+        row, comp, slot : Tensor of shape (S,), int64
+            Row of ``delta``, component, and rank among the row's survivors.
+        """
+        eps = torch.finfo(self.work_dtype).eps
+        rho = float((self.dim + 2) * eps * u.norm(dim=1).max()
+                    * (delta.norm(dim=1).max() + self._means_work[j].norm())) if len(delta) else 0.0
+        scale = (1.0 + rho) ** -0.5
+        gap = SUPPORT_LOG_GAP + _BOUND_MARGIN
+        score = torch.addmm(a * scale, delta, u.T * scale).square_()  # ẑ²/(1 + ρ), (n, K)
+        score -= 2.0 * self._log_norm.to(self.work_dtype)
+        score[:, j] = math.inf  # the anchor itself
+        limit = (2.0 * (gap - lp_anchor) + rho).to(self.work_dtype)
+        # most rows have no survivor: a row minimum finds the others without a bool block
+        hit = torch.nonzero(score.amin(1) <= limit).squeeze(1)
+        score, limit = score.index_select(0, hit), limit.index_select(0, hit)[:, None]
+        reach = score <= limit
+        count = reach.sum(1)
+        over = torch.nonzero(count > cap).squeeze(1)
+        if len(over):  # keep the cap components with the highest upper bounds (lowest score)
+            keep = score[over].masked_fill(~reach[over], math.inf).topk(cap, dim=1, largest=False).indices
+            reach[over] = torch.zeros_like(reach[over]).scatter_(1, keep, True) & reach[over]
+            count[over] = cap
+        row, comp = reach.nonzero(as_tuple=True)
+        first = torch.cumsum(count, 0) - count
+        return hit[row], comp, torch.arange(len(row), device=row.device) - first[row]
+
+    def sparse_log_responsibilities(self, x: Tensor, max_support: int, chunk_rows: int | None = None,
+                                    batch_elems: int = 1 << 20) -> tuple[Tensor, Tensor]:
+        """E-step ln r^E restricted to the components that can matter (module docstring).
 
         Parameters
         ----------
         x : Tensor of shape (N, D)
-        m : int
+        max_support : int
+            m, the most components kept per point (memory O(N·m)).
+        chunk_rows : int, optional
+            Most points per GEMM (default :func:`~deepdpm_core.stats.gather_chunk_rows`).
+        batch_elems : int
+            Bound on the J·K·D elements of the anchor vectors built at once.
 
         Returns
         -------
         index : Tensor of shape (N, m), int64
-        log_resp : Tensor of shape (N, m), in ``compute_dtype``
+            Column 0 is the point's anchor; unused columns repeat it (with r^E = 0).
+        log_resp : Tensor of shape (N, m), ``compute_dtype``
+            ln r^E, −inf off the support (responsibility below float32 ε).
         """
-        index = self.candidates(x, m)
-        lp = self.weighted_log_prob_at(x, index)
+        n, k = x.shape[0], self.n_components
+        m = max(1, min(max_support, k))
+        chunk_rows = chunk_rows or gather_chunk_rows(self.dim, x.device)
+        anchor = self.candidates(x, 1)[:, 0]
+        index = anchor[:, None].repeat(1, m)
+        lp = torch.full((n, m), -math.inf, dtype=self.compute_dtype, device=x.device)
+        order = torch.argsort(anchor.to(torch.int32), stable=True)
+        counts = torch.bincount(anchor, minlength=k)
+        starts = (torch.cumsum(counts, 0) - counts).tolist()
+        present = torch.nonzero(counts).squeeze(1)
+        counts = counts.tolist()
+        found: list[tuple[Tensor, Tensor, Tensor]] = []
+        per_batch = max(1, batch_elems // (k * self.dim))
+        for b in range(0, len(present), per_batch):
+            anchors = present[b : b + per_batch]
+            u, a = self.anchor_directions(anchors) if m > 1 else (None, None)
+            for i, j in enumerate(anchors.tolist()):
+                start, end = starts[j], starts[j] + counts[j]
+                for s in range(start, end, chunk_rows):
+                    rows = order[s : min(s + chunk_rows, end)]
+                    delta = self._centre(x.index_select(0, rows), j)
+                    lp_anchor = self._log_prob_centred(delta, j)
+                    lp[rows, 0] = lp_anchor
+                    if m > 1:
+                        row, comp, slot = self._bound_survivors(delta, lp_anchor, j, u[i], a[i], m - 1)
+                        found.append((rows[row], comp, slot + 1))
+        if found:
+            points, comps, slots = (torch.cat(t) for t in zip(*found, strict=True))
+            index[points, slots] = comps
+            lp[points, slots] = self.weighted_log_prob_pairs(x, points, comps, chunk_rows)
+        lp = lp.masked_fill(lp < lp.max(1, keepdim=True).values - SUPPORT_LOG_GAP, -math.inf)
         return index, lp - torch.logsumexp(lp, dim=1, keepdim=True)
 
     def to(self, device: torch.device | str) -> GaussianMixture:

@@ -154,7 +154,7 @@ def gather_chunk_rows(dim: int, device: torch.device | str) -> int:
     """Rows per gathered (rows, D) block of the grouped GEMMs.
 
     On CPU a 1 MiB float32 block (2^18 / D rows): blocks that stay in cache made the
-    top-m whitening and the soft statistics about twice as fast as 2^16-row ones (1.6M
+    E-step whitening and the soft statistics about twice as fast as 2^16-row ones (1.6M
     pairs at D = 64, one core: 0.59 -> 0.26 s and 0.69 -> 0.33 s). On a GPU 2^16 rows,
     for fewer kernel launches.
     """

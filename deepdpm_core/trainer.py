@@ -49,7 +49,7 @@ from deepdpm_core.stats import SuffStats, TripleBuffer, grouped_stats
 Tensor = torch.Tensor
 EpochCallback = Callable[[dict[str, Any]], None]
 #: responsibilities below float32's resolution of 1 (a point's total mass) are left out
-#: of the top-m soft statistics: they are below the rounding of the kept ones
+#: of the sparse soft statistics: they are below the rounding of the kept ones
 _R_FLOOR = float(torch.finfo(torch.float32).eps)
 
 
@@ -351,7 +351,7 @@ class Trainer:
                 # over the W ranks, so the update is that of the per-point mean over the
                 # global batch (W = 1: the batch mean). A rank with no rows left runs an
                 # empty batch (zero gradients) so every rank takes the same steps.
-                sum_cl, cand, log_r_cand = self._cluster_kl(log_r, idx, targets)
+                sum_cl, cand, target_cand, log_r_cand = self._cluster_kl(log_r, idx, targets)
                 sum_sub = (sub_r * dist2).sum()
                 per_rank = max(self._global_batch(step, one_pass), 1) / self.comm.world_size
                 loss_cl, loss_sub = sum_cl / per_rank, sum_sub / per_rank
@@ -365,11 +365,11 @@ class Trainer:
             if step >= one_pass:
                 continue
             with torch.no_grad():
-                if m:  # the net's responsibilities on the point's m E-step candidates (the
-                    # support of its target r^E, where the KL puts the net's mass; not
-                    # renormalised), less those below float32 resolution of its unit mass
+                if m:  # the net's responsibilities on the support of the point's target r^E
+                    # (where the KL puts the net's mass; not renormalised), less those below
+                    # float32 resolution of its unit mass
                     r = log_r_cand.detach().exp()
-                    point, j = (r >= _R_FLOOR).nonzero(as_tuple=True)
+                    point, j = ((r >= _R_FLOOR) & (target_cand > 0)).nonzero(as_tuple=True)
                     soft_buf.add(idx.index_select(0, point), cand[point, j], r[point, j])
                 else:
                     r, x64 = log_r.detach().exp().to(torch.float64), x.to(torch.float64)
@@ -395,48 +395,50 @@ class Trainer:
         return soft, sub, losses
 
     def _top_m(self) -> int | None:
-        """Candidates per point for the sparse E-step, or None for the dense one."""
+        """Most clusters per point of the sparse E-step's support, or None for the dense E-step."""
         e = self.config.estep
         return e.top_m if self.n_clusters > e.dense_max_k and e.top_m < self.n_clusters else None
 
     def _estep_targets(self, m: int | None, chunk_rows: int = 4096) -> tuple[Tensor | None, Tensor]:
-        """E-step targets ln r^E (paper Eq. 3) of every local row, once per epoch (the
+        """E-step targets r^E (paper Eq. 3) of every local row, once per epoch (the
         mixture is frozen all epoch, and extra training batches re-use rows).
 
         Returns
         -------
         candidates : Tensor of shape (N_local, m), int64, or None when dense
-        log_resp : Tensor of shape (N_local, m) or (N_local, K), float32 — K ≤
-            ``estep.dense_max_k`` when dense, so memory is O(N) either way.
+        resp : Tensor of shape (N_local, m) or (N_local, K), float32 — computed in log
+            space; exactly 0 off the sparse E-step's support. K ≤ ``estep.dense_max_k``
+            when dense, so memory is O(N) either way.
         """
         if m:
-            cand, log_resp = self.mixture.top_m_log_responsibilities(self.x, m)
-            return cand, log_resp.to(torch.float32)
+            cand, log_resp = self.mixture.sparse_log_responsibilities(self.x, m)
+            return cand, log_resp.exp().to(torch.float32)
         out = torch.empty(self.x.shape[0], self.n_clusters, device=self.device)
         # cache-sized chunks: the (rows, K·D) whitening is memory-bound
         for s in range(0, self.x.shape[0], chunk_rows):
-            out[s : s + chunk_rows] = self.mixture.log_responsibilities(self.x[s : s + chunk_rows])
+            out[s : s + chunk_rows] = self.mixture.log_responsibilities(self.x[s : s + chunk_rows]).exp()
         return None, out
 
     @staticmethod
     def _cluster_kl(
         log_r: Tensor, idx: Tensor, targets: tuple[Tensor | None, Tensor]
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """KL(r^E ‖ r) summed over the batch (dense, or over the top-m candidates).
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
+        """KL(r^E ‖ r) summed over the batch (dense, or over each point's m E-step slots).
 
         Returns
         -------
         kl : Tensor, scalar
-        cand : Tensor of shape (B, m), int64, or None when dense — the batch's candidates
+        cand : Tensor of shape (B, m), int64, or None when dense — the batch's E-step slots
+        target_cand : Tensor of shape (B, m), or None when dense — r^E on them
         log_r_cand : Tensor of shape (B, m), or None when dense — ln r on them
         """
-        cand, log_target = targets[0], targets[1].index_select(0, idx)
+        cand, target = targets[0], targets[1].index_select(0, idx)
         if cand is None:
-            return F.kl_div(log_r, log_target, log_target=True, reduction="sum"), None, None
-        # targets are 0 off the candidates, so only candidate terms of the KL remain
+            return F.kl_div(log_r, target, reduction="sum"), None, None, None
+        # targets are 0 off the slots (and on unused ones), so only slot terms of the KL remain
         cand = cand.index_select(0, idx)
         log_r_cand = log_r.gather(1, cand)
-        return (log_target.exp() * (log_target - log_r_cand)).sum(), cand, log_r_cand
+        return (torch.special.xlogy(target, target) - target * log_r_cand).sum(), cand, target, log_r_cand
 
     def m_step(self, soft: SuffStats, sub: SuffStats) -> None:
         """Bayesian M-step from the net's responsibilities (paper §3.1) and subclusters."""

@@ -1,4 +1,4 @@
-"""Top-m E-step and grouped statistics (issue 8): same answer as the dense computation."""
+"""Sparse E-step and grouped statistics (issue 8): same answer as the dense computation."""
 
 import numpy as np
 import pytest
@@ -6,36 +6,65 @@ import torch
 
 from deepdpm_core.config import Config
 from deepdpm_core.datasets import make_mixture
-from deepdpm_core.gmm import GaussianMixture, faiss_proxy_keys, proxy_top_m_faiss, proxy_top_m_torch
+from deepdpm_core.gmm import (
+    SUPPORT_LOG_GAP,
+    GaussianMixture,
+    faiss_proxy_keys,
+    proxy_top_m_faiss,
+    proxy_top_m_torch,
+)
 from deepdpm_core.metrics import nmi
 from deepdpm_core.stats import TripleBuffer, grouped_stats, sparse_stats
 from deepdpm_core.trainer import Trainer
 
 
-def _mixture(k=12, d=5, seed=0, work_dtype=torch.float64):
+def _mixture(k=12, d=5, seed=0, work_dtype=torch.float64, thin=False, offset=0.0):
+    """Random full covariances; ``thin`` gives axis scales spread over 1e-3..1 (near-degenerate)."""
     rng = np.random.default_rng(seed)
-    means = rng.normal(size=(k, d)) * 8
-    covs = np.stack([a @ a.T / d + 0.2 * np.eye(d) for a in rng.normal(size=(k, d, d))])
+    means = rng.normal(size=(k, d)) * 8 + offset
+    if thin:
+        rot = np.linalg.qr(rng.normal(size=(k, d, d)))[0]
+        covs = np.einsum("kij,kj,klj->kil", rot, np.exp(rng.uniform(-7, 0, size=(k, d))), rot)
+    else:
+        covs = np.stack([a @ a.T / d + 0.2 * np.eye(d) for a in rng.normal(size=(k, d, d))])
     logw = np.log(rng.dirichlet(np.ones(k)))
     gmm = GaussianMixture(torch.tensor(means), torch.tensor(covs), torch.tensor(logw), work_dtype=work_dtype)
     return gmm, means
 
 
-def test_log_prob_at_pairs_equals_dense_columns():
+def _pairs(index):
+    """(points, comps) of every entry of an (N, m) index."""
+    return torch.arange(index.shape[0]).repeat_interleave(index.shape[1]), index.reshape(-1)
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _evaluated(index, log_resp):
+    """Entries that are a component of their row: column 0 (the anchor) and every later
+    column that does not repeat it (unused columns are padded with the anchor)."""
+    out = torch.ones_like(log_resp, dtype=torch.bool)
+    out[:, 1:] = index[:, 1:] != index[:, :1]
+    return out
+
+
+def test_log_prob_pairs_equal_dense_columns():
     gmm, _ = _mixture()
-    x = torch.randn(300, 5, dtype=torch.float64) * 8
+    x = torch.randn(300, 5, dtype=torch.float64, generator=_gen()) * 8
     index = torch.randint(0, 12, (300, 3))
     dense = gmm.weighted_log_prob(x)
-    torch.testing.assert_close(gmm.weighted_log_prob_at(x, index, chunk_rows=7), dense.gather(1, index))
+    got = gmm.weighted_log_prob_pairs(x, *_pairs(index), chunk_rows=7).view(index.shape)
+    torch.testing.assert_close(got, dense.gather(1, index))
     # float32 whitening GEMMs (the default): points are centred first, so ~1e-6 relative
     gmm32, _ = _mixture(work_dtype=torch.float32)
-    torch.testing.assert_close(gmm32.weighted_log_prob_at(x.float(), index), dense.gather(1, index),
-                               rtol=1e-5, atol=1e-4)
+    got32 = gmm32.weighted_log_prob_pairs(x.float(), *_pairs(index)).view(index.shape)
+    torch.testing.assert_close(got32, dense.gather(1, index), rtol=1e-5, atol=1e-4)
 
 
 def test_faiss_and_torch_rank_the_proxy_alike():
     gmm, means = _mixture(k=40, d=6)
-    x = (torch.tensor(means).repeat_interleave(30, 0) + torch.randn(1200, 6, dtype=torch.float64) * 2).float()
+    x = (torch.tensor(means).repeat_interleave(30, 0) + torch.randn(1200, 6, dtype=torch.float64, generator=_gen()) * 2).float()
     w, a, c = gmm._proxy
     score = x @ w - x.square().sum(1, keepdim=True) * a + c
     ref = proxy_top_m_torch(x, w, a, c, 5)
@@ -47,23 +76,88 @@ def test_faiss_and_torch_rank_the_proxy_alike():
     torch.testing.assert_close(gmm.candidates(x, 5, chunk_elems=40 * 7), got)
 
 
-def test_top_m_with_all_components_is_the_dense_e_step():
-    gmm, _ = _mixture()
-    x = torch.randn(200, 5, dtype=torch.float64) * 8
-    index, log_resp = gmm.top_m_log_responsibilities(x, 12)
+@pytest.mark.parametrize("thin", [False, True])
+def test_anchor_bound_never_exceeds_the_mahalanobis_distance(thin):
+    gmm, means = _mixture(k=10, d=6, thin=thin)
+    u, a = (t.double() for t in gmm.anchor_directions(torch.arange(10)))  # (J, K, D), (J, K)
+    mu, cov = gmm.means, gmm.covariances
+    # u_jk is a unit vector in Σ_k's metric and a_jk the Mahalanobis distance of μ_j under k
+    torch.testing.assert_close(torch.einsum("jkd,kde,jke->jk", u, cov, u)[a > 0],
+                               torch.ones(90, dtype=torch.float64), rtol=1e-4, atol=0)
+    delta_means = mu[:, None, :] - mu[None]
+    maha_means = torch.einsum("jkd,kde,jke->jk", delta_means, torch.linalg.inv(cov), delta_means)
+    torch.testing.assert_close(a.square(), maha_means, rtol=1e-4, atol=1e-6)
+    x = torch.tensor(means).repeat_interleave(40, 0) + torch.randn(400, 6, dtype=torch.float64, generator=_gen()) * 2
+    anchor = torch.arange(10).repeat_interleave(40)
+    bound = (a[anchor] + torch.einsum("nkd,nd->nk", u[anchor], x - mu[anchor])).square()
+    exact = -2 * (gmm.weighted_log_prob(x) - gmm._log_norm)  # Maha_k(x), (N, K)
+    assert (bound <= exact * (1 + 1e-5) + 1e-6).all()
+
+
+@pytest.mark.parametrize(("thin", "offset", "spread"), [(False, 0.0, 0.5), (True, 0.0, 0.5),
+                                                        (False, 0.0, 4.0), (True, 300.0, 2.0)])
+def test_sparse_e_step_is_the_dense_e_step_on_its_support(thin, offset, spread):
+    # separated and overlapping clusters, near-degenerate covariances, float32 points far
+    # from the origin: no component above float32 ε may be dropped
+    gmm, means = _mixture(k=12, d=5, thin=thin, offset=offset, work_dtype=torch.float32)
+    x = (torch.tensor(means).repeat_interleave(40, 0) + torch.randn(480, 5, dtype=torch.float64, generator=_gen()) * spread).float()
+    index, log_resp = gmm.sparse_log_responsibilities(x, 12, chunk_rows=17)
+    dense = gmm.log_responsibilities(x.double()).gather(1, index)
+    kept = torch.isfinite(log_resp)
+    # float32 points 300 units out, Mahalanobis distances ~1e4: whitening rounding ~1e-2
+    torch.testing.assert_close(log_resp[kept], dense[kept], rtol=1e-5, atol=5e-2 if offset else 1e-4)
+    evaluated = _evaluated(index, log_resp)
+    assert (dense[evaluated & ~kept] < -SUPPORT_LOG_GAP + 1e-3).all()
+    # every component at or above float32 ε is in its point's support
+    above = gmm.log_responsibilities(x.double()) > -SUPPORT_LOG_GAP + 1e-3
+    support = torch.zeros(above.shape, dtype=torch.long).scatter_add_(1, index, kept.long()) > 0
+    assert (support | ~above).all(), int((above & ~support).sum())
+
+
+def test_sparse_e_step_evaluates_only_what_the_bound_cannot_rule_out(monkeypatch):
+    gmm, means = _mixture(thin=True)
+    x = torch.tensor(means).repeat_interleave(50, 0) + torch.randn(600, 5, dtype=torch.float64, generator=_gen()) * 0.2
+    evaluated = []
+    exact_pairs = GaussianMixture.weighted_log_prob_pairs
+
+    def counting(self, x, points, comps, chunk_rows=None):
+        evaluated.append(len(comps))
+        return exact_pairs(self, x, points, comps, chunk_rows)
+
+    monkeypatch.setattr(GaussianMixture, "weighted_log_prob_pairs", counting)
+    index, log_resp = gmm.sparse_log_responsibilities(x, 12)
+    monkeypatch.undo()
+    # the anchors are evaluated in the same pass as the bound; then a few of 11 x 600
+    assert sum(evaluated) < 60, evaluated
     dense = gmm.log_responsibilities(x)
-    torch.testing.assert_close(log_resp, dense.gather(1, index))
-    assert (index.sort(1).values == torch.arange(12)).all()
+    torch.testing.assert_close(log_resp[:, 0], dense.gather(1, index[:, :1])[:, 0])
+    assert (~torch.isfinite(log_resp[:, 1:])).all() and (dense.topk(2, 1).values[:, 1] < -SUPPORT_LOG_GAP).all()
 
 
-def test_top_m_keeps_the_mass_on_separated_clusters():
+def test_sparse_e_step_caps_the_support_at_m():
+    # heavily overlapping components (spread 20 around means 8 apart): several within
+    # float32 resolution of each other
+    base, means = _mixture(k=12, d=3)
+    gmm = GaussianMixture(base.means, base.covariances * 400, base.log_weights)
+    x = torch.tensor(means).repeat_interleave(25, 0) + torch.randn(300, 3, dtype=torch.float64, generator=_gen()) * 20
+    index, log_resp = gmm.sparse_log_responsibilities(x, 3)
+    assert index.shape == log_resp.shape == (300, 3)
+    kept = torch.isfinite(log_resp)
+    assert kept.any(1).all() and (kept.sum(1) <= 3).all() and (kept.sum(1) == 3).sum() > 30
+    # normalised over the kept components, from their exact log-densities
+    lp = gmm.weighted_log_prob(x).gather(1, index).masked_fill(~kept, -torch.inf)
+    torch.testing.assert_close(log_resp[kept], (lp - torch.logsumexp(lp, 1, keepdim=True))[kept], rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_e_step_keeps_the_mass_on_separated_clusters():
     gmm, means = _mixture()
-    x = torch.tensor(means).repeat_interleave(20, 0) + torch.randn(240, 5, dtype=torch.float64) * 0.5
-    index, log_resp = gmm.top_m_log_responsibilities(x, 3)
+    x = torch.tensor(means).repeat_interleave(20, 0) + torch.randn(240, 5, dtype=torch.float64, generator=_gen()) * 0.5
+    index, log_resp = gmm.sparse_log_responsibilities(x, 3)
     dense = gmm.log_responsibilities(x).exp()
-    kept = dense.gather(1, index).sum(1)
+    kept = dense.gather(1, index).masked_fill(~torch.isfinite(log_resp), 0).sum(1)
     assert kept.min() > 1 - 1e-6
-    torch.testing.assert_close(log_resp.exp(), dense.gather(1, index), atol=1e-6, rtol=0)
+    torch.testing.assert_close(log_resp.exp(), dense.gather(1, index).masked_fill(~torch.isfinite(log_resp), 0),
+                               atol=1e-6, rtol=0)
 
 
 def test_grouped_and_buffered_stats_match_sparse_stats():
