@@ -7,24 +7,27 @@ batch costs one (B, D) x (D, K·D) matrix product and no factorisation.
 
 At large K that dense product, O(B·K·D²), dominates an epoch. The sparse E-step
 (:meth:`GaussianMixture.sparse_log_responsibilities`) evaluates exact log-densities only
-where they can matter:
+where they can matter. Each point's *anchor*, its best component under a cheap isotropic
+proxy (an O(K·D) inner-product search), is evaluated exactly; every other component k is
+then ruled out, if it can be, by an upper bound on its log-density, L_k − ½ Maha_k(x)
+with L_k = ln π_k − ½ ln|2πΣ_k|, that falls :data:`SUPPORT_LOG_GAP` below the anchor's
+(responsibility provably below float32's resolution of 1). The lower bounds on the
+Mahalanobis distance come in three levels, each applied only to what the previous one
+kept:
 
-1. each point's *anchor*, its best component under a cheap isotropic proxy (an O(K·D)
-   inner-product search), is evaluated exactly;
-2. every other component k gets a lower bound on its Mahalanobis distance from the
-   Cauchy–Schwarz inequality (vᵀ(x − μ_k))² ≤ (vᵀΣ_k v)·(x − μ_k)ᵀΣ_k⁻¹(x − μ_k), with v
-   = Σ_k⁻¹(μ_j − μ_k) pointing from k's mean to the anchor j's:
-   Maha_k(x) ≥ (a_jk + u_jkᵀ(x − μ_j))², a_jk the Mahalanobis distance of μ_j under
-   component k and u_jk = v/a_jk. For a point near its anchor this is close to the exact
-   value, and it costs one (n_j, D) x (D, K) GEMM per anchor: O(N·K·D) in all, one
-   k-means iteration;
-3. components whose bound leaves them :data:`SUPPORT_LOG_GAP` below the anchor have a
-   responsibility provably below float32's resolution of 1 and get exactly 0; the rest
-   (on separated clusters a fraction of one per point) are evaluated exactly, grouped by
-   component so each costs one GEMM.
+1. for an anchor j and all of its points at once (they lie within ‖x − μ_j‖ ≤ ρ_j):
+   Maha_k(x) ≥ (‖μ_j − μ_k‖ − ρ_j)² / λ_max(Σ_k) — a K x K table of distances between
+   means;
+2. for the (j, k) pairs left, Cauchy–Schwarz along v = Σ_k⁻¹(μ_j − μ_k), since
+   (vᵀ(x − μ_k))² ≤ (vᵀΣ_k v)·Maha_k(x): Maha_k(x) ≥ (a_jk + u_jkᵀ(x − μ_j))² with a_jk
+   the Mahalanobis distance of μ_j under component k and u_jk = v / a_jk, hence
+   ≥ (a_jk − ‖u_jk‖ ρ_j)² for every point of the anchor;
+3. for each point, the same bound with its own x: one (n_j, D) x (D, C_j) GEMM over the
+   C_j pairs left for its anchor (a few at most).
 
-So the targets are the dense E-step's to float32 resolution, at O(N·K·D + N·s·D²) for s
-surviving components per point, and memory is O(N·m + chunk·K): a point keeps at most m
+The components that survive (on separated clusters a fraction of one per point) are
+evaluated exactly, grouped by component so each costs one GEMM. So the targets are the
+dense E-step's to float32 resolution, and memory is O(N·m): a point keeps at most m
 components (``estep.top_m``), those with the highest upper bounds, which only matters
 where more than m components are within float32 resolution of each other.
 """
@@ -32,6 +35,7 @@ where more than m components are within float32 resolution of each other.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import faiss
@@ -76,7 +80,7 @@ class GaussianMixture:
     _whitened_means: Tensor = field(init=False, repr=False)
     _log_norm: Tensor = field(init=False, repr=False)
     _dense: tuple[Tensor, Tensor] | None = field(init=False, repr=False)
-    _precision: tuple[Tensor, Tensor] | None = field(init=False, repr=False)
+    _lam_max: Tensor | None = field(init=False, repr=False)
     _means_work: Tensor = field(init=False, repr=False)
     _prec_chol_work: Tensor = field(init=False, repr=False)
     _proxy: tuple[Tensor, Tensor, Tensor] = field(init=False, repr=False)
@@ -105,7 +109,7 @@ class GaussianMixture:
         self._prec_chol = prec_chol  # (K, D, D), float64
         self._whitened_means = torch.einsum("kd,kde->ke", self.means, prec_chol)  # (K, D): Pᵀμ
         self._dense = None  # the dense E-step's layout, built on first use
-        self._precision = None  # Σ⁻¹ and Σ⁻¹μ for the sparse E-step's bound, likewise
+        self._lam_max = None  # largest eigenvalue of each Σ_k, for the sparse E-step's bound
         # per-component factors for the grouped top-m path, (K, D) and (K, D, D), in the
         # dtype of the data (float32: its GEMMs are ~8x faster than float64 on CPU)
         self._means_work = self.means.to(self.work_dtype)
@@ -219,47 +223,95 @@ class GaussianMixture:
         y = delta @ self._prec_chol_work[k]
         return self._log_norm[k] - 0.5 * y.square().sum(1).to(self.compute_dtype)
 
-    def anchor_directions(self, anchors: Tensor) -> tuple[Tensor, Tensor]:
-        """The Cauchy–Schwarz bound's vectors for anchors j against every component k.
+    def pair_directions(self, anchors: Tensor, comps: Tensor) -> tuple[Tensor, Tensor]:
+        """The Cauchy–Schwarz bound's vectors for pairs (anchor j, component k).
 
-        a_jk = √((μ_j − μ_k)ᵀΣ_k⁻¹(μ_j − μ_k)) (the Mahalanobis distance of μ_j under
-        component k) and u_jk = Σ_k⁻¹(μ_j − μ_k) / a_jk, so that u_jkᵀΣ_k u_jk = 1 and, for
-        any x, Maha_k(x) ≥ (u_jkᵀ(x − μ_k))² = (a_jk + u_jkᵀ(x − μ_j))². Σ_k⁻¹μ_j for all k
-        and J anchors is one (J, D) x (D, K·D) GEMM, in float64; u = 0 where μ_j = μ_k
-        (the bound is then 0).
+        a_jk = ‖P_kᵀ(μ_j − μ_k)‖ (the Mahalanobis distance of μ_j under component k) and
+        u_jk = Σ_k⁻¹(μ_j − μ_k) / a_jk = P_k P_kᵀ(μ_j − μ_k) / a_jk, so u_jkᵀΣ_k u_jk = 1 and,
+        for any x, Maha_k(x) ≥ (u_jkᵀ(x − μ_k))² = (a_jk + u_jkᵀ(x − μ_j))². Float64, two
+        (n_k, D) x (D, D) GEMMs per component; u = 0 where μ_j = μ_k (no bound).
+
+        Parameters
+        ----------
+        anchors, comps : Tensor of shape (P,), int64
+
+        Returns
+        -------
+        u : Tensor of shape (P, D), float64
+        a : Tensor of shape (P,), float64
+        """
+        u = torch.empty(len(comps), self.dim, dtype=torch.float64, device=self.means.device)
+        a = torch.empty(len(comps), dtype=torch.float64, device=self.means.device)
+        order = torch.argsort(comps.to(torch.int32), stable=True)
+        start = 0
+        for k, count in enumerate(torch.bincount(comps, minlength=self.n_components).tolist()):
+            if count:
+                sel = order[start : start + count]
+                w = (self.means[anchors[sel]] - self.means[k]) @ self._prec_chol[k]  # rows P_kᵀΔ
+                norm = w.norm(dim=1)
+                a[sel] = norm
+                u[sel] = (w @ self._prec_chol[k].T) * torch.where(norm > 0, 1.0 / norm, 0.0)[:, None]
+            start += count
+        return u, a
+
+    def _reachable_pairs(self, anchors: Tensor, radius: Tensor, floor: Tensor,
+                         block_elems: int = 1 << 22) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(anchor, component) pairs that bound levels 1 and 2 (module docstring) keep.
+
+        A pair is dropped when for every point of the anchor, ‖x − μ_j‖ ≤ ``radius`` and
+        log-density ≥ ``floor``, the Mahalanobis bound exceeds 2 (L_k − floor + gap).
 
         Parameters
         ----------
         anchors : Tensor of shape (J,), int64
+        radius, floor : Tensor of shape (J,), float64
+            Each anchor's largest offset and lowest anchor log-density over its points,
+            already widened for float32 rounding.
+        block_elems : int
+            Bound on the J·K elements of the level-1 tables built at once.
 
         Returns
         -------
-        u : Tensor of shape (J, K, D), ``work_dtype``
-        a : Tensor of shape (J, K), ``work_dtype``
+        anchor, comp : Tensor of shape (P,), int64 — sorted by anchor
+        u : Tensor of shape (P, D), ``work_dtype``
+        a : Tensor of shape (P,), ``work_dtype``
         """
-        if self._precision is None:
-            prec = self._prec_chol @ self._prec_chol.transpose(-1, -2)  # Σ⁻¹ = P Pᵀ, (K, D, D)
-            self._precision = (prec.reshape(-1, self.dim), torch.einsum("kde,ke->kd", prec, self.means))
-        prec, prec_means = self._precision
-        mu_j = self.means[anchors]
-        v = (mu_j @ prec.T).view(len(anchors), self.n_components, self.dim)  # Σ_k⁻¹μ_j (Σ⁻¹ symmetric)
-        v -= prec_means  # Σ_k⁻¹(μ_j − μ_k)
-        a = torch.einsum("jkd,jkd->jk", mu_j[:, None, :] - self.means, v).clamp_min_(0).sqrt_()
-        v *= torch.where(a > 0, 1.0 / a, 0.0)[..., None]
-        return v.to(self.work_dtype), a.to(self.work_dtype)
+        if self._lam_max is None:
+            self._lam_max = torch.linalg.eigvalsh(self.covariances)[:, -1].clamp_min(0)
+        gap = SUPPORT_LOG_GAP + _BOUND_MARGIN
+        log_norm = self._log_norm.to(torch.float64)
+        norms = self.means.norm(dim=1)
+        pair_anchor, pair_comp, pair_room, pair_radius = [], [], [], []
+        rows = max(1, block_elems // max(1, self.n_components))
+        for s in range(0, len(anchors), rows):
+            anc, rad = anchors[s : s + rows], radius[s : s + rows, None]
+            room = 2.0 * (log_norm - floor[s : s + rows, None] + gap)  # (J, K): bound on 2(L_k − lp + gap)
+            # distances between means, less their own (relative) rounding: a lower bound
+            dist = torch.cdist(self.means[anc], self.means) - 1e-9 * (norms[anc, None] + norms)
+            ok = (room >= 0) & ((dist - rad).clamp_min(0).square() <= self._lam_max * room)
+            ok[torch.arange(len(anc), device=ok.device), anc] = False
+            j, k = ok.nonzero(as_tuple=True)
+            pair_anchor.append(anc[j])
+            pair_comp.append(k)
+            pair_room.append(room[j, k])
+            pair_radius.append(rad[j, 0])
+        pair_anchor, pair_comp, room, rad = (torch.cat(t) for t in (pair_anchor, pair_comp, pair_room, pair_radius))
+        u, a = self.pair_directions(pair_anchor, pair_comp)
+        keep = (a - u.norm(dim=1) * rad).clamp_min(0).square() <= room
+        order = torch.argsort(pair_anchor[keep].to(torch.int32), stable=True)
+        return (pair_anchor[keep][order], pair_comp[keep][order],
+                u[keep][order].to(self.work_dtype), a[keep][order].to(self.work_dtype))
 
-    def _bound_survivors(self, delta: Tensor, lp_anchor: Tensor, j: int, u: Tensor, a: Tensor,
-                         cap: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Components other than anchor j whose upper bound reaches lp_anchor − gap.
+    def _bound_survivors(self, delta: Tensor, lp_anchor: Tensor, j: int, comps: Tensor, u: Tensor,
+                         a: Tensor, cap: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Level 3 of the bound (module docstring) for the points of anchor j.
 
-        The bound is L_k − ½ z², with L_k = ln π_k − ½ ln|2πΣ_k| and z = a_jk + u_jkᵀ delta
-        (module docstring); it reaches the threshold iff z² ≤ R = 2 (L_k − lp_anchor + gap).
-        The float32 ẑ is off by at most ρ = (D + 2)·ε·‖u_jk‖·(‖delta‖ + ‖μ_j‖) (delta is
-        itself rounded relative to ‖μ_j‖), and |ẑ| ≤ √R + ρ implies ẑ²/(1 + ρ) ≤ R + ρ
-        (as 2√R ≤ R + 1), so testing the latter never drops a component that can reach.
-        With ρ the chunk's largest, 1/√(1 + ρ) scales u and a before the GEMM, and the
-        test is a GEMM, three passes over the (n, K) block and a row minimum; only rows
-        with a survivor are searched further.
+        The bound is L_k − ½ z² with z = a_jk + u_jkᵀ delta; it reaches the threshold iff
+        z² ≤ R = 2 (L_k − lp_anchor + gap). The float32 ẑ is off by at most ρ = (D + 2)·ε·
+        ‖u_jk‖·(‖delta‖ + ‖μ_j‖) (delta is itself rounded relative to ‖μ_j‖), and |ẑ| ≤
+        √R + ρ implies ẑ²/(1 + ρ) ≤ R + ρ (as 2√R ≤ R + 1), so testing the latter never
+        drops a component that can reach. With ρ the chunk's largest, 1/√(1 + ρ) scales u
+        and a before the GEMM.
 
         Parameters
         ----------
@@ -268,8 +320,10 @@ class GaussianMixture:
         lp_anchor : Tensor of shape (n,)
             Their exact log-density under component j.
         j : int
-        u, a : Tensor of shape (K, D) and (K,)
-            :meth:`anchor_directions` of j.
+        comps : Tensor of shape (C,), int64
+            Components left for anchor j by :meth:`_reachable_pairs`.
+        u, a : Tensor of shape (C, D) and (C,)
+            Their :meth:`pair_directions`.
         cap : int
             Most survivors per point (those with the highest bounds are kept).
 
@@ -280,16 +334,11 @@ class GaussianMixture:
         """
         eps = torch.finfo(self.work_dtype).eps
         rho = float((self.dim + 2) * eps * u.norm(dim=1).max()
-                    * (delta.norm(dim=1).max() + self._means_work[j].norm())) if len(delta) else 0.0
+                    * (delta.norm(dim=1).max() + self._means_work[j].norm()))
         scale = (1.0 + rho) ** -0.5
-        gap = SUPPORT_LOG_GAP + _BOUND_MARGIN
-        score = torch.addmm(a * scale, delta, u.T * scale).square_()  # ẑ²/(1 + ρ), (n, K)
-        score -= 2.0 * self._log_norm.to(self.work_dtype)
-        score[:, j] = math.inf  # the anchor itself
-        limit = (2.0 * (gap - lp_anchor) + rho).to(self.work_dtype)
-        # most rows have no survivor: a row minimum finds the others without a bool block
-        hit = torch.nonzero(score.amin(1) <= limit).squeeze(1)
-        score, limit = score.index_select(0, hit), limit.index_select(0, hit)[:, None]
+        score = torch.addmm(a * scale, delta, u.T * scale).square_()  # ẑ²/(1 + ρ), (n, C)
+        score -= 2.0 * self._log_norm[comps].to(self.work_dtype)
+        limit = (2.0 * (SUPPORT_LOG_GAP + _BOUND_MARGIN - lp_anchor) + rho).to(self.work_dtype)[:, None]
         reach = score <= limit
         count = reach.sum(1)
         over = torch.nonzero(count > cap).squeeze(1)
@@ -297,12 +346,12 @@ class GaussianMixture:
             keep = score[over].masked_fill(~reach[over], math.inf).topk(cap, dim=1, largest=False).indices
             reach[over] = torch.zeros_like(reach[over]).scatter_(1, keep, True) & reach[over]
             count[over] = cap
-        row, comp = reach.nonzero(as_tuple=True)
+        row, col = reach.nonzero(as_tuple=True)
         first = torch.cumsum(count, 0) - count
-        return hit[row], comp, torch.arange(len(row), device=row.device) - first[row]
+        return row, comps[col], torch.arange(len(row), device=row.device) - first[row]
 
-    def sparse_log_responsibilities(self, x: Tensor, max_support: int, chunk_rows: int | None = None,
-                                    batch_elems: int = 1 << 20) -> tuple[Tensor, Tensor]:
+    def sparse_log_responsibilities(self, x: Tensor, max_support: int,
+                                    chunk_rows: int | None = None) -> tuple[Tensor, Tensor]:
         """E-step ln r^E restricted to the components that can matter (module docstring).
 
         Parameters
@@ -312,8 +361,6 @@ class GaussianMixture:
             m, the most components kept per point (memory O(N·m)).
         chunk_rows : int, optional
             Most points per GEMM (default :func:`~deepdpm_core.stats.gather_chunk_rows`).
-        batch_elems : int
-            Bound on the J·K·D elements of the anchor vectors built at once.
 
         Returns
         -------
@@ -330,28 +377,46 @@ class GaussianMixture:
         lp = torch.full((n, m), -math.inf, dtype=self.compute_dtype, device=x.device)
         order = torch.argsort(anchor.to(torch.int32), stable=True)
         counts = torch.bincount(anchor, minlength=k)
-        starts = (torch.cumsum(counts, 0) - counts).tolist()
         present = torch.nonzero(counts).squeeze(1)
-        counts = counts.tolist()
-        found: list[tuple[Tensor, Tensor, Tensor]] = []
-        per_batch = max(1, batch_elems // (k * self.dim))
-        for b in range(0, len(present), per_batch):
-            anchors = present[b : b + per_batch]
-            u, a = self.anchor_directions(anchors) if m > 1 else (None, None)
-            for i, j in enumerate(anchors.tolist()):
-                start, end = starts[j], starts[j] + counts[j]
-                for s in range(start, end, chunk_rows):
-                    rows = order[s : min(s + chunk_rows, end)]
-                    delta = self._centre(x.index_select(0, rows), j)
-                    lp_anchor = self._log_prob_centred(delta, j)
-                    lp[rows, 0] = lp_anchor
-                    if m > 1:
-                        row, comp, slot = self._bound_survivors(delta, lp_anchor, j, u[i], a[i], m - 1)
-                        found.append((rows[row], comp, slot + 1))
-        if found:
-            points, comps, slots = (torch.cat(t) for t in zip(*found, strict=True))
-            index[points, slots] = comps
-            lp[points, slots] = self.weighted_log_prob_pairs(x, points, comps, chunk_rows)
+        ranges = dict(zip(present.tolist(), torch.stack([torch.cumsum(counts, 0) - counts, torch.cumsum(
+            counts, 0)], 1)[present].tolist(), strict=True))
+
+        def anchor_chunks(j: int) -> Iterator[tuple[Tensor, Tensor]]:
+            start, end = ranges[j]
+            for s in range(start, end, chunk_rows):
+                rows = order[s : min(s + chunk_rows, end)]
+                yield rows, self._centre(x.index_select(0, rows), j)
+
+        # the anchors, exactly; their points' largest offset and lowest log-density
+        radius, floor = [], []
+        for j in ranges:
+            r, f = 0.0, math.inf
+            for rows, delta in anchor_chunks(j):
+                lp_anchor = self._log_prob_centred(delta, j)
+                lp[rows, 0] = lp_anchor
+                r, f = max(r, float(delta.norm(dim=1).max())), min(f, float(lp_anchor.min()))
+            # widened for the float32 rounding of delta and of the anchor's log-density
+            slack = (self.dim + 2) * torch.finfo(self.work_dtype).eps
+            radius.append(r + slack * (r + float(self._means_work[j].norm())))
+            floor.append(f - slack * (float(self._log_norm[j]) - f))
+        if m > 1 and len(present):
+            dev = {"dtype": torch.float64, "device": x.device}
+            pair_anchor, pair_comp, u, a = self._reachable_pairs(
+                present, torch.tensor(radius, **dev), torch.tensor(floor, **dev))
+            found = []
+            bounds = torch.searchsorted(pair_anchor, present, right=False).tolist() + [len(pair_anchor)]
+            for i, j in enumerate(present.tolist()):
+                c0, c1 = bounds[i], bounds[i + 1]
+                if c1 == c0:
+                    continue
+                for rows, delta in anchor_chunks(j):
+                    row, comp, slot = self._bound_survivors(delta, lp[rows, 0], j, pair_comp[c0:c1],
+                                                            u[c0:c1], a[c0:c1], m - 1)
+                    found.append((rows[row], comp, slot + 1))
+            if found:
+                points, comps, slots = (torch.cat(t) for t in zip(*found, strict=True))
+                index[points, slots] = comps
+                lp[points, slots] = self.weighted_log_prob_pairs(x, points, comps, chunk_rows)
         lp = lp.masked_fill(lp < lp.max(1, keepdim=True).values - SUPPORT_LOG_GAP, -math.inf)
         return index, lp - torch.logsumexp(lp, dim=1, keepdim=True)
 

