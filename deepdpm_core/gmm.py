@@ -454,12 +454,13 @@ def log_weights_from_counts(counts: Tensor, pseudocount: float) -> Tensor:
 
     Parameters
     ----------
-    counts : Tensor of shape (K,)
+    counts : Tensor of shape (..., K)
+        Normalised over the last axis (e.g. (K, 2) for every cluster's two subclusters).
 
     Returns
     -------
-    Tensor of shape (K,), float64
+    Tensor of shape (..., K), float64
     """
     c = counts.to(torch.float64) + pseudocount
     c = c.clamp_min(1e-300)
-    return torch.log(c) - torch.log(c.sum())
+    return torch.log(c) - torch.log(c.sum(-1, keepdim=True))

@@ -112,13 +112,11 @@ def posterior(prior: NIWPrior, stats: SuffStats) -> NIWPosterior:
     kn = prior.kappa + stats.n
     mn = (prior.kappa * m0 + stats.s1) / kn[:, None]
     nun = prior.nu + stats.n
-    scale = (
-        prior.scale.to(stats.s2)
-        + prior.kappa * torch.outer(m0, m0)
-        + stats.s2
-        - kn[:, None, None] * mn[:, :, None] * mn[:, None, :]
-    )
-    scale = 0.5 * (scale + scale.transpose(-1, -2))  # exact symmetry for Cholesky
+    # one (R, D, D) buffer (at R = 3000, D = 128 it is 0.4 GB). Symmetric when s2 is: the
+    # outer product is a_i a_j with a = √κn mn on both sides, so no symmetrising pass
+    scale = stats.s2 + (prior.scale.to(stats.s2) + prior.kappa * torch.outer(m0, m0))
+    a = kn.sqrt()[:, None] * mn
+    scale.baddbmm_(a[:, :, None], a[:, None, :], alpha=-1.0)  # − κn mn mnᵀ
     return NIWPosterior(kn, mn, nun, scale)
 
 
@@ -168,8 +166,7 @@ def map_estimate(prior: NIWPrior, stats: SuffStats) -> tuple[Tensor, Tensor]:
     covariances : Tensor of shape (R, D, D)
     """
     post = posterior(prior, stats)
-    cov = post.scale / (post.nu + prior.dim + 2.0)[:, None, None]
-    return post.mean, cov
+    return post.mean, post.scale.div_((post.nu + prior.dim + 2.0)[:, None, None])
 
 
 def log_split_hastings(

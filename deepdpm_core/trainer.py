@@ -324,9 +324,13 @@ class Trainer:
         f64 = {"dtype": torch.float64, "device": self.device}
         m = self._top_m()
         targets = self._estep_targets(m)
-        soft_n, soft_s1, soft_s2 = (torch.zeros(k, **f64), torch.zeros(k, d, **f64),
-                                    torch.zeros(k, d * d, **f64)) if not m else (None, None, None)
-        loss_sums = torch.zeros(3, **f64)
+        # soft cluster and hard subcluster statistics and the loss sums: views of the one
+        # buffer that is all-reduced
+        sizes = [SuffStats.numel(k, d), SuffStats.numel(2 * k, d), 3]
+        flat = torch.zeros(sum(sizes), **f64)
+        soft, sub = SuffStats.from_flat(flat[: sizes[0]], k, d), SuffStats.from_flat(
+            flat[sizes[0] : -3], 2 * k, d)
+        loss_sums = flat[-3:]
         self.cluster_model.train(train)
         self.sub_model.train(train)
         pass_rows = min(n_local, one_pass * bsz)
@@ -373,20 +377,19 @@ class Trainer:
                     soft_buf.add(idx.index_select(0, point), slots[point, j], r[point, j])
                 else:  # the slots are all K clusters, in order
                     r, x64 = log_r_slots.exp().to(torch.float64), x.to(torch.float64)
-                    soft_n += r.sum(0)
-                    soft_s1.addmm_(r.T, x64)
-                    soft_s2.addmm_(r.T, (x64[:, :, None] * x64[:, None, :]).reshape(-1, d * d))
+                    soft.n.add_(r.sum(0))
+                    soft.s1.addmm_(r.T, x64)
+                    soft.s2.view(k, d * d).addmm_(r.T, (x64[:, :, None] * x64[:, None, :]).reshape(-1, d * d))
                 rows = 2 * z + sub_logits.detach().argmax(1)
                 sub_buf.add(idx, rows, torch.ones_like(rows, dtype=torch.float32))
                 loss_sums += torch.stack([sum_cl.detach().double(), sum_sub.detach().double(),
                                           torch.tensor(float(x.shape[0]), **f64)])
-        soft = soft_buf.stats(self.x, k) if m else SuffStats(soft_n, soft_s1, soft_s2.view(k, d, d))
-        sub = sub_buf.stats(self.x, 2 * k)
-        flat = torch.cat([soft.flat(), sub.flat(), loss_sums])
+        if m:
+            soft_buf.stats(self.x, k, out=soft)
+        sub_buf.stats(self.x, 2 * k, out=sub)
         flat = self.comm.all_reduce(flat)
-        n_soft = SuffStats.numel(k, d)
-        soft = SuffStats.from_flat(flat[:n_soft], k, d)
-        sub = SuffStats.from_flat(flat[n_soft : n_soft + SuffStats.numel(2 * k, d)], 2 * k, d)
+        soft = SuffStats.from_flat(flat[: sizes[0]], k, d)
+        sub = SuffStats.from_flat(flat[sizes[0] : -3], 2 * k, d)
         tot = flat[-3:]
         losses = {
             "loss_cluster": float(tot[0] / tot[2].clamp_min(1)),
@@ -436,9 +439,7 @@ class Trainer:
         sm, sc = map_estimate(self.prior, sub)
         self.sub_means, self.sub_covs = sm.view(k, 2, self.dim), sc.view(k, 2, self.dim, self.dim)
         sub_n = sub.n.view(k, 2)
-        self.sub_log_weights = torch.stack(
-            [log_weights_from_counts(sub_n[i], pc) for i in range(k)]
-        ) if k else self.sub_log_weights
+        self.sub_log_weights = log_weights_from_counts(sub_n, pc)
         # a subcluster that lost all its points cannot propose a split: restart it
         dead = torch.nonzero(sub_n.min(1).values < 1).squeeze(1)
         self._reset_subclusters(dead)
