@@ -7,7 +7,7 @@ In one run, on one generated imbalanced mixture (N points, D dims, K true cluste
 * DeepDPM: a Trainer initialised with K clusters (k-means, not timed), then ONE full
   epoch timed — forward, backward, E-step targets, all statistics and the M-step
   (``schedule.warmup_epochs=0`` so the M-step runs; splits/merges off so no move);
-  the E-step precompute alone is timed too;
+  the E-step targets alone are timed too, with the size of their support;
 * FAISS k-means on the same data and K, every point used (no subsampling):
   ``--kmeans-iters`` iterations timed, divided by their number;
 * peak RSS of the process (``ru_maxrss``, data generation included).
@@ -56,17 +56,20 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict) -> dict[str, f
     m = trainer._top_m()
     t = time.perf_counter()
     if m:
-        trainer.mixture.sparse_log_responsibilities(trainer.x, m)
+        _, log_resp = trainer.mixture.sparse_log_responsibilities(trainer.x, m)
+        support = float(torch.isfinite(log_resp).sum()) / len(log_resp)
     else:
         for s in range(0, trainer.x.shape[0], trainer.batch_size):
             trainer.mixture.log_responsibilities(trainer.x[s : s + trainer.batch_size])
+        support = float(k)
     estep_s = time.perf_counter() - t
     t = time.perf_counter()
     record = trainer.step_epoch()
     epoch_s = time.perf_counter() - t
     assert record["splits_accepted"] == record["merges_accepted"] == 0
     return {"epoch_seconds": epoch_s, "estep_seconds": estep_s, "init_seconds": init_s,
-            "k_epoch": trainer.n_clusters, "top_m": m or 0, "batch_size": trainer.batch_size}
+            "k_epoch": trainer.n_clusters, "top_m": m or 0, "batch_size": trainer.batch_size,
+            "estep_support_per_point": support}
 
 
 def time_kmeans(x: np.ndarray, k: int, iters: int, seed: int) -> float:
@@ -122,7 +125,8 @@ def main() -> None:
         out.update(full_fit(x, y, args.init_k or args.k, args.seed, overrides))
     out["peak_rss_mb"] = peak_rss_mb()
     print(f"data: {args.n} x {args.d}, K = {args.k}, {out['threads']} threads, "
-          f"batch {out['batch_size']}, top_m {out['top_m'] or 'dense'}")
+          f"batch {out['batch_size']}, E-step {'sparse' if out['top_m'] else 'dense'} "
+          f"(clusters per point with r^E above float32 eps: {out['estep_support_per_point']:.2f})")
     print(f"{'what':34s} {'seconds':>9s} {'/ k-means iter':>15s}")
     for name, key in (("FAISS k-means, one iteration", "kmeans_iter_seconds"),
                       ("DeepDPM epoch (train + M-step)", "epoch_seconds"),
