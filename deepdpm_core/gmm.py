@@ -280,14 +280,18 @@ class GaussianMixture:
             self._lam_max = torch.linalg.eigvalsh(self.covariances)[:, -1].clamp_min(0)
         gap = SUPPORT_LOG_GAP + _BOUND_MARGIN
         log_norm = self._log_norm.to(torch.float64)
-        norms = self.means.norm(dim=1)
+        sq_norms = self.means.square().sum(1)
+        rounding = (self.dim + 2) * torch.finfo(torch.float64).eps
         pair_anchor, pair_comp, pair_room, pair_radius = [], [], [], []
         rows = max(1, block_elems // max(1, self.n_components))
         for s in range(0, len(anchors), rows):
             anc, rad = anchors[s : s + rows], radius[s : s + rows, None]
             room = 2.0 * (log_norm - floor[s : s + rows, None] + gap)  # (J, K): bound on 2(L_k − lp + gap)
-            # distances between means, less their own (relative) rounding: a lower bound
-            dist = torch.cdist(self.means[anc], self.means) - 1e-9 * (norms[anc, None] + norms)
+            # squared distances between means as ‖μ_j‖² + ‖μ_k‖² − 2 μ_j·μ_k, less a bound on
+            # that formula's rounding: a lower bound even for nearly equal means
+            both = sq_norms[anc, None] + sq_norms
+            dist2 = torch.addmm(both, self.means[anc], self.means.T, alpha=-2.0) - rounding * both
+            dist = dist2.clamp_min(0).sqrt()
             ok = (room >= 0) & ((dist - rad).clamp_min(0).square() <= self._lam_max * room)
             ok[torch.arange(len(anc), device=ok.device), anc] = False
             j, k = ok.nonzero(as_tuple=True)
@@ -308,10 +312,11 @@ class GaussianMixture:
 
         The bound is L_k − ½ z² with z = a_jk + u_jkᵀ delta; it reaches the threshold iff
         z² ≤ R = 2 (L_k − lp_anchor + gap). The float32 ẑ is off by at most ρ = (D + 2)·ε·
-        ‖u_jk‖·(‖delta‖ + ‖μ_j‖) (delta is itself rounded relative to ‖μ_j‖), and |ẑ| ≤
-        √R + ρ implies ẑ²/(1 + ρ) ≤ R + ρ (as 2√R ≤ R + 1), so testing the latter never
-        drops a component that can reach. With ρ the chunk's largest, 1/√(1 + ρ) scales u
-        and a before the GEMM.
+        (‖u_jk‖·(‖delta‖ + ‖μ_j‖) + a_jk) (delta is itself rounded relative to ‖μ_j‖), and
+        |ẑ| ≤ √R + ρ implies ẑ²/(1 + ρ) ≤ R + ρ (as 2√R ≤ R + 1), so testing the latter
+        never drops a component that can reach. With ρ the chunk's largest, 1/√(1 + ρ)
+        scales u and a before the GEMM. lp_anchor, from float32 whitening, is lowered by
+        its own rounding allowance, (D + 2)·ε·(L_j − lp_anchor).
 
         Parameters
         ----------
@@ -332,13 +337,14 @@ class GaussianMixture:
         row, comp, slot : Tensor of shape (S,), int64
             Row of ``delta``, component, and rank among the row's survivors.
         """
-        eps = torch.finfo(self.work_dtype).eps
-        rho = float((self.dim + 2) * eps * u.norm(dim=1).max()
-                    * (delta.norm(dim=1).max() + self._means_work[j].norm()))
+        rounding = (self.dim + 2) * torch.finfo(self.work_dtype).eps
+        rho = rounding * float(u.norm(dim=1).max() * (delta.norm(dim=1).max() + self._means_work[j].norm())
+                               + a.max())
         scale = (1.0 + rho) ** -0.5
         score = torch.addmm(a * scale, delta, u.T * scale).square_()  # ẑ²/(1 + ρ), (n, C)
         score -= 2.0 * self._log_norm[comps].to(self.work_dtype)
-        limit = (2.0 * (SUPPORT_LOG_GAP + _BOUND_MARGIN - lp_anchor) + rho).to(self.work_dtype)[:, None]
+        lp_low = lp_anchor - rounding * (self._log_norm[j] - lp_anchor).clamp_min(0)
+        limit = (2.0 * (SUPPORT_LOG_GAP + _BOUND_MARGIN - lp_low) + rho).to(self.work_dtype)[:, None]
         reach = score <= limit
         count = reach.sum(1)
         over = torch.nonzero(count > cap).squeeze(1)

@@ -119,6 +119,21 @@ def test_sparse_e_step_is_the_dense_e_step_on_its_support(thin, offset, spread):
     assert (support | ~above).all(), int((above & ~support).sum())
 
 
+def test_sparse_e_step_keeps_components_with_nearly_equal_means():
+    # twins 1e-7 apart, 100 units from the origin (a_jk ≈ 0, distance between the means
+    # below the rounding of ‖μ_j‖² + ‖μ_k‖² − 2 μ_j·μ_k): each holds half of every point
+    base, _ = _mixture(k=30, d=5, offset=100.0)
+    means = base.means.clone()
+    means[1] = means[0] + 1e-7
+    gmm = GaussianMixture(means, base.covariances[[0, 0, *range(2, 30)]],
+                          torch.zeros(30, dtype=torch.float64).log_softmax(0))
+    x = (means[0] + torch.randn(200, 5, dtype=torch.float64, generator=_gen()) * 0.3).float()
+    index, log_resp = gmm.sparse_log_responsibilities(x, 4)
+    kept = torch.isfinite(log_resp)
+    both = torch.zeros(200, 30, dtype=torch.long).scatter_add_(1, index, kept.long())[:, :2]
+    assert (both == 1).all()
+
+
 def test_sparse_e_step_evaluates_only_what_the_bound_cannot_rule_out(monkeypatch):
     gmm, means = _mixture(thin=True)
     x = torch.tensor(means).repeat_interleave(50, 0) + torch.randn(600, 5, dtype=torch.float64, generator=_gen()) * 0.2
