@@ -7,7 +7,8 @@ In one run, on one generated imbalanced mixture (N points, D dims, K true cluste
 * DeepDPM: a Trainer initialised with K clusters (k-means, not timed), then ONE full
   epoch timed — forward, backward, E-step targets, all statistics and the M-step
   (``schedule.warmup_epochs=0`` so the M-step runs; splits/merges off so no move);
-  the E-step targets alone are timed too, with the size of their support;
+  the E-step targets alone are timed too (from the initial clusters as anchors, as in
+  the epoch), with the size of their support;
 * FAISS k-means on the same data and K, every point used (no subsampling):
   ``--kmeans-iters`` iterations timed, divided by their number;
 * peak RSS of the process (``ru_maxrss``, data generation included).
@@ -56,7 +57,7 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict) -> dict[str, f
     m = trainer._top_m()
     t = time.perf_counter()
     if m:
-        _, log_resp = trainer.mixture.sparse_log_responsibilities(trainer.x, m)
+        _, log_resp = trainer.mixture.sparse_log_responsibilities(trainer.x, m, anchors=trainer.anchors)
         support = float(torch.isfinite(log_resp).sum()) / len(log_resp)
     else:
         for s in range(0, trainer.x.shape[0], trainer.batch_size):

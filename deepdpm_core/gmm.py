@@ -7,8 +7,9 @@ batch costs one (B, D) x (D, K·D) matrix product and no factorisation.
 
 At large K that dense product, O(B·K·D²), dominates an epoch. The sparse E-step
 (:meth:`GaussianMixture.sparse_log_responsibilities`) evaluates exact log-densities only
-where they can matter. Each point's *anchor*, its best component under a cheap isotropic
-proxy (an O(K·D) inner-product search), is evaluated exactly; every other component k is
+where they can matter. Each point's *anchor*, a component it likely belongs to (its best
+under the previous E-step, or under a cheap isotropic proxy: an O(K·D) inner-product
+search), is evaluated exactly; every other component k is
 then ruled out, if it can be, by an upper bound on its log-density, L_k − ½ Maha_k(x)
 with L_k = ln π_k − ½ ln|2πΣ_k|, that falls :data:`SUPPORT_LOG_GAP` below the anchor's
 (responsibility provably below float32's resolution of 1). The lower bounds on the
@@ -27,9 +28,10 @@ kept:
 
 The components that survive (on separated clusters a fraction of one per point) are
 evaluated exactly, grouped by component so each costs one GEMM. So the targets are the
-dense E-step's to float32 resolution, and memory is O(N·m): a point keeps at most m
-components (``estep.top_m``), those with the highest upper bounds, which only matters
-where more than m components are within float32 resolution of each other.
+dense E-step's to float32 resolution, whatever the anchors, and memory is O(N·m): a point
+keeps its anchor and at most m − 1 other components (``estep.top_m`` = m), its most
+likely ones, which only matters where more than m − 1 components are within float32
+resolution of the best.
 """
 
 from __future__ import annotations
@@ -330,12 +332,13 @@ class GaussianMixture:
         u, a : Tensor of shape (C, D) and (C,)
             Their :meth:`pair_directions`.
         cap : int
-            Most survivors per point (those with the highest bounds are kept).
+            Most survivors per point (those with the highest bounds are kept): a bound on
+            memory where many components overlap, set well above the support's cap.
 
         Returns
         -------
-        row, comp, slot : Tensor of shape (S,), int64
-            Row of ``delta``, component, and rank among the row's survivors.
+        row, comp : Tensor of shape (S,), int64
+            Row of ``delta`` and component of each survivor.
         """
         rounding = (self.dim + 2) * torch.finfo(self.work_dtype).eps
         rho = rounding * float(u.norm(dim=1).max() * (delta.norm(dim=1).max() + self._means_work[j].norm())
@@ -346,18 +349,15 @@ class GaussianMixture:
         lp_low = lp_anchor - rounding * (self._log_norm[j] - lp_anchor).clamp_min(0)
         limit = (2.0 * (SUPPORT_LOG_GAP + _BOUND_MARGIN - lp_low) + rho).to(self.work_dtype)[:, None]
         reach = score <= limit
-        count = reach.sum(1)
-        over = torch.nonzero(count > cap).squeeze(1)
+        over = torch.nonzero(reach.sum(1) > cap).squeeze(1)
         if len(over):  # keep the cap components with the highest upper bounds (lowest score)
             keep = score[over].masked_fill(~reach[over], math.inf).topk(cap, dim=1, largest=False).indices
             reach[over] = torch.zeros_like(reach[over]).scatter_(1, keep, True) & reach[over]
-            count[over] = cap
         row, col = reach.nonzero(as_tuple=True)
-        first = torch.cumsum(count, 0) - count
-        return row, comps[col], torch.arange(len(row), device=row.device) - first[row]
+        return row, comps[col]
 
-    def sparse_log_responsibilities(self, x: Tensor, max_support: int,
-                                    chunk_rows: int | None = None) -> tuple[Tensor, Tensor]:
+    def sparse_log_responsibilities(self, x: Tensor, max_support: int, chunk_rows: int | None = None,
+                                    anchors: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """E-step ln r^E restricted to the components that can matter (module docstring).
 
         Parameters
@@ -367,6 +367,10 @@ class GaussianMixture:
             m, the most components kept per point (memory O(N·m)).
         chunk_rows : int, optional
             Most points per GEMM (default :func:`~deepdpm_core.stats.gather_chunk_rows`).
+        anchors : Tensor of shape (N,), int64, optional
+            Each point's anchor, e.g. its best component under the previous E-step; −1 (or
+            no tensor) takes the isotropic proxy's best. Any component gives the same
+            result: a poor anchor only leaves more components for the bound to rule out.
 
         Returns
         -------
@@ -378,7 +382,13 @@ class GaussianMixture:
         n, k = x.shape[0], self.n_components
         m = max(1, min(max_support, k))
         chunk_rows = chunk_rows or gather_chunk_rows(self.dim, x.device)
-        anchor = self.candidates(x, 1)[:, 0]
+        if anchors is None:
+            anchor = self.candidates(x, 1)[:, 0]
+        else:
+            anchor = anchors.to(device=x.device, dtype=torch.long, copy=True)
+            missing = torch.nonzero(anchor < 0).squeeze(1)
+            if len(missing):
+                anchor[missing] = self.candidates(x.index_select(0, missing), 1)[:, 0]
         index = anchor[:, None].repeat(1, m)
         lp = torch.full((n, m), -math.inf, dtype=self.compute_dtype, device=x.device)
         order = torch.argsort(anchor.to(torch.int32), stable=True)
@@ -416,13 +426,21 @@ class GaussianMixture:
                 if c1 == c0:
                     continue
                 for rows, delta in anchor_chunks(j):
-                    row, comp, slot = self._bound_survivors(delta, lp[rows, 0], j, pair_comp[c0:c1],
-                                                            u[c0:c1], a[c0:c1], m - 1)
-                    found.append((rows[row], comp, slot + 1))
+                    row, comp = self._bound_survivors(delta, lp[rows, 0], j, pair_comp[c0:c1],
+                                                      u[c0:c1], a[c0:c1], 4 * (m - 1))
+                    found.append((rows[row], comp))
             if found:
-                points, comps, slots = (torch.cat(t) for t in zip(*found, strict=True))
-                index[points, slots] = comps
-                lp[points, slots] = self.weighted_log_prob_pairs(x, points, comps, chunk_rows)
+                points, comps = (torch.cat(t) for t in zip(*found, strict=True))
+                values = self.weighted_log_prob_pairs(x, points, comps, chunk_rows)
+                # each point's m − 1 most likely survivors, in slots 1..m−1
+                order = torch.argsort(values, descending=True, stable=True)
+                order = order[torch.argsort(points[order], stable=True)]
+                points, comps, values = points[order], comps[order], values[order]
+                count = torch.bincount(points, minlength=n)
+                rank = torch.arange(len(points), device=x.device) - (torch.cumsum(count, 0) - count)[points]
+                keep = rank < m - 1
+                index[points[keep], rank[keep] + 1] = comps[keep]
+                lp[points[keep], rank[keep] + 1] = values[keep]
         lp = lp.masked_fill(lp < lp.max(1, keepdim=True).values - SUPPORT_LOG_GAP, -math.inf)
         return index, lp - torch.logsumexp(lp, dim=1, keepdim=True)
 

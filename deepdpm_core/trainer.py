@@ -128,6 +128,9 @@ class Trainer:
         self.rounds_without_move = 0
         self.frozen_until = config.schedule.warmup_epochs
         self.history: list[dict[str, Any]] = []
+        #: each local row's best cluster (its initial cluster, then the last E-step's best),
+        #: the sparse E-step's anchors; kept through surgery; None: not known (a resumed fit)
+        self.anchors: Tensor | None = None
         self._init_data(x)
 
     # ------------------------------------------------------------------ set-up
@@ -208,6 +211,9 @@ class Trainer:
             torch.ones_like(z, dtype=torch.float64), n_init, dtype=torch.float64))
         keep = torch.nonzero(stats.n > 0).squeeze(1)
         stats = stats.rows(keep)
+        renumber = torch.full((n_init,), -1, dtype=torch.long, device=self.device)
+        renumber[keep] = torch.arange(len(keep), device=self.device)
+        self.anchors = renumber[z]
         self.means, self.covs = map_estimate(self.prior, stats)
         self.log_weights = log_weights_from_counts(stats.n, cfg.prior.weight_pseudocount)
         k = self.means.shape[0]
@@ -414,12 +420,14 @@ class Trainer:
             when dense, so memory is O(N) either way.
         """
         if m:
-            cand, log_resp = self.mixture.sparse_log_responsibilities(self.x, m)
+            cand, log_resp = self.mixture.sparse_log_responsibilities(self.x, m, anchors=self.anchors)
+            self.anchors = cand.gather(1, log_resp.argmax(1, keepdim=True)).squeeze(1)
             return cand, log_resp.exp().to(torch.float32)
         out = torch.empty(self.x.shape[0], self.n_clusters, device=self.device)
         # cache-sized chunks: the (rows, K·D) whitening is memory-bound
         for s in range(0, self.x.shape[0], chunk_rows):
             out[s : s + chunk_rows] = self.mixture.log_responsibilities(self.x[s : s + chunk_rows]).exp()
+        self.anchors = out.argmax(1)
         return None, out
 
     def _slot_targets(self, targets: tuple[Tensor | None, Tensor], idx: Tensor) -> tuple[Tensor, Tensor]:
@@ -476,6 +484,14 @@ class Trainer:
         halves = {k: (int(torch.nonzero(src == k)[0]), k_new - n_split + i)
                   for i, k in enumerate(plan.splits)}
         merged = [(int(torch.nonzero(src == a)[0]), a, b) for a, b in plan.merges]
+        # anchors follow their cluster: a split one to its first half, a merged one to the
+        # merged row, a pruned one nowhere (−1: the E-step searches those rows afresh)
+        if self.anchors is not None:
+            new_row = torch.full((self.n_clusters,), -1, dtype=torch.long, device=self.device)
+            new_row[src[: k_new - n_split]] = torch.arange(k_new - n_split, device=self.device)
+            for row, _, b in merged:
+                new_row[b] = row
+            self.anchors = new_row[self.anchors]
         old_bias = self.cluster_net.out.bias.detach().clone()
 
         means, covs, logw = self.means[src].clone(), self.covs[src].clone(), self.log_weights[src].clone()

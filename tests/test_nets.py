@@ -118,6 +118,19 @@ def test_merge_removes_one_unit_and_keeps_others(trainer):
     assert np.isfinite(t.sub_means.numpy()).all()
 
 
+def test_e_step_anchors_follow_their_clusters_through_surgery(trainer):
+    t = trainer
+    soft, _, _ = t.run_epoch(train=False)
+    old = torch.arange(len(t.x)) % 4
+    t.anchors = old.clone()
+    t.apply_plan(MovePlan(splits=[0], merges=[(1, 2)], prunes=[3]), soft)
+    # rows: kept 0 (first half of the split), 1 (the merged pair), then the second half
+    assert t.n_clusters == 3
+    torch.testing.assert_close(t.anchors, torch.tensor([0, 1, 1, -1])[old])
+    rec = t.step_epoch()  # rows whose cluster was pruned are searched afresh
+    assert rec["n_clusters"] == 3 and bool((t.anchors >= 0).all() and (t.anchors < 3).all())
+
+
 def test_training_continues_after_surgery(trainer):
     t = trainer
     soft, _, _ = t.run_epoch(train=False)

@@ -154,6 +154,22 @@ def test_sparse_e_step_evaluates_only_what_the_bound_cannot_rule_out(monkeypatch
     assert (~torch.isfinite(log_resp[:, 1:])).all() and (dense.topk(2, 1).values[:, 1] < -SUPPORT_LOG_GAP).all()
 
 
+def test_sparse_e_step_is_the_same_from_any_anchors():
+    # anchors only decide how much the bound has to rule out, never the result
+    gmm, means = _mixture(thin=True, work_dtype=torch.float32)
+    x = (torch.tensor(means).repeat_interleave(30, 0) + torch.randn(360, 5, dtype=torch.float64, generator=_gen())).float()
+    ref_index, ref = gmm.sparse_log_responsibilities(x, 6)
+    best = ref_index.gather(1, ref.argmax(1, keepdim=True)).squeeze(1)
+    some_missing = best.clone()
+    some_missing[::3] = -1
+    for anchors in (best, some_missing, torch.randint(0, 12, (360,), generator=_gen(1))):
+        index, log_resp = gmm.sparse_log_responsibilities(x, 6, anchors=anchors)
+        # per cluster (unused slots repeat the anchor with −inf, so take the max)
+        dense_ref = torch.full((360, 12), -torch.inf, dtype=torch.float64).scatter_reduce(1, ref_index, ref, "amax")
+        dense_got = torch.full((360, 12), -torch.inf, dtype=torch.float64).scatter_reduce(1, index, log_resp, "amax")
+        torch.testing.assert_close(dense_got, dense_ref, rtol=1e-5, atol=1e-5)
+
+
 def test_sparse_e_step_caps_the_support_at_m():
     # heavily overlapping components (spread 20 around means 8 apart): several within
     # float32 resolution of each other
@@ -167,6 +183,11 @@ def test_sparse_e_step_caps_the_support_at_m():
     # normalised over the kept components, from their exact log-densities
     lp = gmm.weighted_log_prob(x).gather(1, index).masked_fill(~kept, -torch.inf)
     torch.testing.assert_close(log_resp[kept], (lp - torch.logsumexp(lp, 1, keepdim=True))[kept], rtol=1e-5, atol=1e-5)
+    # besides its anchor, a full row keeps its two most likely components
+    full = kept.all(1)
+    dense = gmm.weighted_log_prob(x).scatter(1, index[:, :1], -torch.inf)
+    best_two = dense.topk(2, dim=1).indices[full].sort(1).values
+    assert torch.equal(index[full, 1:].sort(1).values, best_two)
 
 
 def test_sparse_e_step_keeps_the_mass_on_separated_clusters():
