@@ -44,7 +44,7 @@ from deepdpm_core.nets import (
     reindex_rows,
 )
 from deepdpm_core.niw import NIWPrior, map_estimate
-from deepdpm_core.precision import net_precision, resolve_precision
+from deepdpm_core.precision import flush_denormals, net_precision, resolve_precision
 from deepdpm_core.stats import SuffStats, TripleBuffer, grouped_stats
 
 Tensor = torch.Tensor
@@ -660,6 +660,10 @@ class Trainer:
 
     def step_epoch(self) -> dict:
         """Train one epoch, M-step, maybe a move; returns the history record."""
+        with flush_denormals():
+            return self._step_epoch()
+
+    def _step_epoch(self) -> dict:
         t0 = time.perf_counter()
         soft, sub, losses = self.run_epoch(train=True)
         if self.epoch + 1 > self.frozen_until:

@@ -64,3 +64,24 @@ def test_tf32_is_scoped_to_the_block_and_cuda_only():
         assert not torch.is_autocast_enabled("cpu")
     with net_precision("bf16", torch.device("cpu"), backward=True):  # autocast: forward only
         assert not torch.is_autocast_enabled("cpu")
+
+
+def test_epochs_flush_subnormals_and_restore_the_mode():
+    # Adam moments of weights with zero gradient decay into the subnormal range, where the
+    # CPU is many times slower; inside an epoch they are flushed to zero, outside left alone
+    tiny = torch.finfo(torch.float32).tiny
+    seen = []
+    X, _ = make_mixture(600, 3, 3, random_state=0)
+    trainer = Trainer(Config().with_overrides({"init.n_clusters": 3, "device": "cpu"}), torch.from_numpy(X),
+                      callbacks=[lambda rec: seen.append(float(torch.tensor([tiny / 4]) * 1.0))])
+    trainer.initialize()
+    assert float(torch.tensor([tiny / 4]) * 1.0) > 0  # the default: subnormals kept
+    trainer.step_epoch()
+    assert seen == [0.0]  # inside the epoch (callbacks run in it): flushed
+    assert float(torch.tensor([tiny / 4]) * 1.0) > 0  # and the mode is restored after it
+    torch.set_flush_denormal(True)
+    try:
+        trainer.step_epoch()
+        assert float(torch.tensor([tiny / 4]) * 1.0) == 0  # a caller's own setting is kept
+    finally:
+        torch.set_flush_denormal(False)
