@@ -309,7 +309,7 @@ class GaussianMixture:
                 u[keep][order].to(self.work_dtype), a[keep][order].to(self.work_dtype))
 
     def _bound_survivors(self, delta: Tensor, lp_anchor: Tensor, j: int, comps: Tensor, u: Tensor,
-                         a: Tensor, cap: int) -> tuple[Tensor, Tensor, Tensor]:
+                         a: Tensor, cap: int) -> tuple[Tensor, Tensor]:
         """Level 3 of the bound (module docstring) for the points of anchor j.
 
         The bound is L_k − ½ z² with z = a_jk + u_jkᵀ delta; it reaches the threshold iff
@@ -391,21 +391,20 @@ class GaussianMixture:
                 anchor[missing] = self.candidates(x.index_select(0, missing), 1)[:, 0]
         index = anchor[:, None].repeat(1, m)
         lp = torch.full((n, m), -math.inf, dtype=self.compute_dtype, device=x.device)
-        order = torch.argsort(anchor.to(torch.int32), stable=True)
+        by_anchor = torch.argsort(anchor.to(torch.int32), stable=True)
         counts = torch.bincount(anchor, minlength=k)
         present = torch.nonzero(counts).squeeze(1)
-        ranges = dict(zip(present.tolist(), torch.stack([torch.cumsum(counts, 0) - counts, torch.cumsum(
-            counts, 0)], 1)[present].tolist(), strict=True))
+        ends = torch.cumsum(counts, 0)
+        starts, ends = (ends - counts).tolist(), ends.tolist()
 
         def anchor_chunks(j: int) -> Iterator[tuple[Tensor, Tensor]]:
-            start, end = ranges[j]
-            for s in range(start, end, chunk_rows):
-                rows = order[s : min(s + chunk_rows, end)]
+            for s in range(starts[j], ends[j], chunk_rows):
+                rows = by_anchor[s : min(s + chunk_rows, ends[j])]
                 yield rows, self._centre(x.index_select(0, rows), j)
 
         # the anchors, exactly; their points' largest offset and lowest log-density
         radius, floor = [], []
-        for j in ranges:
+        for j in present.tolist():
             r, f = 0.0, math.inf
             for rows, delta in anchor_chunks(j):
                 lp_anchor = self._log_prob_centred(delta, j)
@@ -433,9 +432,9 @@ class GaussianMixture:
                 points, comps = (torch.cat(t) for t in zip(*found, strict=True))
                 values = self.weighted_log_prob_pairs(x, points, comps, chunk_rows)
                 # each point's m − 1 most likely survivors, in slots 1..m−1
-                order = torch.argsort(values, descending=True, stable=True)
-                order = order[torch.argsort(points[order], stable=True)]
-                points, comps, values = points[order], comps[order], values[order]
+                by_value = torch.argsort(values, descending=True, stable=True)
+                by_point = by_value[torch.argsort(points[by_value], stable=True)]
+                points, comps, values = points[by_point], comps[by_point], values[by_point]
                 count = torch.bincount(points, minlength=n)
                 rank = torch.arange(len(points), device=x.device) - (torch.cumsum(count, 0) - count)[points]
                 keep = rank < m - 1

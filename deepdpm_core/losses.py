@@ -23,8 +23,8 @@ Tensor = torch.Tensor
 
 class _SlotKL(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: Tensor, slots: Tensor, target: Tensor):  # noqa: ANN205
-        logits = logits.detach().float()
+    def forward(ctx, logits: Tensor, slots: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        logits = logits.float()  # a no-op for float32; bf16 logits (autocast) summed in float32
         top, z = logits.max(1)
         exp = torch.sub(logits, top[:, None]).exp_()  # softmax up to the row sums
         total = exp.sum(1)
@@ -35,7 +35,7 @@ class _SlotKL(torch.autograd.Function):
         return kl, z, log_r
 
     @staticmethod
-    def backward(ctx, grad_kl: Tensor, _grad_z: Tensor, _grad_log_r: Tensor):  # noqa: ANN205
+    def backward(ctx, grad_kl: Tensor, _grad_z: Tensor, _grad_log_r: Tensor) -> tuple[Tensor, None, None]:
         exp, total, slots, target = ctx.saved_tensors
         grad = exp.mul_((target.sum(1) / total)[:, None])  # the saved buffer is not needed again
         grad.scatter_add_(1, slots, -target)
