@@ -225,6 +225,10 @@ class GaussianMixture:
         y = delta @ self._prec_chol_work[k]
         return self._log_norm[k] - 0.5 * y.square().sum(1).to(self.compute_dtype)
 
+    def _rounding(self, dtype: torch.dtype) -> float:
+        """Relative rounding allowance of a length-D dot product in ``dtype``, (D + 2)·ε."""
+        return (self.dim + 2) * torch.finfo(dtype).eps
+
     def pair_directions(self, anchors: Tensor, comps: Tensor) -> tuple[Tensor, Tensor]:
         """The Cauchy–Schwarz bound's vectors for pairs (anchor j, component k).
 
@@ -283,7 +287,7 @@ class GaussianMixture:
         gap = SUPPORT_LOG_GAP + _BOUND_MARGIN
         log_norm = self._log_norm.to(torch.float64)
         sq_norms = self.means.square().sum(1)
-        rounding = (self.dim + 2) * torch.finfo(torch.float64).eps
+        rounding = self._rounding(torch.float64)
         pair_anchor, pair_comp, pair_room, pair_radius = [], [], [], []
         rows = max(1, block_elems // max(1, self.n_components))
         for s in range(0, len(anchors), rows):
@@ -340,7 +344,7 @@ class GaussianMixture:
         row, comp : Tensor of shape (S,), int64
             Row of ``delta`` and component of each survivor.
         """
-        rounding = (self.dim + 2) * torch.finfo(self.work_dtype).eps
+        rounding = self._rounding(self.work_dtype)
         rho = rounding * float(u.norm(dim=1).max() * (delta.norm(dim=1).max() + self._means_work[j].norm())
                                + a.max())
         scale = (1.0 + rho) ** -0.5
@@ -382,13 +386,11 @@ class GaussianMixture:
         n, k = x.shape[0], self.n_components
         m = max(1, min(max_support, k))
         chunk_rows = chunk_rows or gather_chunk_rows(self.dim, x.device)
-        if anchors is None:
-            anchor = self.candidates(x, 1)[:, 0]
-        else:
-            anchor = anchors.to(device=x.device, dtype=torch.long, copy=True)
-            missing = torch.nonzero(anchor < 0).squeeze(1)
-            if len(missing):
-                anchor[missing] = self.candidates(x.index_select(0, missing), 1)[:, 0]
+        anchor = (torch.full((n,), -1, dtype=torch.long, device=x.device) if anchors is None
+                  else anchors.to(device=x.device, dtype=torch.long, copy=True))
+        missing = torch.nonzero(anchor < 0).squeeze(1)
+        if len(missing):
+            anchor[missing] = self.candidates(x.index_select(0, missing), 1)[:, 0]
         index = anchor[:, None].repeat(1, m)
         lp = torch.full((n, m), -math.inf, dtype=self.compute_dtype, device=x.device)
         by_anchor = torch.argsort(anchor.to(torch.int32), stable=True)
@@ -404,14 +406,13 @@ class GaussianMixture:
 
         # the anchors, exactly; their points' largest offset and lowest log-density
         radius, floor = [], []
+        slack = self._rounding(self.work_dtype)  # of delta and of the anchor's log-density
         for j in present.tolist():
             r, f = 0.0, math.inf
             for rows, delta in anchor_chunks(j):
                 lp_anchor = self._log_prob_centred(delta, j)
                 lp[rows, 0] = lp_anchor
                 r, f = max(r, float(delta.norm(dim=1).max())), min(f, float(lp_anchor.min()))
-            # widened for the float32 rounding of delta and of the anchor's log-density
-            slack = (self.dim + 2) * torch.finfo(self.work_dtype).eps
             radius.append(r + slack * (r + float(self._means_work[j].norm())))
             floor.append(f - slack * (float(self._log_norm[j]) - f))
         if m > 1 and len(present):
