@@ -40,11 +40,14 @@ def test_batched_subnets_equal_per_cluster_mlps():
 def test_cluster_blocks_hold_one_cluster_each_and_at_most_twice_the_rows():
     g = torch.Generator().manual_seed(1)
     z = torch.cat([torch.full((500,), 2), torch.randint(0, 50, (300,), generator=g)])
-    block, slot, block_cluster, cap = nets.cluster_blocks(z, 60)
+    block, slot, overflow, cap = nets.cluster_blocks(z, 60)
+    block_cluster = torch.cat([torch.arange(60), overflow])  # primary blocks first, in cluster order
     assert torch.equal(block_cluster[block], z)  # every row sits in a block of its cluster
     cells = block * cap + slot
     assert cells.unique().numel() == len(z) and int(slot.max()) < cap  # no two rows share a cell
-    assert block_cluster.numel() * cap <= 2 * len(z) + cap
+    assert block_cluster.numel() * cap <= 2 * len(z) + 60  # K·c ≤ B + K primary, ≤ B overflow
+    # a cluster's first cap rows fill its primary block; only the rest overflow
+    assert torch.equal(torch.bincount(overflow, minlength=60), (-(-torch.bincount(z, minlength=60) // cap) - 1).clamp_min(0))
 
 
 @pytest.fixture
