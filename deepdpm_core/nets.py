@@ -138,8 +138,8 @@ def cluster_blocks(z: Tensor, n_clusters: int) -> tuple[Tensor, Tensor, Tensor, 
 
     Blocks hold c = ceil(B / K) zero-padded rows. Block k < K is cluster k's first c rows
     (the *primary* blocks, multiplied by the (K, ...) weights without a gather); a cluster
-    with more rows continues in *overflow* blocks after them. At most K + B/c blocks,
-    i.e. at most ~2B + 2K padded rows, however imbalanced the clusters.
+    with more rows continues in *overflow* blocks after them: K·c ≤ B + K primary and at
+    most B overflow padded rows, so at most 2B + K however imbalanced the clusters.
 
     Parameters
     ----------
