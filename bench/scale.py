@@ -1,6 +1,7 @@
 """One DeepDPM epoch vs one FAISS k-means iteration at ImageNet-like scale (issue 8).
 
 Usage: OMP_NUM_THREADS=2 python bench/scale.py --n 200000 --d 64 --k 200 [--json] [--fit]
+       [--device auto|cpu|cuda]
 
 In one run, on one generated imbalanced mixture (N points, D dims, K true clusters):
 
@@ -12,7 +13,12 @@ In one run, on one generated imbalanced mixture (N points, D dims, K true cluste
   (moves still off) and reports their median, the cost once the nets are trained;
 * FAISS k-means on the same data and K, every point used (no subsampling):
   ``--kmeans-iters`` iterations timed, divided by their number;
-* peak RSS of the process (``ru_maxrss``, data generation included).
+* peak RSS of the process (``ru_maxrss``, data generation included), and on CUDA the
+  peak GPU memory held by tensors.
+
+DeepDPM runs on ``--device`` (default ``auto``: CUDA when present); FAISS k-means always
+runs on the CPU (``faiss-cpu``, all threads), so on a GPU the ratio compares a GPU epoch
+with a CPU iteration.
 
 ``--fit`` also runs a full fit (default schedule, moves on, from ``--init-k`` clusters)
 and reports the K found and the NMI. The machine is shared: compare the ratios.
@@ -45,19 +51,28 @@ def peak_rss_mb() -> float:
     return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
 
 
-def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 1) -> dict[str, float]:
+def clock(device: torch.device) -> float:
+    """perf_counter after the device's queued work is done (CUDA kernels run asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 1,
+               device: str = "auto") -> dict[str, float]:
     """Seconds of the first full training epoch with M-step at K clusters (init not timed),
     and the median of the ``epochs`` − 1 after it (nets trained, anchors from the E-step)."""
     cfg = Config().with_overrides({
-        "seed": seed, "device": "cpu", "init.n_clusters": k, "schedule.warmup_epochs": 0,
+        "seed": seed, "device": device, "init.n_clusters": k, "schedule.warmup_epochs": 0,
         "moves.split": False, "moves.merge": False, "init.kmeans_iters": 5, **overrides,
     })
     trainer = Trainer(cfg, torch.from_numpy(x))
-    t = time.perf_counter()
+    dev = trainer.device
+    t = clock(dev)
     trainer.initialize()
-    init_s = time.perf_counter() - t
+    init_s = clock(dev) - t
     m = trainer._top_m()
-    t = time.perf_counter()
+    t = clock(dev)
     if m:
         _, log_resp = trainer.mixture.sparse_log_responsibilities(trainer.x, m, anchors=trainer.anchors)
         support = float(torch.isfinite(log_resp).sum()) / len(log_resp)
@@ -65,19 +80,19 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 
         for s in range(0, trainer.x.shape[0], trainer.batch_size):
             trainer.mixture.log_responsibilities(trainer.x[s : s + trainer.batch_size])
         support = float(k)
-    estep_s = time.perf_counter() - t
-    t = time.perf_counter()
+    estep_s = clock(dev) - t
+    t = clock(dev)
     record = trainer.step_epoch()
-    epoch_s = time.perf_counter() - t
+    epoch_s = clock(dev) - t
     later = []
     for _ in range(epochs - 1):
-        t = time.perf_counter()
+        t = clock(dev)
         trainer.step_epoch()
-        later.append(time.perf_counter() - t)
+        later.append(clock(dev) - t)
     assert record["splits_accepted"] == record["merges_accepted"] == 0 and trainer.n_clusters == k
     return {"epoch_seconds": epoch_s, "later_epoch_seconds": float(np.median(later)) if later else None,
             "estep_seconds": estep_s, "init_seconds": init_s,
-            "k_epoch": trainer.n_clusters, "top_m": m or 0, "batch_size": trainer.batch_size,
+            "device": str(dev), "precision": trainer.precision, "k_epoch": trainer.n_clusters, "top_m": m or 0, "batch_size": trainer.batch_size,
             "estep_support_per_point": support}
 
 
@@ -90,21 +105,22 @@ def time_kmeans(x: np.ndarray, k: int, iters: int, seed: int) -> float:
     return (time.perf_counter() - t) / iters
 
 
-def full_fit(x: np.ndarray, y: np.ndarray, init_k: int, seed: int, overrides: dict) -> dict:
-    cfg = Config().with_overrides({"seed": seed, "device": "cpu", "init.n_clusters": init_k, **overrides})
+def full_fit(x: np.ndarray, y: np.ndarray, init_k: int, seed: int, overrides: dict,
+             device: str = "auto") -> dict:
+    cfg = Config().with_overrides({"seed": seed, "device": device, "init.n_clusters": init_k, **overrides})
 
     def progress(rec: dict) -> None:  # one line per epoch on stderr: a long fit shows it is alive
         print(f"fit epoch {rec['epoch']:3d}: K = {rec['n_clusters']:4d}, {rec['seconds']:6.1f} s, "
               f"peak RSS {peak_rss_mb():.0f} MiB", file=sys.stderr, flush=True)
 
     trainer = Trainer(cfg, torch.from_numpy(x), callbacks=[progress])
-    t = time.perf_counter()
+    t = clock(trainer.device)
     trainer.initialize()
-    print(f"fit initialised with K = {trainer.n_clusters} in {time.perf_counter() - t:.1f} s",
+    print(f"fit initialised with K = {trainer.n_clusters} in {clock(trainer.device) - t:.1f} s",
           file=sys.stderr, flush=True)
     trainer.fit()
-    seconds = time.perf_counter() - t
-    labels = trainer.predict_labels(torch.from_numpy(x)).numpy()
+    seconds = clock(trainer.device) - t
+    labels = trainer.predict_labels(torch.from_numpy(x)).cpu().numpy()
     return {"fit_k": trainer.n_clusters, "fit_nmi": nmi(y, labels), "fit_seconds": seconds,
             "fit_epochs": trainer.epoch}
 
@@ -122,6 +138,8 @@ def main() -> None:
                     help="epochs timed at K (default 1); >1 also reports the median of the later ones")
     ap.add_argument("--fit", action="store_true", help="also run a full fit (K found, NMI)")
     ap.add_argument("--init-k", type=int, default=None, help="initial K of --fit (default: --k)")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="where DeepDPM runs (default: CUDA when present); k-means is on the CPU")
     ap.add_argument("--json", action="store_true", help="last line: JSON of the results")
     args = ap.parse_args()
     overrides = parse_overrides(args.set)
@@ -129,13 +147,17 @@ def main() -> None:
                         random_state=args.seed)
     out = {"n": args.n, "d": args.d, "k": args.k, "threads": torch.get_num_threads(),
            "data_rss_mb": peak_rss_mb()}
-    out.update(time_epoch(x, args.k, args.seed, overrides, args.epochs))
+    out.update(time_epoch(x, args.k, args.seed, overrides, args.epochs, args.device))
     out["kmeans_iter_seconds"] = time_kmeans(x, args.k, args.kmeans_iters, args.seed)
     out["ratio"] = out["epoch_seconds"] / out["kmeans_iter_seconds"]
     if args.fit:
-        out.update(full_fit(x, y, args.init_k or args.k, args.seed, overrides))
+        out.update(full_fit(x, y, args.init_k or args.k, args.seed, overrides, args.device))
     out["peak_rss_mb"] = peak_rss_mb()
-    print(f"data: {args.n} x {args.d}, K = {args.k}, {out['threads']} threads, "
+    if torch.cuda.is_available():
+        out["gpu_name"] = torch.cuda.get_device_name()
+        out["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / (1 << 20)
+    print(f"data: {args.n} x {args.d}, K = {args.k}, DeepDPM on {out['device']} "
+          f"({out['precision']} nets), {out['threads']} CPU threads, "
           f"batch {out['batch_size']}, E-step {'sparse' if out['top_m'] else 'dense'} "
           f"(clusters per point with r^E above float32 eps: {out['estep_support_per_point']:.2f})")
     print(f"{'what':34s} {'seconds':>9s} {'/ k-means iter':>15s}")
@@ -148,7 +170,8 @@ def main() -> None:
     if args.fit:
         print(f"full fit: K = {out['fit_k']} (true {args.k}), NMI = {out['fit_nmi']:.3f}, "
               f"{out['fit_epochs']} epochs, {out['fit_seconds']:.1f} s")
-    print(f"peak RSS: {out['peak_rss_mb']:.0f} MiB")
+    print(f"peak RSS: {out['peak_rss_mb']:.0f} MiB"
+          + (f", peak GPU memory {out['peak_gpu_mb']:.0f} MiB" if "peak_gpu_mb" in out else ""))
     if args.json:
         print(json.dumps(out))
 
