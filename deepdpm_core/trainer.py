@@ -276,19 +276,21 @@ class Trainer:
 
     def _init_subnet_rows(self, ks: Tensor, centers: Tensor, directions: Tensor, spreads: Tensor) -> None:
         s = self.input_scale
+        # the draws on the CPU (one generator stream, in row order), then one write per tensor
+        centers, directions, spreads = centers.cpu() * s, directions.cpu(), (spreads.cpu() * s).tolist()
+        fresh = [axis_aligned_subnet(self.dim, self.config.model.sub_hidden, centers[i], directions[i],
+                                     spreads[i], self.torch_gen) for i in range(len(spreads))]
+        if not fresh:
+            return
+        rows = ks.to(self.device)
         with torch.no_grad():
-            for i, k in enumerate(ks.tolist()):
-                w1, b1, w2, b2 = axis_aligned_subnet(
-                    self.dim, self.config.model.sub_hidden, centers[i].cpu() * s,
-                    directions[i].cpu(), float(spreads[i]) * s, self.torch_gen,
-                )
-                self.sub_nets.w1[k], self.sub_nets.b1[k] = w1, b1
-                self.sub_nets.w2[k], self.sub_nets.b2[k] = w2, b2
-                for p in (self.sub_nets.w1, self.sub_nets.b1, self.sub_nets.w2, self.sub_nets.b2):
-                    st = self.opt_sub.state.get(p)
-                    for key in ("exp_avg", "exp_avg_sq"):
-                        if st and key in st:
-                            st[key][k] = 0
+            for p, values in zip((self.sub_nets.w1, self.sub_nets.b1, self.sub_nets.w2, self.sub_nets.b2),
+                                 zip(*fresh, strict=True), strict=True):
+                p[rows] = torch.stack(values).to(p)
+                st = self.opt_sub.state.get(p)
+                for key in ("exp_avg", "exp_avg_sq"):
+                    if st and key in st:
+                        st[key][rows] = 0
 
     # ------------------------------------------------------------------ epochs
     def _reduce_stats(self, stats: SuffStats) -> SuffStats:
