@@ -92,7 +92,8 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 
     assert record["splits_accepted"] == record["merges_accepted"] == 0 and trainer.n_clusters == k
     return {"epoch_seconds": epoch_s, "later_epoch_seconds": float(np.median(later)) if later else None,
             "estep_seconds": estep_s, "init_seconds": init_s,
-            "device": str(dev), "precision": trainer.precision, "k_epoch": trainer.n_clusters, "top_m": m or 0, "batch_size": trainer.batch_size,
+            "device": str(dev), "precision": trainer.precision, "k_epoch": trainer.n_clusters,
+            "top_m": m or 0, "batch_size": trainer.batch_size,
             "estep_support_per_point": support}
 
 
