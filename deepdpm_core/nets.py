@@ -242,6 +242,24 @@ def reindex_rows(
         optimizer.state[new] = moved
 
 
+def new_row_of(kept: Tensor, n_old: int) -> Tensor:
+    """Inverse of a row map: the new row of each old row, −1 where it was not kept.
+
+    Parameters
+    ----------
+    kept : Tensor of shape (K_new,), int64
+        Old row of each new row (distinct).
+    n_old : int
+
+    Returns
+    -------
+    Tensor of shape (n_old,), int64
+    """
+    out = torch.full((n_old,), -1, dtype=torch.long, device=kept.device)
+    out[kept] = torch.arange(len(kept), device=kept.device)
+    return out
+
+
 def cluster_row_map(n_clusters: int, splits: list[int], removed: list[int]) -> Tensor:
     """Row map of a move: kept clusters in order, then the second half of each split.
 

@@ -41,6 +41,7 @@ from deepdpm_core.nets import (
     SubclusterNets,
     axis_aligned_subnet,
     cluster_row_map,
+    new_row_of,
     reindex_rows,
 )
 from deepdpm_core.niw import NIWPrior, map_estimate
@@ -211,9 +212,7 @@ class Trainer:
             torch.ones_like(z, dtype=torch.float64), n_init, dtype=torch.float64))
         keep = torch.nonzero(stats.n > 0).squeeze(1)
         stats = stats.rows(keep)
-        renumber = torch.full((n_init,), -1, dtype=torch.long, device=self.device)
-        renumber[keep] = torch.arange(len(keep), device=self.device)
-        self.anchors = renumber[z]
+        self.anchors = new_row_of(keep, n_init)[z]
         self.means, self.covs = map_estimate(self.prior, stats)
         self.log_weights = log_weights_from_counts(stats.n, cfg.prior.weight_pseudocount)
         k = self.means.shape[0]
@@ -489,8 +488,7 @@ class Trainer:
         # anchors follow their cluster: a split one to its first half, a merged one to the
         # merged row, a pruned one nowhere (−1: the E-step searches those rows afresh)
         if self.anchors is not None:
-            new_row = torch.full((self.n_clusters,), -1, dtype=torch.long, device=self.device)
-            new_row[src[: k_new - n_split]] = torch.arange(k_new - n_split, device=self.device)
+            new_row = new_row_of(src[: k_new - n_split], self.n_clusters)
             for row, _, b in merged:
                 new_row[b] = row
             self.anchors = new_row[self.anchors]
