@@ -23,6 +23,8 @@ Tensor = torch.Tensor
 
 #: rows of x x^T accumulated per chunk in the sparse path (bounds the B x D x D buffer)
 _OUTER_CHUNK_ELEMS = 1 << 24
+#: bound on the padded (blocks, b, D) input of one batched GEMM of :func:`_blocked_scatter`
+_BLOCKED_CHUNK_ELEMS = 1 << 25
 
 
 @dataclass(frozen=True)
@@ -162,17 +164,21 @@ def gather_chunk_rows(dim: int, device: torch.device | str) -> int:
 
 def grouped_stats(
     x: Tensor, points: Tensor, rows: Tensor, weights: Tensor, n_rows: int, chunk_rows: int | None = None,
-    dtype: torch.dtype | None = None, out: SuffStats | None = None,
+    dtype: torch.dtype | None = None, out: SuffStats | None = None, batched: bool | None = None,
 ) -> SuffStats:
     """Statistics from (point, row, weight) triples, one GEMM per row.
 
     The triples are sorted by (row, point); row r gets s2_r = (w ⊙ X_r)ᵀ X_r over its
     points X_r. Same result as :func:`sparse_stats` but with no (B, D, D) outer-product
     buffer. The GEMMs run in ``dtype`` (default ``x``'s; float32 is ~8x faster than float64 on CPU) on
-    points centred at their chunk's mean c, and the float64 uncentred sums are rebuilt
+    points centred at a point c near them, and the float64 uncentred sums are rebuilt
     exactly from them: s1 = s1_c + n c, s2 = s2_c + c s1_cᵀ + s1_c cᵀ + n c cᵀ. Centring
     leaves only rounding relative to the cluster's own spread (~1e-7), not to its offset.
     Cost O(T·D²) for T triples, memory O(T + R·D² + chunk·D).
+
+    On the CPU a Python loop runs one GEMM per row and chunk (c: the chunk's mean); on a
+    GPU, where that loop's R x ~15 small kernels dominate, :func:`_blocked_scatter` runs
+    all rows' GEMMs as a few batched ones.
 
     Parameters
     ----------
@@ -186,12 +192,14 @@ def grouped_stats(
         Weight of each triple.
     n_rows : int
     chunk_rows : int, optional
-        Most points in one GEMM (default :func:`gather_chunk_rows`).
+        Most points in one GEMM (default :func:`gather_chunk_rows`; batched: 256 per block).
     dtype : torch.dtype, optional
         dtype of the GEMMs.
     out : SuffStats, optional
         ``n_rows`` rows to add the statistics to (e.g. views of a flat buffer); new zeros
         by default.
+    batched : bool, optional
+        Use :func:`_blocked_scatter` (default: on a GPU).
 
     Returns
     -------
@@ -199,15 +207,20 @@ def grouped_stats(
     """
     d = x.shape[1]
     dtype = dtype or x.dtype
-    chunk_rows = chunk_rows or gather_chunk_rows(d, x.device)
     out = SuffStats.zeros(n_rows, d, device=x.device) if out is None else out
     out.n.index_add_(0, rows, weights.to(torch.float64))
     # (row, point) order: one segment per row, and points read in memory order
     order = torch.argsort(rows * x.shape[0] + points)
     points, weights = points.index_select(0, order), weights.index_select(0, order).to(torch.float64)
+    counts = torch.bincount(rows, minlength=n_rows)
+    if batched is None:
+        batched = x.device.type != "cpu"
+    if batched:
+        return _blocked_scatter(x, points, counts, weights, dtype, out, chunk_rows or 256)
+    chunk_rows = chunk_rows or gather_chunk_rows(d, x.device)
     weights_work = weights.to(dtype)
     start = 0
-    for r, count in enumerate(torch.bincount(rows, minlength=n_rows).tolist()):
+    for r, count in enumerate(counts.tolist()):
         for s in range(start, start + count, chunk_rows):
             e = min(s + chunk_rows, start + count)
             xs = x.index_select(0, points[s:e]).to(dtype)
@@ -222,6 +235,86 @@ def grouped_stats(
             scatter = 0.5 * (scatter + scatter.T)  # the GEMM's rounding is not symmetric
             out.s2[r] += scatter + torch.outer(c64, s1c) + torch.outer(s1c, c64) + n * torch.outer(c64, c64)
         start += count
+    return out
+
+
+def segment_blocks(counts: Tensor, block_rows: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Blocks of ``block_rows`` items over consecutive segments, for batched per-segment GEMMs.
+
+    Items are sorted by segment, segment r holding ``counts[r]`` of them; segment r gets
+    ⌈counts[r] / block_rows⌉ blocks, its items in order, the last one zero-padded. So at
+    most T + R·(block_rows − 1) padded rows for T items in R segments.
+
+    Parameters
+    ----------
+    counts : Tensor of shape (R,), int64
+    block_rows : int
+
+    Returns
+    -------
+    block : Tensor of shape (T,), int64 — block of each item (non-decreasing).
+    slot : Tensor of shape (T,), int64 — its position in the block.
+    segment : Tensor of shape (n_blocks,), int64 — segment of each block.
+    first : Tensor of shape (R,), int64 — first block of each segment.
+    """
+    dev = counts.device
+    n_blocks = -(-counts // block_rows)
+    first = torch.cumsum(n_blocks, 0) - n_blocks
+    segment_of_item = torch.repeat_interleave(torch.arange(len(counts), device=dev), counts)
+    pos = torch.arange(len(segment_of_item), device=dev) - (torch.cumsum(counts, 0) - counts)[segment_of_item]
+    block = first[segment_of_item] + torch.div(pos, block_rows, rounding_mode="floor")
+    return block, pos % block_rows, torch.repeat_interleave(torch.arange(len(counts), device=dev), n_blocks), first
+
+
+def _blocked_scatter(x: Tensor, points: Tensor, counts: Tensor, weights: Tensor, dtype: torch.dtype,
+                     out: SuffStats, block_rows: int) -> SuffStats:
+    """The per-row sums of :func:`grouped_stats` as batched GEMMs over :func:`segment_blocks`.
+
+    Each row's points are centred at c_r, the mean of its first block; each block's
+    (D, b) x (b, D) GEMM runs in ``dtype`` in one ``bmm`` per chunk of blocks, and the
+    blocks' sums are added per row in float64 before the exact float64 rebuild.
+
+    Parameters
+    ----------
+    x : Tensor of shape (N, D)
+    points : Tensor of shape (T,), int64 — sorted by row.
+    counts : Tensor of shape (R,), int64 — triples per row.
+    weights : Tensor of shape (T,), float64 — in the same order.
+    dtype : torch.dtype
+    out : SuffStats with R rows, ``n`` already added
+    block_rows : int
+        b, the rows of a block.
+    """
+    n_rows, d, dev = len(counts), x.shape[1], x.device
+    block, slot, segment, first = segment_blocks(counts, block_rows)
+    n_blocks = len(segment)
+    per_chunk = max(1, _BLOCKED_CHUNK_ELEMS // (block_rows * d))
+    starts = torch.arange(0, n_blocks + per_chunk, per_chunk, device=dev).clamp_max(n_blocks)
+    bounds = torch.searchsorted(block, starts).tolist()  # triples of each chunk of blocks
+    centre = torch.zeros(n_rows, d, dtype=dtype, device=dev)
+    n = torch.zeros(n_rows, dtype=torch.float64, device=dev).index_add_(
+        0, torch.repeat_interleave(torch.arange(n_rows, device=dev), counts), weights)
+    s1c = torch.zeros(n_rows, d, dtype=torch.float64, device=dev)
+    s2c = torch.zeros(n_rows, d, d, dtype=torch.float64, device=dev)
+    for i, b0 in enumerate(range(0, n_blocks, per_chunk)):
+        b1, t0, t1 = min(n_blocks, b0 + per_chunk), bounds[i], bounds[i + 1]
+        at = (block[t0:t1] - b0, slot[t0:t1])
+        xs = x.new_zeros(b1 - b0, block_rows, d, dtype=dtype).index_put_(at, x.index_select(0, points[t0:t1]).to(dtype))
+        ws = xs.new_zeros(b1 - b0, block_rows).index_put_(at, weights[t0:t1].to(dtype))
+        seg = segment[b0:b1]
+        # a row's first block sets its centre; later blocks (later chunks too) reuse it
+        lead = torch.nonzero(first[seg] == torch.arange(b0, b1, device=dev)).squeeze(1)
+        filled = torch.bincount(at[0], minlength=b1 - b0).clamp_min(1)
+        centre[seg[lead]] = xs[lead].sum(1) / filled[lead, None].to(dtype)
+        xc = xs - centre[seg][:, None, :]  # padded rows have weight 0, so they add nothing
+        wx = xc * ws[:, :, None]
+        s1c.index_add_(0, seg, wx.sum(1).to(torch.float64))
+        s2c.index_add_(0, seg, torch.bmm(wx.transpose(1, 2), xc).to(torch.float64))
+    c = centre.to(torch.float64)
+    s2c = 0.5 * (s2c + s2c.transpose(1, 2))  # the GEMMs' rounding is not symmetric
+    out.s1.add_(s1c + n[:, None] * c)
+    out.s2.add_(s2c + c[:, :, None] * s1c[:, None, :] + s1c[:, :, None] * c[:, None, :]
+                + n[:, None, None] * c[:, :, None] * c[:, None, :])
     return out
 
 

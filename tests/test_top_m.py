@@ -10,8 +10,10 @@ from deepdpm_core.gmm import (
     SUPPORT_LOG_GAP,
     GaussianMixture,
     faiss_proxy_keys,
+    largest_eigenvalue_bound,
     proxy_top_m_faiss,
     proxy_top_m_torch,
+    trace_power_bound,
 )
 from deepdpm_core.metrics import nmi
 from deepdpm_core.stats import TripleBuffer, grouped_stats, sparse_stats
@@ -170,6 +172,42 @@ def test_sparse_e_step_is_the_same_from_any_anchors():
         torch.testing.assert_close(dense_got, dense_ref, rtol=1e-5, atol=1e-5)
 
 
+def test_trace_power_bound_is_an_upper_bound_within_d_to_the_one_over_q():
+    rng = np.random.default_rng(4)
+    d = 128
+    rot = np.linalg.qr(rng.normal(size=(4, d, d)))[0]
+    spectra = np.stack([np.ones(d),                              # the worst case: q-th root of D
+                        np.exp(rng.uniform(-30, 0, size=d)),     # near-degenerate
+                        np.r_[np.ones(3), np.zeros(d - 3)],      # rank 3
+                        rng.chisquare(4, size=d)])
+    covs = torch.tensor(np.einsum("kij,kj,klj->kil", rot, spectra, rot))
+    covs = torch.cat([covs, covs[3:] * 1e-250, covs[3:] * 1e250, torch.zeros(1, d, d, dtype=torch.float64)])
+    exact = torch.linalg.eigvalsh(covs)[:, -1]
+    bound = trace_power_bound(covs)
+    assert torch.isfinite(bound).all() and (bound >= exact).all()
+    assert (bound[:-1] <= exact[:-1] * d ** (1 / 32) * (1 + 1e-9)).all()
+    torch.testing.assert_close(bound[0], exact[0] * d ** (1 / 32), rtol=1e-9, atol=0)
+    assert bound[-1] < 1e-300  # zero matrix: a (tiny) bound, no NaN
+    torch.testing.assert_close(largest_eigenvalue_bound(covs[:4]), exact[:4].clamp_min(0))  # CPU: exact
+
+
+@pytest.mark.parametrize("thin", [False, True])
+def test_sparse_e_step_is_the_same_with_the_trace_power_bound(thin, monkeypatch):
+    # what CUDA uses for level 1 (at most D^(1/32) above λ_max, so level 1 may keep more
+    # pairs for levels 2 and 3): the same result. (A bound 1000x too low loses 23 entries.)
+    gmm, means = _mixture(k=30, d=6, thin=thin, work_dtype=torch.float32)
+    x = (torch.tensor(means).repeat_interleave(20, 0) + torch.randn(600, 6, dtype=torch.float64, generator=_gen()) * 2).float()
+    ref_index, ref = gmm.sparse_log_responsibilities(x, 6, chunk_rows=13)
+    monkeypatch.setattr("deepdpm_core.gmm.largest_eigenvalue_bound", trace_power_bound)
+    gmm.refresh()
+    index, log_resp = gmm.sparse_log_responsibilities(x, 6, chunk_rows=13)
+
+    def dense(idx, lr):
+        return torch.full((600, 30), -torch.inf).scatter_reduce(1, idx, lr.float(), "amax")
+
+    assert torch.equal(dense(index, log_resp), dense(ref_index, ref))
+
+
 def test_sparse_e_step_caps_the_support_at_m():
     # heavily overlapping components (spread 20 around means 8 apart): several within
     # float32 resolution of each other
@@ -224,6 +262,34 @@ def test_grouped_and_buffered_stats_match_sparse_stats():
     torch.testing.assert_close(buf.stats(x, 6).flat(), ref.flat(), rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="holds 300 triples"):
         buf.add(perm[:1], rows[0, :1], w[0, :1])
+
+
+@pytest.mark.parametrize("chunk_elems", [1 << 25, 7 * 11 * 4])
+def test_batched_grouped_stats_match_the_row_loop(chunk_elems, monkeypatch):
+    # what CUDA runs: blocks of 11 rows, and (second case) 7 blocks per batched GEMM, so
+    # rows span several blocks and chunks; imbalanced rows, empty rows, float32 far out
+    monkeypatch.setattr("deepdpm_core.stats._BLOCKED_CHUNK_ELEMS", chunk_elems)
+    rng = np.random.default_rng(5)
+    x = torch.tensor(rng.normal(size=(400, 4)) + 50.0)
+    rows = torch.tensor(rng.choice(9, size=(400, 2), p=[.4, .2, .1, .1, .1, .05, .05, 0, 0]))
+    w = torch.tensor(rng.random(size=(400, 2)))
+    pts = torch.arange(400)[:, None].expand(400, 2).reshape(-1)
+    ref = sparse_stats(x, rows, w, 9)
+    got = grouped_stats(x, pts, rows.reshape(-1), w.reshape(-1), 9, chunk_rows=11, batched=True)
+    torch.testing.assert_close(got.flat(), ref.flat(), rtol=1e-12, atol=1e-9)
+    assert (got.n[7:] == 0).all() and (got.s2[7:] == 0).all()
+    loop32 = grouped_stats(x.float(), pts, rows.reshape(-1), w.reshape(-1), 9, batched=False)
+    got32 = grouped_stats(x.float(), pts, rows.reshape(-1), w.reshape(-1), 9, chunk_rows=11, batched=True)
+    torch.testing.assert_close(got32.s1, ref.s1, rtol=1e-6, atol=0)
+    torch.testing.assert_close(_covariance(got32), _covariance(ref), rtol=0, atol=1e-5)
+    torch.testing.assert_close(_covariance(got32), _covariance(loop32), rtol=0, atol=1e-5)
+
+
+def _covariance(st, rows=7):
+    """Covariances of the first (non-empty) ``rows`` rows."""
+    n, s1, s2 = st.n[:rows], st.s1[:rows], st.s2[:rows]
+    mean = s1 / n[:, None]
+    return s2 / n[:, None, None] - mean[:, :, None] * mean[:, None, :]
 
 
 def _fit(x, dense_max_k):
