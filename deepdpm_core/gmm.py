@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import faiss
 import torch
 
+from deepdpm_core import blocks
 from deepdpm_core.niw import _cholesky
 from deepdpm_core.stats import gather_chunk_rows
 
@@ -185,7 +186,7 @@ class GaussianMixture:
         return out
 
     def weighted_log_prob_pairs(self, x: Tensor, points: Tensor, comps: Tensor,
-                                chunk_rows: int | None = None) -> Tensor:
+                                chunk_rows: int | None = None, batched: bool | None = None) -> Tensor:
         """ln π_k + ln N(x_p; μ_k, Σ_k) for pairs p = (points[p], comps[p]) only.
 
         Pairs are grouped by component, and each component's points are whitened with one
@@ -197,11 +198,16 @@ class GaussianMixture:
         points, comps : Tensor of shape (P,), int64
         chunk_rows : int, optional
             Most pairs per GEMM (default :func:`~deepdpm_core.stats.gather_chunk_rows`).
+        batched : bool, optional
+            Batched GEMMs over blocks (:mod:`deepdpm_core.blocks`) instead of a loop over
+            the components (default: on a GPU).
 
         Returns
         -------
         Tensor of shape (P,), in ``compute_dtype``
         """
+        if _batched(x, batched):
+            return self._log_prob_blocked(x, points, comps)[0]
         chunk_rows = chunk_rows or gather_chunk_rows(self.dim, x.device)
         order = torch.argsort(comps.to(torch.int32), stable=True)  # same order, 2x faster than int64
         counts = torch.bincount(comps, minlength=self.n_components).tolist()
@@ -215,9 +221,10 @@ class GaussianMixture:
             start += count
         return out
 
-    def _centre(self, xs: Tensor, k: int) -> Tensor:
-        """x − μ_k in ``work_dtype``: centred before the (float32) GEMMs, so their rounding
-        is relative to the component's spread, not to its offset."""
+    def _centre(self, xs: Tensor, k: int | Tensor) -> Tensor:
+        """x − μ_k in ``work_dtype`` (k: one component, or one per row): centred before the
+        (float32) GEMMs, so their rounding is relative to the component's spread, not to
+        its offset."""
         return xs.to(self.work_dtype) - self._means_work[k]
 
     def _log_prob_centred(self, delta: Tensor, k: int) -> Tensor:
@@ -225,11 +232,28 @@ class GaussianMixture:
         y = delta @ self._prec_chol_work[k]
         return self._log_norm[k] - 0.5 * y.square().sum(1).to(self.compute_dtype)
 
+    def _log_prob_blocked(self, x: Tensor, points: Tensor, comps: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`weighted_log_prob_pairs` as batched GEMMs over blocks of same-component
+        pairs, and the offsets ‖x_p − μ_k‖ (both (P,), ``compute_dtype`` and ``work_dtype``)."""
+        order = torch.argsort(comps, stable=True)
+        points, comps = points.index_select(0, order), comps.index_select(0, order)
+        block, slot, segment, _ = blocks.segment_blocks(torch.bincount(comps, minlength=self.n_components))
+        lp = torch.empty(len(comps), dtype=self.compute_dtype, device=x.device)
+        offset = torch.empty(len(comps), dtype=self.work_dtype, device=x.device)
+        d = self.dim
+        for b0, b1, t0, t1 in blocks.block_chunks(block, len(segment), 2 * blocks.BLOCK_ROWS * d + d * d):
+            at, k, dest = (block[t0:t1] - b0, slot[t0:t1]), comps[t0:t1], order[t0:t1]
+            delta = self._centre(x.index_select(0, points[t0:t1]), k)
+            y = torch.bmm(blocks.pack(delta, at, b1 - b0), self._prec_chol_work[segment[b0:b1]])[at]
+            lp[dest] = self._log_norm[k] - 0.5 * y.square().sum(1).to(self.compute_dtype)
+            offset[dest] = delta.norm(dim=1)
+        return lp, offset
+
     def _rounding(self, dtype: torch.dtype) -> float:
         """Relative rounding allowance of a length-D dot product in ``dtype``, (D + 2)·ε."""
         return (self.dim + 2) * torch.finfo(dtype).eps
 
-    def pair_directions(self, anchors: Tensor, comps: Tensor) -> tuple[Tensor, Tensor]:
+    def pair_directions(self, anchors: Tensor, comps: Tensor, batched: bool | None = None) -> tuple[Tensor, Tensor]:
         """The Cauchy–Schwarz bound's vectors for pairs (anchor j, component k).
 
         a_jk = ‖P_kᵀ(μ_j − μ_k)‖ (the Mahalanobis distance of μ_j under component k) and
@@ -240,6 +264,8 @@ class GaussianMixture:
         Parameters
         ----------
         anchors, comps : Tensor of shape (P,), int64
+        batched : bool, optional
+            Batched GEMMs with P_k gathered per pair (default: on a GPU).
 
         Returns
         -------
@@ -248,6 +274,16 @@ class GaussianMixture:
         """
         u = torch.empty(len(comps), self.dim, dtype=torch.float64, device=self.means.device)
         a = torch.empty(len(comps), dtype=torch.float64, device=self.means.device)
+        if _batched(self.means, batched):  # P_k gathered per pair, in chunks
+            step = max(1, blocks.CHUNK_ELEMS // self.dim**2)
+            for s in range(0, len(comps), step):
+                j, k = anchors[s : s + step], comps[s : s + step]
+                prec = self._prec_chol[k]
+                w = torch.bmm((self.means[j] - self.means[k])[:, None], prec)  # (c, 1, D): rows P_kᵀΔ
+                norm = w.norm(dim=2, keepdim=True)
+                a[s : s + step] = norm[:, 0, 0]
+                u[s : s + step] = (torch.bmm(w, prec.transpose(1, 2)) * torch.where(norm > 0, 1.0 / norm, 0.0))[:, 0]
+            return u, a
         order = torch.argsort(comps.to(torch.int32), stable=True)
         start = 0
         for k, count in enumerate(torch.bincount(comps, minlength=self.n_components).tolist()):
@@ -260,8 +296,8 @@ class GaussianMixture:
             start += count
         return u, a
 
-    def _reachable_pairs(self, anchors: Tensor, radius: Tensor, floor: Tensor,
-                         block_elems: int = 1 << 22) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _reachable_pairs(self, anchors: Tensor, radius: Tensor, floor: Tensor, block_elems: int = 1 << 22,
+                         batched: bool | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(anchor, component) pairs that bound levels 1 and 2 (module docstring) keep.
 
         A pair is dropped when for every point of the anchor, ‖x − μ_j‖ ≤ ``radius`` and
@@ -275,6 +311,8 @@ class GaussianMixture:
             already widened for float32 rounding.
         block_elems : int
             Bound on the J·K elements of the level-1 tables built at once.
+        batched : bool, optional
+            Passed to :meth:`pair_directions`.
 
         Returns
         -------
@@ -306,7 +344,7 @@ class GaussianMixture:
             pair_room.append(room[j, k])
             pair_radius.append(rad[j, 0])
         pair_anchor, pair_comp, room, rad = (torch.cat(t) for t in (pair_anchor, pair_comp, pair_room, pair_radius))
-        u, a = self.pair_directions(pair_anchor, pair_comp)
+        u, a = self.pair_directions(pair_anchor, pair_comp, batched)
         keep = (a - u.norm(dim=1) * rad).clamp_min(0).square() <= room
         order = torch.argsort(pair_anchor[keep].to(torch.int32), stable=True)
         return (pair_anchor[keep][order], pair_comp[keep][order],
@@ -360,8 +398,69 @@ class GaussianMixture:
         row, col = reach.nonzero(as_tuple=True)
         return row, comps[col]
 
+    def _bound_survivors_blocked(self, x: Tensor, anchor: Tensor, lp_anchor: Tensor, offset: Tensor,
+                                 pairs: tuple[Tensor, Tensor, Tensor, Tensor], cap: int) -> tuple[Tensor, Tensor]:
+        """:meth:`_bound_survivors` for every anchor at once: blocks of same-anchor points,
+        each against its anchor's pairs (padded to the most any anchor has) in one batched
+        GEMM per chunk. ρ uses each anchor's largest ‖u‖, a and point offset (at least the
+        loop's per-chunk ones, so the test is as safe).
+
+        Parameters
+        ----------
+        x : Tensor of shape (N, D)
+        anchor : Tensor of shape (N,), int64
+        lp_anchor : Tensor of shape (N,)
+            Each point's exact log-density under its anchor.
+        offset : Tensor of shape (K,), float64
+            Each anchor's largest ‖x − μ_j‖ over its points (unwidened).
+        pairs : (anchor, comp, u, a) of :meth:`_reachable_pairs`, sorted by anchor
+        cap : int
+
+        Returns
+        -------
+        point, comp : Tensor of shape (S,), int64
+        """
+        pair_anchor, pair_comp, u, a = pairs
+        k, d, dev, work = self.n_components, self.dim, x.device, self.work_dtype
+        per_anchor = torch.bincount(pair_anchor, minlength=k)
+        width = int(per_anchor.max())
+        # each anchor's pairs as a row of (K, width) tables; unused places never reach
+        at = (pair_anchor, torch.arange(len(pair_anchor), device=dev) - (torch.cumsum(per_anchor, 0) - per_anchor)[pair_anchor])
+        comp_of = torch.zeros(k, width, dtype=torch.long, device=dev).index_put_(at, pair_comp)
+        used = torch.zeros(k, width, dtype=torch.bool, device=dev).index_put_(at, torch.ones_like(pair_comp, dtype=torch.bool))
+        rounding = self._rounding(work)
+        zeros = torch.zeros(k, dtype=torch.float64, device=dev)
+        rho = rounding * (zeros.scatter_reduce(0, pair_anchor, u.norm(dim=1).double(), "amax")
+                          * (offset + self._means_work.norm(dim=1).double())
+                          + zeros.scatter_reduce(0, pair_anchor, a.double(), "amax"))
+        scale = ((1.0 + rho) ** -0.5).to(work)
+        u_of = torch.zeros(k, width, d, dtype=work, device=dev).index_put_(at, u * scale[pair_anchor, None])
+        a_of = torch.zeros(k, width, dtype=work, device=dev).index_put_(at, a * scale[pair_anchor])
+        log_norm_of = self._log_norm.to(work)[comp_of]
+        order = torch.argsort(anchor, stable=True)
+        block, slot, segment, _ = blocks.segment_blocks(torch.bincount(anchor, minlength=k))
+        found_points, found_comps = [], []
+        for b0, b1, t0, t1 in blocks.block_chunks(block, len(segment), blocks.BLOCK_ROWS * (d + width) + width * d):
+            at, pts, seg = (block[t0:t1] - b0, slot[t0:t1]), order[t0:t1], segment[b0:b1]
+            j = anchor[pts]
+            delta = blocks.pack(self._centre(x.index_select(0, pts), j), at, b1 - b0)
+            score = torch.baddbmm(a_of[seg, None, :], delta, u_of[seg].transpose(1, 2)).square_()  # ẑ²/(1 + ρ)
+            score -= 2.0 * log_norm_of[seg, None, :]
+            lp_low = lp_anchor[pts] - rounding * (self._log_norm[j] - lp_anchor[pts]).clamp_min(0)
+            limit = (2.0 * (SUPPORT_LOG_GAP + _BOUND_MARGIN - lp_low) + rho[j]).to(work)
+            reach = (score <= blocks.pack(limit, at, b1 - b0, fill=-math.inf)[:, :, None]) & used[seg, None, :]
+            over = torch.nonzero(reach.sum(2) > cap, as_tuple=True)
+            if len(over[0]):  # keep the cap components with the highest upper bounds (lowest score)
+                keep = score[over].masked_fill(~reach[over], math.inf).topk(cap, dim=1, largest=False).indices
+                reach[over] = torch.zeros_like(reach[over]).scatter_(1, keep, True) & reach[over]
+            blk, row, col = reach.nonzero(as_tuple=True)
+            found_points.append(blocks.pack(pts, at, b1 - b0)[blk, row])
+            found_comps.append(comp_of[seg[blk], col])
+        return torch.cat(found_points), torch.cat(found_comps)
+
     def sparse_log_responsibilities(self, x: Tensor, max_support: int, chunk_rows: int | None = None,
-                                    anchors: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                                    anchors: Tensor | None = None, batched: bool | None = None,
+                                    ) -> tuple[Tensor, Tensor]:
         """E-step ln r^E restricted to the components that can matter (module docstring).
 
         Parameters
@@ -375,6 +474,9 @@ class GaussianMixture:
             Each point's anchor, e.g. its best component under the previous E-step; −1 (or
             no tensor) takes the isotropic proxy's best. Any component gives the same
             result: a poor anchor only leaves more components for the bound to rule out.
+        batched : bool, optional
+            All anchors' and components' GEMMs batched over blocks
+            (:mod:`deepdpm_core.blocks`) instead of loops over them (default: on a GPU).
 
         Returns
         -------
@@ -393,45 +495,60 @@ class GaussianMixture:
             anchor[missing] = self.candidates(x.index_select(0, missing), 1)[:, 0]
         index = anchor[:, None].repeat(1, m)
         lp = torch.full((n, m), -math.inf, dtype=self.compute_dtype, device=x.device)
-        by_anchor = torch.argsort(anchor.to(torch.int32), stable=True)
         counts = torch.bincount(anchor, minlength=k)
         present = torch.nonzero(counts).squeeze(1)
-        ends = torch.cumsum(counts, 0)
-        starts, ends = (ends - counts).tolist(), ends.tolist()
+        batched = _batched(x, batched)
+        if not batched:
+            by_anchor = torch.argsort(anchor.to(torch.int32), stable=True)
+            ends = torch.cumsum(counts, 0)
+            starts, ends = (ends - counts).tolist(), ends.tolist()
 
-        def anchor_chunks(j: int) -> Iterator[tuple[Tensor, Tensor]]:
-            for s in range(starts[j], ends[j], chunk_rows):
-                rows = by_anchor[s : min(s + chunk_rows, ends[j])]
-                yield rows, self._centre(x.index_select(0, rows), j)
+            def anchor_chunks(j: int) -> Iterator[tuple[Tensor, Tensor]]:
+                for s in range(starts[j], ends[j], chunk_rows):
+                    rows = by_anchor[s : min(s + chunk_rows, ends[j])]
+                    yield rows, self._centre(x.index_select(0, rows), j)
 
         # the anchors, exactly; their points' largest offset and lowest log-density
-        radius, floor = [], []
         slack = self._rounding(self.work_dtype)  # of delta and of the anchor's log-density
-        for j in present.tolist():
-            r, f = 0.0, math.inf
-            for rows, delta in anchor_chunks(j):
-                lp_anchor = self._log_prob_centred(delta, j)
-                lp[rows, 0] = lp_anchor
-                r, f = max(r, float(delta.norm(dim=1).max())), min(f, float(lp_anchor.min()))
-            radius.append(r + slack * (r + float(self._means_work[j].norm())))
-            floor.append(f - slack * (float(self._log_norm[j]) - f))
-        if m > 1 and len(present):
-            dev = {"dtype": torch.float64, "device": x.device}
-            pair_anchor, pair_comp, u, a = self._reachable_pairs(
-                present, torch.tensor(radius, **dev), torch.tensor(floor, **dev))
-            found = []
-            bounds = torch.searchsorted(pair_anchor, present, right=False).tolist() + [len(pair_anchor)]
-            for i, j in enumerate(present.tolist()):
-                c0, c1 = bounds[i], bounds[i + 1]
-                if c1 == c0:
-                    continue
+        if batched:
+            lp[:, 0], offset = self._log_prob_blocked(x, torch.arange(n, device=x.device), anchor)
+            init = torch.zeros(k, dtype=torch.float64, device=x.device)
+            offset = init.scatter_reduce(0, anchor, offset.double(), "amax")
+            low = init.scatter_reduce(0, anchor, lp[:, 0].double(), "amin", include_self=False)
+            radius, floor = offset[present], low[present]
+        else:
+            radius, floor = [], []
+            for j in present.tolist():
+                r, f = 0.0, math.inf
                 for rows, delta in anchor_chunks(j):
-                    row, comp = self._bound_survivors(delta, lp[rows, 0], j, pair_comp[c0:c1],
-                                                      u[c0:c1], a[c0:c1], 4 * (m - 1))
-                    found.append((rows[row], comp))
-            if found:
+                    lp_anchor = self._log_prob_centred(delta, j)
+                    lp[rows, 0] = lp_anchor
+                    r, f = max(r, float(delta.norm(dim=1).max())), min(f, float(lp_anchor.min()))
+                radius.append(r)
+                floor.append(f)
+            radius, floor = (torch.tensor(v, dtype=torch.float64, device=x.device) for v in (radius, floor))
+        widened = (radius + slack * (radius + self._means_work[present].norm(dim=1).double()),
+                   floor - slack * (self._log_norm[present].double() - floor))
+        if m > 1 and len(present):
+            pairs = self._reachable_pairs(present, *widened, batched=batched)
+            if batched:
+                points, comps = (self._bound_survivors_blocked(x, anchor, lp[:, 0], offset, pairs, 4 * (m - 1))
+                                 if len(pairs[0]) else (anchor[:0], anchor[:0]))
+            else:
+                pair_anchor, pair_comp, u, a = pairs
+                found = [(anchor[:0], anchor[:0])]
+                bounds = torch.searchsorted(pair_anchor, present, right=False).tolist() + [len(pair_anchor)]
+                for i, j in enumerate(present.tolist()):
+                    c0, c1 = bounds[i], bounds[i + 1]
+                    if c1 == c0:
+                        continue
+                    for rows, delta in anchor_chunks(j):
+                        row, comp = self._bound_survivors(delta, lp[rows, 0], j, pair_comp[c0:c1],
+                                                          u[c0:c1], a[c0:c1], 4 * (m - 1))
+                        found.append((rows[row], comp))
                 points, comps = (torch.cat(t) for t in zip(*found, strict=True))
-                values = self.weighted_log_prob_pairs(x, points, comps, chunk_rows)
+            if len(points):
+                values = self.weighted_log_prob_pairs(x, points, comps, chunk_rows, batched)
                 # each point's m − 1 most likely survivors, in slots 1..m−1
                 by_value = torch.argsort(values, descending=True, stable=True)
                 by_point = by_value[torch.argsort(points[by_value], stable=True)]
@@ -449,6 +566,11 @@ class GaussianMixture:
             self.means.to(device), self.covariances.to(device), self.log_weights.to(device),
             self.compute_dtype, self.work_dtype,
         )
+
+
+def _batched(x: Tensor, batched: bool | None) -> bool:
+    """Batched GEMMs over blocks where asked, by default on a GPU (:mod:`deepdpm_core.blocks`)."""
+    return x.device.type != "cpu" if batched is None else batched
 
 
 def largest_eigenvalue_bound(covariances: Tensor) -> Tensor:

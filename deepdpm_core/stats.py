@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
+from deepdpm_core import blocks
+
 Tensor = torch.Tensor
 
 #: rows of x x^T accumulated per chunk in the sparse path (bounds the B x D x D buffer)
 _OUTER_CHUNK_ELEMS = 1 << 24
-#: bound on the padded (blocks, b, D) input of one batched GEMM of :func:`_blocked_scatter`
-_BLOCKED_CHUNK_ELEMS = 1 << 25
 
 
 @dataclass(frozen=True)
@@ -177,8 +177,8 @@ def grouped_stats(
     Cost O(T·D²) for T triples, memory O(T + R·D² + chunk·D).
 
     On the CPU a Python loop runs one GEMM per row and chunk (c: the chunk's mean); on a
-    GPU, where that loop's R x ~15 small kernels dominate, :func:`_blocked_scatter` runs
-    all rows' GEMMs as a few batched ones.
+    GPU :func:`_blocked_scatter` runs them as a few batched GEMMs
+    (:mod:`deepdpm_core.blocks`).
 
     Parameters
     ----------
@@ -192,7 +192,8 @@ def grouped_stats(
         Weight of each triple.
     n_rows : int
     chunk_rows : int, optional
-        Most points in one GEMM (default :func:`gather_chunk_rows`; batched: 256 per block).
+        Most points in one GEMM (default :func:`gather_chunk_rows`; batched: the rows of
+        a block, default :data:`~deepdpm_core.blocks.BLOCK_ROWS`).
     dtype : torch.dtype, optional
         dtype of the GEMMs.
     out : SuffStats, optional
@@ -216,7 +217,7 @@ def grouped_stats(
     if batched is None:
         batched = x.device.type != "cpu"
     if batched:
-        return _blocked_scatter(x, points, counts, weights, dtype, out, chunk_rows or 256)
+        return _blocked_scatter(x, points, counts, weights, dtype, out, chunk_rows or blocks.BLOCK_ROWS)
     chunk_rows = chunk_rows or gather_chunk_rows(d, x.device)
     weights_work = weights.to(dtype)
     start = 0
@@ -238,40 +239,13 @@ def grouped_stats(
     return out
 
 
-def segment_blocks(counts: Tensor, block_rows: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Blocks of ``block_rows`` items over consecutive segments, for batched per-segment GEMMs.
-
-    Items are sorted by segment, segment r holding ``counts[r]`` of them; segment r gets
-    ⌈counts[r] / block_rows⌉ blocks, its items in order, the last one zero-padded. So at
-    most T + R·(block_rows − 1) padded rows for T items in R segments.
-
-    Parameters
-    ----------
-    counts : Tensor of shape (R,), int64
-    block_rows : int
-
-    Returns
-    -------
-    block : Tensor of shape (T,), int64 — block of each item (non-decreasing).
-    slot : Tensor of shape (T,), int64 — its position in the block.
-    segment : Tensor of shape (n_blocks,), int64 — segment of each block.
-    first : Tensor of shape (R,), int64 — first block of each segment.
-    """
-    dev = counts.device
-    n_blocks = -(-counts // block_rows)
-    first = torch.cumsum(n_blocks, 0) - n_blocks
-    segment_of_item = torch.repeat_interleave(torch.arange(len(counts), device=dev), counts)
-    pos = torch.arange(len(segment_of_item), device=dev) - (torch.cumsum(counts, 0) - counts)[segment_of_item]
-    block = first[segment_of_item] + torch.div(pos, block_rows, rounding_mode="floor")
-    return block, pos % block_rows, torch.repeat_interleave(torch.arange(len(counts), device=dev), n_blocks), first
-
-
 def _blocked_scatter(x: Tensor, points: Tensor, counts: Tensor, weights: Tensor, dtype: torch.dtype,
                      out: SuffStats, block_rows: int) -> SuffStats:
-    """The per-row sums of :func:`grouped_stats` as batched GEMMs over :func:`segment_blocks`.
+    """The per-row sums of :func:`grouped_stats` as batched GEMMs over
+    :func:`~deepdpm_core.blocks.segment_blocks`.
 
     Each row's points are centred at c_r, the mean of its first block; each block's
-    (D, b) x (b, D) GEMM runs in ``dtype`` in one ``bmm`` per chunk of blocks, and the
+    (D, b) x (b, D) GEMM runs in ``dtype``, one ``bmm`` per chunk of blocks, and the
     blocks' sums are added per row in float64 before the exact float64 rebuild.
 
     Parameters
@@ -286,21 +260,16 @@ def _blocked_scatter(x: Tensor, points: Tensor, counts: Tensor, weights: Tensor,
         b, the rows of a block.
     """
     n_rows, d, dev = len(counts), x.shape[1], x.device
-    block, slot, segment, first = segment_blocks(counts, block_rows)
-    n_blocks = len(segment)
-    per_chunk = max(1, _BLOCKED_CHUNK_ELEMS // (block_rows * d))
-    starts = torch.arange(0, n_blocks + per_chunk, per_chunk, device=dev).clamp_max(n_blocks)
-    bounds = torch.searchsorted(block, starts).tolist()  # triples of each chunk of blocks
+    block, slot, segment, first = blocks.segment_blocks(counts, block_rows)
     centre = torch.zeros(n_rows, d, dtype=dtype, device=dev)
     n = torch.zeros(n_rows, dtype=torch.float64, device=dev).index_add_(
         0, torch.repeat_interleave(torch.arange(n_rows, device=dev), counts), weights)
     s1c = torch.zeros(n_rows, d, dtype=torch.float64, device=dev)
     s2c = torch.zeros(n_rows, d, d, dtype=torch.float64, device=dev)
-    for i, b0 in enumerate(range(0, n_blocks, per_chunk)):
-        b1, t0, t1 = min(n_blocks, b0 + per_chunk), bounds[i], bounds[i + 1]
+    for b0, b1, t0, t1 in blocks.block_chunks(block, len(segment), block_rows * d + 3 * d * d):
         at = (block[t0:t1] - b0, slot[t0:t1])
-        xs = x.new_zeros(b1 - b0, block_rows, d, dtype=dtype).index_put_(at, x.index_select(0, points[t0:t1]).to(dtype))
-        ws = xs.new_zeros(b1 - b0, block_rows).index_put_(at, weights[t0:t1].to(dtype))
+        xs = blocks.pack(x.index_select(0, points[t0:t1]).to(dtype), at, b1 - b0, block_rows)
+        ws = blocks.pack(weights[t0:t1].to(dtype), at, b1 - b0, block_rows)
         seg = segment[b0:b1]
         # a row's first block sets its centre; later blocks (later chunks too) reuse it
         lead = torch.nonzero(first[seg] == torch.arange(b0, b1, device=dev)).squeeze(1)

@@ -172,6 +172,45 @@ def test_sparse_e_step_is_the_same_from_any_anchors():
         torch.testing.assert_close(dense_got, dense_ref, rtol=1e-5, atol=1e-5)
 
 
+def test_batched_log_prob_pairs_and_pair_directions_equal_the_loops(monkeypatch):
+    # what CUDA runs (blocks of 5 pairs, 3 blocks or 2 pairs per chunk), checked on the CPU
+    monkeypatch.setattr("deepdpm_core.blocks.BLOCK_ROWS", 5)
+    monkeypatch.setattr("deepdpm_core.blocks.CHUNK_ELEMS", 3 * (2 * 5 * 5 + 5 * 5))
+    gmm, _ = _mixture(work_dtype=torch.float32)
+    x = torch.randn(300, 5, dtype=torch.float64, generator=_gen()).float() * 8
+    points, comps = _pairs(torch.randint(0, 12, (300, 3), generator=_gen(2)))
+    got = gmm.weighted_log_prob_pairs(x, points, comps, batched=True)
+    torch.testing.assert_close(got, gmm.weighted_log_prob_pairs(x, points, comps, batched=False), rtol=1e-6, atol=1e-5)
+    anchors, comps = torch.arange(12).repeat_interleave(12), torch.arange(12).repeat(12)
+    for got, ref in zip(gmm.pair_directions(anchors, comps, batched=True),
+                        gmm.pair_directions(anchors, comps, batched=False), strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("thin", "offset", "spread", "m", "atol"), [
+    (False, 0.0, 0.5, 12, 1e-4), (True, 0.0, 0.5, 12, 1e-4), (False, 0.0, 4.0, 12, 1e-4),
+    (True, 300.0, 2.0, 12, 5e-2), (False, 0.0, 20.0, 3, 1e-3)])
+def test_batched_sparse_e_step_equals_the_loops(thin, offset, spread, m, atol, monkeypatch):
+    # the GPU path on the CPU, in blocks of 7 points and small chunks: the same support and
+    # values to float32 rounding of the whitening (larger where Mahalanobis distances are:
+    # far from the origin, or spread 20, where the cap binds)
+    monkeypatch.setattr("deepdpm_core.blocks.BLOCK_ROWS", 7)
+    monkeypatch.setattr("deepdpm_core.blocks.CHUNK_ELEMS", 2000)
+    gmm, means = _mixture(k=12, d=5, thin=thin, offset=offset, work_dtype=torch.float32)
+    x = (torch.tensor(means).repeat_interleave(40, 0) + torch.randn(480, 5, dtype=torch.float64, generator=_gen()) * spread).float()
+    anchors = torch.randint(0, 12, (480,), generator=_gen(3))
+    anchors[::5] = -1
+    ref_index, ref = gmm.sparse_log_responsibilities(x, m, chunk_rows=17, anchors=anchors, batched=False)
+    index, log_resp = gmm.sparse_log_responsibilities(x, m, anchors=anchors, batched=True)
+    assert torch.equal(index[:, 0], ref_index[:, 0])
+
+    def dense(idx, lr):
+        return torch.full((480, 12), -torch.inf, dtype=torch.float64).scatter_reduce(1, idx, lr, "amax")
+
+    assert torch.equal(torch.isfinite(dense(index, log_resp)), torch.isfinite(dense(ref_index, ref)))
+    torch.testing.assert_close(dense(index, log_resp), dense(ref_index, ref), rtol=1e-5, atol=atol)
+
+
 def test_trace_power_bound_is_an_upper_bound_within_d_to_the_one_over_q():
     rng = np.random.default_rng(4)
     d = 128
@@ -264,11 +303,11 @@ def test_grouped_and_buffered_stats_match_sparse_stats():
         buf.add(perm[:1], rows[0, :1], w[0, :1])
 
 
-@pytest.mark.parametrize("chunk_elems", [1 << 25, 7 * 11 * 4])
+@pytest.mark.parametrize("chunk_elems", [1 << 25, 7 * (11 * 4 + 3 * 4 * 4)])
 def test_batched_grouped_stats_match_the_row_loop(chunk_elems, monkeypatch):
     # what CUDA runs: blocks of 11 rows, and (second case) 7 blocks per batched GEMM, so
     # rows span several blocks and chunks; imbalanced rows, empty rows, float32 far out
-    monkeypatch.setattr("deepdpm_core.stats._BLOCKED_CHUNK_ELEMS", chunk_elems)
+    monkeypatch.setattr("deepdpm_core.blocks.CHUNK_ELEMS", chunk_elems)
     rng = np.random.default_rng(5)
     x = torch.tensor(rng.normal(size=(400, 4)) + 50.0)
     rows = torch.tensor(rng.choice(9, size=(400, 2), p=[.4, .2, .1, .1, .1, .05, .05, 0, 0]))

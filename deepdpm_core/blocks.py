@@ -1,0 +1,82 @@
+"""Blocks of same-group rows: per-group GEMMs as a few batched ones (the GPU path).
+
+The sparse E-step and the grouped statistics multiply each component's (or
+subcluster's) rows by that group's own matrix. On the CPU a Python loop over the groups
+is fastest: the loop's overhead is small next to the GEMMs, and padding costs
+arithmetic. On a GPU the same loop launches a dozen tiny kernels and syncs the host per
+group, and at K = 1000 on an H100 that left the device idle for most of an epoch. Here
+items sorted by group are laid out in blocks of ``b`` rows of one group
+(:func:`segment_blocks`), and each chunk of blocks (:func:`block_chunks`) is one ``bmm``
+with the groups' matrices gathered per block. Callers choose by device; tests run both
+on the CPU and compare.
+"""
+
+from __future__ import annotations
+
+import torch
+
+Tensor = torch.Tensor
+
+#: rows per block: padding adds at most R·(b − 1) rows to T items in R groups
+BLOCK_ROWS = 256
+#: bound on the elements one chunk of blocks holds at once (its padded input, gathered
+#: matrices and output), 128 MiB of float32
+CHUNK_ELEMS = 1 << 25
+
+
+def segment_blocks(counts: Tensor, block_rows: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Blocks of ``block_rows`` items over consecutive segments.
+
+    Items are sorted by segment, segment r holding ``counts[r]`` of them; segment r gets
+    ⌈counts[r] / block_rows⌉ blocks, its items in order, the last one zero-padded.
+
+    Parameters
+    ----------
+    counts : Tensor of shape (R,), int64
+    block_rows : int, optional
+        b (default :data:`BLOCK_ROWS`).
+
+    Returns
+    -------
+    block : Tensor of shape (T,), int64 — block of each item (non-decreasing).
+    slot : Tensor of shape (T,), int64 — its position in the block.
+    segment : Tensor of shape (n_blocks,), int64 — segment of each block.
+    first : Tensor of shape (R,), int64 — first block of each segment.
+    """
+    dev, block_rows = counts.device, block_rows or BLOCK_ROWS
+    n_blocks = -(-counts // block_rows)
+    first = torch.cumsum(n_blocks, 0) - n_blocks
+    segment_of_item = torch.repeat_interleave(torch.arange(len(counts), device=dev), counts)
+    pos = torch.arange(len(segment_of_item), device=dev) - (torch.cumsum(counts, 0) - counts)[segment_of_item]
+    block = first[segment_of_item] + torch.div(pos, block_rows, rounding_mode="floor")
+    return block, pos % block_rows, torch.repeat_interleave(torch.arange(len(counts), device=dev), n_blocks), first
+
+
+def block_chunks(block: Tensor, n_blocks: int, elems_per_block: int) -> list[tuple[int, int, int, int]]:
+    """Consecutive blocks in chunks of at most :data:`CHUNK_ELEMS` elements.
+
+    Parameters
+    ----------
+    block : Tensor of shape (T,), int64 — block of each item, non-decreasing.
+    n_blocks : int
+    elems_per_block : int
+        Elements a block needs at once (input, gathered matrix, output).
+
+    Returns
+    -------
+    list of (first block, end block, first item, end item), one per chunk (one host sync)
+    """
+    per_chunk = max(1, CHUNK_ELEMS // max(1, elems_per_block))
+    starts = torch.arange(0, n_blocks + per_chunk, per_chunk, device=block.device).clamp_max(n_blocks)
+    items = torch.searchsorted(block, starts).tolist()
+    starts = starts.tolist()
+    return [(starts[i], starts[i + 1], items[i], items[i + 1])
+            for i in range(len(starts) - 1) if starts[i] < starts[i + 1]]
+
+
+def pack(values: Tensor, at: tuple[Tensor, Tensor], n_blocks: int, block_rows: int | None = None,
+         fill: float = 0.0) -> Tensor:
+    """Items (n, ...) into their (block, slot) places of an (n_blocks, b, ...) tensor
+    (b default :data:`BLOCK_ROWS`), the rest ``fill``."""
+    out = values.new_full((n_blocks, block_rows or BLOCK_ROWS, *values.shape[1:]), fill)
+    return out.index_put_(at, values)
