@@ -8,6 +8,8 @@ import faiss
 import numpy as np
 import torch
 
+from deepdpm_core.linalg import symmetric_eigh
+
 Tensor = torch.Tensor
 
 
@@ -121,7 +123,7 @@ def principal_split(means: Tensor, covariances: Tensor) -> tuple[Tensor, Tensor,
     directions : Tensor of shape (K, D) — unit principal axes
     spreads : Tensor of shape (K,) — sqrt(λ)
     """
-    evals, evecs = torch.linalg.eigh(covariances)
+    evals, evecs = symmetric_eigh(covariances)  # host LAPACK over threads, also for CUDA inputs
     lam = evals[:, -1].clamp_min(0)
     v = evecs[:, :, -1]
     offset = torch.sqrt(2 * lam / math.pi)[:, None] * v
