@@ -24,6 +24,11 @@ BLOCK_ROWS = 256
 CHUNK_ELEMS = 1 << 25
 
 
+def use_blocks(x: Tensor, batched: bool | None) -> bool:
+    """Whether to run the blocked path: as asked, by default on a GPU."""
+    return x.device.type != "cpu" if batched is None else batched
+
+
 def segment_blocks(counts: Tensor, block_rows: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Blocks of ``block_rows`` items over consecutive segments.
 

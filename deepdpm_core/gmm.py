@@ -206,7 +206,7 @@ class GaussianMixture:
         -------
         Tensor of shape (P,), in ``compute_dtype``
         """
-        if _batched(x, batched):
+        if blocks.use_blocks(x, batched):
             return self._log_prob_blocked(x, points, comps)[0]
         chunk_rows = chunk_rows or gather_chunk_rows(self.dim, x.device)
         order = torch.argsort(comps.to(torch.int32), stable=True)  # same order, 2x faster than int64
@@ -229,8 +229,19 @@ class GaussianMixture:
 
     def _log_prob_centred(self, delta: Tensor, k: int) -> Tensor:
         """ln π_k + ln N(μ_k + delta; μ_k, Σ_k) for rows delta (n, D); (n,) in ``compute_dtype``."""
-        y = delta @ self._prec_chol_work[k]
+        return self._log_prob_whitened(delta @ self._prec_chol_work[k], k)
+
+    def _log_prob_whitened(self, y: Tensor, k: int | Tensor) -> Tensor:
+        """ln π_k − ½ ln|2πΣ_k| − ½‖y‖² for whitened rows y = P_kᵀ(x − μ_k) (n, D); k: one
+        component, or one per row. (n,) in ``compute_dtype``."""
         return self._log_norm[k] - 0.5 * y.square().sum(1).to(self.compute_dtype)
+
+    def _survival_limit(self, lp_anchor: Tensor, j: int | Tensor, rho: float | Tensor) -> Tensor:
+        """Level 3's threshold on ẑ²/(1 + ρ) − 2 L_k (:meth:`_bound_survivors`), (n,) in
+        ``work_dtype``: 2 (gap − lp_low) + ρ, lp_low the anchor's log-density lowered by its
+        own float32 rounding allowance. j: the anchor, or one per row; ρ likewise."""
+        lp_low = lp_anchor - self._rounding(self.work_dtype) * (self._log_norm[j] - lp_anchor).clamp_min(0)
+        return (2.0 * (SUPPORT_LOG_GAP + _BOUND_MARGIN - lp_low) + rho).to(self.work_dtype)
 
     def _log_prob_blocked(self, x: Tensor, points: Tensor, comps: Tensor) -> tuple[Tensor, Tensor]:
         """:meth:`weighted_log_prob_pairs` as batched GEMMs over blocks of same-component
@@ -245,7 +256,7 @@ class GaussianMixture:
             at, k, dest = (block[t0:t1] - b0, slot[t0:t1]), comps[t0:t1], order[t0:t1]
             delta = self._centre(x.index_select(0, points[t0:t1]), k)
             y = torch.bmm(blocks.pack(delta, at, b1 - b0), self._prec_chol_work[segment[b0:b1]])[at]
-            lp[dest] = self._log_norm[k] - 0.5 * y.square().sum(1).to(self.compute_dtype)
+            lp[dest] = self._log_prob_whitened(y, k)
             offset[dest] = delta.norm(dim=1)
         return lp, offset
 
@@ -274,7 +285,7 @@ class GaussianMixture:
         """
         u = torch.empty(len(comps), self.dim, dtype=torch.float64, device=self.means.device)
         a = torch.empty(len(comps), dtype=torch.float64, device=self.means.device)
-        if _batched(self.means, batched):  # P_k gathered per pair, in chunks
+        if blocks.use_blocks(self.means, batched):  # P_k gathered per pair, in chunks
             step = max(1, blocks.CHUNK_ELEMS // self.dim**2)
             for s in range(0, len(comps), step):
                 j, k = anchors[s : s + step], comps[s : s + step]
@@ -388,8 +399,7 @@ class GaussianMixture:
         scale = (1.0 + rho) ** -0.5
         score = torch.addmm(a * scale, delta, u.T * scale).square_()  # ẑ²/(1 + ρ), (n, C)
         score -= 2.0 * self._log_norm[comps].to(self.work_dtype)
-        lp_low = lp_anchor - rounding * (self._log_norm[j] - lp_anchor).clamp_min(0)
-        limit = (2.0 * (SUPPORT_LOG_GAP + _BOUND_MARGIN - lp_low) + rho).to(self.work_dtype)[:, None]
+        limit = self._survival_limit(lp_anchor, j, rho)[:, None]
         reach = score <= limit
         over = torch.nonzero(reach.sum(1) > cap).squeeze(1)
         if len(over):  # keep the cap components with the highest upper bounds (lowest score)
@@ -446,9 +456,8 @@ class GaussianMixture:
             delta = blocks.pack(self._centre(x.index_select(0, pts), j), at, b1 - b0)
             score = torch.baddbmm(a_of[seg, None, :], delta, u_of[seg].transpose(1, 2)).square_()  # ẑ²/(1 + ρ)
             score -= 2.0 * log_norm_of[seg, None, :]
-            lp_low = lp_anchor[pts] - rounding * (self._log_norm[j] - lp_anchor[pts]).clamp_min(0)
-            limit = (2.0 * (SUPPORT_LOG_GAP + _BOUND_MARGIN - lp_low) + rho[j]).to(work)
-            reach = (score <= blocks.pack(limit, at, b1 - b0, fill=-math.inf)[:, :, None]) & used[seg, None, :]
+            limit = blocks.pack(self._survival_limit(lp_anchor[pts], j, rho[j]), at, b1 - b0, fill=-math.inf)
+            reach = (score <= limit[:, :, None]) & used[seg, None, :]
             over = torch.nonzero(reach.sum(2) > cap, as_tuple=True)
             if len(over[0]):  # keep the cap components with the highest upper bounds (lowest score)
                 keep = score[over].masked_fill(~reach[over], math.inf).topk(cap, dim=1, largest=False).indices
@@ -497,7 +506,7 @@ class GaussianMixture:
         lp = torch.full((n, m), -math.inf, dtype=self.compute_dtype, device=x.device)
         counts = torch.bincount(anchor, minlength=k)
         present = torch.nonzero(counts).squeeze(1)
-        batched = _batched(x, batched)
+        batched = blocks.use_blocks(x, batched)
         if not batched:
             by_anchor = torch.argsort(anchor.to(torch.int32), stable=True)
             ends = torch.cumsum(counts, 0)
@@ -566,11 +575,6 @@ class GaussianMixture:
             self.means.to(device), self.covariances.to(device), self.log_weights.to(device),
             self.compute_dtype, self.work_dtype,
         )
-
-
-def _batched(x: Tensor, batched: bool | None) -> bool:
-    """Batched GEMMs over blocks where asked, by default on a GPU (:mod:`deepdpm_core.blocks`)."""
-    return x.device.type != "cpu" if batched is None else batched
 
 
 def largest_eigenvalue_bound(covariances: Tensor) -> Tensor:

@@ -214,9 +214,7 @@ def grouped_stats(
     order = torch.argsort(rows * x.shape[0] + points)
     points, weights = points.index_select(0, order), weights.index_select(0, order).to(torch.float64)
     counts = torch.bincount(rows, minlength=n_rows)
-    if batched is None:
-        batched = x.device.type != "cpu"
-    if batched:
+    if blocks.use_blocks(x, batched):
         return _blocked_scatter(x, points, counts, weights, dtype, out, chunk_rows or blocks.BLOCK_ROWS)
     chunk_rows = chunk_rows or gather_chunk_rows(d, x.device)
     weights_work = weights.to(dtype)
@@ -229,12 +227,7 @@ def grouped_stats(
             xc = xs - c
             wx = xc * weights_work[s:e, None]
             n = weights[s:e].sum()  # float64: n c cᵀ must not carry float32 rounding of n
-            s1c = wx.sum(0).to(torch.float64)
-            c64 = c.to(torch.float64)
-            out.s1[r] += s1c + n * c64
-            scatter = (wx.T @ xc).to(torch.float64)
-            scatter = 0.5 * (scatter + scatter.T)  # the GEMM's rounding is not symmetric
-            out.s2[r] += scatter + torch.outer(c64, s1c) + torch.outer(s1c, c64) + n * torch.outer(c64, c64)
+            _add_uncentred(out.s1[r], out.s2[r], n, c, wx.sum(0), wx.T @ xc)
         start += count
     return out
 
@@ -279,12 +272,28 @@ def _blocked_scatter(x: Tensor, points: Tensor, counts: Tensor, weights: Tensor,
         wx = xc * ws[:, :, None]
         s1c.index_add_(0, seg, wx.sum(1).to(torch.float64))
         s2c.index_add_(0, seg, torch.bmm(wx.transpose(1, 2), xc).to(torch.float64))
-    c = centre.to(torch.float64)
-    s2c = 0.5 * (s2c + s2c.transpose(1, 2))  # the GEMMs' rounding is not symmetric
-    out.s1.add_(s1c + n[:, None] * c)
-    out.s2.add_(s2c + c[:, :, None] * s1c[:, None, :] + s1c[:, :, None] * c[:, None, :]
-                + n[:, None, None] * c[:, :, None] * c[:, None, :])
+    _add_uncentred(out.s1, out.s2, n, centre, s1c, s2c)
     return out
+
+
+def _add_uncentred(s1: Tensor, s2: Tensor, n: Tensor, c: Tensor, s1c: Tensor, s2c: Tensor) -> None:
+    """Add sums taken about a centre c back as uncentred float64 sums, in place:
+    s1 += s1_c + n c, s2 += sym(s2_c) + c s1_cᵀ + s1_c cᵀ + n c cᵀ.
+
+    Parameters
+    ----------
+    s1, s2 : Tensor of shape (..., D) and (..., D, D), float64 — updated in place.
+    n : Tensor of shape (...), float64 — summed weights.
+    c : Tensor of shape (..., D) — the centre.
+    s1c, s2c : Tensor of shape (..., D) and (..., D, D) — weighted sums of x − c and of
+        their outer products (any float dtype; the GEMM's rounding is not symmetric, so
+        s2_c is symmetrised).
+    """
+    c, s1c, s2c = c.to(torch.float64), s1c.to(torch.float64), s2c.to(torch.float64)
+    n = n[..., None]
+    s1.add_(s1c + n * c)
+    s2.add_(0.5 * (s2c + s2c.transpose(-1, -2)) + c[..., :, None] * s1c[..., None, :]
+            + s1c[..., :, None] * c[..., None, :] + n[..., None] * (c[..., :, None] * c[..., None, :]))
 
 
 class TripleBuffer:
