@@ -16,6 +16,7 @@ D = 128, K = 1000): modelled, not measured here (no GPU).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pickle
 import sys
@@ -169,6 +170,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=20, help="clusters (fixed: moves off)")
     parser.add_argument("--batch", type=int, default=128, help="per-worker batch")
     parser.add_argument("--epochs", type=int, default=5, help="timed epochs (after one warm-up)")
+    parser.add_argument("--json", action="store_true", help="last line: JSON of the measured rows")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
@@ -197,6 +199,9 @@ def main() -> None:
           " column is what one rank would send. The two ranks share this machine's cores with each"
           " other and with other jobs.)")
     scaling_model()
+    if args.json:
+        print(json.dumps({"n": args.n, "dim": args.dim, "k": args.k, "batch": args.batch,
+                          "workers": {str(w): r for w, r in rows.items()}}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,61 @@
+"""The benchmarks README quotes still run and report what they claim, at small sizes.
+
+Each script runs as a user runs it (a subprocess from the repository root) and its
+``--json`` line is checked against what the run must have measured: the required keys,
+times that add up, and results a correct run gives on easy data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run_json(script: str, *args: str) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, f"bench/{script}", *args, "--json"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_scale_bench_times_an_epoch_against_kmeans_and_fits():
+    # K = 40 is above estep.dense_max_k (32): the sparse E-step path the issue is about
+    out = _run_json("scale.py", "--n", "6000", "--d", "8", "--k", "40", "--kmeans-iters", "2",
+                    "--epochs", "2", "--fit", "--set", "prior.sigma_scale=0.1", "schedule.max_epochs=30")
+    for key in ("epoch_seconds", "later_epoch_seconds", "estep_seconds", "kmeans_iter_seconds"):
+        assert math.isfinite(out[key]) and out[key] > 0, key
+    assert out["ratio"] == out["epoch_seconds"] / out["kmeans_iter_seconds"]
+    assert out["estep_seconds"] < out["epoch_seconds"] + out["later_epoch_seconds"]
+    assert out["top_m"] == 8 and out["k_epoch"] == 40 and out["device"] == "cpu"
+    assert 1.0 <= out["estep_support_per_point"] <= 8.0
+    assert out["peak_rss_mb"] >= out["data_rss_mb"] > 0
+    assert out["fit_k"] == 40 and out["fit_nmi"] > 0.99 and 0 < out["fit_epochs"] <= 30
+
+
+def test_vs_bgm_bench_reports_both_methods_on_the_same_data():
+    out = _run_json("vs_bgm.py", "--n", "4000")
+    assert set(out) == {"DeepDPM", "BayesianGaussianMixture(30, DP, full)"}
+    for name, row in out.items():
+        assert row["seconds"] > 0, name
+        assert 0.0 <= row["nmi"] <= 1.0 and 0.0 <= row["acc"] <= 1.0, name
+    assert out["DeepDPM"]["k"] == 10 and out["DeepDPM"]["nmi"] > 0.99
+
+
+def test_distributed_bench_counts_the_traffic_of_two_gloo_ranks():
+    n, dim, k, hidden = 2000, 16, 20, 50
+    out = _run_json("distributed.py", "--n", str(n), "--dim", str(dim), "--k", str(k), "--epochs", "1")
+    one, two = out["workers"]["1"], out["workers"]["2"]
+    assert one["k"] == two["k"] == k and one["steps"] == two["steps"] > 0
+    # once an epoch, whatever W: the float64 statistics of K clusters and 2K subclusters with
+    # the 3 loss sums in one buffer, and the step count's max
+    assert two["stats_bytes"] == one["stats_bytes"] == 8 * (3 * k * (1 + dim + dim * dim) + 3 + 1)
+    # DDP sends every float32 gradient of both nets once per step; one process sends none
+    params = (dim * hidden + hidden + hidden * k + k) + k * (dim * hidden + hidden + 2 * hidden + 2)
+    assert one["grad_bytes"] == 0 and two["grad_bytes"] == 4 * params * two["steps"]
