@@ -88,7 +88,9 @@ class DeepDPM:
     weights_ : ndarray of shape (K,)
     history_ : list of dict
         One record per epoch: epoch, n_clusters, loss_cluster, loss_subcluster,
-        splits_accepted, merges_accepted, seconds.
+        splits_accepted, merges_accepted, seconds, and where the seconds went:
+        seconds_estep (E-step targets), seconds_train (minibatch steps), seconds_stats
+        (statistics and their all-reduce), seconds_mstep, seconds_moves (split/merge round).
     """
 
     def __init__(self, config: Config | dict | str | Path | None = None,

@@ -55,6 +55,16 @@ EpochCallback = Callable[[dict[str, Any]], None]
 _R_FLOOR = float(torch.finfo(torch.float32).eps)
 
 
+#: the parts of an epoch's ``seconds`` in its history record (key ``seconds_<phase>``), in order
+EPOCH_PHASES: tuple[tuple[str, str], ...] = (
+    ("estep", "E-step targets"),
+    ("train", "minibatch steps"),
+    ("stats", "statistics + all-reduce"),
+    ("mstep", "M-step"),
+    ("moves", "split / merge round"),
+)
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> CUDA when available, else CPU."""
     if name == "auto":
@@ -315,11 +325,23 @@ class Trainer:
             return sum(bsz for n in self.rank_rows if n)
         return sum(min(bsz, max(0, n - step * bsz)) for n in self.rank_rows)
 
-    def run_epoch(self, train: bool = True) -> tuple[SuffStats, SuffStats, dict[str, float]]:
-        """One pass over the local rows; returns reduced soft cluster and hard subcluster stats.
+    def _clock(self) -> float:
+        """perf_counter once the device's queued work is done (CUDA runs asynchronously)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
-        With ``train=False`` the nets are not updated (a pure statistics pass).
+    def run_epoch(self, train: bool = True, seconds: dict[str, float] | None = None
+                  ) -> tuple[SuffStats, SuffStats, dict[str, float]]:
+        """One pass over the local rows; returns reduced soft cluster and hard subcluster
+        stats and the mean losses.
+
+        With ``train=False`` the nets are not updated (a pure statistics pass). When
+        ``seconds`` is given, the durations of the E-step targets (``estep``), the
+        minibatch steps (``train``) and the statistics with their all-reduce (``stats``)
+        are written into it.
         """
+        t_start = self._clock()
         k, d, bsz = self.n_clusters, self.dim, self.batch_size
         n_local = self.x.shape[0]
         gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.epoch * 7919 + self.comm.rank)
@@ -331,6 +353,7 @@ class Trainer:
         f64 = {"dtype": torch.float64, "device": self.device}
         m = self._top_m()
         targets = self._estep_targets(m)
+        t_estep = self._clock()
         # soft cluster and hard subcluster statistics and the loss sums: views of the one
         # buffer that is all-reduced
         sizes = [SuffStats.numel(k, d), SuffStats.numel(2 * k, d), 3]
@@ -391,10 +414,13 @@ class Trainer:
                 sub_buf.add(idx, rows, torch.ones_like(rows, dtype=torch.float32))
                 loss_sums += torch.stack([sum_cl.detach().double(), sum_sub.detach().double(),
                                           torch.tensor(float(x.shape[0]), **f64)])
+        t_train = self._clock()
         if m:
             soft_buf.stats(self.x, k, out=soft)
         sub_buf.stats(self.x, 2 * k, out=sub)
         flat = self.comm.all_reduce(flat)
+        if seconds is not None:
+            seconds.update(estep=t_estep - t_start, train=t_train - t_estep, stats=self._clock() - t_train)
         soft = SuffStats.from_flat(flat[: sizes[0]], k, d)
         sub = SuffStats.from_flat(flat[sizes[0] : -3], 2 * k, d)
         tot = flat[-3:]
@@ -664,11 +690,14 @@ class Trainer:
             return self._step_epoch()
 
     def _step_epoch(self) -> dict:
-        t0 = time.perf_counter()
-        soft, sub, losses = self.run_epoch(train=True)
+        t0 = self._clock()
+        phases: dict[str, float] = {}
+        soft, sub, losses = self.run_epoch(train=True, seconds=phases)
+        t_mstep = self._clock()
         if self.epoch + 1 > self.frozen_until:
             self.m_step(soft, sub)
             self._refresh_mixture()
+        t_moves = self._clock()
         splits = merges = 0
         kind = self._move_kind()
         if kind is not None:
@@ -685,6 +714,7 @@ class Trainer:
         if self.epoch + 1 >= sch.max_epochs or (
                 self.rounds_without_move >= sch.patience and self.epoch + 1 >= sch.min_epochs):
             self.prune_unused(self.hard_counts())  # last epoch: K = clusters that own points
+        t_end = self._clock()
         record = {
             "epoch": self.epoch,
             "n_clusters": self.n_clusters,
@@ -692,7 +722,12 @@ class Trainer:
             "loss_subcluster": losses["loss_subcluster"],
             "splits_accepted": splits,
             "merges_accepted": merges,
-            "seconds": time.perf_counter() - t0,
+            "seconds": t_end - t0,
+            # where it went (EPOCH_PHASES); the M-step includes subcluster restarts, the
+            # split/merge round the last epoch's pruning
+            **{f"seconds_{name}": seconds for name, seconds in phases.items()},
+            "seconds_mstep": t_moves - t_mstep,
+            "seconds_moves": t_end - t_moves,
         }
         self.history.append(record)
         self.epoch += 1

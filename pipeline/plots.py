@@ -1,4 +1,4 @@
-"""PNG plots of a fit: K over epochs, accepted moves, losses, cluster sizes, scores.
+"""PNG plots of a fit: K over epochs, accepted moves, losses, cluster sizes, epoch time, scores.
 
 Every function takes plain data (the epoch records of ``DeepDPM.history_`` or cluster
 counts) and writes one PNG atomically with matplotlib's Agg backend, so plots work on
@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from deepdpm_core.trainer import EPOCH_PHASES  # noqa: E402
 from pipeline.io import atomic_path  # noqa: E402
 
 _SPLIT_COLOUR = "tab:green"
@@ -116,6 +117,39 @@ def plot_losses(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+def has_phases(history: Sequence[Mapping[str, Any]]) -> bool:
+    """True when the epoch records say where their seconds went (records of this version)."""
+    return any(r.get("seconds_train") is not None for r in history)
+
+
+def plot_epoch_time(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+    """Seconds of each epoch, stacked by phase (:data:`EPOCH_PHASES`), with K.
+
+    Parameters
+    ----------
+    history : sequence of epoch records (``epoch``, ``seconds_<phase>``, ``n_clusters``)
+    path : destination PNG
+    """
+    epochs = _column(history, "epoch")
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    bottom = np.zeros(len(epochs))
+    for phase, label in EPOCH_PHASES:
+        part = _column(history, f"seconds_{phase}")
+        ax.bar(epochs, part, bottom=bottom, width=1.0, label=label)
+        bottom += part
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("seconds")
+    twin = ax.twinx()
+    twin.step(epochs, _column(history, "n_clusters"), where="mid", color="black", lw=1, ls="--")
+    twin.set_ylabel("K (dashed)")
+    _integer_axes(twin, x=False, y=True)
+    ax.set_title(f"Where the epochs went ({bottom.sum():.1f} s in all)")
+    _integer_axes(ax)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(loc="upper left", fontsize="small")
+    return _save(fig, path)
+
+
 #: label scores of an epoch record (present when the fitted data have labels)
 SCORE_KEYS = ("nmi", "ari", "acc")
 
@@ -172,8 +206,9 @@ def write_fit_plots(
     history: Sequence[Mapping[str, Any]], counts: Sequence[int] | np.ndarray, out_dir: str | Path
 ) -> list[Path]:
     """The plots a fit leaves beside ``summary.json``: ``k_over_epochs.png``,
-    ``cluster_sizes.png``, ``moves.png``, ``losses.png`` and, when the epoch records
-    carry label scores, ``scores.png``. Returns their paths."""
+    ``cluster_sizes.png``, ``moves.png``, ``losses.png``, ``epoch_time.png`` (when the
+    records have their phase seconds) and, when the epoch records carry label scores,
+    ``scores.png``. Returns their paths."""
     out = Path(out_dir)
     paths = [
         plot_k_over_epochs(history, out / "k_over_epochs.png"),
@@ -181,6 +216,8 @@ def write_fit_plots(
         plot_moves(history, out / "moves.png"),
         plot_losses(history, out / "losses.png"),
     ]
+    if has_phases(history):
+        paths.append(plot_epoch_time(history, out / "epoch_time.png"))
     if has_scores(history):
         paths.append(plot_scores(history, out / "scores.png"))
     return paths
@@ -188,8 +225,10 @@ def write_fit_plots(
 
 __all__ = [
     "SCORE_KEYS",
+    "has_phases",
     "has_scores",
     "plot_cluster_sizes",
+    "plot_epoch_time",
     "plot_k_over_epochs",
     "plot_losses",
     "plot_moves",

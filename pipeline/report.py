@@ -354,6 +354,8 @@ def render_report(
             sizes = plots.plot_cluster_sizes([r.size for r in rows], tmp_dir / "sizes.png")
             figures.append(("Cluster sizes", sizes))
         figures.append(("Losses", plots.plot_losses(history, tmp_dir / "losses.png")))
+        if plots.has_phases(history):
+            figures.append(("Where the epochs went", plots.plot_epoch_time(history, tmp_dir / "time.png")))
         if plots.has_scores(history):
             scores = plots.plot_scores(history, tmp_dir / "scores.png")
             figures.append(("NMI / ARI / ACC over epochs", scores))

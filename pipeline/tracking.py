@@ -54,6 +54,11 @@ EPOCH_METRICS: dict[str, str] = {
     "splits_accepted": "splits_accepted",
     "merges_accepted": "merges_accepted",
     "seconds": "epoch_seconds",
+    "seconds_estep": "epoch_seconds_estep",
+    "seconds_train": "epoch_seconds_train",
+    "seconds_stats": "epoch_seconds_stats",
+    "seconds_mstep": "epoch_seconds_mstep",
+    "seconds_moves": "epoch_seconds_moves",
     "nmi": "nmi",
     "ari": "ari",
     "acc": "acc",
@@ -139,7 +144,7 @@ def environment_tags(input_path: str | Path | None = None) -> dict[str, str]:
 
 
 def epoch_metrics(record: Mapping[str, Any]) -> dict[str, float]:
-    """MLflow metrics of one epoch record (``seconds`` becomes ``epoch_seconds``)."""
+    """MLflow metrics of one epoch record (``seconds[_phase]`` becomes ``epoch_seconds[_phase]``)."""
     return {
         name: float(record[key])
         for key, name in EPOCH_METRICS.items()
@@ -417,6 +422,7 @@ FIT_ARTIFACTS = (
     "moves.png",
     "losses.png",
     "scores.png",
+    "epoch_time.png",
     "model.pt",
     "assignments.parquet",
 )

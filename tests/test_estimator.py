@@ -26,9 +26,14 @@ def test_fit_attributes_and_history(fitted, data):
     assert m.labels_.shape == (len(X),)
     assert m.means_.shape == (m.n_clusters_, 3) and m.covariances_.shape == (m.n_clusters_, 3, 3)
     assert m.weights_.sum() == pytest.approx(1.0)
+    phases = {"seconds_estep", "seconds_train", "seconds_stats", "seconds_mstep", "seconds_moves"}
     keys = {"epoch", "n_clusters", "loss_cluster", "loss_subcluster", "splits_accepted",
-            "merges_accepted", "seconds"}
+            "merges_accepted", "seconds", *phases}
     assert all(set(h) == keys for h in m.history_)
+    for h in m.history_:  # the phases are the epoch's parts: they add up to its seconds
+        assert min(h[p] for p in phases) >= 0
+        assert sum(h[p] for p in phases) == pytest.approx(h["seconds"], rel=0.02, abs=2e-3)
+        assert h["seconds_train"] > h["seconds_mstep"]
     assert [h["epoch"] for h in m.history_] == list(range(len(m.history_)))
     proba = m.predict_proba(X[:10])
     np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-5)

@@ -21,7 +21,12 @@ def _history(k_values: list[int]) -> list[dict]:
                 "loss_subcluster": 3.0 + np.sin(e),
                 "splits_accepted": max(k - prev, 0),
                 "merges_accepted": max(prev - k, 0),
-                "seconds": 0.5,
+                "seconds": 0.5 + 0.04 * k,
+                "seconds_estep": 0.01 * k,
+                "seconds_train": 0.4,
+                "seconds_stats": 0.03 * k,
+                "seconds_mstep": 0.05,
+                "seconds_moves": 0.05 * (k != prev),
             }
         )
     return out
@@ -39,7 +44,7 @@ def _pixels(path) -> np.ndarray:
 
 @pytest.mark.parametrize(
     "plot",
-    [plots.plot_k_over_epochs, plots.plot_moves, plots.plot_losses],
+    [plots.plot_k_over_epochs, plots.plot_moves, plots.plot_losses, plots.plot_epoch_time],
     ids=lambda f: f.__name__,
 )
 def test_history_plots_are_pngs_that_follow_the_data(plot, tmp_path):
@@ -51,7 +56,7 @@ def test_history_plots_are_pngs_that_follow_the_data(plot, tmp_path):
 
 
 def test_history_plots_accept_an_empty_history(tmp_path):
-    for plot in (plots.plot_k_over_epochs, plots.plot_moves, plots.plot_losses):
+    for plot in (plots.plot_k_over_epochs, plots.plot_moves, plots.plot_losses, plots.plot_epoch_time):
         assert _pixels(plot([], tmp_path / f"{plot.__name__}.png")).size > 0
 
 
@@ -66,10 +71,14 @@ def test_cluster_sizes_sorted_bars(tmp_path):
 def test_write_fit_plots_names(tmp_path):
     paths = plots.write_fit_plots(_history([1, 2, 2]), [10, 20], tmp_path)
     assert [p.name for p in paths] == [
-        "k_over_epochs.png", "cluster_sizes.png", "moves.png", "losses.png",
+        "k_over_epochs.png", "cluster_sizes.png", "moves.png", "losses.png", "epoch_time.png",
     ]  # fmt: skip
     for path in paths:
         _pixels(path)
+    # records of older versions (a resumed checkpoint) do not say where their seconds went
+    untimed = [{k: v for k, v in r.items() if not k.startswith("seconds_")} for r in _history([1, 2])]
+    assert not plots.has_phases(untimed)
+    assert "epoch_time.png" not in [p.name for p in plots.write_fit_plots(untimed, [10, 20], tmp_path / "old")]
     scored = [{**r, "nmi": 0.5, "ari": 0.4, "acc": 0.7} for r in _history([1, 2, 2])]
     paths = plots.write_fit_plots(scored, [10, 20], tmp_path / "scored")
     assert [p.name for p in paths][-1] == "scores.png"  # labelled data only

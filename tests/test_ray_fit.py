@@ -107,7 +107,7 @@ def two_worker_run(ray_session, data, tmp_path_factory):
 
 def _history(run: Path) -> list[dict]:
     summary = json.loads((run / "summary.json").read_text())
-    return [{k: v for k, v in r.items() if k != "seconds"} for r in summary["history"]]
+    return [{k: v for k, v in r.items() if not k.startswith("seconds")} for r in summary["history"]]
 
 
 def test_two_workers_find_the_true_k_as_one_process_does(two_worker_run, data, tmp_path):

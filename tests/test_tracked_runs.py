@@ -30,14 +30,16 @@ from deepdpm_core import DeepDPM
 from deepdpm_core.config import Config
 from pipeline.cli import main
 from pipeline.diagnostics import move_kinds
+from pipeline.tracking import EPOCH_METRICS as TRACKING_EPOCH_METRICS
 from pipeline.tracking import HTTP_ENV_DEFAULTS
 from tests.conftest_mlflow import MlflowServer, mlflow_server  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCH_METRICS = {"n_clusters", "loss_cluster", "loss_subcluster", "splits_accepted",
-                 "merges_accepted", "epoch_seconds"}  # fmt: skip
+                 "merges_accepted", "epoch_seconds", "epoch_seconds_estep", "epoch_seconds_train",
+                 "epoch_seconds_stats", "epoch_seconds_mstep", "epoch_seconds_moves"}  # fmt: skip
 LABEL_METRICS = {"nmi", "ari", "acc"}
-PNGS = ("k_over_epochs.png", "cluster_sizes.png", "moves.png", "losses.png", "scores.png")
+PNGS = ("k_over_epochs.png", "cluster_sizes.png", "moves.png", "losses.png", "scores.png", "epoch_time.png")
 TRACKING_WARNING = "deepdpm: warning: MLflow tracking at"
 #: optimizer steps per epoch of the test fits: one pass over 2000 rows in batches of 128
 #: (the default tops small data up to 64 steps; 4x the time, same tracking)
@@ -137,7 +139,7 @@ def test_fit_run_metric_histories_follow_the_fit(fit_run, mlflow_server):  # noq
     final = {"fit_seconds", "final_n_clusters", "final_nmi", "final_ari", "final_acc"}
     assert set(run.data.metrics) == EPOCH_METRICS | LABEL_METRICS | final
 
-    record_key = {"epoch_seconds": "seconds"}
+    record_key = {name: key for key, name in TRACKING_EPOCH_METRICS.items()}
     for name in sorted(EPOCH_METRICS | LABEL_METRICS):
         points = sorted(client.get_metric_history(run.info.run_id, name), key=lambda m: m.step)
         assert [m.step for m in points] == list(range(epochs)), name  # one point per epoch
@@ -222,7 +224,7 @@ def test_report_of_the_real_fit(fit_run, mlflow_server, tmp_path, source):  # no
     text, pngs = _report_images(html)
     summary = _summary(out)
     assert f"DeepDPM report: K = {summary['n_clusters']}" in text
-    assert len(pngs) == 5  # K, moves, cluster sizes, losses, scores
+    assert len(pngs) == 6  # K, moves, cluster sizes, losses, epoch time, scores
     for png in pngs:
         Image.open(io.BytesIO(png)).verify()
     assert 'class="warn"' not in text
