@@ -42,20 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deepdpm_core.config import Config, parse_overrides  # noqa: E402
 from deepdpm_core.datasets import make_mixture  # noqa: E402
 from deepdpm_core.metrics import nmi  # noqa: E402
-from deepdpm_core.trainer import EPOCH_PHASES, Trainer  # noqa: E402
+from deepdpm_core.trainer import EPOCH_PHASES, Trainer, device_clock  # noqa: E402
 
 
 def peak_rss_mb() -> float:
     """Peak resident set size of this process in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
-
-
-def clock(device: torch.device) -> float:
-    """perf_counter after the device's queued work is done (CUDA kernels run asynchronously)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 1,
@@ -68,11 +61,11 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 
     })
     trainer = Trainer(cfg, torch.from_numpy(x))
     dev = trainer.device
-    t = clock(dev)
+    t = device_clock(dev)
     trainer.initialize()
-    init_s = clock(dev) - t
+    init_s = device_clock(dev) - t
     m = trainer._top_m()
-    t = clock(dev)
+    t = device_clock(dev)
     if m:
         _, log_resp = trainer.mixture.sparse_log_responsibilities(trainer.x, m, anchors=trainer.anchors)
         support = float(torch.isfinite(log_resp).sum()) / len(log_resp)
@@ -80,15 +73,15 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 
         for s in range(0, trainer.x.shape[0], trainer.batch_size):
             trainer.mixture.log_responsibilities(trainer.x[s : s + trainer.batch_size])
         support = float(k)
-    estep_s = clock(dev) - t
-    t = clock(dev)
+    estep_s = device_clock(dev) - t
+    t = device_clock(dev)
     record = trainer.step_epoch()
-    epoch_s = clock(dev) - t
+    epoch_s = device_clock(dev) - t
     later = []
     for _ in range(epochs - 1):
-        t = clock(dev)
+        t = device_clock(dev)
         trainer.step_epoch()
-        later.append(clock(dev) - t)
+        later.append(device_clock(dev) - t)
     assert record["splits_accepted"] == record["merges_accepted"] == 0 and trainer.n_clusters == k
     return {"epoch_seconds": epoch_s, "later_epoch_seconds": float(np.median(later)) if later else None,
             "estep_seconds": estep_s, "init_seconds": init_s,
@@ -118,12 +111,12 @@ def full_fit(x: np.ndarray, y: np.ndarray, init_k: int, seed: int, overrides: di
               f"peak RSS {peak_rss_mb():.0f} MiB", file=sys.stderr, flush=True)
 
     trainer = Trainer(cfg, torch.from_numpy(x), callbacks=[progress])
-    t = clock(trainer.device)
+    t = device_clock(trainer.device)
     trainer.initialize()
-    print(f"fit initialised with K = {trainer.n_clusters} in {clock(trainer.device) - t:.1f} s",
+    print(f"fit initialised with K = {trainer.n_clusters} in {device_clock(trainer.device) - t:.1f} s",
           file=sys.stderr, flush=True)
     trainer.fit()
-    seconds = clock(trainer.device) - t
+    seconds = device_clock(trainer.device) - t
     labels = trainer.predict_labels(torch.from_numpy(x)).cpu().numpy()
     return {"fit_k": trainer.n_clusters, "fit_nmi": nmi(y, labels), "fit_seconds": seconds,
             "fit_epochs": trainer.epoch}

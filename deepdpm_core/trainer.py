@@ -65,6 +65,13 @@ EPOCH_PHASES: tuple[tuple[str, str], ...] = (
 )
 
 
+def device_clock(device: torch.device) -> float:
+    """perf_counter once the device's queued work is done (CUDA kernels run asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> CUDA when available, else CPU."""
     if name == "auto":
@@ -325,12 +332,6 @@ class Trainer:
             return sum(bsz for n in self.rank_rows if n)
         return sum(min(bsz, max(0, n - step * bsz)) for n in self.rank_rows)
 
-    def _clock(self) -> float:
-        """perf_counter once the device's queued work is done (CUDA runs asynchronously)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
     def run_epoch(self, train: bool = True, seconds: dict[str, float] | None = None
                   ) -> tuple[SuffStats, SuffStats, dict[str, float]]:
         """One pass over the local rows; returns reduced soft cluster and hard subcluster
@@ -341,7 +342,7 @@ class Trainer:
         minibatch steps (``train``) and the statistics with their all-reduce (``stats``)
         are written into it.
         """
-        t_start = self._clock()
+        t_start = device_clock(self.device)
         k, d, bsz = self.n_clusters, self.dim, self.batch_size
         n_local = self.x.shape[0]
         gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.epoch * 7919 + self.comm.rank)
@@ -353,7 +354,7 @@ class Trainer:
         f64 = {"dtype": torch.float64, "device": self.device}
         m = self._top_m()
         targets = self._estep_targets(m)
-        t_estep = self._clock()
+        t_estep = device_clock(self.device)
         # soft cluster and hard subcluster statistics and the loss sums: views of the one
         # buffer that is all-reduced
         sizes = [SuffStats.numel(k, d), SuffStats.numel(2 * k, d), 3]
@@ -414,13 +415,13 @@ class Trainer:
                 sub_buf.add(idx, rows, torch.ones_like(rows, dtype=torch.float32))
                 loss_sums += torch.stack([sum_cl.detach().double(), sum_sub.detach().double(),
                                           torch.tensor(float(x.shape[0]), **f64)])
-        t_train = self._clock()
+        t_train = device_clock(self.device)
         if m:
             soft_buf.stats(self.x, k, out=soft)
         sub_buf.stats(self.x, 2 * k, out=sub)
         flat = self.comm.all_reduce(flat)
         if seconds is not None:
-            seconds.update(estep=t_estep - t_start, train=t_train - t_estep, stats=self._clock() - t_train)
+            seconds.update(estep=t_estep - t_start, train=t_train - t_estep, stats=device_clock(self.device) - t_train)
         soft = SuffStats.from_flat(flat[: sizes[0]], k, d)
         sub = SuffStats.from_flat(flat[sizes[0] : -3], 2 * k, d)
         tot = flat[-3:]
@@ -690,14 +691,14 @@ class Trainer:
             return self._step_epoch()
 
     def _step_epoch(self) -> dict:
-        t0 = self._clock()
+        t0 = device_clock(self.device)
         phases: dict[str, float] = {}
         soft, sub, losses = self.run_epoch(train=True, seconds=phases)
-        t_mstep = self._clock()
+        t_mstep = device_clock(self.device)
         if self.epoch + 1 > self.frozen_until:
             self.m_step(soft, sub)
             self._refresh_mixture()
-        t_moves = self._clock()
+        t_moves = device_clock(self.device)
         splits = merges = 0
         kind = self._move_kind()
         if kind is not None:
@@ -714,7 +715,7 @@ class Trainer:
         if self.epoch + 1 >= sch.max_epochs or (
                 self.rounds_without_move >= sch.patience and self.epoch + 1 >= sch.min_epochs):
             self.prune_unused(self.hard_counts())  # last epoch: K = clusters that own points
-        t_end = self._clock()
+        t_end = device_clock(self.device)
         record = {
             "epoch": self.epoch,
             "n_clusters": self.n_clusters,

@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from deepdpm_core.trainer import EPOCH_PHASES
+
 logger = logging.getLogger(__name__)
 
 #: file name of the default tracking store, created in the working directory
@@ -54,11 +56,7 @@ EPOCH_METRICS: dict[str, str] = {
     "splits_accepted": "splits_accepted",
     "merges_accepted": "merges_accepted",
     "seconds": "epoch_seconds",
-    "seconds_estep": "epoch_seconds_estep",
-    "seconds_train": "epoch_seconds_train",
-    "seconds_stats": "epoch_seconds_stats",
-    "seconds_mstep": "epoch_seconds_mstep",
-    "seconds_moves": "epoch_seconds_moves",
+    **{f"seconds_{phase}": f"epoch_seconds_{phase}" for phase, _ in EPOCH_PHASES},
     "nmi": "nmi",
     "ari": "ari",
     "acc": "acc",
