@@ -13,6 +13,8 @@ In one run, on one generated imbalanced mixture (N points, D dims, K true cluste
   (moves still off) and reports their median, the cost once the nets are trained;
 * FAISS k-means on the same data and K, every point used (no subsampling):
   ``--kmeans-iters`` iterations timed, divided by their number;
+* on the CPU, the *floor* (:func:`time_floor`): the arithmetic no implementation of the
+  paper's epoch avoids, each part timed with PyTorch's fastest kernel on the same data;
 * peak RSS of the process (``ru_maxrss``, data generation included), and on CUDA the
   peak GPU memory held by tensors.
 
@@ -89,7 +91,7 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 
             "epoch_phase_seconds": {k.removeprefix("seconds_"): v for k, v in record.items()
                                     if k.startswith("seconds_")},
             "device": str(dev), "precision": trainer.precision, "k_epoch": trainer.n_clusters,
-            "top_m": m or 0, "batch_size": trainer.batch_size,
+            "top_m": m or 0, "batch_size": trainer.batch_size, "steps": trainer._n_steps()[1],
             "estep_support_per_point": support}
 
 
@@ -100,6 +102,79 @@ def time_kmeans(x: np.ndarray, k: int, iters: int, seed: int) -> float:
     t = time.perf_counter()
     km.train(x)
     return (time.perf_counter() - t) / iters
+
+
+def time_floor(x: np.ndarray, k: int, batch: int, hidden: int, sub_hidden: int, steps: int,
+               seed: int, reps: int = 3) -> dict[str, float]:
+    """Seconds of the arithmetic no implementation of the paper's epoch avoids, each part
+    done the fastest way PyTorch has, best of ``reps`` (a lower bound, not a DeepDPM run).
+
+    On the CPU, for N rows in batches of ``batch``: the nets' matrix products as plain
+    float32 GEMMs (clustering net D-H-K forward and backward; the subclustering nets as
+    if all K shared one D-H_sub-2 net); log-softmax over K forward and backward (Eq. 4's
+    loss needs both); fused Adam over the nets' parameters, ``steps`` steps; each point's
+    Gaussian log-density under one cluster (one triangular solve, N·D²/2, float32); and
+    two float64 scatter-matrix products (soft and subcluster statistics, N·D² each).
+    """
+    g = torch.Generator().manual_seed(seed)
+    xt = torch.from_numpy(x)
+    n, d = xt.shape
+
+    def rand(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, dtype=dtype)
+
+    w1, w2, s1, s2 = rand(d, hidden), rand(hidden, k), rand(d, sub_hidden), rand(sub_hidden, 2)
+
+    def nets() -> None:
+        for s in range(0, n, batch):
+            xb = xt[s : s + batch]
+            h, hs = xb @ w1, xb @ s1
+            gl, gs = h @ w2, hs @ s2  # stand-ins of the gradients, same shapes
+            dh, dhs = gl @ w2.T, gs @ s2.T
+            h.T @ gl, xb.T @ dh, hs.T @ gs, xb.T @ dhs
+
+    logits = rand(batch, k).requires_grad_()
+    grad = torch.zeros(batch, k)
+    grad[:, :8] = -1.0 / 8  # a slot target's gradient
+
+    def softmax() -> None:
+        for _ in range(0, n, batch):
+            torch.log_softmax(logits, 1).backward(grad)
+
+    params = [torch.nn.Parameter(rand(*shape)) for shape in
+              ((d, hidden), (hidden,), (hidden, k), (k,), (k, d, sub_hidden), (k, sub_hidden),
+               (k, sub_hidden, 2), (k, 2))]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    adam = torch.optim.Adam(params, lr=1e-4, fused=True)
+
+    def optimizer() -> None:
+        for _ in range(steps):
+            adam.step()
+
+    chol = torch.linalg.cholesky(torch.cov(xt[:4096].T) + torch.eye(d))
+
+    def log_density() -> None:
+        for s in range(0, n, 4096):
+            torch.linalg.solve_triangular(chol, xt[s : s + 4096].T, upper=False).square().sum(0)
+
+    def statistics() -> None:
+        for _ in range(2):
+            for s in range(0, n, 4096):
+                x64 = xt[s : s + 4096].double()
+                x64.T @ x64
+
+    def best(fn) -> float:
+        fn()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    return {"nets_gemm": best(nets), "log_softmax": best(softmax), "adam": best(optimizer),
+            "log_density": best(log_density), "statistics": best(statistics)}
 
 
 def full_fit(x: np.ndarray, y: np.ndarray, init_k: int, seed: int, overrides: dict,
@@ -147,6 +222,11 @@ def main() -> None:
     out.update(time_epoch(x, args.k, args.seed, overrides, args.epochs, args.device))
     out["kmeans_iter_seconds"] = time_kmeans(x, args.k, args.kmeans_iters, args.seed)
     out["ratio"] = out["epoch_seconds"] / out["kmeans_iter_seconds"]
+    if out["device"] == "cpu":  # the floor is a CPU reference
+        model = Config().with_overrides(overrides).model
+        out["floor_seconds"] = time_floor(x, args.k, out["batch_size"], model.hidden, model.sub_hidden,
+                                          out["steps"], args.seed)
+        out["floor_ratio"] = sum(out["floor_seconds"].values()) / out["kmeans_iter_seconds"]
     if args.fit:
         out.update(full_fit(x, y, args.init_k or args.k, args.seed, overrides, args.device))
     out["peak_rss_mb"] = peak_rss_mb()
@@ -166,6 +246,11 @@ def main() -> None:
     for name, seconds in rows:
         if seconds is not None:
             print(f"{name:36s} {seconds:9.3f} {seconds / out['kmeans_iter_seconds']:15.2f}")
+    if "floor_seconds" in out:
+        print(f"{'floor: what no implementation avoids':36s} "
+              f"{out['floor_ratio'] * out['kmeans_iter_seconds']:9.3f} {out['floor_ratio']:15.2f}")
+        for part, seconds in out["floor_seconds"].items():
+            print(f"  {part:34s} {seconds:9.3f} {seconds / out['kmeans_iter_seconds']:15.2f}")
     if args.fit:
         print(f"full fit: K = {out['fit_k']} (true {args.k}), NMI = {out['fit_nmi']:.3f}, "
               f"{out['fit_epochs']} epochs, {out['fit_seconds']:.1f} s")

@@ -36,6 +36,11 @@ def test_scale_bench_times_an_epoch_against_kmeans_and_fits():
     assert out["top_m"] == 8 and out["k_epoch"] == 40 and out["device"] == "cpu"
     assert 1.0 <= out["estep_support_per_point"] <= 8.0
     assert out["peak_rss_mb"] >= out["data_rss_mb"] > 0
+    # the floor: every part timed, their sum below the real epoch's (a lower bound)
+    assert set(out["floor_seconds"]) == {"nets_gemm", "log_softmax", "adam", "log_density", "statistics"}
+    assert all(s > 0 for s in out["floor_seconds"].values()) and out["steps"] == 64
+    assert math.isclose(out["floor_ratio"] * out["kmeans_iter_seconds"], sum(out["floor_seconds"].values()))
+    assert out["floor_ratio"] < out["ratio"]
     # seeds 0-3 give K 39-40 within the 30 epochs (NMI >= 0.999)
     assert abs(out["fit_k"] - 40) <= 2 and out["fit_nmi"] > 0.98 and 0 < out["fit_epochs"] <= 30
 
