@@ -11,8 +11,17 @@ import sys
 import time
 from pathlib import Path
 
-#: the fit's recipe: the demo clusters a UMAP embedding (the source checkout's copy)
-N2D_RECIPE = Path(__file__).resolve().parents[2] / "cluster_configs" / "n2d.yaml"
+
+def bundled_recipe(name: str) -> Path:
+    """``cluster_configs/<name>`` of the source checkout (editable install), else the copy
+    a wheel installs inside the package (``pipeline/cluster_configs``, see pyproject)."""
+    package = Path(__file__).resolve().parents[1]
+    source = package.parent / "cluster_configs" / name
+    return source if source.is_file() else package / "cluster_configs" / name
+
+
+#: the fit's recipe: the demo clusters a UMAP embedding
+N2D_RECIPE = bundled_recipe("n2d.yaml")
 
 HELP = "run shards → extract → embed → fit → predict on scikit-learn's digits (no downloads)"
 
