@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from deepdpm_core.errors import ConfigError
 from deepdpm_core.stats import SuffStats
 
 Tensor = torch.Tensor
@@ -83,7 +84,7 @@ class NIWPrior:
         d = mean.shape[0]
         nu0 = float(d + 2) if nu is None else float(nu)
         if nu0 <= d - 1:
-            raise ValueError(f"prior.nu must exceed D - 1 = {d - 1}, got {nu0}")
+            raise ConfigError(f"prior.nu must exceed D - 1 = {d - 1} for {d}-dimensional data, got {nu0}")
         if psi == "identity":
             diag = torch.ones(d, dtype=torch.float64)
         else:

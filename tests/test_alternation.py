@@ -265,7 +265,7 @@ def test_fit_alternate_command_writes_outputs_and_nested_mlflow_runs(
     assert len(ae_history) == 8  # one point per pretraining epoch
 
 
-def test_fit_alternate_bad_arguments_are_one_line_errors(tmp_path, capsys):
+def test_fit_bad_arguments_are_one_line_errors(tmp_path, capsys):
     from pipeline.cli import main
 
     raw = tmp_path / "small.npz"
@@ -273,6 +273,7 @@ def test_fit_alternate_bad_arguments_are_one_line_errors(tmp_path, capsys):
     for extra, message in [
         (["--alternate", "-1"], "--alternate must be >= 0"),
         (["--alternate", "1"], "ae.latent_dim (10) must be smaller than the input dimension (6)"),
+        (["--set", "prior.nu=5"], "prior.nu must exceed D - 1 = 5 for 6-dimensional data, got 5.0"),
     ]:
         code = main(["fit", "--input", str(raw), "--output", str(tmp_path / "o"), "--no-tracking",
                      *extra])  # fmt: skip

@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy import integrate, stats
 
+from deepdpm_core.errors import ConfigError
 from deepdpm_core.niw import (
     NIWPrior,
     log_marginal_likelihood,
@@ -117,6 +118,13 @@ def test_split_accepts_two_blobs_rejects_one_gaussian():
     one = rng.normal(size=(600, 2))
     z = (one[:, 0] > 0).astype(int)  # the best 2-way cut of a single Gaussian
     assert float(log_split_hastings(prior, 10.0, _two_way(one, z))[0]) < -5
+
+
+def test_nu_at_or_below_d_minus_1_is_a_config_error():
+    # the inverse-Wishart needs nu > D - 1; the CLI prints ConfigErrors as one line
+    with pytest.raises(ConfigError, match="prior.nu must exceed D - 1 = 3 for 4-dimensional data, got 3.0"):
+        NIWPrior.from_data_moments(torch.zeros(4), torch.ones(4), 1e-4, 3.0, 0.005, "identity")
+    assert NIWPrior.from_data_moments(torch.zeros(4), torch.ones(4), 1e-4, 3.5, 0.005, "identity").nu == 3.5
 
 
 def test_split_then_merge_restores_stats_and_negates_ratio():
