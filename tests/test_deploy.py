@@ -33,6 +33,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -592,6 +593,20 @@ def test_dockerfiles_pin_versions_and_share_the_base_release():
     assert _dockerfile_arg(gpu, "REQUIRED_CUDA_ARCH") == "90"  # H100
 
 
+@pytest.mark.parametrize("variant", ["gpu", "cpu"])
+def test_images_tag_runs_with_the_commit_they_were_built_from(variant, monkeypatch):
+    # the runtime stage (no .git) takes the commit as a build argument and hands it to
+    # tracking.git_commit through the environment
+    runtime = (DOCKER / f"Dockerfile.{variant}").read_text().rsplit("\nFROM ", 1)[1]
+    assert re.search(r'^ARG GIT_COMMIT=""$', runtime, re.MULTILINE)
+    assert re.search(r"^\s+DEEPDPM_GIT_COMMIT=\$\{GIT_COMMIT\}$", runtime, re.MULTILINE)
+    assert 'org.opencontainers.image.revision="${GIT_COMMIT}"' in runtime
+    from pipeline.tracking import git_commit
+
+    monkeypatch.setenv("DEEPDPM_GIT_COMMIT", "0123abc")
+    assert git_commit() == "0123abc"
+
+
 def test_images_pin_every_dependency_the_project_declares():
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -663,6 +678,35 @@ def test_dockerignore_sends_the_package_and_nothing_else():
             source = match.group(1).rstrip("/")
             if source != ".":
                 assert any(p == source or p.startswith(source + "/") for p in sent), source
+
+
+def test_the_wheel_ships_the_recipes_and_the_demo_finds_them(tmp_path):
+    # the images `pip install` the wheel (no source tree): `deepdpm demo` must still find
+    # its recipe, and every cluster_configs/*.yaml ships byte for byte
+    pytest.importorskip("setuptools", minversion="70.1")  # bdist_wheel built in
+    src = tmp_path / "src"  # the working tree's files, so no stale build/ of the checkout is reused
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=120)
+    site = tmp_path / "site"
+    (wheel,) = (tmp_path / "dist").glob("deepdpm-*.whl")
+    with zipfile.ZipFile(wheel) as z:  # a pure-Python wheel installs by unpacking
+        z.extractall(site)
+    shipped = site / "pipeline" / "cluster_configs"
+    assert sorted(p.name for p in shipped.glob("*.yaml")) == sorted(p.name for p in CONFIGS.glob("*.yaml"))
+    for path in CONFIGS.glob("*.yaml"):
+        assert (shipped / path.name).read_bytes() == path.read_bytes(), path.name
+    found = subprocess.run(
+        [sys.executable, "-c", "from pipeline.commands.demo import N2D_RECIPE; print(N2D_RECIPE)"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True,
+        check=True).stdout.strip()
+    assert Path(found) == shipped / "n2d.yaml"
+    load_config(found)
 
 
 # ----------------------------------------------------------------------------- cuda archs
