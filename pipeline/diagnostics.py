@@ -11,15 +11,15 @@ What moves K was measured with this project's core (``deepdpm_core``, 3 data set
 6 and 12 Gaussian blobs in 8-D, sklearn digits PCA-16; one knob at a time from the
 defaults, K after up to 80 epochs; numbers in the README):
 
-- ``prior.nu``: raising ν gives FEWER clusters (digits: ν = 26 → K 10, 64 → 5,
+- ``prior.nu``: raising ν gives FEWER clusters (digits: ν = 26 → K 12, 64 → 6,
   320 → 1). Our Λ0 = ν0·Ψ0 grows with ν, so a larger ν is a heavier prior.
 - ``prior.sigma_scale`` (s): non-monotone. K peaks when s is roughly 0.1–30 % of the
   median per-feature variance of the data; far below that each extra cluster pays the
-  (ν0/2)·ln|Λ0| normaliser and K drops (digits s = 1e-4 → K 5), near or above it the
+  (ν0/2)·ln|Λ0| normaliser and K drops (digits s = 1e-4 → K 6), near or above it the
   prior swamps the subclusters' scatter and splits stop (digits s = 0.5 → K 4, 5 → 1).
   So the advice depends on s / variance; :data:`SIGMA_PIVOT` is the boundary.
-- ``prior.alpha``: negligible at these N (α = 0.01 and 1000 gave the default's K on all
-  three), as the paper's Supmat says for α ≪ N; named last.
+- ``prior.alpha``: negligible at these N (α = 0.01 and 1000 gave the default's K on the
+  blobs, and within 2 of it on digits), as the paper's Supmat says for α ≪ N; named last.
 """
 
 from __future__ import annotations
