@@ -9,6 +9,7 @@ dotted key, so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -250,6 +251,8 @@ def _validate(cfg: Config) -> None:
     }.items():
         if value < 0:
             raise ConfigError(f"config key '{key}' must be >= 0, got {value!r}")
+    if not 0 <= cfg.seed < 2**31:  # FAISS and the derived per-epoch torch seeds stay in range
+        raise ConfigError(f"config key 'seed' must be in [0, 2**31), got {cfg.seed!r}")
     if cfg.optim.max_batch_size < cfg.optim.base_batch_size:
         raise ConfigError(f"config key 'optim.max_batch_size' ({cfg.optim.max_batch_size}) must be >= "
                           f"optim.base_batch_size ({cfg.optim.base_batch_size})")
@@ -304,11 +307,13 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
         if isinstance(value, str):
             # YAML 1.1 reads "5e-4" (no dot) as a string; accept it as the number it is.
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"config key '{key}' must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
         return float(value)
     if annotation is str:
         if not isinstance(value, str):
@@ -360,7 +365,8 @@ def load_config(path: str | Path) -> Config:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config {path} is not valid YAML: {exc}") from exc
+        # one line: PyYAML's message spans several, with a caret under the column
+        raise ConfigError(f"config {path} is not valid YAML: {' '.join(str(exc).split())}") from exc
     try:
         return from_dict(data)
     except ConfigError as exc:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from deepdpm_core.checkpoints import safe_load
 from deepdpm_core.config import Config, from_dict, load_config
 from deepdpm_core.errors import CheckpointError, ConfigError
 from deepdpm_core.trainer import Trainer
@@ -184,6 +185,8 @@ class DeepDPM:
         """
         t = self._fitted()
         X = check_features(X, n_features=t.dim)
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         labels, confidence = t.predict_assignments(readonly_tensor(X), batch_size)
         return labels.numpy(), confidence.numpy()
 
@@ -227,12 +230,7 @@ class DeepDPM:
     def load(cls, path: str | Path) -> DeepDPM:
         """Load a model written by :meth:`save` (``torch.load(weights_only=True)``)."""
         path = Path(path)
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except FileNotFoundError:
-            raise
-        except Exception as exc:  # unpickling errors have many types
-            raise CheckpointError(f"cannot read model checkpoint {path}: {exc}") from exc
+        state = safe_load(path, "model checkpoint")
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise CheckpointError(f"{path} is not a DeepDPM model checkpoint ({FORMAT})")
         cfg = from_dict(state["config"]).with_overrides({"device": "cpu"})

@@ -31,7 +31,7 @@ from torch import nn
 
 from deepdpm_core.communicator import Communicator, LocalCommunicator
 from deepdpm_core.config import Config, from_dict
-from deepdpm_core.errors import CheckpointError
+from deepdpm_core.errors import CheckpointError, ConfigError
 from deepdpm_core.gmm import GaussianMixture, log_weights_from_counts
 from deepdpm_core.init import kmeans_centers, nearest_center, principal_split
 from deepdpm_core.losses import slot_kl
@@ -77,7 +77,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("config device='cuda' but no CUDA device is available")
+        raise ConfigError("config device='cuda' but no CUDA device is available (use auto or cpu)")
     return torch.device(name)
 
 

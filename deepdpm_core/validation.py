@@ -37,7 +37,8 @@ def check_features(X: object, *, min_rows: int = 1, n_features: int | None = Non
         arr = np.asarray(X)
     except (TypeError, ValueError) as exc:
         raise DataError(f"X must be a numeric array [N, D]: {exc}") from exc
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+    if arr.dtype == object or arr.dtype.kind == "c" or not (np.issubdtype(arr.dtype, np.number)
+                                                            or arr.dtype == bool):
         raise DataError(f"X must be a numeric array [N, D], got dtype {arr.dtype}")
     if arr.ndim != 2:
         raise DataError(f"X must be a 2-D array [N, D], got shape {arr.shape}")
@@ -46,12 +47,16 @@ def check_features(X: object, *, min_rows: int = 1, n_features: int | None = Non
         raise DataError(f"X is empty (shape {arr.shape})")
     if n_features is not None and d != n_features:
         raise DataError(f"X has {d} features but the model was fitted on {n_features}")
-    arr = arr.astype(np.float32, copy=False)
+    source = arr
+    with np.errstate(over="ignore"):  # float64 beyond float32's range: named below
+        arr = arr.astype(np.float32, copy=False)
     finite = np.isfinite(arr).all(1)
     if not finite.all():
         bad = np.flatnonzero(~finite)
         head = ", ".join(str(i) for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
-        raise DataError(f"X has {len(bad)} row(s) with NaN or inf values (rows {head})")
+        what = ("values beyond float32's range (|x| > 3.4e38)" if np.isfinite(source[bad]).all()
+                else "NaN or inf values")
+        raise DataError(f"X has {len(bad)} row(s) with {what} (rows {head})")
     if n < min_rows:
         raise DataError(f"X has {n} rows, fewer than the {min_rows} needed (initial clusters)")
     return arr

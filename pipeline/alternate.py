@@ -26,6 +26,7 @@ import torch
 from deepdpm_core import Config, DeepDPM
 from deepdpm_core.alternation import AlternationStep, fit_alternating
 from deepdpm_core.autoencoder import MLPAutoencoder
+from deepdpm_core.checkpoints import safe_load
 from deepdpm_core.embedding import as_feature_matrix
 from deepdpm_core.errors import CheckpointError
 from pipeline.io import FeatureTable, atomic_path, features_table, write_parquet_atomic
@@ -47,12 +48,7 @@ def save_autoencoder(model: MLPAutoencoder, config: Config, path: str | Path) ->
 
 def load_autoencoder(path: str | Path) -> MLPAutoencoder:
     """Read a model written by :func:`save_autoencoder` (``torch.load(weights_only=True)``)."""
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except Exception as exc:  # torch raises many types for a corrupt or foreign file
-        raise CheckpointError(f"cannot read autoencoder {path}: {exc}") from exc
+    payload = safe_load(path, "autoencoder")
     if not isinstance(payload, dict) or payload.get("format") != _AE_FORMAT:
         raise CheckpointError(f"{path} is not a deepdpm autoencoder ({_AE_FORMAT})")
     arch = payload["architecture"]

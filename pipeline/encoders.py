@@ -20,7 +20,6 @@ the 1000 logits for torchvision).
 from __future__ import annotations
 
 import hashlib
-import pickle
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from deepdpm_core.checkpoints import safe_load
 from deepdpm_core.errors import CheckpointError, ConfigError
 from pipeline.encoder_choices import ENCODERS, RESNET_ARCHS
 from pipeline.preprocess import Preprocess
@@ -204,25 +204,7 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
 
     Unwraps ``{"state_dict": ...}`` and ``{"model": ...}`` (MoCo and most training scripts).
     """
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except pickle.UnpicklingError as exc:
-        unsupported = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
-        if unsupported is None:  # garbage bytes also land here
-            raise CheckpointError(
-                f"cannot load checkpoint {path}: not a PyTorch checkpoint"
-            ) from exc
-        raise CheckpointError(
-            f"cannot load checkpoint {path} safely (torch.load weights_only=True): it contains "
-            f"a {unsupported.group(1)} object. If you trust the file, re-save only its state "
-            "dict: torch.save(torch.load(src, weights_only=False)['state_dict'], dst)"
-        ) from exc
-    except Exception as exc:  # not a zip/pickle at all, truncated download, ...
-        raise CheckpointError(
-            f"cannot load checkpoint {path}: not a PyTorch checkpoint ({type(exc).__name__}: {exc})"
-        ) from exc
+    obj = safe_load(path)
     for wrapper in ("state_dict", "model"):
         if isinstance(obj, dict) and isinstance(obj.get(wrapper), dict):
             obj = obj[wrapper]

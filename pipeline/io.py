@@ -62,17 +62,19 @@ def embedding_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     n = len(column)
     if n == 0:
         return np.zeros((0, 0), dtype=np.float32)
+    typ = column.type
+    is_list = pa.types.is_fixed_size_list(typ) or pa.types.is_list(typ) or pa.types.is_large_list(typ)
+    if not is_list or not (pa.types.is_floating(typ.value_type) or pa.types.is_integer(typ.value_type)):
+        raise DataError(f"column 'embedding' must be a list of numbers, got {typ}")
     if pa.types.is_fixed_size_list(column.type):
         dim = column.type.list_size
         flat = column.flatten().to_numpy(zero_copy_only=False)
         return flat.astype(np.float32, copy=False).reshape(n, dim)
-    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-        lengths = np.asarray(column.value_lengths().fill_null(-1))
-        if (lengths != lengths[0]).any() or lengths[0] < 0:
-            raise DataError("column 'embedding' has rows of different lengths or nulls")
-        flat = column.flatten().to_numpy(zero_copy_only=False)
-        return flat.astype(np.float32, copy=False).reshape(n, int(lengths[0]))
-    raise DataError(f"column 'embedding' must be a list of floats, got {column.type}")
+    lengths = np.asarray(column.value_lengths().fill_null(-1))  # a variable-size list
+    if (lengths != lengths[0]).any() or lengths[0] < 0:
+        raise DataError("column 'embedding' has rows of different lengths or nulls")
+    flat = column.flatten().to_numpy(zero_copy_only=False)
+    return flat.astype(np.float32, copy=False).reshape(n, int(lengths[0]))
 
 
 def read_features(path: str | Path) -> FeatureTable:
@@ -89,24 +91,30 @@ def read_features(path: str | Path) -> FeatureTable:
     if not path.exists():
         raise FileNotFoundError(f"input not found: {path}")
     suffix = path.suffix.lower()
+    if path.is_dir() and not _parquet_files(path):
+        raise DataError(f"{path} is a folder without .parquet files")
     if suffix == ".npy":
+        with open(path, "rb") as f:
+            if f.read(6) != b"\x93NUMPY":
+                raise DataError(f"{path} is not a .npy file (no NumPy header)")
         try:
             X = np.load(path, allow_pickle=False)
-        except ValueError as exc:
+        except (ValueError, OSError, EOFError) as exc:
             raise DataError(f"cannot read {path}: {exc}") from exc
-        return FeatureTable(X=np.asarray(X), labels=None, keys=_default_keys(len(X)))
+        _check_rows(X, path)
+        return FeatureTable(X=X, labels=None, keys=_default_keys(len(X)))
     if suffix == ".npz":
         try:
             with np.load(path, allow_pickle=False) as data:
                 if "X" not in data:
                     raise DataError(f"{path} has no array 'X' (found: {', '.join(data.files)})")
                 X = np.asarray(data["X"])
-                y = np.asarray(data["y"]).astype(np.int64) if "y" in data else None
-        except (ValueError, OSError) as exc:
+                y = np.asarray(data["y"]) if "y" in data else None
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
             raise DataError(f"cannot read {path}: {exc}") from exc
-        if y is not None and len(y) != len(X):
-            raise DataError(f"{path}: 'y' has {len(y)} rows but 'X' has {len(X)}")
-        return FeatureTable(X=X, labels=y, keys=_default_keys(len(X)))
+        _check_rows(X, path)
+        return FeatureTable(X=X, labels=None if y is None else _check_labels(y, len(X), path),
+                            keys=_default_keys(len(X)))
     if suffix == ".parquet" or path.is_dir():
         try:
             table = pq.read_table(path)
@@ -118,6 +126,8 @@ def read_features(path: str | Path) -> FeatureTable:
         labels = None
         if "label" in table.column_names:
             col = table.column("label")
+            if not pa.types.is_integer(col.type) and col.null_count < len(col):
+                raise DataError(f"{path}: column 'label' must hold integers, got {col.type}")
             if col.null_count < len(col):
                 labels = np.asarray(col.fill_null(-1).to_numpy(), dtype=np.int64)
         keys = (
@@ -233,9 +243,30 @@ def _npy_stream_header(stream, path: Path) -> tuple[tuple[int, ...], bool, np.dt
 def _check_matrix(shape: tuple[int, ...], dtype: np.dtype, path: Path) -> tuple[int, int]:
     if len(shape) != 2:
         raise DataError(f"{path}: features must be a 2-D array [N, D], got shape {shape}")
-    if dtype.hasobject or not (np.issubdtype(dtype, np.number) or dtype.kind == "b"):
-        raise DataError(f"{path}: features must be numeric, got dtype {dtype}")
+    if dtype.hasobject or dtype.kind == "c" or not (np.issubdtype(dtype, np.number) or dtype.kind == "b"):
+        raise DataError(f"{path}: features must be real numbers, got dtype {dtype}")
     return int(shape[0]), int(shape[1])
+
+
+def _check_rows(X: np.ndarray, path: Path) -> None:
+    """An array of rows of real numbers ([N, D], or [N, ...] images that ``embed`` flattens)."""
+    if X.ndim == 0:
+        raise DataError(f"{path}: features must be an array of rows [N, D], got a single value")
+    if X.dtype.hasobject or X.dtype.kind == "c" or not (np.issubdtype(X.dtype, np.number) or X.dtype.kind == "b"):
+        raise DataError(f"{path}: features must be real numbers, got dtype {X.dtype}")
+
+
+def _check_labels(y: np.ndarray, n_rows: int, path: Path) -> np.ndarray:
+    """The ``y`` of an .npz as int64 (N,): integers, or floats that are whole numbers."""
+    if y.ndim != 1:
+        raise DataError(f"{path}: 'y' must be one label per row, shape ({n_rows},), got {y.shape}")
+    if len(y) != n_rows:
+        raise DataError(f"{path}: 'y' has {len(y)} rows but 'X' has {n_rows}")
+    if y.dtype.kind in "f" and not (np.isfinite(y).all() and (y == np.round(y)).all()):
+        raise DataError(f"{path}: 'y' must hold integer labels, got non-integer or NaN values")
+    if y.dtype.kind not in "iuf" and y.dtype != bool:
+        raise DataError(f"{path}: 'y' must hold integer labels, got dtype {y.dtype}")
+    return y.astype(np.int64)
 
 
 def feature_shape(path: str | Path) -> tuple[int, int]:
@@ -261,7 +292,7 @@ def feature_shape(path: str | Path) -> tuple[int, int]:
             with zf, zf.open(member) as stream:
                 shape, _, dtype = _npy_stream_header(stream, path)
             return _check_matrix(shape, dtype, path)
-    except (ValueError, OSError, zipfile.BadZipFile) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise DataError(f"cannot read {path}: {exc}") from exc
     if suffix == ".parquet" or path.is_dir():
         n, dim = 0, None

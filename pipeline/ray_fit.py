@@ -103,11 +103,11 @@ class FitRequest:
         try:
             data = json.loads(path.read_text())
             return cls(**data)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise CheckpointError(
                 f"{run_dir} is not the output directory of a distributed fit (no {REQUEST_FILE})"
             ) from None
-        except (json.JSONDecodeError, TypeError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
             raise CheckpointError(f"{path} is not a valid fit request: {exc}") from exc
 
     def with_(self, **changes: Any) -> FitRequest:

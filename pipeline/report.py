@@ -63,10 +63,11 @@ class RunData:
 def _read_summary(path: Path) -> dict[str, Any]:
     try:
         summary = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(summary, dict) or "history" not in summary:
-        raise DataError(f"{path} is not a deepdpm fit summary (no 'history')")
+    history = summary.get("history") if isinstance(summary, dict) else None
+    if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):
+        raise DataError(f"{path} is not a deepdpm fit summary (no list of epoch records 'history')")
     return summary
 
 

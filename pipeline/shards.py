@@ -209,12 +209,17 @@ def write_shards(
     DataError
         No usable image under ``input_dir``.
     ConfigError
-        ``output_dir`` already has shards and ``overwrite`` is False; bad ``shard_size``.
+        ``output_dir`` already has shards and ``overwrite`` is False, or is a file; bad
+        ``shard_size`` or ``read_threads``.
     """
     if shard_size < 1:
         raise ConfigError(f"shard size must be >= 1, got {shard_size}")
+    if read_threads < 1:
+        raise ConfigError(f"read threads must be >= 1, got {read_threads}")
     start = time.perf_counter()
     input_dir, output_dir = Path(input_dir), Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"output {output_dir} exists and is not a folder")
     sources, classes, ignored = list_image_folder(input_dir)
     if not sources:
         raise DataError(

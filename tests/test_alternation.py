@@ -9,6 +9,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from sklearn.cluster import KMeans
 from sklearn.datasets import load_digits
@@ -270,6 +272,26 @@ def test_fit_bad_arguments_are_one_line_errors(tmp_path, capsys):
 
     raw = tmp_path / "small.npz"
     np.savez(raw, X=np.random.default_rng(0).normal(size=(50, 6)))
+    (tmp_path / "afile").write_text("x")
+    empty_dir = tmp_path / "features"
+    empty_dir.mkdir()
+    rows = [[float(i), 1.0] for i in range(50)]
+    pq.write_table(pa.table({"embedding": rows, "label": [str(i % 3) for i in range(50)]}),
+                   tmp_path / "labelstr.parquet")
+    pq.write_table(pa.table({"embedding": [[r] for r in rows]}), tmp_path / "nested.parquet")
+    for argv, message in [
+        (["--input", str(raw), "--output", str(tmp_path / "afile")], "exists and is not a directory"),
+        (["--resume", str(tmp_path / "afile")], "is not the output directory of a distributed fit"),
+        (["--input", str(tmp_path / "labelstr.parquet"), "--output", str(tmp_path / "o")],
+         "column 'label' must hold integers, got string"),
+        (["--input", str(tmp_path / "nested.parquet"), "--output", str(tmp_path / "o")],
+         "column 'embedding' must be a list of numbers, got list<"),
+        (["--input", str(empty_dir), "--output", str(tmp_path / "o")], "is a folder without .parquet files"),
+    ]:
+        code = main(["fit", "--no-tracking", *argv])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "Traceback" not in err, (argv, err)
+    assert (tmp_path / "afile").read_text() == "x"
     for extra, message in [
         (["--alternate", "-1"], "--alternate must be >= 0"),
         (["--alternate", "1"], "ae.latent_dim (10) must be smaller than the input dimension (6)"),

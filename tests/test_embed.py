@@ -177,7 +177,34 @@ def test_embed_command_bad_inputs_are_one_line_errors(tmp_path, digits_npz, caps
     np.savez(nan_path, X=X)
     ragged = tmp_path / "ragged.npz"
     np.savez(ragged, X=np.ones((10, 6)), y=np.zeros(9))
+    bad = {  # file name -> bytes of a file numpy cannot read as features
+        "empty.npy": b"", "empty.npz": b"", "text.npy": b"1 2 3\n4 5 6\n",
+        "truncated.npz": (tmp_path / "ragged.npz").read_bytes()[:200],
+    }
+    for name, data in bad.items():
+        (tmp_path / name).write_bytes(data)
+    np.save(tmp_path / "scalar.npy", np.float32(3.0))
+    np.save(tmp_path / "complex.npy", np.ones((10, 6), np.complex64))
+    np.savez(tmp_path / "y2d.npz", X=np.ones((10, 6)), y=np.zeros((10, 3)))
+    np.savez(tmp_path / "ynan.npz", X=np.ones((10, 6)), y=np.full(10, np.nan))
     cases = [
+        *(
+            (["--input", str(tmp_path / name), "--method", "pca", "--dim", "2"], message)
+            for name, message in [
+                ("empty.npy", "is not a .npy file (no NumPy header)"),
+                ("text.npy", "is not a .npy file (no NumPy header)"),
+                ("empty.npz", "cannot read"),
+                ("truncated.npz", "cannot read"),
+                ("scalar.npy", "features must be an array of rows [N, D], got a single value"),
+                ("complex.npy", "features must be real numbers, got dtype complex64"),
+                ("y2d.npz", "'y' must be one label per row, shape (10,), got (10, 3)"),
+                ("ynan.npz", "'y' must hold integer labels, got non-integer or NaN values"),
+            ]
+        ),
+        (
+            ["--input", str(digits_npz), "--method", "ae", "--save-model", str(out)],
+            "--save-model must differ from --output",
+        ),
         (
             ["--input", str(nan_path), "--method", "pca", "--dim", "2"],
             "NaN/infinite value(s) in 1 row(s), first at row 3",

@@ -74,8 +74,13 @@ def test_save_load_round_trip(fitted, data, tmp_path):
     np.testing.assert_allclose(loaded.predict_proba(data[0]), fitted.predict_proba(data[0]), rtol=1e-6)
     assert loaded.n_clusters_ == fitted.n_clusters_ and loaded.history_ == fitted.history_
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="cannot read model checkpoint"):
-        DeepDPM.load(tmp_path / "junk.pt")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    for junk in ("junk.pt", "empty.pt"):  # one line, and no advice to load it unsafely
+        with pytest.raises(CheckpointError, match="cannot read model checkpoint .*: not a PyTorch checkpoint") as err:
+            DeepDPM.load(tmp_path / junk)
+        assert "\n" not in str(err.value) and "weights_only=False" not in str(err.value)
+    with pytest.raises(ConfigError, match="batch_size must be >= 1, got 0"):
+        loaded.predict_confidence(data[0], batch_size=0)
     torch.save({"format": "other"}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="not a DeepDPM model"):
         DeepDPM.load(tmp_path / "other.pt")
@@ -93,6 +98,8 @@ def test_overrides_are_checked():
     [
         (np.array([[0.0, 1.0], [np.nan, 2.0], [1.0, np.inf], [3.0, 3.0]]), r"2 row\(s\) with NaN or inf values \(rows 1, 2\)"),
         (np.zeros(10), "2-D array"),
+        (np.ones((4, 2), np.complex64), "numeric"),
+        (np.array([[1e300, 0.0], [1.0, 2.0]]), r"1 row\(s\) with values beyond float32's range \(\|x\| > 3.4e38\) \(rows 0\)"),
         (np.zeros((0, 3)), "empty"),
         (np.array([["a", "b"]]), "numeric"),
     ],

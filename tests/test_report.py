@@ -232,6 +232,11 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         [str(tmp_path / "missing")],
         [str(tmp_path)],  # a directory without summary.json
     ]
+    for name, data in {"garbage": b"\xff\xfe\x00junk", "int_history": b'{"history": 5}',
+                       "list_history": b'{"history": [1, 2]}'}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_bytes(data)
+        cases.append([str(tmp_path / name)])
     for args in cases:
         proc = subprocess.run(
             [sys.executable, "-m", "pipeline.cli", "report", *args, "-o", str(tmp_path / "x.html")],

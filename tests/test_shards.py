@@ -107,6 +107,17 @@ def test_existing_shards_need_overwrite(digits_folder, tmp_path):
     assert not list((tmp_path / "out").glob(".*"))  # no temporary files left
 
 
+def test_bad_settings_fail_before_anything_is_written(digits_folder, tmp_path):
+    for threads in (0, -2):
+        with pytest.raises(ConfigError, match=f"read threads must be >= 1, got {threads}"):
+            write_shards(digits_folder, tmp_path / "out", read_threads=threads, progress=False)
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match="exists and is not a folder"):
+        write_shards(digits_folder, tmp_path / "afile", progress=False)
+    assert (tmp_path / "afile").read_text() == "x"
+
+
 def test_folder_without_images_is_an_error(tmp_path):
     (tmp_path / "empty" / "cats").mkdir(parents=True)
     with pytest.raises(DataError, match="no images under"):

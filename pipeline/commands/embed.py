@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         raise DataError(f"--output must be a .parquet file, got '{args.output}'")
     if args.output.resolve() == args.input.resolve():
         raise DataError("--output must differ from --input")
+    if args.save_model is not None and args.save_model.resolve() == args.output.resolve():
+        raise DataError("--save-model must differ from --output")
     if args.save_model is not None and args.method not in ("ae", "ae-umap"):
         raise DataError(
             f"--save-model needs an autoencoder method (ae, ae-umap), not '{args.method}'"

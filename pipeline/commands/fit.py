@@ -115,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.num_workers is not None and args.num_workers < 0:
         raise ConfigError(f"--num-workers must be >= 0, got {args.num_workers}")
+    if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
+        # checked before the fit: its outputs would otherwise be lost at the end
+        raise ConfigError(f"--output {args.output} exists and is not a directory")
     if _distributed(args):
         if args.alternate is not None:
             raise ConfigError("--alternate runs in this process: drop --num-workers, --ray-address, "
