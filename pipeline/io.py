@@ -9,6 +9,7 @@ Parquet with ``key: string``, ``embedding: fixed_size_list<float32>[D]`` and
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import zipfile
@@ -159,9 +160,22 @@ def atomic_path(final: str | Path) -> Iterator[Path]:
 
 
 def write_json_atomic(obj: object, path: str | Path) -> None:
-    """Write ``obj`` as indented JSON atomically."""
+    """Write ``obj`` as indented JSON atomically; NaN and ±inf become ``null`` (strict
+    JSON has no literal for them, and other readers reject Python's ``NaN``)."""
+    text = json.dumps(_finite_or_none(json.loads(json.dumps(obj, default=_json_default))),
+                      indent=2, allow_nan=False)
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, default=_json_default) + "\n")
+        tmp.write_text(text + "\n")
+
+
+def _finite_or_none(obj: object) -> object:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite_or_none(v) for v in obj]
+    return obj
 
 
 def write_parquet_atomic(table: pa.Table, path: str | Path) -> None:

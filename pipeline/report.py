@@ -253,8 +253,12 @@ def find_images(images: str | Path, keys: Iterable[str]) -> dict[str, bytes]:
         raise FileNotFoundError(f"--images not found: {images}")
     wanted = set(keys)
     shards = _shards(images)
-    found = _images_from_shards(shards, wanted) if shards else _images_from_dir(images, wanted)
-    return dict(found)
+    if not images.is_dir() and not shards:
+        raise DataError(f"--images {images} is neither a folder nor a webdataset .tar shard")
+    found = dict(_images_from_shards(shards, wanted) if shards else _images_from_dir(images, wanted))
+    if wanted and not found:  # a wrong folder would otherwise give a report without images
+        raise DataError(f"--images {images} holds none of the {len(wanted)} sample keys of this run")
+    return found
 
 
 def image_strip(encoded: list[bytes], thumb: int = 96) -> bytes | None:

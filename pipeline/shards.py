@@ -93,6 +93,8 @@ def list_image_folder(root: str | Path) -> tuple[list[_Source], list[str], int]:
     ignored : number of files without an image extension
     """
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise DataError(f"input {root} is a file; expected a folder of images")
     if not root.is_dir():
         raise FileNotFoundError(f"input folder not found: {root}")
     entries = sorted(root.iterdir())

@@ -227,10 +227,15 @@ def test_report_from_mlflow_run_id(run_dir, tmp_path, monkeypatch, mlflow_env): 
     assert f"MLflow run {tracker.run_id}" in " ".join(parser.text)
 
 
-def test_bad_inputs_are_one_line_errors(tmp_path):
+def test_bad_inputs_are_one_line_errors(run_dir, tmp_path):
+    (tmp_path / "no_images").mkdir()
+    (tmp_path / "afile.txt").write_text("x")
     cases = [
         [str(tmp_path / "missing")],
         [str(tmp_path)],  # a directory without summary.json
+        # --images that cannot give any sample: a plain file, a folder without the run's keys
+        [str(run_dir / "fit"), "--images", str(tmp_path / "afile.txt")],
+        [str(run_dir / "fit"), "--images", str(tmp_path / "no_images")],
     ]
     for name, data in {"garbage": b"\xff\xfe\x00junk", "int_history": b'{"history": 5}',
                        "list_history": b'{"history": [1, 2]}'}.items():
@@ -246,3 +251,12 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         assert proc.stderr.startswith("deepdpm report: error:")
         assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.html").exists()
+
+
+def test_summaries_are_strict_json_with_null_for_non_finite_numbers(tmp_path):
+    from pipeline.io import write_json_atomic
+
+    path = tmp_path / "summary.json"
+    write_json_atomic({"history": [{"loss": float("nan"), "k": np.int64(3)}], "x": [float("inf"), 1.5]}, path)
+    strict = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert strict == {"history": [{"loss": None, "k": 3}], "x": [None, 1.5]}

@@ -116,6 +116,9 @@ def test_bad_settings_fail_before_anything_is_written(digits_folder, tmp_path):
     with pytest.raises(ConfigError, match="exists and is not a folder"):
         write_shards(digits_folder, tmp_path / "afile", progress=False)
     assert (tmp_path / "afile").read_text() == "x"
+    with pytest.raises(DataError, match="is a file; expected a folder of images"):
+        write_shards(tmp_path / "afile", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_folder_without_images_is_an_error(tmp_path):
