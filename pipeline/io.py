@@ -67,8 +67,8 @@ def embedding_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     is_list = pa.types.is_fixed_size_list(typ) or pa.types.is_list(typ) or pa.types.is_large_list(typ)
     if not is_list or not (pa.types.is_floating(typ.value_type) or pa.types.is_integer(typ.value_type)):
         raise DataError(f"column 'embedding' must be a list of numbers, got {typ}")
-    if pa.types.is_fixed_size_list(column.type):
-        dim = column.type.list_size
+    if pa.types.is_fixed_size_list(typ):
+        dim = typ.list_size
         flat = column.flatten().to_numpy(zero_copy_only=False)
         return flat.astype(np.float32, copy=False).reshape(n, dim)
     lengths = np.asarray(column.value_lengths().fill_null(-1))  # a variable-size list
@@ -127,9 +127,9 @@ def read_features(path: str | Path) -> FeatureTable:
         labels = None
         if "label" in table.column_names:
             col = table.column("label")
-            if not pa.types.is_integer(col.type) and col.null_count < len(col):
-                raise DataError(f"{path}: column 'label' must hold integers, got {col.type}")
             if col.null_count < len(col):
+                if not pa.types.is_integer(col.type):
+                    raise DataError(f"{path}: column 'label' must hold integers, got {col.type}")
                 labels = np.asarray(col.fill_null(-1).to_numpy(), dtype=np.int64)
         keys = (
             np.asarray(table.column("key").to_pylist(), dtype=object)
@@ -257,17 +257,20 @@ def _npy_stream_header(stream, path: Path) -> tuple[tuple[int, ...], bool, np.dt
 def _check_matrix(shape: tuple[int, ...], dtype: np.dtype, path: Path) -> tuple[int, int]:
     if len(shape) != 2:
         raise DataError(f"{path}: features must be a 2-D array [N, D], got shape {shape}")
+    _check_real(dtype, path)
+    return int(shape[0]), int(shape[1])
+
+
+def _check_real(dtype: np.dtype, path: Path) -> None:
     if dtype.hasobject or dtype.kind == "c" or not (np.issubdtype(dtype, np.number) or dtype.kind == "b"):
         raise DataError(f"{path}: features must be real numbers, got dtype {dtype}")
-    return int(shape[0]), int(shape[1])
 
 
 def _check_rows(X: np.ndarray, path: Path) -> None:
     """An array of rows of real numbers ([N, D], or [N, ...] images that ``embed`` flattens)."""
     if X.ndim == 0:
         raise DataError(f"{path}: features must be an array of rows [N, D], got a single value")
-    if X.dtype.hasobject or X.dtype.kind == "c" or not (np.issubdtype(X.dtype, np.number) or X.dtype.kind == "b"):
-        raise DataError(f"{path}: features must be real numbers, got dtype {X.dtype}")
+    _check_real(X.dtype, path)
 
 
 def _check_labels(y: np.ndarray, n_rows: int, path: Path) -> np.ndarray:
