@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)
-    except (DeepDPMError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+    except (DeepDPMError, OSError) as exc:  # bad input, or a path that cannot be read or written
         print(f"deepdpm {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

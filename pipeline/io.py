@@ -147,6 +147,8 @@ def atomic_path(final: str | Path) -> Iterator[Path]:
     A crash mid-write leaves ``final`` untouched (old content or absent).
     """
     final = Path(final)
+    if final.is_dir():  # before anything is written; os.replace would name the temporary file
+        raise IsADirectoryError(f"output {final} is a folder; expected a file path")
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     os.close(fd)

@@ -205,6 +205,11 @@ def test_embed_command_bad_inputs_are_one_line_errors(tmp_path, digits_npz, caps
             ["--input", str(digits_npz), "--method", "ae", "--save-model", str(out)],
             "--save-model must differ from --output",
         ),
+        (  # the model cannot be written: no feature table is left either
+            ["--input", str(digits_npz), "--method", "ae", "--save-model", str(tmp_path / "empty.npy" / "m.pt"),
+             "--set", "ae.pretrain_epochs=1", "--set", "ae.hidden=[8]", "--quiet"],
+            "empty.npy",
+        ),
         (
             ["--input", str(nan_path), "--method", "pca", "--dim", "2"],
             "NaN/infinite value(s) in 1 row(s), first at row 3",

@@ -260,3 +260,7 @@ def test_summaries_are_strict_json_with_null_for_non_finite_numbers(tmp_path):
     write_json_atomic({"history": [{"loss": float("nan"), "k": np.int64(3)}], "x": [float("inf"), 1.5]}, path)
     strict = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert strict == {"history": [{"loss": None, "k": 3}], "x": [None, 1.5]}
+    # an output path that is a folder is named as such, and nothing is left in it
+    with pytest.raises(IsADirectoryError, match=f"output {tmp_path} is a folder"):
+        write_json_atomic({}, tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]

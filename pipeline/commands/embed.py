@@ -93,9 +93,10 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     seconds = time.perf_counter() - start
 
-    write_parquet_atomic(features_table(result.embedding, table.keys, table.labels), args.output)
+    # the model first: if it cannot be written, no feature table claims to come from it
     if args.save_model is not None and result.autoencoder is not None:
         save_autoencoder(result.autoencoder, config, args.save_model)
+    write_parquet_atomic(features_table(result.embedding, table.keys, table.labels), args.output)
     summary = (
         f"embedded {X.shape[0]} rows: {X.shape[1]} -> {result.embedding.shape[1]} dims "
         f"with {args.method} in {seconds:.1f}s"
