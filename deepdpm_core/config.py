@@ -251,6 +251,10 @@ def _validate(cfg: Config) -> None:
     }.items():
         if value < 0:
             raise ConfigError(f"config key '{key}' must be >= 0, got {value!r}")
+    if cfg.embed.min_dist > 1.0:  # UMAP needs min_dist <= spread, which it leaves at 1
+        raise ConfigError(f"config key 'embed.min_dist' must be <= 1, got {cfg.embed.min_dist!r}")
+    if cfg.embed.n_neighbors < 2:
+        raise ConfigError(f"config key 'embed.n_neighbors' must be >= 2, got {cfg.embed.n_neighbors!r}")
     if not 0 <= cfg.seed < 2**31:  # FAISS and the derived per-epoch torch seeds stay in range
         raise ConfigError(f"config key 'seed' must be in [0, 2**31), got {cfg.seed!r}")
     if cfg.optim.max_batch_size < cfg.optim.base_batch_size:

@@ -34,6 +34,8 @@ def test_every_shipped_config_loads(path):
         ({"optim": {"lr_cluster": float("nan")}}, "'optim.lr_cluster' must be a finite number"),
         ({"prior": {"nu": "1e400"}}, "'prior.nu' must be a finite number"),
         ({"seed": -1}, "'seed' must be in [0, 2**31)"),
+        ({"embed": {"min_dist": 5.0}}, "'embed.min_dist' must be <= 1, got 5.0"),
+        ({"embed": {"n_neighbors": 1}}, "'embed.n_neighbors' must be >= 2, got 1"),
         ({"seed": 2**40}, "'seed' must be in [0, 2**31)"),
     ],
 )
