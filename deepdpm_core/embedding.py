@@ -30,6 +30,7 @@ from deepdpm_core.autoencoder import (
 )
 from deepdpm_core.config import Config
 from deepdpm_core.errors import ConfigError, DataError
+from deepdpm_core.validation import is_real_dtype
 
 EmbedMethod = Literal["ae", "umap", "ae-umap", "pca"]
 METHODS: tuple[str, ...] = get_args(EmbedMethod)
@@ -47,7 +48,7 @@ def as_feature_matrix(X: np.ndarray, name: str = "X") -> np.ndarray:
         feature, NaN or infinite values (the message gives the count and the first row).
     """
     X = np.asarray(X)
-    if X.dtype == object or not (np.issubdtype(X.dtype, np.number) or X.dtype == bool):
+    if not is_real_dtype(X.dtype):
         raise DataError(f"{name} must be a numeric array, got dtype {X.dtype}")
     if X.ndim < 2:
         raise DataError(f"{name} must have shape [N, D] or [N, H, W(, C)], got shape {X.shape}")

@@ -10,6 +10,11 @@ import torch
 from deepdpm_core.errors import DataError
 
 
+def is_real_dtype(dtype: np.dtype) -> bool:
+    """Real numbers or booleans: what features may hold (not objects, strings or complex)."""
+    return not dtype.hasobject and dtype.kind in "biuf"
+
+
 def check_features(X: object, *, min_rows: int = 1, n_features: int | None = None) -> np.ndarray:
     """Validate an embedding matrix and return it as a float32 array.
 
@@ -37,8 +42,7 @@ def check_features(X: object, *, min_rows: int = 1, n_features: int | None = Non
         arr = np.asarray(X)
     except (TypeError, ValueError) as exc:
         raise DataError(f"X must be a numeric array [N, D]: {exc}") from exc
-    if arr.dtype == object or arr.dtype.kind == "c" or not (np.issubdtype(arr.dtype, np.number)
-                                                            or arr.dtype == bool):
+    if not is_real_dtype(arr.dtype):
         raise DataError(f"X must be a numeric array [N, D], got dtype {arr.dtype}")
     if arr.ndim != 2:
         raise DataError(f"X must be a 2-D array [N, D], got shape {arr.shape}")

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deepdpm_core.errors import DataError
+from deepdpm_core.validation import is_real_dtype
 
 
 def feature_schema(dim: int) -> pa.Schema:
@@ -264,7 +265,7 @@ def _check_matrix(shape: tuple[int, ...], dtype: np.dtype, path: Path) -> tuple[
 
 
 def _check_real(dtype: np.dtype, path: Path) -> None:
-    if dtype.hasobject or dtype.kind == "c" or not (np.issubdtype(dtype, np.number) or dtype.kind == "b"):
+    if not is_real_dtype(dtype):
         raise DataError(f"{path}: features must be real numbers, got dtype {dtype}")
 
 
