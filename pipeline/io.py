@@ -141,11 +141,33 @@ def read_features(path: str | Path) -> FeatureTable:
     raise DataError(f"unsupported input '{path}': expected .npy, .npz or .parquet")
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux:
+    ``/proc/self/status``); elsewhere set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file: ``0o666`` less the umask."""
+    return 0o666 & ~current_umask()
+
+
 @contextmanager
 def atomic_path(final: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``final``; rename it over ``final`` on success.
 
-    A crash mid-write leaves ``final`` untouched (old content or absent).
+    A crash mid-write leaves ``final`` untouched (old content or absent). The file gets
+    the mode a plain ``open(final, "w")`` would (``0o666`` less the umask), not
+    ``mkstemp``'s private ``0o600``.
     """
     final = Path(final)
     if final.is_dir():  # before anything is written; os.replace would name the temporary file
@@ -156,6 +178,7 @@ def atomic_path(final: str | Path) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, default_file_mode())
         os.replace(tmp_path, final)
     finally:
         if tmp_path.exists():

@@ -1,0 +1,77 @@
+"""The rough edges a new user hits (issue 22, item 4): file modes, warnings under the
+progress bar, stdout/stderr/--json, refusing to overwrite a fit, bare ``deepdpm``,
+"did you mean", the demo's report and MLflow run, plots, Ray's token-auth noise."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.cli import main
+
+#: a fit that takes seconds
+QUICK = ["--set", "schedule.max_epochs=6", "--no-tracking", "--quiet"]
+
+
+@pytest.fixture
+def blobs(tmp_path: Path) -> Path:
+    """Three labelled blobs in 4-D as an .npz (X, y)."""
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(c, 0.3, (80, 4)) for c in (0.0, 3.0, 6.0)]).astype(np.float32)
+    path = tmp_path / "blobs.npz"
+    np.savez(path, X=X, y=np.repeat(np.arange(3), 80))
+    return path
+
+
+def _files(*roots: Path) -> list[Path]:
+    found = []
+    for root in roots:
+        found += [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
+    return found
+
+
+# -- 1. output files honour the umask ------------------------------------------------------
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_every_output_file_honours_the_umask(tmp_path, blobs, umask, capsys):
+    run, pred, html = tmp_path / "run", tmp_path / "pred.parquet", tmp_path / "report.html"
+    emb = tmp_path / "emb.parquet"
+    old = os.umask(umask)
+    try:
+        assert main(["fit", "--input", str(blobs), "--output", str(run), *QUICK]) == 0
+        assert main(["predict", "--model", str(run / "model.pt"), "--input", str(blobs),
+                     "--output", str(pred)]) == 0
+        assert main(["report", str(run), "--output", str(html)]) == 0
+        assert main(["embed", "--input", str(blobs), "--output", str(emb), "--method", "pca",
+                     "--dim", "2"]) == 0
+    finally:
+        os.umask(old)
+    files = _files(run, pred, html, emb)
+    names = {p.name for p in files}
+    for expected in ("summary.json", "assignments.parquet", "model.pt", "config.yaml",
+                     "k_over_epochs.png", "cluster_sizes.png"):
+        assert expected in names
+    want = 0o666 & ~umask
+    modes = {str(p.relative_to(tmp_path)): oct(stat.S_IMODE(p.stat().st_mode)) for p in files}
+    assert set(modes.values()) == {oct(want)}, modes
+
+
+def test_atomic_path_gives_the_mode_open_would(tmp_path):
+    from pipeline.io import atomic_path
+
+    old = os.umask(0o002)
+    try:
+        with atomic_path(tmp_path / "a.txt") as tmp:
+            tmp.write_text("x")
+        with open(tmp_path / "b.txt", "w") as fh:
+            fh.write("x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o664
+    assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == stat.S_IMODE(
+        (tmp_path / "b.txt").stat().st_mode)
