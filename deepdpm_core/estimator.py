@@ -14,6 +14,7 @@ import torch
 from deepdpm_core.checkpoints import safe_load
 from deepdpm_core.config import Config, from_dict, load_config
 from deepdpm_core.errors import CheckpointError, ConfigError
+from deepdpm_core.progress import progress_bar
 from deepdpm_core.trainer import Trainer
 from deepdpm_core.validation import check_features, check_init_labels, readonly_tensor
 
@@ -122,25 +123,20 @@ class DeepDPM:
         if init_labels is not None:
             start_labels = torch.from_numpy(check_init_labels(init_labels, len(X)))
         cbs = list(callbacks or [])
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=self.config.schedule.max_epochs, desc="deepdpm fit", unit="epoch")
-
-            def show(rec: dict) -> None:
-                bar.update(1)
-                bar.set_postfix(K=rec["n_clusters"], cl=f"{rec['loss_cluster']:.3f}",
-                                sub=f"{rec['loss_subcluster']:.3g}")
-
-            cbs.append(show)
-        trainer = Trainer(self.config, readonly_tensor(X), callbacks=cbs)
-        self._trainer = trainer  # callbacks may predict with the model while it trains
-        try:
-            trainer.fit(start_labels)
-        finally:
+        # while the bar is open, lines written to stderr (warnings) go above it
+        with progress_bar(progress, total=self.config.schedule.max_epochs, desc="deepdpm fit",
+                          unit="epoch") as bar:
             if bar is not None:
-                bar.close()
+
+                def show(rec: dict) -> None:
+                    bar.update(1)
+                    bar.set_postfix(K=rec["n_clusters"], cl=f"{rec['loss_cluster']:.3f}",
+                                    sub=f"{rec['loss_subcluster']:.3g}")
+
+                cbs.append(show)
+            trainer = Trainer(self.config, readonly_tensor(X), callbacks=cbs)
+            self._trainer = trainer  # callbacks may predict with the model while it trains
+            trainer.fit(start_labels)
         self._trainer = trainer
         self.labels_ = self.predict(X)
         return self

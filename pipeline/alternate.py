@@ -14,6 +14,7 @@ learned features; ``deepdpm predict --model DIR/model.pt`` applies to such featu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from deepdpm_core.autoencoder import MLPAutoencoder
 from deepdpm_core.checkpoints import safe_load
 from deepdpm_core.embedding import as_feature_matrix
 from deepdpm_core.errors import CheckpointError
+from deepdpm_core.progress import progress_bar
 from pipeline.io import FeatureTable, atomic_path, features_table, write_parquet_atomic
 
 _AE_FORMAT = "deepdpm-autoencoder-v1"
@@ -64,27 +66,27 @@ class _Progress:
         self.enabled = enabled
         self.config = config
         self.bar: Any = None
+        self._open = contextlib.ExitStack()
         self.stage = 0
 
     def ae_epoch(self, record: Mapping[str, float]) -> None:
         if not self.enabled:
             return
         if self.bar is None:
-            from tqdm import tqdm
-
             ae = self.config.ae
             total, desc = (
                 (ae.pretrain_epochs, "AE pretraining")
                 if self.stage == 0
                 else (ae.epochs, f"AE alternation {self.stage}")
             )
-            self.bar = tqdm(total=total, desc=desc, unit="epoch", file=sys.stderr)
+            self._open = contextlib.ExitStack()  # stderr lines go above the bar until closed
+            self.bar = self._open.enter_context(progress_bar(total=total, desc=desc, unit="epoch"))
         self.bar.set_postfix(loss=f"{record['loss']:.4g}", refresh=False)
         self.bar.update(1)
 
     def end_stage(self) -> None:
         if self.bar is not None:
-            self.bar.close()
+            self._open.close()
             self.bar = None
         self.stage += 1
 

@@ -4,8 +4,12 @@ progress bar, stdout/stderr/--json, refusing to overwrite a fit, bare ``deepdpm`
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import stat
+import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -75,3 +79,60 @@ def test_atomic_path_gives_the_mode_open_would(tmp_path):
     assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o664
     assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == stat.S_IMODE(
         (tmp_path / "b.txt").stat().st_mode)
+
+
+# -- 2. what is printed during a fit gets its own line ---------------------------------------
+
+
+def _segments(text: str) -> list[str]:
+    """What a terminal would show line by line, ``\\r`` redraws split apart."""
+    return re.split(r"[\r\n]", text)
+
+
+def test_lines_printed_during_a_fit_do_not_land_on_the_progress_bar(capsys):
+    from deepdpm_core import DeepDPM
+
+    logger = logging.getLogger("deepdpm.test_cli_edges")
+    handler = logging.StreamHandler(sys.stderr)  # capsys's stderr, as a console handler is
+    logger.addHandler(handler)
+    logger.propagate = False
+
+    def talk(record: dict) -> None:
+        if record["epoch"] == 2:
+            print("deepdpm: warning: printed mid-fit", file=sys.stderr)
+            logger.warning("logged mid-fit")
+            warnings.warn("warned mid-fit", UserWarning, stacklevel=1)
+
+    X = np.random.default_rng(0).normal(size=(200, 3)).astype(np.float32)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            # Python's own showwarning (pytest records warnings instead): sys.stderr at call time
+            warnings.showwarning = lambda message, category, filename, lineno, file=None, \
+                line=None: sys.stderr.write(
+                    warnings.formatwarning(message, category, filename, lineno, line))
+            DeepDPM(max_epochs=5).fit(X, callbacks=[talk], progress=True)
+    finally:
+        logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert "deepdpm fit" in err  # the bar was drawn
+    segments = _segments(err)
+    assert "deepdpm: warning: printed mid-fit" in segments, err
+    assert "logged mid-fit" in segments, err
+    assert any(s.endswith("UserWarning: warned mid-fit") for s in segments), err
+    # each message starts a line of its own: never after the bar's "]"
+    assert not re.search(r"\](deepdpm: warning|logged|[^\r\n]*UserWarning)", err), err
+    assert sys.stderr is not None and "DummyTqdmFile" not in type(sys.stderr).__name__
+
+
+def test_the_diagnostics_warning_of_a_fit_is_on_its_own_line(tmp_path, blobs, capsys):
+    # a huge sigma_scale keeps K at 1: the diagnostics warn while the bar is drawn
+    argv = ["fit", "--input", str(blobs), "--output", str(tmp_path / "run"), "--no-tracking",
+            "--set", "schedule.max_epochs=10", "--set", "prior.sigma_scale=100",
+            "--set", "schedule.warmup_epochs=1", "--set", "schedule.move_every=1",
+            "--set", "schedule.freeze_epochs=0"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "deepdpm: warning: K stayed at 1" in err
+    assert any(s.startswith("deepdpm: warning: K stayed at 1") for s in _segments(err)), err
+    assert "]deepdpm" not in err

@@ -10,7 +10,6 @@ be encoded the same way.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -52,10 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from deepdpm_core.embedding import as_feature_matrix, embed
     from deepdpm_core.errors import DataError
+    from deepdpm_core.progress import progress_bar
     from pipeline.alternate import save_autoencoder
     from pipeline.fitting import config_from_args
     from pipeline.io import features_table, read_features, write_parquet_atomic
@@ -74,23 +72,15 @@ def run(args: argparse.Namespace) -> int:
     table = read_features(args.input)
     X = as_feature_matrix(table.X, name=str(args.input))
 
-    bar = None
-    if args.method in ("ae", "ae-umap") and not args.quiet:
-        bar = tqdm(
-            total=config.ae.pretrain_epochs, desc="autoencoder", unit="epoch", file=sys.stderr
-        )
-
     def on_epoch(record: dict[str, float]) -> None:
         if bar is not None:
             bar.set_postfix(loss=f"{record['loss']:.4g}", refresh=False)
             bar.update(1)
 
     start = time.perf_counter()
-    try:
+    with progress_bar(args.method in ("ae", "ae-umap") and not args.quiet,
+                      total=config.ae.pretrain_epochs, desc="autoencoder", unit="epoch") as bar:
         result = embed(X, args.method, config, dim=args.dim, on_epoch=on_epoch)
-    finally:
-        if bar is not None:
-            bar.close()
     seconds = time.perf_counter() - start
 
     # the model first: if it cannot be written, no feature table claims to come from it

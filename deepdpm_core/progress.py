@@ -1,0 +1,65 @@
+"""Progress bars that other output cannot break.
+
+While a bar made by :func:`progress_bar` is open, every line written to ``sys.stderr``
+(``print(..., file=sys.stderr)``, Python warnings, logging handlers on the console) is
+written through ``tqdm.write``: the bar is cleared, the line printed on its own, and the
+bar redrawn below it. Without this a warning printed mid-fit lands on the end of the
+bar's line (``...sub=9.32]deepdpm: warning: K stayed at 1``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+
+def _stderr_handlers(stream: Any) -> list[logging.StreamHandler]:
+    """Log handlers (any logger's: root, MLflow, Ray, ...) that write to ``stream``."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    return [
+        handler
+        for logger in loggers
+        if isinstance(logger, logging.Logger)
+        for handler in logger.handlers
+        if isinstance(handler, logging.StreamHandler) and handler.stream is stream
+    ]
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool = True, **kwargs: Any) -> Iterator[Any]:
+    """A tqdm bar on stderr (``tqdm.auto``), closed on exit; None when not ``enabled``.
+
+    Parameters
+    ----------
+    enabled : bool
+        False yields None and changes nothing.
+    **kwargs
+        Passed to ``tqdm`` (``total``, ``desc``, ``unit``, ...).
+    """
+    if not enabled:
+        yield None
+        return
+    from tqdm.auto import tqdm
+    from tqdm.contrib import DummyTqdmFile
+
+    real = sys.stderr
+    bar = tqdm(file=real, **kwargs)
+    above = DummyTqdmFile(real)  # writes each complete line with tqdm.write
+    handlers = _stderr_handlers(real)  # hold sys.stderr as it was when they were made
+    for handler in handlers:
+        handler.setStream(above)
+    try:
+        with contextlib.redirect_stderr(above):
+            yield bar
+    finally:
+        for handler in handlers:
+            handler.setStream(real)
+        if any(above._buf):  # a last line without its newline
+            above.write("\n")
+        bar.close()
+
+
+__all__ = ["progress_bar"]
