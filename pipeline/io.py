@@ -185,11 +185,16 @@ def atomic_path(final: str | Path) -> Iterator[Path]:
             tmp_path.unlink()
 
 
+def json_text(obj: object, indent: int | None = 2) -> str:
+    """``obj`` as strict JSON: NaN and ±inf become ``null`` (JSON has no literal for
+    them, and other readers reject Python's ``NaN``); numpy values and paths are converted."""
+    return json.dumps(_finite_or_none(json.loads(json.dumps(obj, default=_json_default))),
+                      indent=indent, allow_nan=False)
+
+
 def write_json_atomic(obj: object, path: str | Path) -> None:
-    """Write ``obj`` as indented JSON atomically; NaN and ±inf become ``null`` (strict
-    JSON has no literal for them, and other readers reject Python's ``NaN``)."""
-    text = json.dumps(_finite_or_none(json.loads(json.dumps(obj, default=_json_default))),
-                      indent=2, allow_nan=False)
+    """Write ``obj`` as indented strict JSON (:func:`json_text`) atomically."""
+    text = json_text(obj)
     with atomic_path(path) as tmp:
         tmp.write_text(text + "\n")
 

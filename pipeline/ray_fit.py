@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -115,8 +116,13 @@ class FitRequest:
 
 
 # --------------------------------------------------------------------------- driver
+def has_checkpoints(out: str | Path) -> bool:
+    """True when ``out`` holds the Ray Train checkpoints of a distributed fit."""
+    return (Path(out) / TRAIN_DIR / "checkpoint_manager_snapshot.json").exists()
+
+
 def run_fit(request: FitRequest, *, resume: bool = False, ray_address: str | None = None,
-            wait_for_workers_s: float = 120.0) -> dict[str, Any]:
+            wait_for_workers_s: float = 120.0, overwrite: bool = False) -> dict[str, Any]:
     """Run (or resume) a distributed fit; returns the summary rank 0 wrote.
 
     Parameters
@@ -132,6 +138,9 @@ def run_fit(request: FitRequest, *, resume: bool = False, ray_address: str | Non
     wait_for_workers_s : float
         How long to wait for an existing cluster to offer the workers' resources
         (nodes may still be joining) before failing; a local cluster is checked once.
+    overwrite : bool
+        Start afresh in an output directory that holds an earlier fit: its checkpoints
+        (``DIR/ray_train``) are removed once the request has been checked.
 
     Raises
     ------
@@ -142,14 +151,16 @@ def run_fit(request: FitRequest, *, resume: bool = False, ray_address: str | Non
     """
     out = Path(request.output)
     config = from_dict(request.config)
-    snapshot = out / TRAIN_DIR / "checkpoint_manager_snapshot.json"
-    if not resume and snapshot.exists():
+    if not resume and not overwrite and has_checkpoints(out):
         raise ConfigError(f"{out} holds checkpoints of an earlier fit: continue it with "
-                          f"--resume {out}, or choose another --output")
+                          f"--resume {out}, start afresh with --overwrite, or choose another "
+                          "--output")
     n, _ = feature_shape(request.input)
     need = max(2, config.init.n_clusters)
     if n < need:
         raise DataError(f"{request.input} has {n} rows, fewer than the {need} needed (initial clusters)")
+    if overwrite and not resume and (out / TRAIN_DIR).is_dir():
+        shutil.rmtree(out / TRAIN_DIR)  # a new TorchTrainer would restore its checkpoints
 
     import ray
 

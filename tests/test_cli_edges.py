@@ -4,10 +4,12 @@ progress bar, stdout/stderr/--json, refusing to overwrite a fit, bare ``deepdpm`
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import stat
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -136,3 +138,130 @@ def test_the_diagnostics_warning_of_a_fit_is_on_its_own_line(tmp_path, blobs, ca
     assert "deepdpm: warning: K stayed at 1" in err
     assert any(s.startswith("deepdpm: warning: K stayed at 1") for s in _segments(err)), err
     assert "]deepdpm" not in err
+
+
+# -- 3. results on stdout, logs on stderr, --json -------------------------------------------
+
+
+def _deepdpm(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``deepdpm ARGV`` as a user runs it (a new process)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_fit_prints_its_result_on_stdout_and_logs_on_stderr(tmp_path, blobs):
+    done = _deepdpm("fit", "--input", str(blobs), "--output", "run", "--no-tracking",
+                    "--set", "schedule.max_epochs=6", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout
+    assert re.fullmatch(r"K=\d+ epochs=6 time=[\d.]+s nmi=[\d.]+ ari=[-\d.]+ acc=[\d.]+ -> run",
+                        lines[0]), lines
+    assert "deepdpm fit" in done.stderr  # the progress bar
+    assert not any(line.startswith("K=") for line in _segments(done.stderr)), done.stderr
+
+
+def test_json_prints_one_object_on_stdout(tmp_path, blobs):
+    done = _deepdpm("fit", "--input", str(blobs), "--output", "run", "--no-tracking", "--json",
+                    "--set", "schedule.max_epochs=6", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)  # the whole of stdout is one JSON object
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert result["command"] == "fit" and result["output"] == "run"
+    assert result["n_clusters"] == summary["n_clusters"] and result["epochs"] == 6
+    assert set(result["metrics"]) == {"nmi", "ari", "acc"} and result["mlflow_run_id"] is None
+    assert all((tmp_path / path).is_file() for path in result["files"].values())
+
+    done = _deepdpm("predict", "--model", "run/model.pt", "--input", str(blobs),
+                    "--output", "pred.parquet", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["command"] == "predict" and result["n_rows"] == 240
+    assert result["n_clusters"] == summary["n_clusters"] and result["output"] == "pred.parquet"
+    assert done.stderr == ""
+
+
+def test_report_embed_shards_and_predict_results_on_stdout(tmp_path, blobs, capsys):
+    run = tmp_path / "run"
+    assert main(["fit", "--input", str(blobs), "--output", str(run), *QUICK]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"-> {run}")
+    assert main(["predict", "--model", str(run / "model.pt"), "--input", str(blobs),
+                 "--output", str(tmp_path / "p.parquet")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("assigned 240 rows to ") and out.strip().endswith("p.parquet")
+    html = tmp_path / "r.html"
+    assert main(["report", str(run), "--output", str(html), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result == {"command": "report", "output": str(html), "source": str(run),
+                      "n_clusters": result["n_clusters"], "metrics": result["metrics"]}
+    emb = tmp_path / "e.parquet"
+    assert main(["embed", "--input", str(blobs), "--output", str(emb), "--method", "pca",
+                 "--dim", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["command"] == "embed" and (result["n_rows"], result["dim"]) == (240, 2)
+
+
+# -- 4. a fit never silently replaces another -----------------------------------------------
+
+
+def test_fit_refuses_an_output_that_holds_a_fit_unless_overwrite(tmp_path, blobs, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")  # a folder without a fit is fine
+    argv = ["fit", "--input", str(blobs), "--output", str(run), *QUICK]
+    assert main(argv) == 0
+    first = (run / "summary.json").read_bytes()
+    capsys.readouterr()
+
+    assert main([*argv, "--seed", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"deepdpm fit: error: --output {run} already holds a fit (summary.json, model.pt, "
+        "assignments.parquet): pass --overwrite to replace it, or choose another --output\n")
+    assert (run / "summary.json").read_bytes() == first
+
+    assert main([*argv, "--seed", "1", "--overwrite"]) == 0
+    assert json.loads((run / "summary.json").read_text())["config"]["seed"] == 1
+    assert (run / "notes.txt").read_text() == "mine"
+
+    assert main([*argv, "--overwrite", "--resume", str(run)]) == 2
+    assert "give one of them" in capsys.readouterr().err
+
+
+def test_fit_into_the_checkpoints_of_a_distributed_fit_points_to_resume(tmp_path, blobs, capsys):
+    from pipeline.ray_fit import TRAIN_DIR
+
+    run = tmp_path / "run"
+    (run / TRAIN_DIR).mkdir(parents=True)
+    (run / TRAIN_DIR / "checkpoint_manager_snapshot.json").write_text("{}")
+    assert main(["fit", "--input", str(blobs), "--output", str(run), *QUICK]) == 2
+    err = capsys.readouterr().err
+    assert f"holds checkpoints of an earlier fit: continue it with --resume {run}" in err
+    assert "--overwrite" in err and len(err.splitlines()) == 1
+
+
+def test_overwrite_removes_the_checkpoints_a_distributed_fit_would_restore(tmp_path, blobs,
+                                                                            monkeypatch):
+    from pipeline import ray_fit
+
+    run = tmp_path / "run"
+    (run / ray_fit.TRAIN_DIR).mkdir(parents=True)
+    (run / ray_fit.TRAIN_DIR / "checkpoint_manager_snapshot.json").write_text("{}")
+    request = ray_fit.FitRequest(input=str(blobs), output=str(run), config={}, num_workers=2,
+                                 tracking=False, quiet=True)
+
+    class Stop(Exception):
+        pass
+
+    def stop(address):  # the request was accepted: Ray would start now
+        raise Stop
+
+    monkeypatch.setattr(ray_fit, "_connect", stop)
+    with pytest.raises(ray_fit.ConfigError, match="--overwrite"):
+        ray_fit.run_fit(request)
+    assert (run / ray_fit.TRAIN_DIR).is_dir()
+    with pytest.raises(Stop):
+        ray_fit.run_fit(request, overwrite=True)
+    assert not (run / ray_fit.TRAIN_DIR).exists()

@@ -13,6 +13,8 @@ import argparse
 import time
 from pathlib import Path
 
+from pipeline.results import add_json_argument
+
 HELP = "learn features from raw pixels or features (autoencoder, UMAP, AE+UMAP = n2d, PCA) into Parquet"
 
 #: = ``deepdpm_core.embedding.METHODS`` (spelled out so ``deepdpm --help`` needs no torch)
@@ -48,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--save-model", type=Path, default=None, help="also save the trained autoencoder (.pt)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_json_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.alternate import save_autoencoder
     from pipeline.fitting import config_from_args
     from pipeline.io import features_table, read_features, write_parquet_atomic
+    from pipeline.results import print_result
 
     config = config_from_args(args.config, args.overrides, args.seed)
     if args.output.suffix.lower() != ".parquet":
@@ -91,9 +95,15 @@ def run(args: argparse.Namespace) -> int:
         f"embedded {X.shape[0]} rows: {X.shape[1]} -> {result.embedding.shape[1]} dims "
         f"with {args.method} in {seconds:.1f}s"
     )
-    if result.ae_history:
-        summary += (
-            f" (AE loss {result.ae_history[0]['loss']:.4g} -> {result.ae_history[-1]['loss']:.4g})"
-        )
-    print(f"{summary}; wrote {args.output}")
+    losses = [r["loss"] for r in result.ae_history]
+    if losses:
+        summary += f" (AE loss {losses[0]:.4g} -> {losses[-1]:.4g})"
+    saved = args.save_model is not None and result.autoencoder is not None
+    print_result(args, f"{summary} -> {args.output}", {
+        "output": str(args.output), "method": args.method, "n_rows": int(X.shape[0]),
+        "input_dim": int(X.shape[1]), "dim": int(result.embedding.shape[1]),
+        "seconds": round(seconds, 3), "ae_loss_first": losses[0] if losses else None,
+        "ae_loss_last": losses[-1] if losses else None,
+        "autoencoder": str(args.save_model) if saved else None,
+    })  # fmt: skip
     return 0

@@ -18,6 +18,7 @@ HELP = "embed the images of webdataset shards (MoCo/torchvision ResNet or pixels
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipeline.results import add_json_argument
     from pipeline.tracking import add_tracking_arguments
 
     parser.add_argument(
@@ -66,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_tracking_arguments(parser)
+    add_json_argument(parser)
 
 
 #: options logged as the MLflow run's params
@@ -87,6 +89,7 @@ TRACKED_OPTIONS = (
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.extract import extract_features
+    from pipeline.results import print_result
     from pipeline.tracking import environment_tags, tracker_from_args
 
     with tracker_from_args(args) as tracker:
@@ -119,16 +122,14 @@ def run(args: argparse.Namespace) -> int:
     for warning in caught:  # one line each, not Python's file:line format
         print(f"warning: {warning.message}", file=sys.stderr)
     totals = report.totals
-    print(
-        f"embedded {report.images_embedded}/{report.images_read} images of {report.shards_done} shards "
-        f"({report.shards_reused} already done) in {report.seconds:.1f} s "
-        f"({report.images_per_s:.1f} images/s); dim {report.dim}"
-    )
-    print(
+    print_result(args, [
+        f"embedded {report.images_embedded}/{report.images_read} images of {report.shards_done} "
+        f"shards ({report.shards_reused} already done) in {report.seconds:.1f} s "
+        f"({report.images_per_s:.1f} images/s); dim {report.dim}",
         f"features:  {report.output_dir} ({totals['embedded']} rows in {totals['shards']} files, "
-        f"{totals['skipped']} images skipped)"
-    )
-    print(f"manifest:  {report.manifest}")
+        f"{totals['skipped']} images skipped)",
+        f"manifest:  {report.manifest}",
+    ], {"output": report.output_dir, "mlflow_run_id": tracker.run_id, **report.to_dict()})
     for failed in report.shards_failed:
         print(f"error: shard not extracted: {failed['shard']}: {failed['reason']}", file=sys.stderr)
     return 1 if report.shards_failed else 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -13,6 +12,7 @@ HELP = "fit DeepDPM to features (.npy, .npz or Parquet) and write model, assignm
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipeline.results import add_json_argument
     from pipeline.tracking import add_tracking_arguments
 
     parser.add_argument("--input", help=".npy [N, D], .npz (X, y) or Parquet (embedding, label, key)")
@@ -44,10 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="worker failures to recover from the last checkpoint (default 3)")
     dist.add_argument("--resume", metavar="DIR",
                       help="continue the stopped distributed fit whose --output was DIR")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="fit into an --output that already holds a fit, replacing its "
+                             "outputs (and, for a distributed fit, its checkpoints)")
     dist.add_argument("--wait-for-workers", type=float, default=120.0, metavar="S",
                       help="seconds to wait for an existing cluster to offer W workers' "
                            "CPUs/GPUs before failing (default 120)")
     add_tracking_arguments(parser)
+    add_json_argument(parser)
 
 
 def _distributed(args: argparse.Namespace) -> bool:
@@ -98,16 +102,54 @@ def _run_distributed(args: argparse.Namespace) -> int:
             quiet=args.quiet,
         )
     summary = run_fit(request, resume=bool(args.resume), ray_address=args.ray_address,
-                      wait_for_workers_s=args.wait_for_workers)
-    _print_summary(summary, request.output)
+                      wait_for_workers_s=args.wait_for_workers, overwrite=args.overwrite)
+    _print_summary(args, summary, request.output)
     return 0
 
 
-def _print_summary(summary: dict, output: str) -> None:
-    scores = " ".join(f"{k}={v:.3f}" for k, v in summary["metrics"].items())
-    print(f"K={summary['n_clusters']} epochs={summary['epochs']} time={summary['fit_seconds']:.1f}s "
-          f"{scores}".rstrip(), file=sys.stderr)
-    print(f"wrote {output}/summary.json, assignments.parquet, model.pt", file=sys.stderr)
+#: what every fit leaves in its output directory (``--alternate`` adds two files)
+FIT_FILES = ("summary.json", "assignments.parquet", "model.pt", "config.yaml")
+
+
+def _print_summary(args: argparse.Namespace, summary: dict, output: str,
+                   run_id: str | None = None, extra_files: tuple[str, ...] = ()) -> None:
+    """The result: one line on stdout (``--json``: one JSON object)."""
+    from pipeline.results import print_result, scores_text
+
+    steps = (f"alternations={len(summary['alternation']) - 1}" if "alternation" in summary
+             else f"epochs={summary['epochs']}")
+    human = (f"K={summary['n_clusters']} {steps} time={summary['fit_seconds']:.1f}s "
+             f"{scores_text(summary['metrics'])}".rstrip() + f" -> {output}")
+    out = Path(output)
+    data = {
+        "output": str(output),
+        **{key: summary.get(key) for key in ("n_clusters", "n_clusters_nonempty", "epochs",
+                                             "fit_seconds", "n_samples", "n_features", "metrics")},
+        "files": {name: str(out / name) for name in (*FIT_FILES, *extra_files)},
+        "mlflow_run_id": run_id,
+    }
+    if "alternation" in summary:
+        data["alternations"] = len(summary["alternation"]) - 1
+    print_result(args, human, data)
+
+
+#: files whose presence means a directory holds a fit (finished, or its checkpoints)
+EARLIER_FIT_FILES = ("summary.json", "model.pt", "assignments.parquet")
+
+
+def _refuse_an_earlier_fit(out: Path) -> None:
+    """A fit never silently replaces another: ConfigError when ``out`` holds one."""
+    from deepdpm_core.errors import ConfigError
+    from pipeline.ray_fit import has_checkpoints
+
+    if has_checkpoints(out):
+        raise ConfigError(f"{out} holds checkpoints of an earlier fit: continue it with "
+                          f"--resume {out}, start afresh with --overwrite, or choose another "
+                          "--output")
+    held = [name for name in EARLIER_FIT_FILES if (out / name).exists()]
+    if held:
+        raise ConfigError(f"--output {out} already holds a fit ({', '.join(held)}): pass "
+                          "--overwrite to replace it, or choose another --output")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,6 +160,10 @@ def run(args: argparse.Namespace) -> int:
     if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
         # checked before the fit: its outputs would otherwise be lost at the end
         raise ConfigError(f"--output {args.output} exists and is not a directory")
+    if args.overwrite and args.resume:
+        raise ConfigError("--overwrite starts afresh and --resume continues: give one of them")
+    if args.output and not args.resume and not args.overwrite:
+        _refuse_an_earlier_fit(Path(args.output))
     if _distributed(args):
         if args.alternate is not None:
             raise ConfigError("--alternate runs in this process: drop --num-workers, --ray-address, "
@@ -153,11 +199,8 @@ def _run_local(args: argparse.Namespace) -> int:
         if args.alternate < 0:
             raise ConfigError(f"--alternate must be >= 0, got {args.alternate}")
         summary = run_alternating_fit(args, config, table)
-        scores = " ".join(f"{k}={v:.3f}" for k, v in summary["metrics"].items())
-        print(f"K={summary['n_clusters']} alternations={len(summary['alternation']) - 1} "
-              f"time={summary['fit_seconds']:.1f}s {scores}".rstrip(), file=sys.stderr)
-        print(f"wrote {args.output}/summary.json, assignments.parquet, model.pt, autoencoder.pt, "
-              "embedding.parquet", file=sys.stderr)
+        _print_summary(args, summary, args.output,
+                       extra_files=("autoencoder.pt", "embedding.parquet"))
         return 0
     table.X = check_features(table.X, min_rows=max(2, config.init.n_clusters))
     feature_variance = float(np.median(table.X.var(axis=0)))
@@ -178,5 +221,5 @@ def _run_local(args: argparse.Namespace) -> int:
         summary = write_fit_outputs(args.output, model, table, fit_seconds, args.input,
                                     extra={"median_feature_variance": feature_variance})
         log_fit_outputs(tracker, args.output)  # + final_nmi/ari/acc over all labelled rows
-    _print_summary(summary, args.output)
+    _print_summary(args, summary, args.output, run_id=tracker.run_id)
     return 0

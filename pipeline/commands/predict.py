@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
+
+from pipeline.results import add_json_argument
 
 HELP = "assign features to the clusters of a fitted model (writes a Parquet table)"
 
@@ -13,13 +14,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True, help=".npy, .npz or Parquet features")
     parser.add_argument("--output", required=True, help="output .parquet (key, cluster, confidence, label)")
     parser.add_argument("--batch-size", type=int, default=65536, help="rows per forward pass")
+    add_json_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from deepdpm_core import DeepDPM
     from deepdpm_core.validation import check_features
     from pipeline.fitting import assignments_table, label_metrics
     from pipeline.io import read_features, write_parquet_atomic
+    from pipeline.results import print_result, scores_text
 
     model = DeepDPM.load(args.model)
     table = read_features(args.input)
@@ -27,7 +32,10 @@ def run(args: argparse.Namespace) -> int:
     labels, confidence = model.predict_confidence(table.X, batch_size=args.batch_size)
     write_parquet_atomic(assignments_table(table, labels, confidence), args.output)
     scores = label_metrics(table.labels, labels)
-    line = " ".join(f"{k}={v:.3f}" for k, v in scores.items())
-    print(f"assigned {len(labels)} rows to {model.n_clusters_} clusters {line}".rstrip(), file=sys.stderr)
-    print(f"wrote {args.output}", file=sys.stderr)
+    human = f"assigned {len(labels)} rows to {model.n_clusters_} clusters {scores_text(scores)}"
+    print_result(args, f"{human.rstrip()} -> {args.output}", {
+        "output": str(args.output), "model": str(args.model), "n_rows": int(len(labels)),
+        "n_clusters": int(model.n_clusters_), "n_clusters_used": int(len(np.unique(labels))),
+        "metrics": scores,
+    })  # fmt: skip
     return 0

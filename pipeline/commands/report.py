@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from pipeline.results import add_json_argument
+
 HELP = "Render a self-contained HTML report of a fit (output directory or MLflow run id)."
 
 
@@ -25,11 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-clusters", type=int, default=30, help="largest clusters shown")
     parser.add_argument("--per-cluster", type=int, default=8, help="sample images per cluster")
+    add_json_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from deepdpm_core.errors import ConfigError
     from pipeline.report import load_run, render_report, write_report
+    from pipeline.results import print_result
     from pipeline.tracking import resolve_tracking_uri
 
     if args.max_clusters < 1 or args.per_cluster < 1:
@@ -37,5 +41,8 @@ def run(args: argparse.Namespace) -> int:
     data = load_run(args.run, resolve_tracking_uri(args.tracking_uri))
     text = render_report(data, args.images, args.max_clusters, args.per_cluster)
     path = write_report(text, args.output)
-    print(f"report written to {path}")
+    print_result(args, f"report written to {path}", {
+        "output": str(path), "source": data.source,
+        "n_clusters": data.summary.get("n_clusters"), "metrics": data.summary.get("metrics") or {},
+    })  # fmt: skip
     return 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeline.results import add_json_argument
+
 HELP = "write an image folder (one sub-folder per class) as webdataset .tar shards"
 
 
@@ -21,9 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--read-threads", type=int, default=8, help="threads reading files (default: 8)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_json_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.results import print_result
     from pipeline.shards import CLASS_INDEX_NAME, MANIFEST_NAME, write_shards
 
     report = write_shards(
@@ -35,12 +39,12 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     labeled = f"{len(report.classes)} classes" if report.classes else "unlabeled"
-    print(
+    print_result(args, [
         f"wrote {report.images_written} images ({labeled}) into {len(report.shards)} shards "
-        f"in {report.output_dir} ({report.seconds:.1f} s)"
-    )
-    print(f"class index: {report.output_dir}/{CLASS_INDEX_NAME}")
-    print(f"manifest:    {report.output_dir}/{MANIFEST_NAME}")
+        f"in {report.output_dir} ({report.seconds:.1f} s)",
+        f"class index: {report.output_dir}/{CLASS_INDEX_NAME}",
+        f"manifest:    {report.output_dir}/{MANIFEST_NAME}",
+    ], {"output": str(report.output_dir), **report.to_dict()})
     if report.skipped:
         print(
             f"warning: skipped {len(report.skipped)} unreadable files (listed in the manifest), "
