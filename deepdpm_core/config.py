@@ -192,10 +192,10 @@ class Config:
             parts = dotted.split(".")
             for part in parts[:-1]:
                 if not isinstance(node.get(part), dict):
-                    raise ConfigError(f"unknown config key '{dotted}'")
+                    raise _unknown_key(dotted)
                 node = node[part]
             if parts[-1] not in node or isinstance(node[parts[-1]], dict):
-                raise ConfigError(f"unknown config key '{dotted}'")
+                raise _unknown_key(dotted)
             node[parts[-1]] = value
         return from_dict(data)
 
@@ -326,12 +326,24 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
     raise ConfigError(f"config key '{key}' has an unsupported type {annotation!r}")
 
 
+def _unknown_key(dotted: str) -> ConfigError:
+    """The error for an unknown key, naming the closest known dotted key if any:
+    ``unknown config key 'prior.sigma_scal' (did you mean prior.sigma_scale?)``."""
+    import difflib
+
+    sections = [name for name, value in Config().to_dict().items() if isinstance(value, dict)]
+    known = [*Config().flat(), *sections]
+    close = difflib.get_close_matches(str(dotted), known, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return ConfigError(f"unknown config key '{dotted}'{hint}")
+
+
 def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls)}
     for key in data:
         if key not in known:
-            raise ConfigError(f"unknown config key '{prefix}{key}'")
+            raise _unknown_key(f"{prefix}{key}")
     kwargs = {name: _coerce(prefix + name, hints[name], data[name]) for name in data}
     try:
         return cls(**kwargs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -63,7 +64,9 @@ def resolve_config(config: Config | dict | str | Path | None, overrides: dict[st
         elif key in leaves:
             raise ConfigError(f"ambiguous parameter '{key}': use one of {', '.join(leaves[key])}")
         else:
-            raise ConfigError(f"unknown parameter '{key}'")
+            close = difflib.get_close_matches(key, [*leaves, *sections], n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"unknown parameter '{key}'{hint}")
     return cfg.with_overrides(dotted) if dotted else cfg
 
 

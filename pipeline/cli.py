@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="deepdpm",
         description="DeepDPM clustering with an unknown number of clusters.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # not required: a bare ``deepdpm`` prints the help (the list of commands) instead
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in _available().items():
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``deepdpm`` with ``argv``; returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:  # a usage error, as argparse's own: the help on stderr, exit 2
+        parser.print_help(sys.stderr)
+        return 2
     try:
         return int(args._run(args) or 0)
     except (DeepDPMError, OSError) as exc:  # bad input, or a path that cannot be read or written

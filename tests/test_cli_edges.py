@@ -265,3 +265,42 @@ def test_overwrite_removes_the_checkpoints_a_distributed_fit_would_restore(tmp_p
     with pytest.raises(Stop):
         ray_fit.run_fit(request, overwrite=True)
     assert not (run / ray_fit.TRAIN_DIR).exists()
+
+
+# -- 5. bare deepdpm lists its commands; unknown keys suggest the closest --------------------
+
+
+def test_bare_deepdpm_prints_its_commands(tmp_path):
+    done = _deepdpm(cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("usage: deepdpm")
+    for command in ("demo", "shards", "extract", "embed", "fit", "predict", "report"):
+        assert re.search(rf"^\s+{command}\s+\S", done.stderr, re.M), done.stderr
+    assert "required" not in done.stderr  # not argparse's bare "arguments are required"
+
+
+def test_unknown_config_keys_suggest_the_closest(tmp_path, blobs, capsys):
+    from deepdpm_core import DeepDPM
+    from deepdpm_core.config import Config, from_dict
+    from deepdpm_core.errors import ConfigError
+
+    code = main(["fit", "--input", str(blobs), "--output", str(tmp_path / "o"), "--no-tracking",
+                 "--set", "prior.sigma_scal=0.1"])
+    assert code == 2
+    assert capsys.readouterr().err == ("deepdpm fit: error: unknown config key 'prior.sigma_scal' "
+                                       "(did you mean prior.sigma_scale?)\n")
+    for build, message in [
+        (lambda: from_dict({"prior": {"sigma_scal": 1.0}}),
+         "unknown config key 'prior.sigma_scal' (did you mean prior.sigma_scale?)"),
+        (lambda: from_dict({"schedul": {}}), "unknown config key 'schedul' (did you mean schedule?)"),
+        (lambda: Config().with_overrides({"schedul.max_epochs": 3}),
+         "unknown config key 'schedul.max_epochs' (did you mean schedule.max_epochs?)"),
+        (lambda: Config().with_overrides({"zzz": 3}), "unknown config key 'zzz'"),
+        (lambda: DeepDPM(alpah=1.0), "unknown parameter 'alpah' (did you mean alpha?)"),
+        (lambda: DeepDPM(prior__sigma_scal=1.0),
+         "unknown config key 'prior.sigma_scal' (did you mean prior.sigma_scale?)"),
+        (lambda: DeepDPM(xyz=1.0), "unknown parameter 'xyz'"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            build()
+        assert str(info.value) == message
