@@ -191,6 +191,9 @@ class RunTracker:
         slow to keep up and tracking is switched off (with the one warning).
     close_timeout : float
         Seconds :meth:`close` waits for pending calls before giving up on them.
+    artifact_location : str or None
+        Artifact root of the experiment when this run creates it (default: the tracking
+        server's choice; for a sqlite store that is ``./mlruns`` of the working directory).
 
     Attributes
     ----------
@@ -210,6 +213,7 @@ class RunTracker:
         *,
         queue_size: int = 10_000,
         close_timeout: float = 60.0,
+        artifact_location: str | None = None,
     ) -> None:
         self.is_logger = rank == 0
         self.active = bool(enabled) and self.is_logger
@@ -217,6 +221,7 @@ class RunTracker:
         self.experiment = experiment
         self.run_name = run_name
         self.close_timeout = close_timeout
+        self.artifact_location = artifact_location
         self.failed = False
         self.warnings: list[str] = []
         self._run_id: str | None = None
@@ -370,7 +375,9 @@ class RunTracker:
             experiment_id = experiment.experiment_id
         else:
             try:
-                experiment_id = client.create_experiment(self.experiment)
+                experiment_id = client.create_experiment(
+                    self.experiment, artifact_location=self.artifact_location
+                )
             except Exception:
                 # another process may have created it between our get and create
                 experiment = client.get_experiment_by_name(self.experiment)

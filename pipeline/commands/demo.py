@@ -1,7 +1,9 @@
 """``deepdpm demo``: the whole pipeline on data that ships with the install (no downloads).
 
 scikit-learn's digits rendered as PNGs → webdataset shards → ``extract`` (pixels, Ray
-Data) → ``embed`` (UMAP, the paper's n2d features) → ``fit`` (K unknown) → ``predict``.
+Data) → ``embed`` (UMAP, the paper's n2d features) → ``fit`` (K unknown) → ``predict`` →
+``report`` (``DIR/report.html``, with sample images per cluster), the fit tracked as an
+MLflow run in ``DIR/mlflow.db`` (``mlflow ui --backend-store-uri sqlite:///DIR/mlflow.db``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import argparse
 import sys
 import time
 from pathlib import Path
+
+from pipeline.results import add_json_argument
 
 
 def bundled_recipe(name: str) -> Path:
@@ -23,7 +27,8 @@ def bundled_recipe(name: str) -> Path:
 #: the fit's recipe: the demo clusters a UMAP embedding
 N2D_RECIPE = bundled_recipe("n2d.yaml")
 
-HELP = "run shards → extract → embed → fit → predict on scikit-learn's digits (no downloads)"
+HELP = ("run shards → extract → embed → fit → predict → report on scikit-learn's digits, tracked "
+        "in MLflow (no downloads)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="YAML config of the embed and fit steps (default: cluster_configs/n2d.yaml)")
     parser.add_argument("--no-ray", action="store_true",
                         help="skip the image stages (shards/extract): embed the digits array directly")
+    parser.add_argument("--no-tracking", action="store_true",
+                        help="no MLflow run (default: one in OUTPUT/mlflow.db)")
+    add_json_argument(parser)
 
 
 def _step(name: str, path: Path | str, t0: float) -> None:
@@ -47,13 +55,25 @@ def run(args: argparse.Namespace) -> int:
     from deepdpm_core.config import load_config
     from deepdpm_core.embedding import embed
     from deepdpm_core.metrics import clustering_scores
+    from pipeline.epoch_scores import EpochLabelScores
     from pipeline.fitting import write_fit_outputs
     from pipeline.io import FeatureTable, features_table, read_features, write_parquet_atomic
+    from pipeline.report import load_run_dir, render_report, write_report
+    from pipeline.results import print_result
+    from pipeline.tracking import (
+        RunTracker,
+        environment_tags,
+        epoch_callback,
+        fit_params,
+        log_fit_outputs,
+    )
 
     cfg = load_config(args.config).with_overrides({"seed": args.seed})  # fail before any work
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
+    tracking_uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
     t0 = time.perf_counter()
+    shards = None
     if args.no_ray:
         digits = load_digits()
         table = FeatureTable(digits.data.astype(np.float32) / 16.0, digits.target.astype(np.int64),
@@ -76,17 +96,47 @@ def run(args: argparse.Namespace) -> int:
     write_parquet_atomic(features_table(emb, table.keys, table.labels), emb_path)
     _step("embed", emb_path, t0)
     emb_table = FeatureTable(emb, table.labels, table.keys)
-    t_fit = time.perf_counter()
-    model = DeepDPM(cfg).fit(emb, progress=True)
-    fit_seconds = time.perf_counter() - t_fit
-    summary = write_fit_outputs(out / "fit", model, emb_table, fit_seconds, emb_path)
-    _step("fit", out / "fit", t0)
-    pred = model.predict(emb)
-    _step("predict", out / "fit" / "assignments.parquet", t0)
+    variance = float(np.median(emb.var(axis=0)))
+    with RunTracker(tracking_uri, "deepdpm-demo", enabled=not args.no_tracking,
+                    run_name=out.resolve().name,
+                    artifact_location=(out / "mlartifacts").resolve().as_uri()) as tracker:
+        tracker.log_params(fit_params(cfg.flat(), *emb.shape, num_workers=1))
+        tracker.set_tags({**environment_tags(emb_path), "deepdpm.command": "demo"})
+        model = DeepDPM(cfg)
+        scores_cb = EpochLabelScores.for_labels(emb, table.labels, seed=cfg.seed)
+        callbacks = [epoch_callback(tracker, cfg, variance)]
+        if scores_cb is not None:  # nmi/ari/acc per epoch, logged by the tracker's callback
+            scores_cb.bind(model)
+            callbacks.insert(0, scores_cb)
+        t_fit = time.perf_counter()
+        model.fit(emb, callbacks=callbacks, progress=True)
+        fit_seconds = time.perf_counter() - t_fit
+        summary = write_fit_outputs(out / "fit", model, emb_table, fit_seconds, emb_path,
+                                    extra={"median_feature_variance": variance})
+        _step("fit", out / "fit", t0)
+        pred = model.predict(emb)
+        _step("predict", out / "fit" / "assignments.parquet", t0)
+        report = write_report(render_report(load_run_dir(out / "fit"), shards), out / "report.html")
+        _step("report", report, t0)
+        log_fit_outputs(tracker, out / "fit")
+        tracker.log_artifacts([report])
+    run_id = None if args.no_tracking else tracker.run_id
     scores = clustering_scores(table.labels, pred)
     true_k = len(np.unique(table.labels))
-    print(f"digits: {len(pred)} images, K found = {summary['n_clusters']} (true K = {true_k}), "
-          f"NMI={scores['nmi']:.3f} ARI={scores['ari']:.3f} ACC={scores['acc']:.3f}, "
-          f"fit {fit_seconds:.1f}s, total {time.perf_counter() - t0:.1f}s")
-    print(f"K over epochs: {out / 'fit' / 'k_over_epochs.png'}")
+    lines = [
+        f"digits: {len(pred)} images, K found = {summary['n_clusters']} (true K = {true_k}), "
+        f"NMI={scores['nmi']:.3f} ARI={scores['ari']:.3f} ACC={scores['acc']:.3f}, "
+        f"fit {fit_seconds:.1f}s, total {time.perf_counter() - t0:.1f}s",
+        f"report:  {report}",
+        f"plots:   {out / 'fit'}/*.png",
+    ]
+    if run_id:
+        lines.append(f"MLflow:  run {run_id} in {tracking_uri} "
+                     f"(to browse: mlflow ui --backend-store-uri {tracking_uri})")
+    print_result(args, lines, {
+        "output": str(out), "n_clusters": summary["n_clusters"], "true_k": true_k,
+        "metrics": scores, "fit_seconds": round(fit_seconds, 3), "report": str(report),
+        "fit": str(out / "fit"), "mlflow_tracking_uri": tracking_uri if run_id else None,
+        "mlflow_run_id": run_id,
+    })  # fmt: skip
     return 0
