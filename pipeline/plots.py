@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from deepdpm_core.trainer import EPOCH_PHASES  # noqa: E402
 from pipeline.io import atomic_path  # noqa: E402
@@ -39,6 +39,18 @@ def _integer_axes(ax: plt.Axes, x: bool = True, y: bool = False) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if y:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _count_range(ax: plt.Axes, values: np.ndarray, floor: float = 0.0) -> None:
+    """Integer y ticks for counts (K, moves) over a range that holds at least three
+    integers: MaxNLocator(integer=True) falls back to fractional ticks (0.945 ... 1.05)
+    when fewer than two integers are in view, e.g. for a K that stays at 1."""
+    values = np.asarray(values, dtype=float)
+    lo = float(values.min()) if values.size else floor
+    hi = float(values.max()) if values.size else floor
+    pad = max(1.0, 0.05 * (hi - lo))
+    ax.set_ylim(max(floor, lo - pad), hi + pad)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _column(history: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
@@ -68,7 +80,8 @@ def plot_k_over_epochs(history: Sequence[Mapping[str, Any]], path: str | Path) -
     ax.set_xlabel("epoch")
     ax.set_ylabel("number of clusters K")
     ax.set_title("K over epochs")
-    _integer_axes(ax, y=True)
+    _integer_axes(ax)
+    _count_range(ax, k)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     return _save(fig, path)
@@ -95,9 +108,15 @@ def plot_moves(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     bottom.set_xlabel("epoch")
     bottom.set_ylabel("accepted so far")
     bottom.legend(loc="best", fontsize="small")
+    # counts: integer ticks, never -0.045 moves; merges are drawn down but counted up
+    top_most = max(float(splits.max(initial=0)), float(merges.max(initial=0)), 1.0)
+    top.set_ylim(-top_most * 1.15, top_most * 1.15)
+    top.yaxis.set_major_locator(MaxNLocator(integer=True, symmetric=True))
+    top.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{abs(v):g}"))
+    _count_range(bottom, np.concatenate([np.cumsum(splits), np.cumsum(merges)]))
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
-        _integer_axes(ax, y=True)
+        _integer_axes(ax)
     return _save(fig, path)
 
 
@@ -131,22 +150,26 @@ def plot_epoch_time(history: Sequence[Mapping[str, Any]], path: str | Path) -> P
     path : destination PNG
     """
     epochs = _column(history, "epoch")
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
     bottom = np.zeros(len(epochs))
     for phase, label in EPOCH_PHASES:
         part = _column(history, f"seconds_{phase}")
-        ax.bar(epochs, part, bottom=bottom, width=1.0, label=label)
+        ax.bar(epochs, part, bottom=bottom.copy(), width=1.0, label=label)
         bottom += part
     ax.set_xlabel("epoch")
     ax.set_ylabel("seconds")
+    # the tallest bar with room above it (stacked bars' sticky edges stop the autoscale margin)
+    ax.set_ylim(0, max(float(bottom.max(initial=0)), 1e-3) * 1.08)
     twin = ax.twinx()
     twin.step(epochs, _column(history, "n_clusters"), where="mid", color="black", lw=1, ls="--")
     twin.set_ylabel("K (dashed)")
-    _integer_axes(twin, x=False, y=True)
+    _count_range(twin, _column(history, "n_clusters"))
     ax.set_title(f"Where the epochs went ({bottom.sum():.1f} s in all)")
     _integer_axes(ax)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(loc="upper left", fontsize="small")
+    # below the axes: inside, the legend hides the first (often tallest) bars
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize="small",
+              frameon=False)
     return _save(fig, path)
 
 
@@ -171,7 +194,7 @@ def plot_scores(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     twin = ax.twinx()
     twin.step(epochs, _column(history, "n_clusters"), where="post", color="grey", lw=1, ls="--")
     twin.set_ylabel("K (dashed)", color="grey")
-    _integer_axes(twin, x=False, y=True)
+    _count_range(twin, _column(history, "n_clusters"))
     ax.set_title("Clustering scores")
     _integer_axes(ax)
     ax.grid(alpha=0.3)
@@ -179,26 +202,42 @@ def plot_scores(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     return _save(fig, path)
 
 
-def plot_cluster_sizes(counts: Sequence[int] | np.ndarray, path: str | Path) -> Path:
-    """Cluster sizes sorted from largest to smallest (one bar per cluster).
+def plot_cluster_sizes(
+    counts: Sequence[int] | np.ndarray, path: str | Path, ids: Sequence[int] | None = None
+) -> Path:
+    """Cluster sizes from largest to smallest, each bar labelled with its cluster id (the
+    numbering of ``assignments.parquet`` and the report's table; ties by id, as there).
 
     Parameters
     ----------
     counts : array of shape (K,)
         Points per cluster, in any order.
     path : destination PNG
+    ids : array of shape (K,), optional
+        Cluster id of each count (default: its index, as in ``summary.json``'s
+        ``cluster_sizes``).
     """
-    sizes = np.sort(np.asarray(counts, dtype=np.int64))[::-1]
+    sizes = np.asarray(counts, dtype=np.int64)
+    ids = np.arange(len(sizes)) if ids is None else np.asarray(ids, dtype=np.int64)
+    order = np.lexsort((ids, -sizes))  # largest first, then by id
+    sizes, ids = sizes[order], ids[order]
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ranks = np.arange(1, len(sizes) + 1)
-    ax.bar(ranks, sizes, width=1.0 if len(sizes) > 60 else 0.8, color="tab:blue")
-    ax.set_xlabel("cluster (largest first)")
+    positions = np.arange(len(sizes))
+    ax.bar(positions, sizes, width=1.0 if len(sizes) > 60 else 0.8, color="tab:blue")
+    if len(sizes) <= 40:  # every id
+        ax.set_xticks(positions, [str(i) for i in ids], fontsize="small",
+                      rotation=90 if len(sizes) > 20 else 0)
+    else:  # some bars, still named by id
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_formatter(FuncFormatter(
+            lambda v, _: str(ids[int(v)]) if v == int(v) and 0 <= int(v) < len(ids) else ""))
+    ax.set_xlim(-0.6, max(len(sizes), 1) - 0.4)
+    ax.set_xlabel("cluster id (largest first)")
     ax.set_ylabel("points")
     ax.set_title(f"Cluster sizes (K = {len(sizes)}, N = {int(sizes.sum())})")
     if len(sizes) and sizes[0] > 50 * max(int(sizes[-1]), 1):
         ax.set_yscale("log")  # imbalanced: keep the small clusters visible
     ax.grid(alpha=0.3, axis="y")
-    _integer_axes(ax)
     return _save(fig, path)
 
 

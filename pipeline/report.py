@@ -356,7 +356,8 @@ def render_report(
             ("Split / merge acceptance", plots.plot_moves(history, tmp_dir / "moves.png")),
         ]
         if rows:
-            sizes = plots.plot_cluster_sizes([r.size for r in rows], tmp_dir / "sizes.png")
+            sizes = plots.plot_cluster_sizes([r.size for r in rows], tmp_dir / "sizes.png",
+                                             ids=[r.cluster for r in rows])
             figures.append(("Cluster sizes", sizes))
         figures.append(("Losses", plots.plot_losses(history, tmp_dir / "losses.png")))
         if plots.has_phases(history):

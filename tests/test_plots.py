@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from PIL import Image
 
 from pipeline import plots
@@ -62,10 +63,76 @@ def test_history_plots_accept_an_empty_history(tmp_path):
 
 def test_cluster_sizes_sorted_bars(tmp_path):
     balanced = _pixels(plots.plot_cluster_sizes([100, 100, 100, 100], tmp_path / "b.png"))
-    shuffled = _pixels(plots.plot_cluster_sizes([5, 300, 40, 2000], tmp_path / "s.png"))
+    shuffled = _pixels(plots.plot_cluster_sizes([5, 300, 40, 2000], tmp_path / "s.png",
+                                                ids=[3, 1, 2, 0]))
     ordered = _pixels(plots.plot_cluster_sizes([2000, 300, 40, 5], tmp_path / "o.png"))
     assert _differ(balanced, ordered)
     np.testing.assert_array_equal(shuffled, ordered)  # sorted: input order does not matter
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the plot functions draw, kept for their axes."""
+    kept = []
+    save = plots._save
+
+    def keep(fig, path):
+        kept.append(fig)
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return kept
+
+
+def _is_integer(values) -> bool:
+    return all(float(v).is_integer() for v in values)
+
+
+def _in_view(ax, ticks) -> list[float]:
+    lo, hi = sorted(ax.get_ylim())
+    return [t for t in ticks if lo <= t <= hi]
+
+
+def test_counts_have_integer_axes_even_when_k_stays_at_1(tmp_path, figures):
+    flat = _history([1] * 12)  # K = 1 throughout, no move accepted
+    plots.plot_k_over_epochs(flat, tmp_path / "k.png")
+    plots.plot_moves(flat, tmp_path / "m.png")
+    plots.plot_epoch_time(flat, tmp_path / "t.png")
+    plots.plot_scores([{**r, "nmi": 0.0, "ari": 0.0, "acc": 0.3} for r in flat], tmp_path / "s.png")
+    k_axes, (per_epoch, total), (_, time_k), (_, score_k) = (
+        fig.axes if len(fig.axes) > 1 else fig.axes[0] for fig in figures)
+    for ax in (k_axes, per_epoch, total, time_k, score_k):
+        ticks = _in_view(ax, ax.get_yticks())
+        assert len(ticks) >= 2 and _is_integer(ticks), ticks  # not 0.945 ... 1.05
+        assert _is_integer(ax.get_xticks()) if ax is not time_k else True
+    for ax in (k_axes, total, time_k, score_k):
+        assert ax.get_ylim()[0] >= 0 and 1 in _in_view(ax, ax.get_yticks())
+    # merges are drawn downwards but counted upwards: no "-1" (or -0.045) accepted moves
+    labels = [t.get_text() for t in per_epoch.get_yticklabels() if t.get_text()]
+    assert labels and not any(text.startswith(("-", "\N{MINUS SIGN}")) for text in labels), labels
+
+
+def test_epoch_time_shows_the_tallest_bar_whole(tmp_path, figures):
+    history = _history([1, 1, 3, 3, 5, 4, 4])
+    history[2]["seconds_train"] = 25.0  # one slow epoch
+    plots.plot_epoch_time(history, tmp_path / "t.png")
+    ax = figures[0].axes[0]
+    tallest = max(sum(r[f"seconds_{p}"] for p, _ in plots.EPOCH_PHASES) for r in history)
+    assert ax.get_ylim()[1] >= 1.05 * tallest  # room above it, not cut at the frame
+    legend = ax.get_legend()
+    renderer = FigureCanvasAgg(figures[0]).get_renderer()
+    inside = ax.get_window_extent(renderer)
+    assert legend.get_window_extent(renderer).y1 <= inside.y0  # below the axes, hiding no bar
+
+
+def test_cluster_sizes_are_labelled_with_cluster_ids(tmp_path, figures):
+    plots.plot_cluster_sizes([40, 7, 300, 7, 0, 90], tmp_path / "c.png")
+    ax = figures[0].axes[0]
+    # the report's table order: largest first, ties by id
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "5", "0", "1", "3", "4"]
+    assert [p.get_height() for p in ax.patches] == [300, 90, 40, 7, 7, 0]
+    plots.plot_cluster_sizes([5, 9], tmp_path / "r.png", ids=[17, 4])
+    assert [t.get_text() for t in figures[1].axes[0].get_xticklabels()] == ["4", "17"]
 
 
 def test_write_fit_plots_names(tmp_path):
