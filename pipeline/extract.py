@@ -351,10 +351,15 @@ def ensure_ray(address: str | None = None) -> None:
     ``ray job submit``), else a fresh local instance (never a stranger's cluster)."""
     import ray
 
+    from pipeline.ray_local import init_local_ray
+
     if ray.is_initialized():
         return
     if address is None and not os.environ.get("RAY_ADDRESS"):
         address = "local"
+    if address == "local":  # a cluster of its own: without Ray's token-auth announcements
+        init_local_ray(include_dashboard=False, log_to_driver=True)
+        return
     ray.init(address=address, include_dashboard=False, log_to_driver=True)
 
 

@@ -194,6 +194,8 @@ def _connect(address: str | None) -> str | None:
     was connected already."""
     import ray
 
+    from pipeline.ray_local import init_local_ray
+
     if ray.is_initialized():
         return None
     address = address or os.environ.get("RAY_ADDRESS") or "local"
@@ -201,7 +203,7 @@ def _connect(address: str | None) -> str | None:
         # workers import this package from the same tree as the driver
         root = str(Path(__file__).resolve().parents[1])
         path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-        ray.init(address="local", runtime_env={"env_vars": {"PYTHONPATH": path}})
+        init_local_ray(runtime_env={"env_vars": {"PYTHONPATH": path}})  # token auth, quietly
         return "local"
     ray.init(address=address)
     return "remote"

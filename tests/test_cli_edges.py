@@ -304,3 +304,44 @@ def test_unknown_config_keys_suggest_the_closest(tmp_path, blobs, capsys):
         with pytest.raises(ConfigError) as info:
             build()
         assert str(info.value) == message
+
+
+# -- 8. no token-auth announcements from the local Ray cluster a command starts ---------------
+
+_LOCAL_RAY = """
+import sys
+import ray
+from ray._raylet import AuthenticationMode, get_authentication_mode
+from pipeline.extract import ensure_ray
+
+if sys.argv[1] == "ours":
+    ensure_ray()  # what extract (and, alike, a distributed fit) does without an address
+else:
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
+print("token" if get_authentication_mode() == AuthenticationMode.TOKEN else "off", flush=True)
+ray.shutdown()
+"""
+
+
+@pytest.mark.ray
+def test_a_local_ray_cluster_starts_without_token_auth_announcements(tmp_path):
+    def start(how: str) -> tuple[subprocess.CompletedProcess, Path]:
+        home = tmp_path / how  # no ~/.ray/auth_token yet: Ray makes one
+        home.mkdir()
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ADDRESS")}
+        env.update(HOME=str(home), OMP_NUM_THREADS="1", RAY_USAGE_STATS_ENABLED="0",
+                   PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        done = subprocess.run([sys.executable, "-c", _LOCAL_RAY, how], cwd=home, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done, home / ".ray" / "auth_token"
+
+    plain, plain_token = start("plain")  # what Ray prints on its own
+    assert "Token authentication is enabled" in plain.stderr, plain.stderr
+    assert "Generated new authentication token" in plain.stderr, plain.stderr
+    ours, token = start("ours")
+    assert ours.stdout.strip() == plain.stdout.strip() == "token"  # token auth is still on,
+    assert token.stat().st_size > 0 and plain_token.stat().st_size > 0  # with a token Ray made,
+    assert "Token authentication is enabled" not in ours.stderr, ours.stderr  # not announced
+    assert "authentication token" not in ours.stderr, ours.stderr
