@@ -19,6 +19,8 @@ import pytest
 
 from pipeline.cli import main
 
+REPO = Path(__file__).resolve().parents[1]
+
 #: a fit that takes seconds
 QUICK = ["--set", "schedule.max_epochs=6", "--no-tracking", "--quiet"]
 
@@ -145,7 +147,8 @@ def test_the_diagnostics_warning_of_a_fit_is_on_its_own_line(tmp_path, blobs, ca
 
 def _deepdpm(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     """``deepdpm ARGV`` as a user runs it (a new process)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_DISABLE_TELEMETRY": "true",
+           "PYTHONPATH": str(REPO)}  # this tree's code, whatever is installed
     return subprocess.run([sys.executable, "-m", "pipeline.cli", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -331,7 +334,7 @@ def test_a_local_ray_cluster_starts_without_token_auth_announcements(tmp_path):
         env = {k: v for k, v in os.environ.items()
                if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ADDRESS")}
         env.update(HOME=str(home), OMP_NUM_THREADS="1", RAY_USAGE_STATS_ENABLED="0",
-                   PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+                   PYTHONPATH=str(REPO))
         done = subprocess.run([sys.executable, "-c", _LOCAL_RAY, how], cwd=home, env=env,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
