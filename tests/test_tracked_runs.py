@@ -175,8 +175,8 @@ def test_predict_reproduces_the_fits_assignments(fit_run, mixture, tmp_path):
     """``deepdpm predict`` with the saved model, in small batches, writes the fit's table."""
     out, _, _ = fit_run
     written = tmp_path / "pred.parquet"
-    stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr):
+    stderr, stdout = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(stdout):
         code = main(["predict", "--model", str(out / "model.pt"), "--input", str(mixture),
                      "--output", str(written), "--batch-size", "7"])
     assert code == 0, stderr.getvalue()
@@ -189,7 +189,8 @@ def test_predict_reproduces_the_fits_assignments(fit_run, mixture, tmp_path):
     proba = DeepDPM.load(out / "model.pt").predict_proba(np.load(mixture)["X"])
     np.testing.assert_allclose(pred_table.column("confidence").to_numpy(), proba.max(1), rtol=1e-6)
     nmi = _summary(out)["metrics"]["nmi"]
-    assert f"nmi={nmi:.3f}" in stderr.getvalue()
+    assert f"nmi={nmi:.3f}" in stdout.getvalue()  # the result on stdout, not among the logs
+    assert f"nmi={nmi:.3f}" not in stderr.getvalue()
 
 
 def test_diagnostics_replay_the_real_move_schedule(fit_run):
