@@ -1,0 +1,330 @@
+"""K suite: DeepDPM's defaults against a DP-GMM and k-means given the true K, over many data.
+
+For each data set and seed, in one process on the same data: DeepDPM with its defaults
+(``DeepDPM(random_state=seed)``, plus any ``--set`` overrides, which apply to DeepDPM
+only), scikit-learn's ``BayesianGaussianMixture`` (Dirichlet process, full covariances,
+``max(20, 2 K)`` components capped at 50 and at N / 5, ``max_iter=500``) and ``KMeans``
+given the true K (``n_init=10``). Each run reports the K found, NMI, ARI and seconds.
+
+Data sets (``--datasets`` takes these names or globs such as ``'blobs16*'``):
+
+* ``digits-pca10``, ``digits-umap10``, ``digits-aeumap10``: scikit-learn digits (pixels
+  scaled to [0, 1]) -> PCA-10, UMAP-10 (n_neighbors 20, min_dist 0, as n2d) and
+  autoencoder -> UMAP-10 (n2d; the paper's 500-500-2000-10 AE, ``--ae-epochs`` epochs).
+* ``wine-std``, ``breast-cancer-std``, ``iris-std``: scikit-learn's sets, standardised.
+* ``blobs16`` (7 unequal blobs in 16-D, centres >= 30 apart, std 1), ``sphere128`` (10
+  clusters on the unit sphere of R^128, like contrastive features) and ``imbalanced128``
+  (10 full-covariance Gaussians in 128-D, N = 20000, Dirichlet(0.5) weights floored at
+  0.5 %), each also times 1e-3 (``@1e-3``) and 1e3 (``@1e3``). ``--quick`` shrinks them.
+
+The seed drives everything random in a row: the methods, the UMAP / AE embeddings of the
+digits and the draw of the generated sets (seed s gives another draw of the same
+recipe); the scikit-learn sets and the PCA of digits do not depend on it.
+
+Targets (the last column, DeepDPM rows): generated sets, K within 1 of the truth at every
+seed; digits UMAP and AE-UMAP, K in 9..11 at every seed and mean NMI >= 0.90; every set,
+mean NMI >= max(BGM's, k-means-given-K's) - 0.02 (the margin is printed).
+
+    OMP_NUM_THREADS=2 python bench/k_suite.py --json /tmp/k_suite.json > /tmp/k_suite.md
+    python bench/k_suite.py --datasets 'blobs16*' iris-std --seeds 0 --quick
+    python bench/k_suite.py --datasets 'digits-*' --set prior.sigma_scale=0.05
+
+The Markdown table goes to stdout, progress to stderr; ``--json FILE`` writes every
+per-seed result and the command line (after each data set, atomically). SIGTERM or
+Ctrl-C stops the run: the data sets finished so far are still reported (exit status 130).
+Torch uses ``OMP_NUM_THREADS`` threads. Nothing is cached: each run embeds and draws anew.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import shlex
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.cluster import KMeans
+from sklearn.datasets import load_breast_cancer, load_digits, load_iris, load_wine, make_blobs
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.mixture import BayesianGaussianMixture
+from sklearn.preprocessing import StandardScaler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from deepdpm_core import DeepDPM  # noqa: E402
+from deepdpm_core.config import Config, parse_overrides  # noqa: E402
+from deepdpm_core.datasets import make_mixture  # noqa: E402
+from deepdpm_core.embedding import embed  # noqa: E402
+from deepdpm_core.errors import ConfigError  # noqa: E402
+from deepdpm_core.metrics import clustering_scores  # noqa: E402
+from pipeline.io import write_json_atomic  # noqa: E402
+
+Dataset = tuple[np.ndarray, np.ndarray, str]
+"""(X [N, D] float32 or float64, true labels [N], one-line description)."""
+
+METHODS = ("DeepDPM", "BGM-DP", "k-means (true K)")
+SCALES = {"1e-3": 1e-3, "1e3": 1e3}
+GENERATED = ("blobs16", "sphere128", "imbalanced128")
+BLOB_SIZES = (30, 120, 250, 360, 600, 800, 1000)
+QUICK_BLOB_SIZES = (20, 40, 60, 80, 100, 120, 140)
+UMAP_SETS = ("digits-umap10", "digits-aeumap10")
+DEFAULT_AE_EPOCHS = 40
+QUICK_AE_EPOCHS = 2
+
+
+# ------------------------------------------------------------------------------- data sets
+def digits(seed: int, method: str, ae_epochs: int) -> Dataset:
+    """scikit-learn digits, pixels / 16, embedded in 10-D by ``method`` (pca, umap, ae-umap)."""
+    X, y = load_digits(return_X_y=True)
+    config = Config().with_overrides({"seed": seed, "ae.pretrain_epochs": ae_epochs,
+                                      "embed.n_neighbors": 20, "embed.min_dist": 0.0})
+    start = time.perf_counter()
+    E = embed((X / 16.0).astype(np.float32), method, config, dim=10).embedding
+    detail = f", AE {ae_epochs} epochs" if method == "ae-umap" else ""
+    return E, y, f"digits pixels/16 -> {method} 10-d{detail} ({time.perf_counter() - start:.1f} s)"
+
+
+def standardised(seed: int, loader: Callable, name: str) -> Dataset:
+    """A scikit-learn toy set, each feature standardised (``seed`` is unused: fixed data)."""
+    del seed
+    X, y = loader(return_X_y=True)
+    return StandardScaler().fit_transform(X), y, f"sklearn {name}, StandardScaler"
+
+
+def blobs16(seed: int, quick: bool = False) -> Dataset:
+    """7 isotropic blobs (std 1) of unequal sizes in 16-D, centres re-drawn until >= 30 apart."""
+    rng = np.random.default_rng(seed)
+    sizes = QUICK_BLOB_SIZES if quick else BLOB_SIZES
+    while True:
+        centres = rng.uniform(-40.0, 40.0, size=(len(sizes), 16))
+        gaps = np.linalg.norm(centres[:, None] - centres[None], axis=-1)
+        if gaps[np.triu_indices(len(sizes), 1)].min() >= 30.0:
+            break
+    X, y = make_blobs(n_samples=list(sizes), centers=centres, cluster_std=1.0,
+                      random_state=int(rng.integers(2**31)))
+    return X.astype(np.float32), y, f"make_blobs sizes {'/'.join(map(str, sizes))}, std 1"
+
+
+def imbalanced128(seed: int, quick: bool = False) -> Dataset:
+    """``make_mixture`` in 128-D, K = 10, Dirichlet(0.5) weights floored at 0.5 %.
+
+    At seeds 0, 1 and 2 the smallest weight is 0.50, 0.50 and 0.60 % (about 100 points).
+    """
+    n = 4000 if quick else 20_000
+    X, y = make_mixture(n, 128, 10, imbalance=0.5, min_weight=0.005, random_state=seed)
+    return X, y, f"make_mixture Dirichlet(0.5) weights >= 0.5 %, smallest {np.bincount(y).min()} pts"
+
+
+def sphere128(seed: int, quick: bool = False) -> Dataset:
+    """10 clusters on the unit sphere of R^128: unit centre + N(0, 0.1^2 I), row-normalised.
+
+    Like L2-normalised contrastive (MoCo) features: a point's cosine to its own centre is
+    about 0.65, to another centre about 0 +- 0.1. Dirichlet(5) weights.
+    """
+    rng = np.random.default_rng(seed)
+    n, k, dim = (1500 if quick else 6000), 10, 128
+    centres = rng.normal(size=(k, dim))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    y = rng.choice(k, size=n, p=rng.dirichlet(np.full(k, 5.0)))
+    X = centres[y] + rng.normal(0.0, 0.1, size=(n, dim))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    return X.astype(np.float32), y, "unit centres + N(0, 0.01 I), rows L2-normalised"
+
+
+def rescaled(seed: int, base: Callable[[int], Dataset], factor: float, label: str) -> Dataset:
+    """``base(seed)`` with X multiplied by ``factor`` (same dtype)."""
+    X, y, description = base(seed)
+    return (X * factor).astype(X.dtype), y, f"{description}; x {label}"
+
+
+def make_datasets(quick: bool = False,
+                  ae_epochs: int | None = None) -> dict[str, Callable[[int], Dataset]]:
+    """Name -> builder(seed) -> (X, y, description), in the suite's order.
+
+    ``quick`` shrinks the generated sets (and the AE's epochs unless ``ae_epochs`` is given).
+    """
+    epochs = ae_epochs if ae_epochs is not None else (QUICK_AE_EPOCHS if quick else DEFAULT_AE_EPOCHS)
+    out: dict[str, Callable[[int], Dataset]] = {
+        "digits-pca10": partial(digits, method="pca", ae_epochs=epochs),
+        "digits-umap10": partial(digits, method="umap", ae_epochs=epochs),
+        "digits-aeumap10": partial(digits, method="ae-umap", ae_epochs=epochs),
+        "wine-std": partial(standardised, loader=load_wine, name="wine"),
+        "breast-cancer-std": partial(standardised, loader=load_breast_cancer, name="breast_cancer"),
+        "iris-std": partial(standardised, loader=load_iris, name="iris"),
+    }
+    generators = {"blobs16": blobs16, "imbalanced128": imbalanced128, "sphere128": sphere128}
+    for name in GENERATED:
+        out[name] = partial(generators[name], quick=quick)
+        for label, factor in SCALES.items():
+            out[f"{name}@{label}"] = partial(rescaled, base=out[name], factor=factor, label=label)
+    return out
+
+
+DATASETS = make_datasets()
+
+
+def select(names: dict[str, Callable], patterns: list[str]) -> list[str]:
+    """Names matching any of ``patterns`` (exact names or globs), in the suite's order."""
+    unknown = [p for p in patterns if not fnmatch.filter(names, p)]
+    if unknown:
+        raise SystemExit(f"no data set matches {', '.join(unknown)}; known: {', '.join(names)}")
+    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+# --------------------------------------------------------------------------------- methods
+def run_methods(X: np.ndarray, y: np.ndarray, seed: int, overrides: dict) -> Iterator[dict]:
+    """Fit each method in turn; yield its record (``method``, ``seed``, ``k``, ``nmi``,
+    ``ari``, ``acc``, ``seconds``) as soon as it is done."""
+    true_k = len(np.unique(y))
+    n_components = min(max(20, 2 * true_k), 50, max(true_k, len(X) // 5))
+    fits: dict[str, Callable[[], np.ndarray]] = {
+        "DeepDPM": lambda: DeepDPM(random_state=seed, **overrides).fit(X).labels_,
+        "BGM-DP": lambda: BayesianGaussianMixture(
+            n_components=n_components, weight_concentration_prior_type="dirichlet_process",
+            covariance_type="full", max_iter=500, random_state=seed).fit(X).predict(X),
+        "k-means (true K)": lambda: KMeans(n_clusters=true_k, n_init=10,
+                                           random_state=seed).fit_predict(X),
+    }
+    for method in METHODS:
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)  # BGM at max_iter is a result
+            labels = np.asarray(fits[method]())
+        seconds = time.perf_counter() - start
+        scores = clustering_scores(y, labels)
+        yield {"method": method, "seed": seed, "k": len(np.unique(labels)), "nmi": scores["nmi"],
+               "ari": scores["ari"], "acc": scores["acc"], "seconds": seconds}
+
+
+# ---------------------------------------------------------------------------------- report
+def targets(name: str, true_k: int, rows: dict[str, list[dict]]) -> tuple[bool, str]:
+    """Whether the issue's targets hold for DeepDPM on data set ``name``, and why."""
+    ours = rows["DeepDPM"]
+    ks = [r["k"] for r in ours]
+    nmi = float(np.mean([r["nmi"] for r in ours]))
+    checks = []
+    if name.split("@")[0] in GENERATED:
+        checks.append((all(abs(k - true_k) <= 1 for k in ks), f"K {true_k - 1}..{true_k + 1}"))
+    if name in UMAP_SETS:
+        checks.append((all(9 <= k <= 11 for k in ks), "K 9..11"))
+        checks.append((nmi >= 0.90, "NMI>=0.90"))
+    best = max(float(np.mean([r["nmi"] for r in rows[m]])) for m in METHODS[1:])
+    margin = nmi - best
+    checks.append((margin >= -0.02, f"NMI vs best peer {margin:+.3f}"))
+    ok = all(passed for passed, _ in checks)
+    text = "; ".join(f"{what} {'ok' if passed else 'FAIL'}" for passed, what in checks)
+    return ok, f"{'yes' if ok else 'NO'}: {text}"
+
+
+def table(datasets: list[dict], records: list[dict]) -> str:
+    """The Markdown table: one row per (data set, method), means over the seeds."""
+    lines = [
+        "| data set | N | D | true K | method | K mean (per seed) | NMI | ARI | seconds "
+        "| DeepDPM targets |",
+        "|---|---:|---:|---:|---|---|---:|---:|---:|---|",
+    ]
+    passed = 0
+    for ds in datasets:
+        rows = {m: [r for r in records if r["dataset"] == ds["name"] and r["method"] == m]
+                for m in METHODS}
+        ok, verdict = targets(ds["name"], ds["true_k"], rows)
+        passed += ok
+        for method in METHODS:
+            rs = rows[method]
+            ks = [r["k"] for r in rs]
+            lines.append(
+                f"| {ds['name']} | {ds['n']} | {ds['d']} | {ds['true_k']} | {method} "
+                f"| {np.mean(ks):.3g} ({'/'.join(map(str, ks))}) "
+                f"| {np.mean([r['nmi'] for r in rs]):.3f} | {np.mean([r['ari'] for r in rs]):.3f} "
+                f"| {np.mean([r['seconds'] for r in rs]):.1f} "
+                f"| {verdict if method == 'DeepDPM' else ''} |"
+            )
+    lines.append(f"\nDeepDPM's targets hold on {passed} of {len(datasets)} data sets.")
+    return "\n".join(lines)
+
+
+def _stop(signum: int, frame: object) -> None:
+    """SIGTERM handler: stop like Ctrl-C, so the finished data sets are still reported."""
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", nargs="+", default=["*"], metavar="NAME|GLOB")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="config overrides for DeepDPM only, e.g. prior.sigma_scale=0.05")
+    parser.add_argument("--ae-epochs", type=int, default=None,
+                        help=f"AE pretraining epochs of digits-aeumap10 (default {DEFAULT_AE_EPOCHS}, "
+                        f"{QUICK_AE_EPOCHS} with --quick)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smaller generated sets and a 2-epoch AE (for tests)")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE",
+                        help="write every per-seed result and the command line to FILE "
+                        "(rewritten after each data set)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
+    try:
+        overrides = parse_overrides(args.set)
+        DeepDPM(**overrides)  # an unknown key or a bad value fails here, before any fit
+    except ConfigError as exc:
+        parser.error(f"--set: {exc}")
+    builders = make_datasets(args.quick, args.ae_epochs)
+    names = select(builders, args.datasets)
+    report = {
+        "command": shlex.join(["python", *(sys.argv if argv is None else [__file__, *argv])]),
+        "threads": torch.get_num_threads(), "seeds": args.seeds, "overrides": overrides,
+        "quick": args.quick, "complete": False, "datasets": [], "records": [],
+    }
+    datasets, records = report["datasets"], report["records"]
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        for name in names:
+            start = time.perf_counter()
+            info: dict = {"name": name, "descriptions": []}
+            for seed in args.seeds:
+                X, y, description = builders[name](seed)
+                info.update(n=len(X), d=X.shape[1], true_k=len(np.unique(y)))
+                info["descriptions"].append(description)
+                print(f"{name} seed {seed}: {len(X)} x {X.shape[1]}, K {info['true_k']}; "
+                      f"{description}", file=sys.stderr, flush=True)
+                for rec in run_methods(X, y, seed, overrides):
+                    records.append({"dataset": name, "n": len(X), "d": X.shape[1],
+                                    "true_k": info["true_k"], **rec})
+                    print(f"  {rec['method']:18s} K {rec['k']:3d}  NMI {rec['nmi']:.3f}  "
+                          f"ARI {rec['ari']:.3f}  {rec['seconds']:7.1f} s",
+                          file=sys.stderr, flush=True)
+            info["wall_seconds"] = time.perf_counter() - start
+            print(f"{name}: {info['wall_seconds']:.1f} s in all", file=sys.stderr, flush=True)
+            datasets.append(info)
+            if args.json:
+                write_json_atomic(report, args.json)
+        report["complete"] = True
+    except KeyboardInterrupt:
+        print(f"stopped: {len(datasets)} of {len(names)} data sets done", file=sys.stderr)
+
+    print(f"seeds {' '.join(map(str, args.seeds))}; DeepDPM defaults"
+          f"{' with ' + ' '.join(args.set) if args.set else ''}; BGM-DP full covariances; "
+          f"k-means given the true K; {torch.get_num_threads()} torch thread(s)\n")
+    print(table(datasets, records))
+    print("\nwall seconds per data set (embedding and all fits, all seeds): "
+          + ", ".join(f"{d['name']} {d['wall_seconds']:.0f}" for d in datasets))
+    if not report["complete"]:
+        print(f"\nSTOPPED EARLY: {len(datasets)} of {len(names)} data sets done; not finished: "
+              + ", ".join(names[len(datasets):]))
+    if args.json:
+        write_json_atomic(report, args.json)
+    return 0 if report["complete"] else 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
