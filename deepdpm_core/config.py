@@ -22,14 +22,47 @@ from deepdpm_core.errors import ConfigError
 
 
 @dataclass(frozen=True)
+class DataConfig:
+    """Input transform applied to every row before the fit and at prediction time.
+
+    ``none`` (default): the features as given (the fit is invariant to their units
+    anyway: see ``docs/design.md``); ``normalize``: each row divided by its L2 norm (the
+    reference code's default, scikit-learn ``Normalizer``); ``standard``: each feature
+    centred and divided by its standard deviation; ``min_max``: each feature mapped to
+    [0, 1]. The last two are fitted on the training data and stored with the model.
+    """
+
+    transform: Literal["none", "normalize", "standard", "min_max"] = "none"
+
+
+@dataclass(frozen=True)
 class PriorConfig:
-    """Dirichlet-process and Normal-Inverse-Wishart prior (paper Supmat §NIW)."""
+    """Dirichlet-process and Normal-Inverse-Wishart prior (paper Supmat §NIW).
+
+    ``sigma_scale: auto`` (default) fits s of Ψ0 = s·P to the current clusters at every
+    M-step: the type-II maximum likelihood (:func:`deepdpm_core.niw.empirical_bayes_scale`)
+    of the per-feature variances, i.e. of the diagonal model of the same clusters.
+    ``evidence`` maximises the evidence of the prior's own model instead (for full
+    covariances it is ruled by the clusters' smallest principal variances, and on UMAP
+    layouts, whose clusters have near-degenerate directions, it lets them split). A
+    number is the paper's fixed Ψ0 = s·I (``psi: identity``) or s·diag(std)
+    (``psi: data_std``) in the units of the features. A fitted s makes the fit
+    independent of the features' units. ``kappa: auto`` is κ0 = s / v̄ with
+    v̄ the data's mean per-feature variance: the prior spread of cluster means, Σ/κ0, is
+    then the data's own. ``covariance_type: diag`` uses diagonal covariances (one
+    Normal-Inverse-Gamma model per feature, as the reference code's NIG prior); ``auto``
+    takes, at every M-step, the one of full and diag whose evidence Σ_k ln f(X_k) given
+    the current clusters is larger. It is not the default: at K = 1 the evidence judges
+    one cluster, and on PCA scores (a diagonal global covariance) it picks diag and the
+    fit stays at K = 1 (digits PCA-10).
+    """
 
     alpha: float = 10.0
-    kappa: float = 1.0e-4
+    kappa: float | Literal["auto"] = "auto"
     nu: float | None = None
-    sigma_scale: float = 0.005
+    sigma_scale: float | Literal["auto", "evidence"] = "auto"
     psi: Literal["identity", "data_std"] = "identity"
+    covariance_type: Literal["full", "diag", "auto"] = "full"
     weight_pseudocount: float = 1.0
 
 
@@ -91,7 +124,7 @@ class MovesConfig:
 
 @dataclass(frozen=True)
 class EStepConfig:
-    """E-step targets and soft statistics at large K (issue 8).
+    """E-step targets and soft statistics at large K.
 
     While K <= ``dense_max_k`` every point is scored against every cluster. Above it the
     E-step is sparse (:meth:`~deepdpm_core.gmm.GaussianMixture.sparse_log_responsibilities`):
@@ -146,13 +179,14 @@ class EmbedConfig:
 class Config:
     """The whole run configuration.
 
-    Sections: ``prior``, ``init``, ``model``, ``optim``, ``schedule``, ``moves``, ``estep``, ``ae``
+    Sections: ``data`` (input transform), ``prior``, ``init``, ``model``, ``optim``, ``schedule``, ``moves``, ``estep``, ``ae``
     (autoencoder, alternation), ``embed`` (UMAP);
     plus ``seed`` (all randomness of a fit derives from it) and ``device``.
     """
 
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    data: DataConfig = field(default_factory=DataConfig)
     prior: PriorConfig = field(default_factory=PriorConfig)
     init: InitConfig = field(default_factory=InitConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -203,8 +237,8 @@ class Config:
 def _positive(cfg: Config) -> dict[str, float]:
     return {
         "prior.alpha": cfg.prior.alpha,
-        "prior.kappa": cfg.prior.kappa,
-        "prior.sigma_scale": cfg.prior.sigma_scale,
+        "prior.kappa": 1.0 if cfg.prior.kappa == "auto" else cfg.prior.kappa,
+        "prior.sigma_scale": cfg.prior.sigma_scale if isinstance(cfg.prior.sigma_scale, float) else 1.0,
         "optim.lr_cluster": cfg.optim.lr_cluster,
         "optim.lr_subcluster": cfg.optim.lr_subcluster,
         "optim.batch_size": 1 if cfg.optim.batch_size == "auto" else cfg.optim.batch_size,
@@ -406,6 +440,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 __all__ = [
     "AEConfig",
     "Config",
+    "DataConfig",
     "EStepConfig",
     "EmbedConfig",
     "InitConfig",

@@ -93,7 +93,8 @@ class DeepDPM:
     weights_ : ndarray of shape (K,)
     history_ : list of dict
         One record per epoch: epoch, n_clusters, loss_cluster, loss_subcluster,
-        splits_accepted, merges_accepted, seconds, and where the seconds went:
+        splits_accepted, merges_accepted, prior_scale (s of Ψ = s·I, in the features'
+        units squared), diagonal_covariances (0 or 1), seconds, and where the seconds went:
         seconds_estep (E-step targets), seconds_train (minibatch steps), seconds_stats
         (statistics and their all-reduce), seconds_mstep, seconds_moves (split/merge round).
     """
@@ -200,11 +201,12 @@ class DeepDPM:
     @property
     def means_(self) -> np.ndarray:
         t = self._fitted()
-        return (t.means + t.shift.to(t.means)).cpu().numpy()
+        return t.coords.means_to_features(t.means).cpu().numpy()
 
     @property
     def covariances_(self) -> np.ndarray:
-        return self._fitted().covs.cpu().numpy()
+        t = self._fitted()
+        return t.coords.covariances_to_features(t.covs).cpu().numpy()
 
     @property
     def weights_(self) -> np.ndarray:

@@ -22,6 +22,15 @@ MAP estimate = mode of the joint NIW posterior::
 
     μ̂ = mn,    Σ̂ = Λn / (νn + D + 2)
 
+Diagonal covariances (``diagonal=True``, the reference code's Normal-Inverse-Gamma prior)
+are D independent one-dimensional NIW models, one per feature: the same formulas with
+D = 1 on the diagonal of Λ0 and Λn, summed over features, and Σ̂ = diag(Λn) / (νn + 3).
+
+The prior's scale can be fitted to the clusters (:func:`empirical_bayes_scale`): with
+Λ0 = ν0·s·P for a fixed diagonal shape P, the s that maximises Σ_k ln f(X_k) (type-II
+maximum likelihood, or empirical Bayes, of the inverse-Wishart scale) solves a
+one-dimensional monotone equation in the eigenvalues of each cluster's Λn − Λ0.
+
 All math is float64; log-determinants come from Cholesky factors.
 """
 
@@ -47,54 +56,61 @@ class NIWPrior:
     m0 : Tensor of shape (D,), float64
     kappa : float
     nu : float
-        Must exceed D − 1.
+        Must exceed D − 1 (full) or 0 (diagonal).
     scale : Tensor of shape (D, D), float64
-        Λ0 = ν0 Ψ0, symmetric positive definite.
+        Λ0 = ν0 Ψ0, symmetric positive definite (diagonal when ``diagonal``).
+    diagonal : bool
+        Diagonal covariances: D independent one-dimensional NIW models (module docstring).
     """
 
     m0: Tensor
     kappa: float
     nu: float
     scale: Tensor
+    diagonal: bool = False
 
     @property
     def dim(self) -> int:
         return self.m0.shape[0]
 
     @staticmethod
-    def from_data_moments(
+    def from_shape(
         mean: Tensor,
-        std: Tensor,
+        shape: Tensor,
         kappa: float,
         nu: float | None,
         sigma_scale: float,
-        psi: str,
+        diagonal: bool = False,
     ) -> NIWPrior:
-        """Build the paper's weak prior from the data mean and per-feature std.
+        """The paper's weak prior Λ0 = ν0·s·P for a diagonal shape P.
 
         Parameters
         ----------
-        mean, std : Tensor of shape (D,)
-            Data mean (m0) and per-feature standard deviation (used by ``psi="data_std"``).
+        mean : Tensor of shape (D,)
+            m0 (the data mean).
+        shape : Tensor of shape (D,)
+            diag(P), positive: ones for Ψ0 = s·I.
         nu : float or None
-            ν0; None means D + 2 (paper default).
-        psi : {"identity", "data_std"}
-            Ψ0 = s·I or s·diag(std); a zero std (constant feature) falls back to 1.
+            ν0; None means D + 2 (paper default), or 3 (= 1 + 2) per feature when diagonal.
+        sigma_scale : float
+            s, in the units of the data squared.
         """
         d = mean.shape[0]
-        nu0 = float(d + 2) if nu is None else float(nu)
-        if nu0 <= d - 1:
-            raise ConfigError(f"prior.nu must exceed D - 1 = {d - 1} for {d}-dimensional data, got {nu0}")
-        if psi == "identity":
-            diag = torch.ones(d, dtype=torch.float64)
-        else:
-            diag = std.to(torch.float64).clone()
-            diag[~(diag > 0)] = 1.0
-        scale = torch.diag(diag * sigma_scale * nu0).to(torch.float64)
-        return NIWPrior(mean.to(torch.float64), float(kappa), nu0, scale)
+        nu0 = float((1 if diagonal else d) + 2) if nu is None else float(nu)
+        floor = 0 if diagonal else d - 1
+        if nu0 <= floor:
+            kind = "0 for diagonal covariances" if diagonal else f"D - 1 = {d - 1} for {d}-dimensional data"
+            raise ConfigError(f"prior.nu must exceed {kind}, got {nu0}")
+        scale = torch.diag(shape.to(torch.float64) * sigma_scale * nu0)
+        return NIWPrior(mean.to(torch.float64), float(kappa), nu0, scale, diagonal)
+
+    def with_scale(self, shape: Tensor, sigma_scale: float, kappa: float) -> NIWPrior:
+        """The same m0, ν0 and kind with Λ0 = ν0·s·diag(``shape``) and κ0 = ``kappa``."""
+        scale = torch.diag(shape.to(self.scale) * (sigma_scale * self.nu))
+        return NIWPrior(self.m0, float(kappa), self.nu, scale, self.diagonal)
 
     def to(self, device: torch.device | str) -> NIWPrior:
-        return NIWPrior(self.m0.to(device), self.kappa, self.nu, self.scale.to(device))
+        return NIWPrior(self.m0.to(device), self.kappa, self.nu, self.scale.to(device), self.diagonal)
 
 
 @dataclass(frozen=True)
@@ -147,6 +163,16 @@ def log_marginal_likelihood(prior: NIWPrior, stats: SuffStats) -> Tensor:
     """
     post = posterior(prior, stats)
     d = prior.dim
+    if prior.diagonal:  # D one-dimensional models (D = 1 in every term), summed
+        lam0 = prior.scale.diagonal().to(stats.s2)
+        lamn = post.scale.diagonal(dim1=-2, dim2=-1)
+        return (
+            -0.5 * stats.n * d * math.log(math.pi)
+            + d * (torch.lgamma(post.nu / 2.0) - math.lgamma(prior.nu / 2.0))
+            + 0.5 * prior.nu * torch.log(lam0).sum()
+            - 0.5 * post.nu * torch.log(lamn).sum(-1)
+            + 0.5 * d * (math.log(prior.kappa) - torch.log(post.kappa))
+        )
     logdet0 = logdet_spd(prior.scale.to(stats.s2))
     return (
         -0.5 * stats.n * d * math.log(math.pi)
@@ -167,7 +193,99 @@ def map_estimate(prior: NIWPrior, stats: SuffStats) -> tuple[Tensor, Tensor]:
     covariances : Tensor of shape (R, D, D)
     """
     post = posterior(prior, stats)
+    if prior.diagonal:  # per feature: λn / (νn + 1 + 2)
+        var = post.scale.diagonal(dim1=-2, dim2=-1) / (post.nu + 3.0)[:, None]
+        return post.mean, torch.diag_embed(var)
     return post.mean, post.scale.div_((post.nu + prior.dim + 2.0)[:, None, None])
+
+
+def scale_spectrum(prior: NIWPrior, stats: SuffStats, shape: Tensor) -> tuple[Tensor, Tensor]:
+    """What the evidence's dependence on the prior's scale s sees of each row.
+
+    With Λ0 = ν0·s·P and t = ν0·s, Λn = t·P + B with B = s2 + κ0 m0 m0ᵀ − κn mn mnᵀ
+    independent of s. The terms of ln f(X_r) that depend on s are
+    (ν0 D/2) ln t − (νn,r/2) Σ_i ln(t + β_ri), β_r the eigenvalues of P^(−1/2) B_r P^(−1/2)
+    (the diagonal entries for diagonal covariances, each feature a model of dimension 1).
+
+    Returns
+    -------
+    beta : Tensor of shape (R, D), float64, CPU
+    nu_n : Tensor of shape (R,), float64, CPU
+    """
+    post = posterior(prior, stats)
+    p = shape.to(post.scale)
+    bmat = (post.scale - prior.scale.to(post.scale)) / torch.sqrt(p[:, None] * p[None, :])
+    beta = bmat.diagonal(dim1=-2, dim2=-1) if prior.diagonal else torch.linalg.eigvalsh(bmat)
+    return beta.clamp_min(0.0).cpu(), post.nu.cpu()
+
+
+def _scale_terms(nu0: float, beta: Tensor, nun: Tensor, log_t: Tensor) -> tuple[Tensor, Tensor]:
+    """Σ over rows of the s-dependent evidence (:func:`scale_spectrum`) and its derivative
+    in ln t, at each of the H values ``log_t`` (H,); ``beta`` (H, R, D), ``nun`` (H, R)."""
+    t = log_t.exp()[:, None, None]
+    d = beta.shape[-1]
+    rows = (nun > 0).to(beta.dtype)  # padding rows carry νn = 0 and contribute nothing
+    value = (0.5 * nu0 * d * log_t[:, None] * rows - 0.5 * nun * torch.log(t + beta).sum(-1)).sum(-1)
+    slope = (0.5 * (nu0 * d * rows - nun * (t / (t + beta)).sum(-1))).sum(-1)
+    return value, slope
+
+
+def best_log_scale(nu0: float, beta: Tensor, nun: Tensor, iters: int = 100) -> Tensor:
+    """ln t* maximising the s-dependent evidence of each of H row sets (bisection in ln t).
+
+    The objective is concave in ln t (its derivative falls from ½ Σ_r (ν0 D − νn,r ·
+    #{β_ri = 0}) to −½ Σ_r n_r D), so the root of the derivative is the maximum; a set
+    whose derivative is negative everywhere (degenerate rows, e.g. single points) gets the
+    lower end of the bracket, 1e-12 of the mean β.
+
+    Parameters
+    ----------
+    beta : Tensor of shape (H, R, D)
+    nun : Tensor of shape (H, R)
+        νn of each row; rows with νn = 0 are padding.
+
+
+    Returns
+    -------
+    Tensor of shape (H,): ln t* = ln(ν0 s*).
+    """
+    ref = beta.mean(dim=(1, 2)).clamp_min(1e-300)
+    lo, hi = torch.log(ref * 1e-12), torch.log(ref) + 40.0
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        up = _scale_terms(nu0, beta, nun, mid)[1] > 0
+        lo = torch.where(up, mid, lo)
+        hi = torch.where(up, hi, mid)
+    return 0.5 * (lo + hi)
+
+
+def empirical_bayes_scale(prior: NIWPrior, stats: SuffStats, shape: Tensor) -> float:
+    """Type-II maximum likelihood of the prior's scale s, Λ0 = ν0·s·P, given cluster stats.
+
+    Maximises Σ_k ln f(X_k; m0, κ0, ν0, ν0·s·P) over s with m0, κ0, ν0 and P fixed; only
+    Λ0 depends on s (:func:`scale_spectrum`), and the objective is concave in ln s
+    (:func:`best_log_scale`). For isotropic clusters of variance σ² it is s = σ²: the
+    prior's scale is the clusters' own spread. Sees only the (all-reduced) statistics, so
+    every rank gets the same s.
+
+    Parameters
+    ----------
+    prior : NIWPrior
+        m0, κ0, ν0 and diagonal-ness; its current Λ0 only enters through B_k = Λn − Λ0.
+    stats : SuffStats with K rows
+    shape : Tensor of shape (D,)
+        diag(P), positive.
+
+    Returns
+    -------
+    float
+        s, in the units of the data squared.
+    """
+    beta, nun = scale_spectrum(prior, stats, shape)
+    keep = stats.n.cpu() > 0
+    if not bool(keep.any()) or not float(beta[keep].mean()) > 0:
+        return 1.0
+    return float(best_log_scale(prior.nu, beta[keep][None], nun[keep][None])[0].exp()) / prior.nu
 
 
 def log_split_hastings(

@@ -12,8 +12,9 @@ One epoch (DESIGN §3, paper §3):
    reduced statistics and broadcast as a :class:`~deepdpm_core.moves.MovePlan` that every
    rank applies identically.
 
-Data live on the device as one (N_local, D) float32 tensor shifted by the global mean
-(so the prior mean is 0 and uncentred float64 sums stay accurate).
+Data live on the device as one (N_local, D) float32 tensor in the fit's own coordinates
+(:mod:`deepdpm_core.coordinates`: centred, so the prior mean is 0 and uncentred float64
+sums stay accurate, and scaled to unit mean variance, so nothing depends on the units).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torch import nn
 
 from deepdpm_core.communicator import Communicator, LocalCommunicator
 from deepdpm_core.config import Config, from_dict
+from deepdpm_core.coordinates import FeatureCoordinates, fit_coordinates
 from deepdpm_core.errors import CheckpointError, ConfigError
 from deepdpm_core.gmm import GaussianMixture, log_weights_from_counts
 from deepdpm_core.init import kmeans_centers, nearest_center, principal_split
@@ -44,7 +46,12 @@ from deepdpm_core.nets import (
     new_row_of,
     reindex_rows,
 )
-from deepdpm_core.niw import NIWPrior, map_estimate
+from deepdpm_core.niw import (
+    NIWPrior,
+    empirical_bayes_scale,
+    log_marginal_likelihood,
+    map_estimate,
+)
 from deepdpm_core.precision import flush_denormals, net_precision, resolve_precision
 from deepdpm_core.stats import SuffStats, TripleBuffer, grouped_stats
 
@@ -108,6 +115,28 @@ def _adam(params, lr: float) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr, fused=True)
 
 
+def _per_feature_evidence(prior: NIWPrior, stats: SuffStats, shape: Tensor) -> float:
+    """s maximising the evidence of the clusters' per-feature variances: the type-II
+    maximum likelihood scale of the diagonal model (one Normal-Inverse-Gamma model per
+    feature, ν0 = 3) of the same clusters, used for the prior at hand."""
+    per_feature = NIWPrior(prior.m0, prior.kappa, 3.0, prior.scale * (3.0 / prior.nu), diagonal=True)
+    return empirical_bayes_scale(per_feature, stats, shape)
+
+
+#: how ``prior.sigma_scale`` fits s to the clusters (see :class:`~deepdpm_core.config.PriorConfig`)
+_SCALE_RULES = {"auto": _per_feature_evidence, "evidence": empirical_bayes_scale}
+
+
+def _stored_coordinates(state: dict[str, Any]) -> FeatureCoordinates:
+    """The coordinates a state was fitted in; states without them (written before the
+    coordinates existed) shifted the rows by their mean and nothing else."""
+    if "coordinates" in state:
+        return FeatureCoordinates.from_state(state["coordinates"])
+    shift = state["shift"].to(torch.float64)
+    ones = torch.ones_like(shift)
+    return FeatureCoordinates("none", False, shift, ones, 1.0, ones)
+
+
 class Trainer:
     """Fits DeepDPM to this rank's rows; collective steps go through ``comm``.
 
@@ -153,48 +182,73 @@ class Trainer:
 
     # ------------------------------------------------------------------ set-up
     def _init_data(self, x: Tensor) -> None:
-        """Global moments (one all-reduce) -> shift, input scale and the NIW prior.
+        """The fit's coordinates (:mod:`deepdpm_core.coordinates`), the data in them, and
+        the NIW prior.
 
         Works through the rows in chunks: a float64 copy of the whole data would be twice
         its float32 size, and at ImageNet scale the data are most of the memory.
         """
         n_local, d, chunk = x.shape[0], self.dim, 1 << 16
         f64 = {"dtype": torch.float64}
-        s1, s2 = torch.zeros(d, **f64), torch.zeros(d, **f64)
-        for s in range(0, n_local, chunk):
-            xc = x[s : s + chunk].to(torch.float64)
-            s1 += xc.sum(0)
-            s2 += xc.square().sum(0)
-        rows = torch.zeros(self.comm.world_size, **f64)
-        rows[self.comm.rank] = n_local
-        local = torch.cat([torch.tensor([float(n_local)], **f64), s1, s2, rows])
-        tot = self.comm.all_reduce(local.to(self.device)).cpu()
-        n, s1, s2 = tot[0], tot[1 : 1 + d], tot[1 + d : 1 + 2 * d]
-        self.n_total = int(n.item())
-        #: rows held by each rank: fixes every step's global batch (DDP loss scale) and
-        #: where each rank's rows sit in the k-means sample
-        self.rank_rows = [int(v) for v in tot[1 + 2 * d :].tolist()]
-        mean = s1 / n
-        var = (s2 / n - mean.square()).clamp_min(0)
-        #: global per-feature variance (D,), float64: the data's scale, for diagnostics
-        self.feature_variance = var
-        self.shift = mean
-        # one global scale for the nets' inputs, so learning rates do not depend on units
-        overall = float(var.mean().sqrt())
-        self.input_scale = 1.0 / overall if overall > 0 else 1.0
+        self.coords, self.n_total, self.rank_rows = fit_coordinates(
+            x, self.config.data.transform, self.comm, self.device)
+        #: per-feature variance (D,) of the (transformed) features, float64, for diagnostics
+        self.feature_variance = self.coords.feature_std.square()
+        # the nets see x̃ itself: unit mean variance, whatever the units of the features
+        self.input_scale = 1.0
         p = self.config.prior
-        self.prior = NIWPrior.from_data_moments(
-            torch.zeros(self.dim, **f64), var.sqrt(), p.kappa, p.nu, p.sigma_scale, p.psi
-        ).to(self.device)
+        unit2 = self.coords.unit**2
+        # Ψ0 = s·I or s·diag(std) in the features' units is s·shape on x̃
+        shape = torch.full((d,), 1.0 / unit2, **f64) if p.psi == "identity" else \
+            torch.where(self.coords.feature_std > 0, self.coords.feature_std, torch.ones(d, **f64)) / unit2
+        self.prior_shape = shape
+        #: s of Ψ0 = s·P, in the features' units; a fitted one starts at the data's mean
+        #: per-feature variance (the first fit, at initialisation, replaces it)
+        self.sigma_scale = float(p.sigma_scale) if isinstance(p.sigma_scale, float) else unit2
+        #: the candidate priors (full and/or diagonal covariances); ``self.prior`` is one of them
+        self.priors = [
+            NIWPrior.from_shape(torch.zeros(d, **f64), shape, self._kappa(self.sigma_scale), p.nu,
+                                self.sigma_scale, diagonal=kind == "diag").to(self.device)
+            for kind in (("full", "diag") if p.covariance_type == "auto" else (p.covariance_type,))
+        ]
+        self.prior = self.priors[0]
         self.x = torch.empty(n_local, d, dtype=torch.float32, device=self.device)
-        for s in range(0, n_local, chunk):  # shifted in float64, then stored as float32
-            self.x[s : s + chunk] = (x[s : s + chunk].to(torch.float64) - mean).to(self.device)
+        for s in range(0, n_local, chunk):  # x̃ in float64, then stored as float32
+            self.x[s : s + chunk] = self.coords.apply(x[s : s + chunk]).to(self.device)
         # per rank; "auto" aims at steps_per_epoch steps over this rank's share of the rows,
         # so W ranks step as often as one process would, on a W times larger global batch
         o = self.config.optim
         share = -(-self.n_total // self.comm.world_size)
         self.batch_size = (auto_batch_size(share, o.steps_per_epoch, o.base_batch_size, o.max_batch_size)
                            if o.batch_size == "auto" else int(o.batch_size))
+
+    def _kappa(self, sigma_scale: float) -> float:
+        """κ0: the configured number, or (``auto``) s·mean(P) on x̃, whose mean per-feature
+        variance is 1: the prior spread of the cluster means, Σ/κ0, is the data's."""
+        k = self.config.prior.kappa
+        return float(k) if k != "auto" else sigma_scale * float(self.prior_shape.mean())
+
+    def _fit_prior(self, stats: SuffStats) -> None:
+        """Fit the prior to the clusters' statistics (type-II maximum likelihood).
+
+        With ``prior.sigma_scale: auto`` each candidate prior's s is refitted
+        (:func:`~deepdpm_core.niw.empirical_bayes_scale`); with ``covariance_type: auto``
+        the candidate (full or diagonal covariances) with the larger evidence
+        Σ_k ln f(X_k) is kept. Sees only all-reduced statistics: the same on every rank.
+        """
+        auto_scale = self.config.prior.sigma_scale in _SCALE_RULES
+        fitted = []
+        for prior in self.priors:
+            s = _SCALE_RULES[self.config.prior.sigma_scale](prior, stats, self.prior_shape) \
+                if auto_scale else self.sigma_scale
+            fitted.append((prior.with_scale(self.prior_shape, s, self._kappa(s)), s))
+        if len(fitted) > 1:
+            evidence = [float(log_marginal_likelihood(prior, stats).sum()) for prior, _ in fitted]
+            best = max(range(len(fitted)), key=evidence.__getitem__)
+        else:
+            best = 0
+        self.priors = [prior for prior, _ in fitted]
+        self.prior, self.sigma_scale = fitted[best]
 
     def initialize(self, init_labels: Tensor | None = None) -> None:
         """k-means clusters (rank 0, on a sample gathered from all ranks), MAP parameters,
@@ -230,6 +284,7 @@ class Trainer:
         keep = torch.nonzero(stats.n > 0).squeeze(1)
         stats = stats.rows(keep)
         self.anchors = new_row_of(keep, n_init)[z]
+        self._fit_prior(stats)
         self.means, self.covs = map_estimate(self.prior, stats)
         self.log_weights = log_weights_from_counts(stats.n, cfg.prior.weight_pseudocount)
         k = self.means.shape[0]
@@ -469,6 +524,7 @@ class Trainer:
     def m_step(self, soft: SuffStats, sub: SuffStats) -> None:
         """Bayesian M-step from the net's responsibilities (paper §3.1) and subclusters."""
         pc = self.config.prior.weight_pseudocount
+        self._fit_prior(soft)
         self.means, self.covs = map_estimate(self.prior, soft)
         self.log_weights = log_weights_from_counts(soft.n, pc)
         k = self.n_clusters
@@ -723,6 +779,8 @@ class Trainer:
             "loss_subcluster": losses["loss_subcluster"],
             "splits_accepted": splits,
             "merges_accepted": merges,
+            "prior_scale": self.sigma_scale,
+            "diagonal_covariances": int(self.prior.diagonal),
             "seconds": t_end - t0,
             # where it went (EPOCH_PHASES); the M-step includes subcluster restarts, the
             # split/merge round the last epoch's pruning
@@ -783,17 +841,16 @@ class Trainer:
     # --------------------------------------------------------------- inference
     @torch.no_grad()
     def _log_proba_batches(self, x: Tensor, batch_size: int) -> Iterator[Tensor]:
-        """ln r from the clustering net for raw (unshifted) rows, one (B, K) batch at a time."""
+        """ln r from the clustering net for raw rows, one (B, K) batch at a time."""
         self.cluster_net.eval()
-        shift = self.shift.to(self.device)
         for s in range(0, x.shape[0], batch_size):
-            xb = (x[s : s + batch_size].to(self.device, torch.float64) - shift).float()
+            xb = self.coords.apply(x[s : s + batch_size].to(self.device)).float()
             with net_precision(self.precision, self.device):
                 logits = self.cluster_net(xb * self.input_scale)
             yield F.log_softmax(logits.float(), dim=1).cpu()
 
     def predict_log_proba(self, x: Tensor, batch_size: int = 65536) -> Tensor:
-        """ln r from the clustering net for raw (unshifted) rows; shape (N, K)."""
+        """ln r from the clustering net for raw rows; shape (N, K)."""
         out = list(self._log_proba_batches(x, batch_size))
         return torch.cat(out) if out else torch.zeros(0, self.n_clusters)
 
@@ -845,8 +902,11 @@ class Trainer:
             "config": self.config.to_dict(),
             "dim": self.dim,
             "n_total": self.n_total,
-            "shift": self.shift.cpu(),
+            "coordinates": self.coords.state_dict(),
             "input_scale": self.input_scale,
+            "sigma_scale": self.sigma_scale,
+            "prior_scales": [float(p.scale[0, 0] / (p.nu * self.prior_shape[0])) for p in self.priors],
+            "prior_diagonal": self.prior.diagonal,
             "epoch": self.epoch,
             "move_round": self.move_round,
             "rounds_without_move": self.rounds_without_move,
@@ -899,17 +959,17 @@ class Trainer:
         dim = int(state["dim"])
         if x is None:
             trainer = cls(cfg, torch.zeros(1, dim), wrap=wrap, callbacks=callbacks)
-            trainer.shift = state["shift"]
+            trainer.coords = _stored_coordinates(state)
             trainer.input_scale = float(state["input_scale"])
             trainer.n_total = int(state["n_total"])
         else:
             if x.shape[1] != dim:
                 raise CheckpointError(f"the checkpoint was trained on {dim}-D rows, these have {x.shape[1]}")
             trainer = cls(cfg, x, comm, wrap, callbacks)
-            stored = state["shift"].to(torch.float64)
-            tol = 1e-5 * (1.0 / trainer.input_scale)
+            stored = _stored_coordinates(state)
+            tol = 1e-5 * trainer.coords.unit
             if trainer.n_total != int(state["n_total"]) or not torch.allclose(
-                    trainer.shift, stored, rtol=0, atol=tol):
+                    trainer.coords.center, stored.center, rtol=0, atol=tol):
                 raise CheckpointError(
                     f"the data differ from the checkpoint's: {trainer.n_total} rows here, "
                     f"{int(state['n_total'])} when it was written (or another mean)")
@@ -929,6 +989,11 @@ class Trainer:
         self.sub_means = state["sub_means"].to(dev)
         self.sub_covs = state["sub_covariances"].to(dev)
         self.sub_log_weights = state["sub_log_weights"].to(dev)
+        if "sigma_scale" in state:  # the priors as the last M-step left them
+            self.sigma_scale = float(state["sigma_scale"])
+            self.priors = [p.with_scale(self.prior_shape, s, self._kappa(s))
+                           for p, s in zip(self.priors, state["prior_scales"], strict=True)]
+            self.prior = next(p for p in self.priors if p.diagonal == bool(state["prior_diagonal"]))
         k = self.means.shape[0]
         cfg = self.config
         self.cluster_net = ClusterNet(self.dim, cfg.model.hidden, k, self.torch_gen).to(dev)

@@ -1,8 +1,8 @@
 """Warnings for fits whose K is stuck, and which prior knob moves it.
 
 DeepDPM infers K, but K still depends on the prior (paper Supmat "The Factors Affecting
-K"): the DP concentration α, and the NIW scale Ψ = s·I (``prior.sigma_scale``) and
-pseudo-count ν (``prior.nu``). Users of the reference code get no hint when the
+K"): the DP concentration α, and the NIW scale Ψ = s·I (``prior.sigma_scale``, fitted
+to the clusters by default) and pseudo-count ν (``prior.nu``). Users of the reference code get no hint when the
 split/merge moves have stalled; :func:`diagnose` looks at the epoch records of
 ``DeepDPM.history_`` and says what to turn and which way. :class:`DiagnosticsMonitor`
 applies it live, once per kind of warning, as a per-epoch callback.
@@ -13,7 +13,7 @@ defaults, K after up to 80 epochs; numbers in the README):
 
 - ``prior.nu``: raising ν gives FEWER clusters (digits: ν = 26 → K 12, 64 → 6,
   320 → 1). Our Λ0 = ν0·Ψ0 grows with ν, so a larger ν is a heavier prior.
-- ``prior.sigma_scale`` (s): non-monotone. K peaks when s is roughly 0.1–30 % of the
+- a fixed ``prior.sigma_scale`` (s): non-monotone. K peaks when s is roughly 0.1–30 % of the
   median per-feature variance of the data; far below that each extra cluster pays the
   (ν0/2)·ln|Λ0| normaliser and K drops (digits s = 1e-4 → K 6), near or above it the
   prior swamps the subclusters' scatter and splits stop (digits s = 0.5 → K 4, 5 → 1).
@@ -72,7 +72,7 @@ def move_kinds(history: Sequence[Mapping[str, Any]], schedule: Any, moves: Any) 
     ``freeze_epochs``; rounds alternate split / merge over the enabled kinds.
     """
     warmup = int(_get(schedule, "warmup_epochs", 5))
-    every = max(int(_get(schedule, "move_every", 5)), 1)
+    every = max(int(_get(schedule, "move_every", 4)), 1)
     freeze = int(_get(schedule, "freeze_epochs", 2))
     kinds = [k for k in ("split", "merge") if _get(moves, k, True)]
     frozen_until = warmup
@@ -90,8 +90,15 @@ def move_kinds(history: Sequence[Mapping[str, Any]], schedule: Any, moves: Any) 
     return out
 
 
-def _sigma_advice(prior: Any, feature_variance: float | None) -> str:
-    s = _get(prior, "sigma_scale", 0.005)
+def _sigma_advice(prior: Any, feature_variance: float | None, fitted_scale: float | None) -> str:
+    s = _get(prior, "sigma_scale", "auto")
+    if isinstance(s, str):  # auto | evidence: fitted to the clusters
+        fitted = "" if fitted_scale is None else f" (last fitted s = {fitted_scale:.3g})"
+        return (
+            f"prior.sigma_scale is fitted to the clusters{fitted}: a fixed value moves K "
+            "non-monotonically (bench/prior_knobs.py); with many features and few points per "
+            "cluster try prior.covariance_type=diag"
+        )
     if feature_variance is None or not feature_variance > 0:
         return (
             f"prior.sigma_scale (now {s}) moves K non-monotonically: raise it if it is far "
@@ -107,22 +114,26 @@ def _sigma_advice(prior: Any, feature_variance: float | None) -> str:
     )
 
 
-def knob_advice(prior: Any, feature_variance: float | None = None) -> str:
+def knob_advice(prior: Any, feature_variance: float | None = None,
+                fitted_scale: float | None = None) -> str:
     """Which prior knobs give MORE clusters, with their current values.
 
     Parameters
     ----------
     prior : PriorConfig or dict
     feature_variance : float, optional
-        Median per-feature variance of the data; decides the direction for
+        Median per-feature variance of the data; decides the direction for a fixed
         ``prior.sigma_scale`` (see :data:`SIGMA_PIVOT`).
+    fitted_scale : float, optional
+        The s the last M-step fitted (``prior_scale`` of the epoch record), named when
+        ``prior.sigma_scale`` is ``auto``.
     """
     nu = _get(prior, "nu")
     nu_now = "auto = D + 2; it must stay > D − 1" if nu is None else nu
     alpha = _get(prior, "alpha", 10.0)
     return "; ".join(
         [
-            _sigma_advice(prior, feature_variance),
+            _sigma_advice(prior, feature_variance, fitted_scale),
             f"lower prior.nu (now {nu_now}; a larger ν is a heavier prior: fewer clusters)",
             f"raise prior.alpha (now {alpha}; weak: log α per split)",
         ]
@@ -160,6 +171,7 @@ def diagnose(
     schedule = _section(config, "schedule")
     moves = _section(config, "moves")
     k_now = int(history[-1]["n_clusters"])
+    fitted = history[-1].get("prior_scale")
     out: list[Diagnostic] = []
 
     kinds = move_kinds(history, schedule, moves)
@@ -180,7 +192,7 @@ def diagnose(
             Diagnostic(
                 "no_split",
                 f"no split accepted in the last {stalled} split rounds (K = {k_now}). "
-                f"If you expect more clusters: {knob_advice(prior, feature_variance)}",
+                f"If you expect more clusters: {knob_advice(prior, feature_variance, fitted)}",
             )
         )
 
@@ -198,7 +210,7 @@ def diagnose(
                 Diagnostic(
                     "collapsed",
                     f"{what}. If the data have more clusters: "
-                    f"{knob_advice(prior, feature_variance)}",
+                    f"{knob_advice(prior, feature_variance, fitted)}",
                 )
             )
     return out

@@ -55,6 +55,8 @@ EPOCH_METRICS: dict[str, str] = {
     "loss_subcluster": "loss_subcluster",
     "splits_accepted": "splits_accepted",
     "merges_accepted": "merges_accepted",
+    "prior_scale": "prior_scale",
+    "diagonal_covariances": "diagonal_covariances",
     "seconds": "epoch_seconds",
     **{f"seconds_{phase}": f"epoch_seconds_{phase}" for phase, _ in EPOCH_PHASES},
     "nmi": "nmi",

@@ -41,7 +41,7 @@ def test_no_warning_for_a_healthy_fit():
 
 
 def test_stalled_splits_name_every_knob_with_its_value():
-    cfg = Config().with_overrides({"prior.alpha": 3.0})
+    cfg = Config().with_overrides({"prior.alpha": 3.0, "prior.sigma_scale": 0.005})
     history = [_record(e, 5) for e in range(30)]  # K_init = 5, no move in 5 rounds
     (warning,) = diagnose(history, cfg)
     assert warning.kind == "no_split"
@@ -74,7 +74,8 @@ def test_collapse_to_one_or_two_clusters():
 def test_growing_from_one_cluster_is_not_a_collapse():
     # init.n_clusters = 1 (the default): the first split round (epoch 9) takes K to 2,
     # which is growth, not collapse (schedule pinned: moves every 5 epochs, patience 3)
-    cfg = Config().with_overrides({"schedule.move_every": 5, "schedule.patience": 3})
+    cfg = Config().with_overrides({"schedule.move_every": 5, "schedule.patience": 3,
+                                   "prior.sigma_scale": 0.005})
     growing = [_record(e, 1) for e in range(9)] + [_record(9, 2, splits=1)]
     growing += [_record(e, 2) for e in range(10, 19)]
     assert diagnose(growing, cfg) == []
@@ -101,3 +102,10 @@ def test_monitor_reports_each_kind_once():
         monitor(_record(e, 1))
     assert len(messages) == 2
     assert {d.kind for d in monitor.reported} == {"no_split", "collapsed"}
+
+
+def test_fitted_prior_scale_is_named_when_it_is_fitted():
+    history = [{**_record(e, 5), "prior_scale": 0.0123} for e in range(30)]
+    (warning,) = diagnose(history, Config().with_overrides({"prior.sigma_scale": "evidence"}))
+    assert "prior.sigma_scale is fitted to the clusters (last fitted s = 0.0123)" in warning.message
+    assert "prior.covariance_type=diag" in warning.message

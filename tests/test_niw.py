@@ -10,6 +10,7 @@ from scipy import integrate, stats
 from deepdpm_core.errors import ConfigError
 from deepdpm_core.niw import (
     NIWPrior,
+    empirical_bayes_scale,
     log_marginal_likelihood,
     log_merge_hastings,
     log_split_hastings,
@@ -111,7 +112,7 @@ def _two_way(x, z):
 
 def test_split_accepts_two_blobs_rejects_one_gaussian():
     rng = np.random.default_rng(4)
-    prior = NIWPrior.from_data_moments(torch.zeros(2), torch.ones(2), 1e-4, None, 0.005, "identity")
+    prior = NIWPrior.from_shape(torch.zeros(2), torch.ones(2), 1e-4, None, 0.005)
     blobs = np.concatenate([rng.normal(size=(300, 2)) - 4, rng.normal(size=(300, 2)) + 4])
     z = np.repeat([0, 1], 300)
     assert float(log_split_hastings(prior, 10.0, _two_way(blobs, z))[0]) > 50
@@ -123,8 +124,8 @@ def test_split_accepts_two_blobs_rejects_one_gaussian():
 def test_nu_at_or_below_d_minus_1_is_a_config_error():
     # the inverse-Wishart needs nu > D - 1; the CLI prints ConfigErrors as one line
     with pytest.raises(ConfigError, match="prior.nu must exceed D - 1 = 3 for 4-dimensional data, got 3.0"):
-        NIWPrior.from_data_moments(torch.zeros(4), torch.ones(4), 1e-4, 3.0, 0.005, "identity")
-    assert NIWPrior.from_data_moments(torch.zeros(4), torch.ones(4), 1e-4, 3.5, 0.005, "identity").nu == 3.5
+        NIWPrior.from_shape(torch.zeros(4), torch.ones(4), 1e-4, 3.0, 0.005)
+    assert NIWPrior.from_shape(torch.zeros(4), torch.ones(4), 1e-4, 3.5, 0.005).nu == 3.5
 
 
 def test_split_then_merge_restores_stats_and_negates_ratio():
@@ -164,3 +165,65 @@ def test_proposals_in_row_chunks_equal_one_batch(monkeypatch):
     assert splits == ref[0][0]
     assert moves.propose_merges(prior, 10.0, hard, means, np.random.default_rng(0), 3) == ref[1]
     assert ref[1], "the fixture should accept some merge"
+
+
+def _clusters(seed, d, sizes, spreads):
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([rng.normal(size=(n, d)) * sd + rng.normal(size=d) * 5 for n, sd in zip(sizes, spreads, strict=True)])
+    z = np.repeat(np.arange(len(sizes)), sizes)
+    xt = torch.as_tensor(x, dtype=torch.float64)
+    return sparse_stats(xt, torch.as_tensor(z), torch.ones(len(x)), len(sizes))
+
+
+@pytest.mark.parametrize("diagonal", [False, True])
+def test_empirical_bayes_scale_maximises_the_summed_marginal_likelihood(diagonal):
+    """The bisection's s against a brute-force search of Σ_k ln f(X_k; s) over ln s."""
+    d = 4
+    stats = _clusters(6, d, [40, 7, 120], [0.5, 2.0, 1.0])
+    shape = torch.tensor([1.0, 2.0, 0.5, 1.5], dtype=torch.float64)
+    base = NIWPrior.from_shape(torch.zeros(d), shape, 0.03, None, 1.0, diagonal=diagonal)
+
+    def total(log_s):
+        prior = base.with_scale(shape, math.exp(log_s), base.kappa)
+        return float(log_marginal_likelihood(prior, stats).sum())
+
+    grid = np.linspace(-8, 4, 2401)
+    best = grid[np.argmax([total(g) for g in grid])]
+    fine = np.linspace(best - 0.01, best + 0.01, 401)
+    best = fine[np.argmax([total(g) for g in fine])]
+    s = empirical_bayes_scale(base, stats, shape)
+    assert math.log(s) == pytest.approx(best, abs=1e-4)
+    # and it does not depend on the prior's current s (Λn − Λ0 does not)
+    other = base.with_scale(shape, 37.0, base.kappa)
+    assert empirical_bayes_scale(other, stats, shape) == pytest.approx(s, rel=1e-9)
+
+
+def test_empirical_bayes_scale_of_isotropic_clusters_is_their_variance():
+    # many points per cluster: the fixed point is s = sigma^2 (docstring)
+    stats = _clusters(7, 3, [20000, 20000], [0.3, 0.3])
+    prior = NIWPrior.from_shape(torch.zeros(3), torch.ones(3), 1e-4, None, 1.0)
+    assert empirical_bayes_scale(prior, stats, torch.ones(3, dtype=torch.float64)) == pytest.approx(0.09, rel=0.03)
+
+
+def test_diagonal_marginal_is_the_product_of_one_dimensional_models():
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(9, 3)) * [0.5, 1.0, 2.0] + 0.2
+    shape = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
+    diag = NIWPrior.from_shape(torch.zeros(3), shape, 0.3, 4.0, 0.7, diagonal=True)
+    per_feature = 0.0
+    for j in range(3):
+        one = NIWPrior(torch.zeros(1, dtype=torch.float64), 0.3, 4.0, diag.scale[j : j + 1, j : j + 1].clone())
+        per_feature += float(log_marginal_likelihood(one, _stats(x[:, j : j + 1]))[0])
+    assert float(log_marginal_likelihood(diag, _stats(x))[0]) == pytest.approx(per_feature, rel=1e-12)
+    mean, cov = map_estimate(diag, _stats(x))
+    for j in range(3):
+        one = NIWPrior(torch.zeros(1, dtype=torch.float64), 0.3, 4.0, diag.scale[j : j + 1, j : j + 1].clone())
+        m1, c1 = map_estimate(one, _stats(x[:, j : j + 1]))
+        assert float(mean[0, j]) == pytest.approx(float(m1[0, 0]), rel=1e-12)
+        assert float(cov[0, j, j]) == pytest.approx(float(c1[0, 0, 0]), rel=1e-12)
+    assert torch.count_nonzero(cov[0] - torch.diag(cov[0].diagonal())) == 0
+
+
+def test_diagonal_prior_defaults_to_three_degrees_of_freedom_per_feature():
+    assert NIWPrior.from_shape(torch.zeros(50), torch.ones(50), 1e-4, None, 1.0, diagonal=True).nu == 3.0
+    assert NIWPrior.from_shape(torch.zeros(50), torch.ones(50), 1e-4, None, 1.0).nu == 52.0

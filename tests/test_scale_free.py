@@ -1,0 +1,79 @@
+"""No scale to choose: the fit does not depend on the units of the features, and a prior
+fitted to the clusters finds them where the paper's fixed prior collapses to K = 1."""
+
+import numpy as np
+import pytest
+from sklearn.cluster import KMeans
+from sklearn.datasets import load_wine
+from sklearn.preprocessing import StandardScaler
+
+from deepdpm_core import DeepDPM
+from deepdpm_core.datasets import make_mixture
+from deepdpm_core.metrics import clustering_scores
+
+QUICK = {"schedule__max_epochs": 14}
+
+
+def _data():
+    X, y = make_mixture(900, 5, 4, imbalance=2.0, min_weight=0.1, random_state=3)
+    return X.astype(np.float64), y
+
+
+def test_units_and_offsets_do_not_change_the_fit():
+    X, _ = _data()
+    base = DeepDPM(random_state=1, **QUICK).fit(X)
+    for Xs in (1e-3 * X + 7.0, 1e3 * X):
+        other = DeepDPM(random_state=1, **QUICK).fit(Xs)
+        np.testing.assert_array_equal(other.labels_, base.labels_)
+        assert [r["n_clusters"] for r in other.history_] == [r["n_clusters"] for r in base.history_]
+    # the fitted parameters come back in the user's units
+    scaled = DeepDPM(random_state=1, **QUICK).fit(1e3 * X)
+    np.testing.assert_allclose(scaled.means_, 1e3 * base.means_, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(scaled.covariances_, 1e6 * base.covariances_, rtol=1e-4, atol=1e-2)
+    # the fitted prior scale s is in the features' units squared
+    assert scaled.history_[-1]["prior_scale"] == pytest.approx(1e6 * base.history_[-1]["prior_scale"], rel=1e-6)
+
+
+def test_standard_transform_removes_per_feature_units():
+    X, _ = _data()
+    units = np.array([1e-3, 1.0, 50.0, 7.0, 1e4])
+    base = DeepDPM(random_state=2, data__transform="standard", **QUICK).fit(X)
+    other = DeepDPM(random_state=2, data__transform="standard", **QUICK).fit(X * units + 3.0)
+    np.testing.assert_array_equal(other.labels_, base.labels_)
+    np.testing.assert_array_equal(other.predict(X[:50] * units + 3.0), base.predict(X[:50]))
+
+
+@pytest.mark.parametrize("transform", ["normalize", "min_max"])
+def test_reference_transforms_are_applied_at_predict_time(transform):
+    X, _ = _data()
+    X = X + 10.0  # rows away from the origin, so normalising them keeps the clusters
+    model = DeepDPM(random_state=0, data__transform=transform, **QUICK).fit(X)
+    np.testing.assert_array_equal(model.predict(X), model.labels_)
+    if transform == "normalize":  # row norms do not matter
+        np.testing.assert_array_equal(DeepDPM(random_state=0, data__transform=transform, **QUICK)
+                                      .fit(X * 5.0).labels_, model.labels_)
+
+
+def test_fixed_paper_prior_is_in_feature_units():
+    """``prior.sigma_scale: 0.05`` is Ψ = 0.05·I in the units of X, as in the paper."""
+    X, _ = _data()
+    fixed = DeepDPM(random_state=0, schedule__max_epochs=14, prior__sigma_scale=0.05).fit(X)
+    assert {r["prior_scale"] for r in fixed.history_} == {0.05}
+
+
+@pytest.mark.slow
+def test_small_data_are_not_collapsed_to_one_cluster():
+    """Standardised wine (178 x 13, 3 cultivars): the paper's fixed prior (s = 0.005,
+    κ0 = 1e-4) gives K = 1; the prior fitted by the evidence of the full model
+    (``sigma_scale: evidence``, κ0 auto) finds the three, as well as k-means given K = 3
+    does. (The default, fitted to the per-feature variances, gives K = 2: README.)"""
+    X, y = load_wine(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    paper = DeepDPM(random_state=0, prior__sigma_scale=0.005, prior__kappa=1e-4,
+                    prior__covariance_type="full").fit(X)
+    assert paper.n_clusters_ == 1
+    model = DeepDPM(random_state=0, prior__sigma_scale="evidence").fit(X)
+    nmi = clustering_scores(y, model.labels_)["nmi"]
+    km = clustering_scores(y, KMeans(3, n_init=10, random_state=0).fit_predict(X))["nmi"]
+    assert model.n_clusters_ == 3
+    assert nmi >= km - 0.02, (nmi, km)
