@@ -36,7 +36,8 @@ from tests.conftest_mlflow import MlflowServer, mlflow_server  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCH_METRICS = {"n_clusters", "loss_cluster", "loss_subcluster", "splits_accepted",
-                 "merges_accepted", "epoch_seconds", "epoch_seconds_estep", "epoch_seconds_train",
+                 "merges_accepted", "prior_scale", "diagonal_covariances",
+                 "epoch_seconds", "epoch_seconds_estep", "epoch_seconds_train",
                  "epoch_seconds_stats", "epoch_seconds_mstep", "epoch_seconds_moves"}  # fmt: skip
 LABEL_METRICS = {"nmi", "ari", "acc"}
 PNGS = ("k_over_epochs.png", "cluster_sizes.png", "moves.png", "losses.png", "scores.png", "epoch_time.png")
