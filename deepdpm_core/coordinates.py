@@ -32,13 +32,12 @@ _CHUNK = 1 << 16
 
 @dataclass(frozen=True)
 class FeatureCoordinates:
-    """x ↦ x̃ = (r(x) − center) ⊙ mult, with r the row normalisation when ``normalize_rows``.
+    """x ↦ x̃ = (r(x) − center) ⊙ mult, with r the row normalisation for ``normalize``.
 
     Attributes
     ----------
     kind : str
         The ``data.transform`` it was built for.
-    normalize_rows : bool
     center : Tensor of shape (D,), float64
     mult : Tensor of shape (D,), float64
         a / σ̄ (module docstring).
@@ -50,7 +49,6 @@ class FeatureCoordinates:
     """
 
     kind: str
-    normalize_rows: bool
     center: Tensor
     mult: Tensor
     unit: float
@@ -58,9 +56,7 @@ class FeatureCoordinates:
 
     def apply(self, x: Tensor) -> Tensor:
         """x̃ of raw rows (any float dtype, any device), float64 on x's device; (B, D)."""
-        x = x.to(torch.float64)
-        if self.normalize_rows:
-            x = x / x.norm(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+        x = _rows(x, self.kind == "normalize")
         return (x - self.center.to(x.device)) * self.mult.to(x.device)
 
     def means_to_features(self, means: Tensor) -> Tensor:
@@ -73,14 +69,20 @@ class FeatureCoordinates:
         return covs * inv[:, None] * inv[None, :]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "normalize_rows": self.normalize_rows, "center": self.center.cpu(),
-                "mult": self.mult.cpu(), "unit": self.unit, "feature_std": self.feature_std.cpu()}
+        return {"kind": self.kind, "center": self.center.cpu(), "mult": self.mult.cpu(),
+                "unit": self.unit, "feature_std": self.feature_std.cpu()}
 
     @staticmethod
     def from_state(state: dict[str, Any]) -> FeatureCoordinates:
-        return FeatureCoordinates(str(state["kind"]), bool(state["normalize_rows"]),
-                                  state["center"].to(torch.float64), state["mult"].to(torch.float64),
-                                  float(state["unit"]), state["feature_std"].to(torch.float64))
+        return FeatureCoordinates(str(state["kind"]), state["center"].to(torch.float64),
+                                  state["mult"].to(torch.float64), float(state["unit"]),
+                                  state["feature_std"].to(torch.float64))
+
+
+def _rows(x: Tensor, normalize: bool) -> Tensor:
+    """r(x): the rows in float64, divided by their L2 norms when ``normalize``; (B, D)."""
+    x = x.to(torch.float64)
+    return x / x.norm(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny) if normalize else x
 
 
 def _moments(x: Tensor, normalize_rows: bool, comm: Communicator, device: torch.device
@@ -92,9 +94,7 @@ def _moments(x: Tensor, normalize_rows: bool, comm: Communicator, device: torch.
     hi = torch.full((d,), -torch.inf, **f64)
     neg_lo = torch.full((d,), -torch.inf, **f64)
     for s in range(0, n_local, _CHUNK):
-        xc = x[s : s + _CHUNK].to(torch.float64)
-        if normalize_rows:
-            xc = xc / xc.norm(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+        xc = _rows(x[s : s + _CHUNK], normalize_rows)
         s1 += xc.sum(0)
         s2 += xc.square().sum(0)
         hi = torch.maximum(hi, xc.max(0).values)
@@ -130,8 +130,7 @@ def fit_coordinates(x: Tensor, kind: str, comm: Communicator, device: torch.devi
     Raises
     ------
     DataError
-        Every feature is constant (there is nothing to cluster), or normalisation meets
-        an all-zero row.
+        ``normalize`` and every row is zero.
     """
     normalize = kind == "normalize"
     n, rank_rows, mean, var, lo, hi = _moments(x, normalize, comm, device)
@@ -148,5 +147,5 @@ def fit_coordinates(x: Tensor, kind: str, comm: Communicator, device: torch.devi
     unit = float((var * a.square()).mean().sqrt()) if n else 0.0
     if not (unit > 0 and torch.isfinite(torch.tensor(unit))):  # constant data: one cluster
         unit = 1.0
-    coords = FeatureCoordinates(kind, normalize, mean, a / unit, unit, std * a)
+    coords = FeatureCoordinates(kind, mean, a / unit, unit, std * a)
     return coords, n, rank_rows

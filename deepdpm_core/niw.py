@@ -199,74 +199,37 @@ def map_estimate(prior: NIWPrior, stats: SuffStats) -> tuple[Tensor, Tensor]:
     return post.mean, post.scale.div_((post.nu + prior.dim + 2.0)[:, None, None])
 
 
-def scale_spectrum(prior: NIWPrior, stats: SuffStats, shape: Tensor) -> tuple[Tensor, Tensor]:
+def _scale_spectrum(prior: NIWPrior, stats: SuffStats, shape: Tensor, diagonal: bool) -> Tensor:
     """What the evidence's dependence on the prior's scale s sees of each row.
 
     With Λ0 = ν0·s·P and t = ν0·s, Λn = t·P + B with B = s2 + κ0 m0 m0ᵀ − κn mn mnᵀ
     independent of s. The terms of ln f(X_r) that depend on s are
     (ν0 D/2) ln t − (νn,r/2) Σ_i ln(t + β_ri), β_r the eigenvalues of P^(−1/2) B_r P^(−1/2)
-    (the diagonal entries for diagonal covariances, each feature a model of dimension 1).
+    (its diagonal entries when ``diagonal``: each feature a model of dimension 1).
 
     Returns
     -------
-    beta : Tensor of shape (R, D), float64, CPU
-    nu_n : Tensor of shape (R,), float64, CPU
+    Tensor of shape (R, D), float64, CPU: β.
     """
     post = posterior(prior, stats)
     p = shape.to(post.scale)
     bmat = (post.scale - prior.scale.to(post.scale)) / torch.sqrt(p[:, None] * p[None, :])
-    beta = bmat.diagonal(dim1=-2, dim2=-1) if prior.diagonal else torch.linalg.eigvalsh(bmat)
-    return beta.clamp_min(0.0).cpu(), post.nu.cpu()
+    beta = bmat.diagonal(dim1=-2, dim2=-1) if diagonal else torch.linalg.eigvalsh(bmat)
+    return beta.clamp_min(0.0).cpu()
 
 
-def _scale_terms(nu0: float, beta: Tensor, nun: Tensor, log_t: Tensor) -> tuple[Tensor, Tensor]:
-    """Σ over rows of the s-dependent evidence (:func:`scale_spectrum`) and its derivative
-    in ln t, at each of the H values ``log_t`` (H,); ``beta`` (H, R, D), ``nun`` (H, R)."""
-    t = log_t.exp()[:, None, None]
-    d = beta.shape[-1]
-    rows = (nun > 0).to(beta.dtype)  # padding rows carry νn = 0 and contribute nothing
-    value = (0.5 * nu0 * d * log_t[:, None] * rows - 0.5 * nun * torch.log(t + beta).sum(-1)).sum(-1)
-    slope = (0.5 * (nu0 * d * rows - nun * (t / (t + beta)).sum(-1))).sum(-1)
-    return value, slope
-
-
-def best_log_scale(nu0: float, beta: Tensor, nun: Tensor, iters: int = 100) -> Tensor:
-    """ln t* maximising the s-dependent evidence of each of H row sets (bisection in ln t).
-
-    The objective is concave in ln t (its derivative falls from ½ Σ_r (ν0 D − νn,r ·
-    #{β_ri = 0}) to −½ Σ_r n_r D), so the root of the derivative is the maximum; a set
-    whose derivative is negative everywhere (degenerate rows, e.g. single points) gets the
-    lower end of the bracket, 1e-12 of the mean β.
-
-    Parameters
-    ----------
-    beta : Tensor of shape (H, R, D)
-    nun : Tensor of shape (H, R)
-        νn of each row; rows with νn = 0 are padding.
-
-
-    Returns
-    -------
-    Tensor of shape (H,): ln t* = ln(ν0 s*).
-    """
-    ref = beta.mean(dim=(1, 2)).clamp_min(1e-300)
-    lo, hi = torch.log(ref * 1e-12), torch.log(ref) + 40.0
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        up = _scale_terms(nu0, beta, nun, mid)[1] > 0
-        lo = torch.where(up, mid, lo)
-        hi = torch.where(up, hi, mid)
-    return 0.5 * (lo + hi)
-
-
-def empirical_bayes_scale(prior: NIWPrior, stats: SuffStats, shape: Tensor) -> float:
+def empirical_bayes_scale(prior: NIWPrior, stats: SuffStats, shape: Tensor,
+                          per_feature: bool = False, iters: int = 100) -> float:
     """Type-II maximum likelihood of the prior's scale s, Λ0 = ν0·s·P, given cluster stats.
 
-    Maximises Σ_k ln f(X_k; m0, κ0, ν0, ν0·s·P) over s with m0, κ0, ν0 and P fixed; only
-    Λ0 depends on s (:func:`scale_spectrum`), and the objective is concave in ln s
-    (:func:`best_log_scale`). For isotropic clusters of variance σ² it is s = σ²: the
-    prior's scale is the clusters' own spread. Sees only the (all-reduced) statistics, so
-    every rank gets the same s.
+    Maximises Σ_k ln f(X_k; m0, κ0, ν0, ν0·s·P) over s with m0, κ0, ν0 and P fixed. Only
+    Λ0 depends on s (:func:`_scale_spectrum`); the objective is concave in ln t, with
+    derivative ½ Σ_k [ν0 D − νn,k Σ_i t / (t + β_ki)] falling from ½ Σ_k (ν0 D − νn,k ·
+    #{β_ki = 0}) to −½ Σ_k n_k D, so bisection in ln t finds its root. A set whose
+    derivative is negative everywhere (degenerate rows, e.g. single points) gets the lower
+    end of the bracket, 1e-12 of the mean β. For isotropic clusters of variance σ² it is
+    s = σ²: the prior's scale is the clusters' own spread. Sees only the (all-reduced)
+    statistics, so every rank gets the same s.
 
     Parameters
     ----------
@@ -275,17 +238,33 @@ def empirical_bayes_scale(prior: NIWPrior, stats: SuffStats, shape: Tensor) -> f
     stats : SuffStats with K rows
     shape : Tensor of shape (D,)
         diag(P), positive.
+    per_feature : bool
+        Fit s to the clusters' per-feature variances: the evidence of the diagonal model
+        of the same clusters (one Normal-Inverse-Gamma model per feature, ν0 = 3 unless
+        the prior is diagonal already), whatever ``prior.diagonal``.
 
     Returns
     -------
     float
         s, in the units of the data squared.
     """
-    beta, nun = scale_spectrum(prior, stats, shape)
-    keep = stats.n.cpu() > 0
-    if not bool(keep.any()) or not float(beta[keep].mean()) > 0:
+    diagonal = prior.diagonal or per_feature
+    nu0, d = (prior.nu if prior.diagonal or not per_feature else 3.0), prior.dim
+    keep = stats.n > 0
+    beta = _scale_spectrum(prior, stats.rows(torch.nonzero(keep).squeeze(1)), shape, diagonal)
+    nun = nu0 + stats.n[keep].cpu()
+    ref = float(beta.mean()) if beta.numel() else 0.0
+    if not ref > 0:
         return 1.0
-    return float(best_log_scale(prior.nu, beta[keep][None], nun[keep][None])[0].exp()) / prior.nu
+    lo, hi = math.log(ref * 1e-12), math.log(ref) + 40.0
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        t = math.exp(mid)
+        if float((nu0 * d - nun * (t / (t + beta)).sum(-1)).sum()) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp(0.5 * (lo + hi)) / nu0
 
 
 def log_split_hastings(

@@ -115,16 +115,8 @@ def _adam(params, lr: float) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr, fused=True)
 
 
-def _per_feature_evidence(prior: NIWPrior, stats: SuffStats, shape: Tensor) -> float:
-    """s maximising the evidence of the clusters' per-feature variances: the type-II
-    maximum likelihood scale of the diagonal model (one Normal-Inverse-Gamma model per
-    feature, ν0 = 3) of the same clusters, used for the prior at hand."""
-    per_feature = NIWPrior(prior.m0, prior.kappa, 3.0, prior.scale * (3.0 / prior.nu), diagonal=True)
-    return empirical_bayes_scale(per_feature, stats, shape)
-
-
 #: how ``prior.sigma_scale`` fits s to the clusters (see :class:`~deepdpm_core.config.PriorConfig`)
-_SCALE_RULES = {"auto": _per_feature_evidence, "evidence": empirical_bayes_scale}
+_PER_FEATURE = {"auto": True, "evidence": False}
 
 
 def _stored_coordinates(state: dict[str, Any]) -> FeatureCoordinates:
@@ -134,7 +126,7 @@ def _stored_coordinates(state: dict[str, Any]) -> FeatureCoordinates:
         return FeatureCoordinates.from_state(state["coordinates"])
     shift = state["shift"].to(torch.float64)
     ones = torch.ones_like(shift)
-    return FeatureCoordinates("none", False, shift, ones, 1.0, ones)
+    return FeatureCoordinates("none", shift, ones, 1.0, ones)
 
 
 class Trainer:
@@ -236,11 +228,11 @@ class Trainer:
         the candidate (full or diagonal covariances) with the larger evidence
         Σ_k ln f(X_k) is kept. Sees only all-reduced statistics: the same on every rank.
         """
-        auto_scale = self.config.prior.sigma_scale in _SCALE_RULES
+        rule = self.config.prior.sigma_scale
         fitted = []
         for prior in self.priors:
-            s = _SCALE_RULES[self.config.prior.sigma_scale](prior, stats, self.prior_shape) \
-                if auto_scale else self.sigma_scale
+            s = empirical_bayes_scale(prior, stats, self.prior_shape, _PER_FEATURE[rule]) \
+                if rule in _PER_FEATURE else self.sigma_scale
             fitted.append((prior.with_scale(self.prior_shape, s, self._kappa(s)), s))
         if len(fitted) > 1:
             evidence = [float(log_marginal_likelihood(prior, stats).sum()) for prior, _ in fitted]
