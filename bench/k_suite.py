@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
     try:
         overrides = parse_overrides(args.set)
-        DeepDPM(**overrides)  # an unknown key or a bad value fails here, before any fit
+        DeepDPM(**overrides).get_config()  # an unknown key or a bad value fails here, before any fit
     except ConfigError as exc:
         parser.error(f"--set: {exc}")
     builders = make_datasets(args.quick, args.ae_epochs)

@@ -1,9 +1,21 @@
-"""``DeepDPM``: a scikit-learn-style estimator around the single-process trainer."""
+"""``DeepDPM``: the method as a scikit-learn estimator (clusterer).
+
+The parameters are ``config`` (a :class:`~deepdpm_core.config.Config`, a nested mapping,
+a YAML path or None), ``random_state`` (the seed) and any config key as a keyword. They
+are stored as given; the config they make is built and checked by :meth:`DeepDPM.fit`
+(unknown key names fail at once, as an unknown keyword argument does). ``get_params``
+names every config key ``section__key`` (``prior__sigma_scale``), so ``set_params``,
+``clone``, ``Pipeline`` (``dpm__prior__alpha``) and ``GridSearchCV`` reach each of them.
+
+A fitted estimator holds a :class:`~deepdpm_core.fitted_model.FittedModel` (``model_``):
+the clustering net, the input transform and the mixture parameters, not the trainer.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import numbers
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -11,36 +23,76 @@ from typing import Any
 
 import numpy as np
 import torch
+from sklearn.base import BaseEstimator, ClusterMixin
+from sklearn.utils.validation import check_is_fitted
 
-from deepdpm_core.checkpoints import safe_load
 from deepdpm_core.config import Config, from_dict, load_config
-from deepdpm_core.errors import CheckpointError, ConfigError
+from deepdpm_core.errors import ConfigError
+from deepdpm_core.fitted_model import FORMAT, FittedModel
 from deepdpm_core.progress import progress_bar
 from deepdpm_core.trainer import Trainer
 from deepdpm_core.validation import check_features, check_init_labels, readonly_tensor
 
-FORMAT = "deepdpm-model/1"
+__all__ = ["FORMAT", "DeepDPM", "resolve_config"]
+
+_NOT_FITTED = "This %(name)s instance is not fitted yet: call fit() or DeepDPM.load() first"
+
+
+def _sections() -> list[str]:
+    """Names of the config's sections (``prior``, ``init``, ...)."""
+    hints = typing.get_type_hints(Config)
+    return [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(hints[f.name])]
 
 
 def _leaf_index() -> dict[str, list[str]]:
     """Leaf name -> dotted keys having it (for ``DeepDPM(alpha=1.0)`` shortcuts)."""
     index: dict[str, list[str]] = {}
-    for f in dataclasses.fields(Config):
-        sub = typing.get_type_hints(Config)[f.name]
-        if dataclasses.is_dataclass(sub):
-            for g in dataclasses.fields(sub):
-                index.setdefault(g.name, []).append(f"{f.name}.{g.name}")
-        else:
-            index.setdefault(f.name, []).append(f.name)
+    for dotted in Config().flat():
+        index.setdefault(dotted.rsplit(".", 1)[-1], []).append(dotted)
     return index
 
 
-def resolve_config(config: Config | dict | str | Path | None, overrides: dict[str, Any]) -> Config:
-    """Combine a config (object, mapping, YAML path or None) with keyword overrides.
+def _param_names(key: str, value: Any) -> list[tuple[str, Any]]:
+    """The ``section__key`` parameters (or ``seed``, ``device``) an override stands for.
 
-    Overrides may be dotted (``{"prior.alpha": 1.0}``), double-underscored
-    (``prior__alpha=1.0``), a whole section (``prior={"alpha": 1.0}``) or an unambiguous
-    leaf name (``alpha=1.0``).
+    Overrides may be double-underscored (``prior__alpha=1.0``), dotted
+    (``{"prior.alpha": 1.0}``), a whole section (``prior={"alpha": 1.0}``, one parameter
+    per key) or an unambiguous leaf name (``alpha=1.0``). Only the names are checked
+    here; values are checked when the config is built.
+
+    Raises
+    ------
+    ConfigError
+        An unknown or ambiguous name, with the closest known one.
+    """
+    dotted = key.replace("__", ".")
+    known = Config().flat()
+    if "." in dotted:
+        if dotted not in known:
+            Config().with_overrides({dotted: value})  # raises the config's "unknown config key"
+        return [(dotted.replace(".", "__"), value)]
+    if dotted in _sections():
+        if not isinstance(value, dict):  # a section given as a non-mapping: fit names it
+            return [(dotted, value)]
+        return [pair for k, v in value.items() for pair in _param_names(f"{dotted}.{k}", v)]
+    leaves = _leaf_index()
+    if len(leaves.get(dotted, [])) == 1:
+        return [(leaves[dotted][0].replace(".", "__"), value)]
+    if dotted in leaves:
+        raise ConfigError(f"ambiguous parameter '{key}': use one of {', '.join(leaves[dotted])}")
+    close = difflib.get_close_matches(dotted, [*leaves, *_sections()], n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise ConfigError(f"unknown parameter '{key}'{hint}")
+
+
+def resolve_config(config: Config | dict | str | Path | None, overrides: dict[str, Any]) -> Config:
+    """Combine a config (object, mapping, YAML path or None) with keyword overrides
+    (named as :func:`_param_names` accepts).
+
+    Raises
+    ------
+    ConfigError
+        An unknown key, a bad value or an unreadable config file.
     """
     if config is None:
         cfg = Config()
@@ -48,29 +100,20 @@ def resolve_config(config: Config | dict | str | Path | None, overrides: dict[st
         cfg = config
     elif isinstance(config, dict):
         cfg = from_dict(config)
-    else:
+    elif isinstance(config, (str, Path)):
         cfg = load_config(config)
-    leaves = _leaf_index()
-    sections = {f.name for f in dataclasses.fields(Config)}
+    else:
+        raise ConfigError(f"config must be a Config, a mapping, a YAML path or None, got {config!r}")
     dotted: dict[str, Any] = {}
     for key, value in overrides.items():
-        key = key.replace("__", ".")
-        if "." in key:
-            dotted[key] = value
-        elif key in sections and isinstance(value, dict):
-            dotted.update({f"{key}.{k}": v for k, v in value.items()})
-        elif len(leaves.get(key, [])) == 1:
-            dotted[leaves[key][0]] = value
-        elif key in leaves:
-            raise ConfigError(f"ambiguous parameter '{key}': use one of {', '.join(leaves[key])}")
-        else:
-            close = difflib.get_close_matches(key, [*leaves, *sections], n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigError(f"unknown parameter '{key}'{hint}")
+        for name, v in _param_names(key, value):
+            if name in _sections():  # a section that is not a mapping
+                raise ConfigError(f"config key '{name}' must be a mapping, got {v!r}")
+            dotted[name.replace("__", ".")] = v
     return cfg.with_overrides(dotted) if dotted else cfg
 
 
-class DeepDPM:
+class DeepDPM(ClusterMixin, BaseEstimator):
     """Deep clustering with an unknown number of clusters (Ronen et al., CVPR 2022).
 
     Parameters
@@ -80,10 +123,16 @@ class DeepDPM:
     random_state : int, optional
         Overrides ``config.seed``; equal seeds give identical fits.
     **overrides
-        Config keys, e.g. ``DeepDPM(alpha=1.0, prior__sigma_scale=0.01)``.
+        Config keys, e.g. ``DeepDPM(alpha=1.0, prior__sigma_scale=0.01)`` or
+        ``DeepDPM(init={"n_clusters": 3})``; :meth:`get_params` lists them as
+        ``section__key``.
 
     Attributes
     ----------
+    model_ : FittedModel
+        The fitted model: clustering net, input transform, mixture parameters, config.
+    n_features_in_ : int
+        D, the number of features seen in fit.
     n_clusters_ : int
         K found (clusters owning at least one training point).
     labels_ : ndarray of shape (N,)
@@ -101,11 +150,61 @@ class DeepDPM:
 
     def __init__(self, config: Config | dict | str | Path | None = None,
                  random_state: int | None = None, **overrides: Any) -> None:
-        cfg = resolve_config(config, overrides)
-        if random_state is not None:
-            cfg = cfg.with_overrides({"seed": int(random_state)})
-        self.config = cfg
-        self._trainer: Trainer | None = None
+        self.config = config
+        self.random_state = random_state
+        #: ``section__key`` -> value as given (the names are checked, the values in fit)
+        self._overrides = {n: v for key, value in overrides.items() for n, v in _param_names(key, value)}
+
+    # ------------------------------------------------------------ parameters
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """``config``, ``random_state`` and the config keys given; with ``deep`` also
+        every other config key as ``section__key`` with the value a fit would use."""
+        params = {"config": self.config, "random_state": self.random_state, **self._overrides}
+        if not deep:
+            return params
+        try:
+            flat = self.get_config().flat()
+        except ConfigError:  # fit reports it; the parameters as given still answer
+            return params
+        return {**{k.replace(".", "__"): v for k, v in flat.items()}, **params}
+
+    def set_params(self, **params: Any) -> DeepDPM:
+        """Set ``config``, ``random_state`` or config keys (named as in the constructor).
+
+        Raises
+        ------
+        ConfigError
+            An unknown or ambiguous key name (a ``ValueError``).
+        """
+        for key, value in params.items():
+            if key in ("config", "random_state"):
+                setattr(self, key, value)
+                continue
+            for name, v in _param_names(key, value):
+                self._overrides.pop(name, None)  # re-inserted last: applied after older ones
+                self._overrides[name] = v
+        return self
+
+    def get_config(self) -> Config:
+        """The config a fit uses: ``config``, the overrides, then ``random_state`` as seed.
+
+        Raises
+        ------
+        ConfigError
+            An unknown key, a bad value, an unreadable file or a bad ``random_state``.
+        """
+        cfg = resolve_config(self.config, self._overrides)
+        if self.random_state is None:
+            return cfg
+        if isinstance(self.random_state, bool) or not isinstance(self.random_state, numbers.Integral):
+            raise ConfigError(f"random_state must be an integer seed or None, got {self.random_state!r}")
+        return cfg.with_overrides({"seed": int(self.random_state)})
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = False
+        tags.input_tags.sparse = False
+        return tags
 
     # ----------------------------------------------------------------- fitting
     def fit(self, X: Any, y: Any = None, callbacks: list[Callable[[dict], None]] | None = None,
@@ -115,20 +214,25 @@ class DeepDPM:
         Parameters
         ----------
         callbacks : list of callables, optional
-            Each is called with every epoch's history record.
+            Each is called with every epoch's history record; the estimator predicts
+            with the model as it stands at the end of that epoch.
         progress : bool
             Show a progress bar with K and the losses.
         init_labels : array of shape (N,), int, optional
             Warm start: initial hard clusters (any non-negative ids; empty ids are
             dropped) instead of k-means with ``init.n_clusters``.
         """
-        X = check_features(X, min_rows=max(2, self.config.init.n_clusters))
+        config = self.get_config()
+        X = check_features(X, min_rows=max(2, config.init.n_clusters))
         start_labels = None
         if init_labels is not None:
             start_labels = torch.from_numpy(check_init_labels(init_labels, len(X)))
-        cbs = list(callbacks or [])
+        # first (``trainer`` is bound by the time an epoch ends): the callbacks after it may
+        # predict with the model the epoch left
+        cbs: list[Callable[[dict], None]] = [lambda _: self._set_model(trainer)] if callbacks else []
+        cbs += list(callbacks or [])
         # while the bar is open, lines written to stderr (warnings) go above it
-        with progress_bar(progress, total=self.config.schedule.max_epochs, desc="deepdpm fit",
+        with progress_bar(progress, total=config.schedule.max_epochs, desc="deepdpm fit",
                           unit="epoch") as bar:
             if bar is not None:
 
@@ -138,34 +242,31 @@ class DeepDPM:
                                     sub=f"{rec['loss_subcluster']:.3g}")
 
                 cbs.append(show)
-            trainer = Trainer(self.config, readonly_tensor(X), callbacks=cbs)
-            self._trainer = trainer  # callbacks may predict with the model while it trains
+            trainer = Trainer(config, readonly_tensor(X), callbacks=cbs)
             trainer.fit(start_labels)
-        self._trainer = trainer
+        self.model_ = FittedModel.from_trainer(trainer).freeze()  # the trainer goes here
         self.labels_ = self.predict(X)
         return self
 
-    def fit_predict(self, X: Any, y: Any = None) -> np.ndarray:
-        """Fit and return :attr:`labels_`."""
-        return self.fit(X).labels_
+    def _set_model(self, trainer: Trainer) -> None:
+        self.model_ = FittedModel.from_trainer(trainer)
 
     # --------------------------------------------------------------- inference
-    def _fitted(self) -> Trainer:
-        if self._trainer is None:
-            raise RuntimeError("this DeepDPM instance is not fitted yet; call fit() or load()")
-        return self._trainer
+    def _fitted(self) -> FittedModel:
+        check_is_fitted(self, "model_", msg=_NOT_FITTED)
+        return self.model_
+
+    def _rows(self, X: Any) -> Any:
+        """X checked against the fitted D, as a tensor view."""
+        return readonly_tensor(check_features(X, n_features=self._fitted().dim))
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """Cluster responsibilities r = softmax(f_cl(x)), shape (N, K)."""
-        t = self._fitted()
-        X = check_features(X, n_features=t.dim)
-        return t.predict_log_proba(readonly_tensor(X)).exp().numpy()
+        return self._fitted().predict_log_proba(self._rows(X)).exp().numpy()
 
     def predict(self, X: Any) -> np.ndarray:
         """Hard cluster of each row, argmax of :meth:`predict_proba`, shape (N,)."""
-        t = self._fitted()
-        X = check_features(X, n_features=t.dim)
-        return t.predict_labels(readonly_tensor(X)).numpy()
+        return self._fitted().predict_assignments(self._rows(X))[0].numpy()
 
     def predict_confidence(self, X: Any, batch_size: int = 65536) -> tuple[np.ndarray, np.ndarray]:
         """Hard cluster of each row and its responsibility, without the (N, K) array.
@@ -183,11 +284,10 @@ class DeepDPM:
         confidence : ndarray, shape (N,), float32
             ``predict_proba(X).max(1)``, computed batch by batch.
         """
-        t = self._fitted()
-        X = check_features(X, n_features=t.dim)
+        rows = self._rows(X)
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        labels, confidence = t.predict_assignments(readonly_tensor(X), batch_size)
+        labels, confidence = self._fitted().predict_assignments(rows, batch_size)
         return labels.numpy(), confidence.numpy()
 
     @property
@@ -200,17 +300,15 @@ class DeepDPM:
 
     @property
     def means_(self) -> np.ndarray:
-        t = self._fitted()
-        return t.coords.means_to_features(t.means).cpu().numpy()
+        return self._fitted().feature_means().numpy()
 
     @property
     def covariances_(self) -> np.ndarray:
-        t = self._fitted()
-        return t.coords.covariances_to_features(t.covs).cpu().numpy()
+        return self._fitted().feature_covariances().numpy()
 
     @property
     def weights_(self) -> np.ndarray:
-        return self._fitted().log_weights.exp().cpu().numpy()
+        return self._fitted().weights().numpy()
 
     @property
     def history_(self) -> list[dict]:
@@ -218,30 +316,23 @@ class DeepDPM:
 
     # ------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
-        """Write the fitted model (config, nets, NIW parameters, history) atomically."""
-        t = self._fitted()
-        state = {"format": FORMAT, **t.state_dict()}
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        torch.save(state, tmp)
-        tmp.replace(path)
+        """Write the fitted model (config, net, input transform, mixture, history) atomically."""
+        self._fitted().save(path)
 
     @classmethod
     def load(cls, path: str | Path) -> DeepDPM:
-        """Load a model written by :meth:`save` (``torch.load(weights_only=True)``)."""
-        path = Path(path)
-        state = safe_load(path, "model checkpoint")
-        if not isinstance(state, dict) or state.get("format") != FORMAT:
-            raise CheckpointError(f"{path} is not a DeepDPM model checkpoint ({FORMAT})")
-        cfg = from_dict(state["config"]).with_overrides({"device": "cpu"})
-        est = cls(cfg)
-        est._trainer = Trainer.from_state(state, config=cfg)
+        """Load a model written by :meth:`save` or by a fit (``torch.load(weights_only=True)``)."""
+        return cls.from_model(FittedModel.load(path))
+
+    @classmethod
+    def from_model(cls, model: FittedModel) -> DeepDPM:
+        """A fitted estimator around a fitted model (its config is the model's)."""
+        est = cls(model.config)
+        est.model_ = model
         return est
 
     @classmethod
     def from_trainer(cls, trainer: Trainer) -> DeepDPM:
-        """A fitted estimator around a finished trainer (e.g. one rank of a distributed fit)."""
-        est = cls(trainer.config)
-        est._trainer = trainer
-        return est
+        """A fitted estimator around a finished trainer's model (e.g. one rank of a
+        distributed fit); the trainer itself is not kept."""
+        return cls.from_model(FittedModel.from_trainer(trainer).freeze())

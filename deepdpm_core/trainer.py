@@ -22,18 +22,18 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from deepdpm_core.communicator import Communicator, LocalCommunicator
 from deepdpm_core.config import Config, from_dict
-from deepdpm_core.coordinates import FeatureCoordinates, fit_coordinates
+from deepdpm_core.coordinates import fit_coordinates
 from deepdpm_core.errors import CheckpointError, ConfigError
+from deepdpm_core.fitted_model import FittedModel, stored_coordinates
 from deepdpm_core.gmm import GaussianMixture, log_weights_from_counts
 from deepdpm_core.init import kmeans_centers, nearest_center, principal_split
 from deepdpm_core.losses import slot_kl
@@ -117,16 +117,6 @@ def _adam(params, lr: float) -> torch.optim.Adam:
 
 #: how ``prior.sigma_scale`` fits s to the clusters (see :class:`~deepdpm_core.config.PriorConfig`)
 _PER_FEATURE = {"auto": True, "evidence": False}
-
-
-def _stored_coordinates(state: dict[str, Any]) -> FeatureCoordinates:
-    """The coordinates a state was fitted in; states without them (written before the
-    coordinates existed) shifted the rows by their mean and nothing else."""
-    if "coordinates" in state:
-        return FeatureCoordinates.from_state(state["coordinates"])
-    shift = state["shift"].to(torch.float64)
-    ones = torch.ones_like(shift)
-    return FeatureCoordinates("none", shift, ones, 1.0, ones)
 
 
 class Trainer:
@@ -831,20 +821,9 @@ class Trainer:
         return float(total)
 
     # --------------------------------------------------------------- inference
-    @torch.no_grad()
-    def _log_proba_batches(self, x: Tensor, batch_size: int) -> Iterator[Tensor]:
-        """ln r from the clustering net for raw rows, one (B, K) batch at a time."""
-        self.cluster_net.eval()
-        for s in range(0, x.shape[0], batch_size):
-            xb = self.coords.apply(x[s : s + batch_size].to(self.device)).float()
-            with net_precision(self.precision, self.device):
-                logits = self.cluster_net(xb * self.input_scale)
-            yield F.log_softmax(logits.float(), dim=1).cpu()
-
     def predict_log_proba(self, x: Tensor, batch_size: int = 65536) -> Tensor:
         """ln r from the clustering net for raw rows; shape (N, K)."""
-        out = list(self._log_proba_batches(x, batch_size))
-        return torch.cat(out) if out else torch.zeros(0, self.n_clusters)
+        return FittedModel.from_trainer(self).predict_log_proba(x, batch_size)
 
     def predict_labels(self, x: Tensor, batch_size: int = 65536) -> Tensor:
         """Argmax of :meth:`predict_log_proba` per batch, for raw rows; shape (N,), int64.
@@ -854,21 +833,9 @@ class Trainer:
         return self.predict_assignments(x, batch_size)[0]
 
     def predict_assignments(self, x: Tensor, batch_size: int = 65536) -> tuple[Tensor, Tensor]:
-        """Hard cluster and its responsibility max_k r_ik, batch by batch, for raw rows.
-
-        Returns
-        -------
-        labels : Tensor, shape (N,), int64
-        confidence : Tensor, shape (N,), float32
-        """
-        labels, confidence = [], []
-        for lp in self._log_proba_batches(x, batch_size):
-            best, arg = lp.max(1)
-            labels.append(arg)
-            confidence.append(best.exp())
-        if not labels:
-            return torch.zeros(0, dtype=torch.long), torch.zeros(0)
-        return torch.cat(labels), torch.cat(confidence)
+        """Hard cluster and its responsibility max_k r_ik, batch by batch, for raw rows
+        (:meth:`~deepdpm_core.fitted_model.FittedModel.predict_assignments`)."""
+        return FittedModel.from_trainer(self).predict_assignments(x, batch_size)
 
     @torch.no_grad()
     def hard_counts(self, batch_size: int = 65536) -> Tensor:
@@ -951,14 +918,14 @@ class Trainer:
         dim = int(state["dim"])
         if x is None:
             trainer = cls(cfg, torch.zeros(1, dim), wrap=wrap, callbacks=callbacks)
-            trainer.coords = _stored_coordinates(state)
+            trainer.coords = stored_coordinates(state)
             trainer.input_scale = float(state["input_scale"])
             trainer.n_total = int(state["n_total"])
         else:
             if x.shape[1] != dim:
                 raise CheckpointError(f"the checkpoint was trained on {dim}-D rows, these have {x.shape[1]}")
             trainer = cls(cfg, x, comm, wrap, callbacks)
-            stored = _stored_coordinates(state)
+            stored = stored_coordinates(state)
             tol = 1e-5 * trainer.coords.unit
             if trainer.n_total != int(state["n_total"]) or not torch.allclose(
                     trainer.coords.center, stored.center, rtol=0, atol=tol):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import scipy.sparse
 import torch
 
 from deepdpm_core.errors import DataError
@@ -33,9 +34,11 @@ def check_features(X: object, *, min_rows: int = 1, n_features: int | None = Non
     Raises
     ------
     DataError
-        Not numeric, not 2-D, empty, NaN/inf entries (the first offending rows are
+        Sparse, not numeric, not 2-D, empty, NaN/inf entries (the first offending rows are
         named), too few rows, or the wrong number of features.
     """
+    if scipy.sparse.issparse(X):  # np.asarray would make it a 0-d object array
+        raise DataError(f"X is a sparse {X.format} matrix: DeepDPM fits dense arrays (pass X.toarray())")
     if isinstance(X, torch.Tensor):
         X = X.detach().cpu().numpy()
     try:
@@ -50,7 +53,7 @@ def check_features(X: object, *, min_rows: int = 1, n_features: int | None = Non
     if n == 0 or d == 0:
         raise DataError(f"X is empty (shape {arr.shape})")
     if n_features is not None and d != n_features:
-        raise DataError(f"X has {d} features but the model was fitted on {n_features}")
+        raise DataError(f"X has {d} features, but DeepDPM is expecting {n_features} features as input")
     source = arr
     with np.errstate(over="ignore"):  # float64 beyond float32's range: named below
         arr = arr.astype(np.float32, copy=False)

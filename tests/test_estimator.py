@@ -40,7 +40,7 @@ def test_fit_attributes_and_history(fitted, data):
     np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-5)
     np.testing.assert_array_equal(m.predict(X), m.labels_)
     # labels come batch by batch (no (N, K) array): batches of 7 rows give the same argmax
-    chunked = m._fitted().predict_labels(torch.from_numpy(X.astype(np.float32)), batch_size=7)
+    chunked = m.model_.predict_assignments(torch.from_numpy(X.astype(np.float32)), batch_size=7)[0]
     np.testing.assert_array_equal(chunked.numpy(), m.predict_proba(X).argmax(1))
     labels, confidence = m.predict_confidence(X, batch_size=7)
     np.testing.assert_array_equal(labels, m.labels_)
@@ -88,8 +88,8 @@ def test_save_load_round_trip(fitted, data, tmp_path):
 
 
 def test_overrides_are_checked():
-    assert DeepDPM(alpha=2.0).config.prior.alpha == 2.0
-    assert DeepDPM(prior={"sigma_scale": 0.1}).config.prior.sigma_scale == 0.1
+    assert DeepDPM(alpha=2.0).get_config().prior.alpha == 2.0
+    assert DeepDPM(prior={"sigma_scale": 0.1}).get_config().prior.sigma_scale == 0.1
     with pytest.raises(ConfigError, match="unknown parameter 'alpah'"):
         DeepDPM(alpah=2.0)
 
@@ -116,7 +116,7 @@ def test_fewer_points_than_initial_clusters():
 
 
 def test_wrong_dimension_at_predict(fitted):
-    with pytest.raises(DataError, match="has 5 features but the model was fitted on 3"):
+    with pytest.raises(DataError, match="X has 5 features, but DeepDPM is expecting 3 features as input"):
         fitted.predict(np.zeros((4, 5)))
 
 

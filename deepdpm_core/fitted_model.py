@@ -1,0 +1,233 @@
+"""The fitted model: what predicting needs, and nothing of the training.
+
+Predictions come from the clustering net alone, applied to rows in the fit's own
+coordinates (:mod:`deepdpm_core.coordinates`); the mixture parameters describe the
+clusters. So a fitted model is the clustering net, the input transform, the cluster
+means, covariances and weights, the config and the epoch history. The trainer's float32
+copy of the training data, its subclustering nets and its Adam state stay with the
+trainer and are freed with it.
+
+Model files (``model.pt``, format ``deepdpm-model/1``) are a dict of tensors and plain
+containers, read only through :func:`deepdpm_core.checkpoints.safe_load`. The fitted
+model writes the keys below; a full trainer state (a checkpoint of a distributed fit, or
+a model file written when models kept the trainer) carries them too and is read the same
+way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from deepdpm_core.checkpoints import safe_load
+from deepdpm_core.config import Config, from_dict
+from deepdpm_core.coordinates import FeatureCoordinates
+from deepdpm_core.errors import CheckpointError
+from deepdpm_core.nets import ClusterNet
+from deepdpm_core.precision import net_precision, resolve_precision
+
+if TYPE_CHECKING:
+    from deepdpm_core.trainer import Trainer
+
+Tensor = torch.Tensor
+FORMAT = "deepdpm-model/1"
+
+
+def stored_coordinates(state: dict[str, Any]) -> FeatureCoordinates:
+    """The coordinates a state was fitted in; states without them (written before the
+    coordinates existed) shifted the rows by their mean and nothing else."""
+    if "coordinates" in state:
+        return FeatureCoordinates.from_state(state["coordinates"])
+    shift = state["shift"].to(torch.float64)
+    ones = torch.ones_like(shift)
+    return FeatureCoordinates("none", shift, ones, 1.0, ones)
+
+
+@dataclass(eq=False)
+class FittedModel:
+    """A fitted DeepDPM: clustering net, input transform and mixture parameters.
+
+    Attributes
+    ----------
+    config : Config
+        The config it was fitted with.
+    coords : FeatureCoordinates
+        Raw rows -> the fit's coordinates x̃, in which the net and the mixture live.
+    cluster_net : ClusterNet
+        f_cl: x̃ (B, D) -> logits (B, K).
+    means : Tensor of shape (K, D), float64
+        Cluster means in x̃.
+    covariances : Tensor of shape (K, D, D), float64
+        Cluster covariances in x̃.
+    log_weights : Tensor of shape (K,), float64
+        Log mixture weights.
+    history : list of dict
+        One record per epoch (see :class:`~deepdpm_core.estimator.DeepDPM`).
+    n_total : int
+        Rows it was fitted on.
+    input_scale : float
+        Factor on x̃ before the net (1 since the coordinates have unit mean variance;
+        older model files stored another).
+    """
+
+    config: Config
+    coords: FeatureCoordinates
+    cluster_net: ClusterNet
+    means: Tensor
+    covariances: Tensor
+    log_weights: Tensor
+    history: list[dict[str, Any]]
+    n_total: int
+    input_scale: float = 1.0
+
+    @property
+    def dim(self) -> int:
+        """D, the number of features."""
+        return int(self.means.shape[1])
+
+    @property
+    def n_clusters(self) -> int:
+        """K."""
+        return int(self.means.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        """Where the net runs (that of the fit; the CPU for a loaded model)."""
+        return self.means.device
+
+    # ------------------------------------------------------------- building
+    @classmethod
+    def from_trainer(cls, trainer: Trainer) -> FittedModel:
+        """The trainer's model at the end of its last epoch.
+
+        The net and tensors are the trainer's own (no copy, so a view taken between
+        epochs costs nothing); the training data, the subclustering nets and the
+        optimisers are not referenced. A net taken from a finished trainer should not be
+        trained further: :meth:`freeze` it.
+        """
+        return cls(trainer.config, trainer.coords, trainer.cluster_net, trainer.means, trainer.covs,
+                   trainer.log_weights, list(trainer.history), int(trainer.n_total),
+                   float(trainer.input_scale))
+
+    def freeze(self) -> FittedModel:
+        """Drop the net's gradients and stop tracking new ones (its training is over)."""
+        self.cluster_net.zero_grad(set_to_none=True)
+        self.cluster_net.requires_grad_(False)
+        return self
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], device: str = "cpu") -> FittedModel:
+        """The model held by a model file's dict (this class's :meth:`state_dict` or a
+        full trainer state); ``device`` replaces the config's device.
+
+        Raises
+        ------
+        CheckpointError
+            Not a ``deepdpm-model/1`` dict, or keys missing.
+        """
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise CheckpointError(f"not a DeepDPM model checkpoint ({FORMAT})")
+        try:
+            config = from_dict(state["config"]).with_overrides({"device": device})
+            weights = state["cluster_net"]
+            hidden, dim = weights["hidden.weight"].shape
+            net = ClusterNet(int(dim), int(hidden), int(weights["out.weight"].shape[0]), torch.Generator())
+            net.load_state_dict(weights)
+            return cls(config, stored_coordinates(state), net.to(device),
+                       state["means"].to(device), state["covariances"].to(device),
+                       state["log_weights"].to(device), list(state["history"]), int(state["n_total"]),
+                       float(state["input_scale"])).freeze()
+        except KeyError as exc:
+            raise CheckpointError(f"a DeepDPM model checkpoint without the key {exc}") from exc
+
+    def state_dict(self) -> dict[str, Any]:
+        """The model as tensors and plain containers (what :meth:`save` writes)."""
+        return {
+            "format": FORMAT,
+            "config": self.config.to_dict(),
+            "dim": self.dim,
+            "n_total": self.n_total,
+            "coordinates": self.coords.state_dict(),
+            "input_scale": self.input_scale,
+            "history": list(self.history),
+            "means": self.means.cpu(),
+            "covariances": self.covariances.cpu(),
+            "log_weights": self.log_weights.cpu(),
+            "cluster_net": {k: v.cpu() for k, v in self.cluster_net.state_dict().items()},
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write :meth:`state_dict` to ``path`` atomically (a temporary file, then a rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save(self.state_dict(), tmp)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> FittedModel:
+        """Read a model file (``torch.load(weights_only=True)``), on the CPU.
+
+        Raises
+        ------
+        CheckpointError
+            Not a PyTorch checkpoint, not safe to read, or not a DeepDPM model.
+        """
+        state = safe_load(path, "model checkpoint")
+        try:
+            return cls.from_state(state)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{path} is {exc}") from exc
+
+    # ------------------------------------------------------------ inference
+    @torch.no_grad()
+    def log_proba_batches(self, x: Tensor, batch_size: int = 65536) -> Iterator[Tensor]:
+        """ln r = log_softmax(f_cl(x̃)) for raw rows x (N, D), one (B, K) CPU batch at a time."""
+        precision = resolve_precision(self.config.model.precision, self.device)
+        self.cluster_net.eval()  # no train-only layers; a trainer sets its own mode per epoch
+        for s in range(0, x.shape[0], batch_size):
+            xb = self.coords.apply(x[s : s + batch_size].to(self.device)).float()
+            with net_precision(precision, self.device):
+                logits = self.cluster_net(xb * self.input_scale)
+            yield F.log_softmax(logits.float(), dim=1).cpu()
+
+    def predict_log_proba(self, x: Tensor, batch_size: int = 65536) -> Tensor:
+        """ln r for raw rows; shape (N, K)."""
+        out = list(self.log_proba_batches(x, batch_size))
+        return torch.cat(out) if out else torch.zeros(0, self.n_clusters)
+
+    def predict_assignments(self, x: Tensor, batch_size: int = 65536) -> tuple[Tensor, Tensor]:
+        """Hard cluster and its responsibility max_k r_ik of raw rows, batch by batch
+        (never the (N, K) array: 5 GB at 1.28M rows and K = 1000).
+
+        Returns
+        -------
+        labels : Tensor of shape (N,), int64
+        confidence : Tensor of shape (N,), float32
+        """
+        labels, confidence = [], []
+        for lp in self.log_proba_batches(x, batch_size):
+            best, arg = lp.max(1)
+            labels.append(arg)
+            confidence.append(best.exp())
+        if not labels:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0)
+        return torch.cat(labels), torch.cat(confidence)
+
+    # ------------------------------------------------------- in the features
+    def feature_means(self) -> Tensor:
+        """Cluster means in the (transformed) features' space; (K, D), float64, CPU."""
+        return self.coords.means_to_features(self.means).cpu()
+
+    def feature_covariances(self) -> Tensor:
+        """Cluster covariances in the (transformed) features' space; (K, D, D), float64, CPU."""
+        return self.coords.covariances_to_features(self.covariances).cpu()
+
+    def weights(self) -> Tensor:
+        """Mixture weights; (K,), CPU."""
+        return self.log_weights.exp().cpu()
