@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -269,7 +270,7 @@ def _positive(cfg: Config) -> dict[str, float]:
 def _validate(cfg: Config) -> None:
     for key, value in _positive(cfg).items():
         if not value > 0:
-            raise ConfigError(f"config key '{key}' must be > 0, got {value!r}")
+            raise ConfigError(f"config key '{key}' must be > 0, got {_shown(value)}")
     for key, value in {
         "schedule.warmup_epochs": cfg.schedule.warmup_epochs,
         "schedule.freeze_epochs": cfg.schedule.freeze_epochs,
@@ -284,22 +285,92 @@ def _validate(cfg: Config) -> None:
         "estep.dense_max_k": cfg.estep.dense_max_k,
     }.items():
         if value < 0:
-            raise ConfigError(f"config key '{key}' must be >= 0, got {value!r}")
+            raise ConfigError(f"config key '{key}' must be >= 0, got {_shown(value)}")
     if cfg.embed.min_dist > 1.0:  # UMAP needs min_dist <= spread, which it leaves at 1
-        raise ConfigError(f"config key 'embed.min_dist' must be <= 1, got {cfg.embed.min_dist!r}")
+        raise ConfigError(f"config key 'embed.min_dist' must be <= 1, got {_shown(cfg.embed.min_dist)}")
     if cfg.embed.n_neighbors < 2:
-        raise ConfigError(f"config key 'embed.n_neighbors' must be >= 2, got {cfg.embed.n_neighbors!r}")
+        raise ConfigError(f"config key 'embed.n_neighbors' must be >= 2, got {_shown(cfg.embed.n_neighbors)}")
     if not 0 <= cfg.seed < 2**31:  # FAISS and the derived per-epoch torch seeds stay in range
-        raise ConfigError(f"config key 'seed' must be in [0, 2**31), got {cfg.seed!r}")
+        raise ConfigError(f"config key 'seed' must be in [0, 2**31), got {_shown(cfg.seed)}")
     if cfg.optim.max_batch_size < cfg.optim.base_batch_size:
         raise ConfigError(f"config key 'optim.max_batch_size' ({cfg.optim.max_batch_size}) must be >= "
                           f"optim.base_batch_size ({cfg.optim.base_batch_size})")
     if cfg.prior.nu is not None and cfg.prior.nu <= 0:
-        raise ConfigError(f"config key 'prior.nu' must be > 0 or null, got {cfg.prior.nu!r}")
+        raise ConfigError(f"config key 'prior.nu' must be > 0 or null, got {_shown(cfg.prior.nu)}")
     if not cfg.ae.hidden or min(cfg.ae.hidden) <= 0:
         raise ConfigError(
-            f"config key 'ae.hidden' must be a non-empty list of positive sizes, got {list(cfg.ae.hidden)!r}"
+            f"config key 'ae.hidden' must be a non-empty list of positive sizes, got {_shown(list(cfg.ae.hidden))}"
         )
+
+
+#: nodes a YAML document may expand to once its aliases are followed (a config has ~100)
+MAX_YAML_NODES = 10_000
+#: characters of a value an error message shows at most
+_SHOWN_CHARS = 120
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` for an error message, bounded: nested and long values are elided
+    (``[[1, 2, ...], ...]``) without walking them, so a huge value costs nothing to show."""
+    short = reprlib.Repr()
+    short.maxlevel, short.maxlist, short.maxtuple, short.maxdict = 3, 6, 6, 6
+    short.maxstring = short.maxother = short.maxlong = _SHOWN_CHARS
+    text = short.repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
+
+class _BoundedSafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a document whose aliases expand it beyond
+    :data:`MAX_YAML_NODES` nodes (a "billion laughs" bomb: 1 KB of nested aliases that
+    mean 10⁹ strings) or that refer to themselves, before any value is built."""
+
+    def compose_document(self) -> yaml.Node:
+        node = super().compose_document()
+        _expanded_size(node, {}, set())
+        return node
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int]) -> int:
+    """Nodes under ``node`` with every alias expanded, memoised per node (an alias is the
+    same node object), so the count costs one visit per distinct node."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_nodes:
+        raise ConfigError("YAML refers to itself (a recursive alias); write the value out")
+    open_nodes.add(key)
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    else:
+        children = []
+    total = 1
+    for child in children:
+        total += _expanded_size(child, sizes, open_nodes)
+        if total > MAX_YAML_NODES:
+            raise ConfigError(f"YAML expands to more than {MAX_YAML_NODES} values through its "
+                              "aliases (&anchor/*alias); write the config out without them")
+    open_nodes.discard(key)
+    sizes[key] = total
+    return total
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)`` with bounded alias expansion and nesting.
+
+    Raises
+    ------
+    ConfigError
+        The aliases expand beyond :data:`MAX_YAML_NODES` values or refer to themselves,
+        or the nesting is too deep for the parser.
+    yaml.YAMLError
+        Not valid YAML.
+    """
+    try:
+        return yaml.load(text, Loader=_BoundedSafeLoader)  # noqa: S506 - a SafeLoader
+    except RecursionError:
+        raise ConfigError("YAML is nested too deeply") from None
 
 
 def _coerce(key: str, annotation: Any, value: Any) -> Any:
@@ -308,7 +379,7 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
     if origin is Literal:
         if value not in typing.get_args(annotation):
             allowed = ", ".join(repr(a) for a in typing.get_args(annotation))
-            raise ConfigError(f"config key '{key}' must be one of {allowed}, got {value!r}")
+            raise ConfigError(f"config key '{key}' must be one of {allowed}, got {_shown(value)}")
         return value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(annotation)
@@ -322,24 +393,24 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
                 return _coerce(key, arg, value)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"config key '{key}' has a bad value {value!r}")
+        raise ConfigError(errors[0] if errors else f"config key '{key}' has a bad value {_shown(value)}")
     if origin is tuple:
         # Only homogeneous ``tuple[T, ...]`` fields (e.g. layer sizes); YAML gives a list.
         item_type, ellipsis = typing.get_args(annotation)
         if ellipsis is not Ellipsis or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key '{key}' must be a list, got {value!r}")
+            raise ConfigError(f"config key '{key}' must be a list, got {_shown(value)}")
         return tuple(_coerce(f"{key}[{i}]", item_type, v) for i, v in enumerate(value))
     if is_dataclass(annotation):
         if not isinstance(value, dict):
-            raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
+            raise ConfigError(f"config key '{key}' must be a mapping, got {_shown(value)}")
         return _build(annotation, value, prefix=f"{key}.")
     if annotation is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"config key '{key}' must be true or false, got {value!r}")
+            raise ConfigError(f"config key '{key}' must be true or false, got {_shown(value)}")
         return value
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"config key '{key}' must be an integer, got {value!r}")
+            raise ConfigError(f"config key '{key}' must be an integer, got {_shown(value)}")
         return value
     if annotation is float:
         if isinstance(value, str):
@@ -349,13 +420,13 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"config key '{key}' must be a number, got {value!r}")
+            raise ConfigError(f"config key '{key}' must be a number, got {_shown(value)}")
         if not math.isfinite(value):
-            raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
+            raise ConfigError(f"config key '{key}' must be a finite number, got {_shown(value)}")
         return float(value)
     if annotation is str:
         if not isinstance(value, str):
-            raise ConfigError(f"config key '{key}' must be a string, got {value!r}")
+            raise ConfigError(f"config key '{key}' must be a string, got {_shown(value)}")
         return value
     raise ConfigError(f"config key '{key}' has an unsupported type {annotation!r}")
 
@@ -395,7 +466,7 @@ def from_dict(data: dict[str, Any] | None) -> Config:
 
 
 def load_config(path: str | Path) -> Config:
-    """Load a YAML config file strictly (``yaml.safe_load``; unknown keys are errors).
+    """Load a YAML config file strictly (:func:`load_yaml`; unknown keys are errors).
 
     Parameters
     ----------
@@ -413,7 +484,9 @@ def load_config(path: str | Path) -> Config:
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from exc
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except ConfigError as exc:
+        raise ConfigError(f"config {path}: {exc}") from None
     except yaml.YAMLError as exc:
         # one line: PyYAML's message spans several, with a caret under the column
         raise ConfigError(f"config {path} is not valid YAML: {' '.join(str(exc).split())}") from exc
@@ -431,7 +504,9 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             raise ConfigError(f"--set expects key=value, got '{item}'")
         key, raw = item.split("=", 1)
         try:
-            out[key.strip()] = yaml.safe_load(raw)
+            out[key.strip()] = load_yaml(raw)
+        except ConfigError as exc:
+            raise ConfigError(f"--set {key}: {exc}") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"--set {key}: cannot parse value '{raw}'") from exc
     return out
@@ -451,6 +526,7 @@ __all__ = [
     "ScheduleConfig",
     "from_dict",
     "load_config",
+    "load_yaml",
     "parse_overrides",
     "replace",
 ]

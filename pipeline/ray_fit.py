@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from deepdpm_core import errors
+from deepdpm_core.checkpoints import safe_load
 from deepdpm_core.communicator import Communicator
 from deepdpm_core.config import Config, from_dict
 from deepdpm_core.errors import CheckpointError, ConfigError, DataError, DeepDPMError
@@ -67,7 +68,8 @@ FAIL_RANK_ENV = "DEEPDPM_FAIL_RANK"
 
 @dataclass(frozen=True)
 class FitRequest:
-    """Everything a distributed fit needs (stored as ``OUT/fit_request.json``).
+    """Everything a fit with checkpoints needs (stored as ``OUT/fit_request.json``): a
+    distributed one, or a single-process one (``in_process``) that ``--resume`` continues.
 
     Paths are absolute: workers may run in other directories or on other nodes.
     """
@@ -84,11 +86,13 @@ class FitRequest:
     experiment: str = "deepdpm"
     run_name: str | None = None
     quiet: bool = False
+    #: a single-process fit with checkpoints (:mod:`pipeline.resumable_fit`), not a Ray one
+    in_process: bool = False
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:  # Ray Train's 0 (local mode) would drop the checkpoints
             raise ConfigError(f"a Ray fit needs --num-workers >= 1, got {self.num_workers} (without "
-                              "--ray-address, --resume and --checkpoint-every, 0 or 1 fit in this process)")
+                              "--ray-address, 0 or 1 fit in this process)")
         if self.checkpoint_every < 0:
             raise ConfigError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
         if self.max_failures < -1:
@@ -106,7 +110,7 @@ class FitRequest:
             return cls(**data)
         except (FileNotFoundError, NotADirectoryError):
             raise CheckpointError(
-                f"{run_dir} is not the output directory of a distributed fit (no {REQUEST_FILE})"
+                f"{run_dir} is not the output directory of a fit with checkpoints (no {REQUEST_FILE})"
             ) from None
         except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
             raise CheckpointError(f"{path} is not a valid fit request: {exc}") from exc
@@ -375,9 +379,9 @@ def _report(trainer: Trainer, rank: int, final: bool) -> None:
 def _load_state(checkpoint) -> dict[str, Any]:
     with checkpoint.as_directory() as path:
         try:
-            state = torch.load(Path(path) / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
-        except Exception as exc:  # unpickling errors have many types
-            raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+            state = safe_load(Path(path) / CHECKPOINT_FILE)
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint {path} has no {CHECKPOINT_FILE}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a DeepDPM checkpoint ({FORMAT})")
     return state

@@ -281,7 +281,7 @@ def test_fit_bad_arguments_are_one_line_errors(tmp_path, capsys):
     pq.write_table(pa.table({"embedding": [[r] for r in rows]}), tmp_path / "nested.parquet")
     for argv, message in [
         (["--input", str(raw), "--output", str(tmp_path / "afile")], "exists and is not a directory"),
-        (["--resume", str(tmp_path / "afile")], "is not the output directory of a distributed fit"),
+        (["--resume", str(tmp_path / "afile")], "is not the output directory of a fit with checkpoints"),
         (["--input", str(tmp_path / "labelstr.parquet"), "--output", str(tmp_path / "o")],
          "column 'label' must hold integers, got string"),
         (["--input", str(tmp_path / "nested.parquet"), "--output", str(tmp_path / "o")],

@@ -2,3 +2,214 @@
 
 Each test function belongs to one guarantee of ``docs/reliability.md``.
 """
+
+import json
+import os
+import pickle
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+# Ray reads its auth mode when it is first imported: set it before anything imports ray
+# (token auth with a token of this session, as in tests/test_ray_fit.py)
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import numpy as np  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from deepdpm_core.config import MAX_YAML_NODES, load_config, parse_overrides  # noqa: E402
+from deepdpm_core.errors import CheckpointError, ConfigError  # noqa: E402
+from pipeline.cli import main  # noqa: E402
+from pipeline.io import features_table  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------- a single-process fit is resumable
+#: local.yaml's prior with a short schedule: K = 4 in about 15 epochs
+RESUMABLE_FIT = [
+    "--config", str(REPO / "cluster_configs" / "local.yaml"), "--seed", "0",
+    "--set", "init.n_clusters=2", "--set", "schedule.warmup_epochs=3",
+    "--set", "schedule.move_every=3", "--set", "schedule.freeze_epochs=1",
+    "--set", "schedule.patience=3", "--set", "schedule.max_epochs=30", "--quiet", "--no-tracking",
+]
+
+
+@pytest.fixture(scope="module")
+def mixture(tmp_path_factory) -> Path:
+    """4 unit Gaussians on corners of a 4-D cube of side 12, 200 labelled rows each (Parquet)."""
+    rng = np.random.default_rng(0)
+    centres = np.array([[0, 0, 0, 0], [12, 0, 0, 0], [0, 12, 12, 0], [12, 12, 0, 12]], float)
+    X = np.concatenate([c + rng.normal(size=(200, 4)) for c in centres])
+    y = np.repeat(np.arange(4), 200)
+    order = rng.permutation(len(X))
+    path = tmp_path_factory.mktemp("faults") / "mixture.parquet"
+    pq.write_table(features_table(X[order].astype(np.float32), np.arange(len(X)), y[order]), path)
+    return path
+
+
+def _history(run: Path) -> list[dict]:
+    """Every epoch's record without its timings."""
+    summary = json.loads((run / "summary.json").read_text())
+    return [{k: v for k, v in r.items() if not k.startswith("seconds")} for r in summary["history"]]
+
+
+def test_a_single_process_fit_killed_mid_fit_resumes_to_the_uninterrupted_result(mixture, tmp_path,
+                                                                                  capsys):
+    whole, run = tmp_path / "whole", tmp_path / "run"
+    assert main(["fit", "--input", str(mixture), "--output", str(whole), *RESUMABLE_FIT]) == 0
+    fit = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "fit", "--input", str(mixture), "--output", str(run),
+         *RESUMABLE_FIT, "--checkpoint-every", "2"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not (run / "checkpoints" / "epoch_000004.pt").exists():
+        assert fit.poll() is None, fit.communicate()
+        assert time.monotonic() < deadline, "no checkpoint after 300 s"
+        time.sleep(0.02)
+    fit.send_signal(signal.SIGKILL)
+    fit.communicate()
+    assert fit.returncode == -signal.SIGKILL
+    assert not (run / "summary.json").exists()  # stopped mid-fit
+    stopped_at = max(int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("epoch_*.pt"))
+
+    assert main(["fit", "--resume", str(run), "--quiet"]) == 0
+    # the same K, losses, moves and per-epoch scores in every epoch, and the same labels
+    assert len(_history(whole)) > stopped_at + 2
+    assert _history(run) == _history(whole)
+    assert pq.read_table(run / "assignments.parquet").equals(pq.read_table(whole / "assignments.parquet"))
+    assert json.loads((run / "summary.json").read_text())["resumed_from_epoch"] == stopped_at
+    # the same files, plus the request and the last 2 checkpoints (no temporary file)
+    assert {p.name for p in run.iterdir()} == {p.name for p in whole.iterdir()} | {
+        "fit_request.json", "checkpoints"}
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert len(kept) == 2 and all(name.startswith("epoch_") and name.endswith(".pt") for name in kept)
+
+    capsys.readouterr()
+    assert main(["fit", "--resume", str(run), "--num-workers", "2"]) == 2
+    assert "holds a fit that ran in one process" in capsys.readouterr().err
+    assert main(["fit", "--input", str(mixture), "--output", str(run), *RESUMABLE_FIT]) == 2
+    assert f"holds checkpoints of an earlier fit: continue it with --resume {run}" in capsys.readouterr().err
+
+
+# ------------------------------------------------- small hostile inputs stay small
+def _alias_bomb(levels: int = 9) -> list[str]:
+    """A "billion laughs" list: level i holds 9 aliases of level i - 1 (9**levels strings)."""
+    items = ["&l0 [" + ", ".join(["lol"] * 9) + "]"]
+    items += [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return items
+
+
+def test_a_yaml_alias_bomb_fails_fast_in_one_short_line(tmp_path, capsys):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("seed:\n" + "".join(f"  - {item}\n" for item in _alias_bomb()))
+    assert bomb.stat().st_size <= 1024
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=f"more than {MAX_YAML_NODES} values through its aliases") as err:
+        load_config(bomb)
+    seconds = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert seconds < 1.0 and peak < 20e6, (seconds, peak)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300
+
+    with pytest.raises(ConfigError, match="through its aliases"):
+        parse_overrides(["seed=[" + ", ".join(_alias_bomb()) + "]"])
+    assert main(["fit", "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "out"),
+                 "--config", str(bomb), "--no-tracking"]) == 2
+    err_text = capsys.readouterr().err
+    assert len(err_text.splitlines()) == 1 and "through its aliases" in err_text
+
+    (tmp_path / "self.yaml").write_text("seed: &s [1, *s]\n")
+    with pytest.raises(ConfigError, match="refers to itself"):
+        load_config(tmp_path / "self.yaml")
+    # a large value without aliases: the error shows its beginning only
+    (tmp_path / "long.yaml").write_text("seed: [" + ", ".join(["9" * 60] * 3000) + "]\n")
+    with pytest.raises(ConfigError, match=r"'seed' must be an integer, got \[9{60}, ") as err:
+        load_config(tmp_path / "long.yaml")
+    assert len(str(err.value)) < 300 and str(err.value).endswith("...")
+
+
+# ------------------------------------------ a pickle that would run code is refused
+class _RunsCommand:
+    """Unpickled (unsafely), it calls ``os.system(command)``: the global ``posix.system``."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def _malicious_checkpoints(folder: Path, marker: Path) -> list[Path]:
+    """The same payload as a raw pickle (protocols 2 and 5) and as a torch zip archive."""
+    payload = {"format": "deepdpm-model/1", "state_dict": _RunsCommand(f"touch {marker}")}
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for protocol in (2, 5):
+        paths.append(folder / f"raw{protocol}.pt")
+        paths[-1].write_bytes(pickle.dumps(payload, protocol=protocol))
+    paths.append(folder / "archive.pt")
+    torch.save(payload, paths[-1])
+    return paths
+
+
+def _refused(err: str) -> bool:
+    return (len(err.splitlines()) == 1 and "refused as unsafe" in err and "posix.system" in err
+            and "weights_only=False" not in err and "Traceback" not in err)
+
+
+def test_pickles_that_would_run_code_are_refused_naming_the_global(mixture, tmp_path, capsys):
+    from ray.train import Checkpoint
+
+    from pipeline.ray_fit import CHECKPOINT_FILE, _load_state
+    from pipeline.resumable_fit import CHECKPOINT_DIR
+    from tests.image_data import encode_png, write_raw_shard
+
+    marker = tmp_path / "code-ran"
+    paths = _malicious_checkpoints(tmp_path / "evil", marker)
+    # the payload is live: an unsafe load runs it
+    subprocess.run([sys.executable, "-c", "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))",
+                    str(paths[0])], check=True)
+    assert marker.exists()
+    marker.unlink()
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    write_raw_shard(shards / "s-000000.tar", [
+        {"__key__": "a", "png": encode_png(np.zeros((8, 8, 3), np.uint8)), "cls": b"0"}])
+    run = tmp_path / "run"
+    assert main(["fit", "--input", str(mixture), "--output", str(run), *RESUMABLE_FIT,
+                 "--set", "schedule.max_epochs=2", "--checkpoint-every", "1"]) == 0
+    capsys.readouterr()
+    for path in paths:
+        assert main(["predict", "--model", str(path), "--input", str(mixture),
+                     "--output", str(tmp_path / "predicted.parquet")]) == 2
+        assert _refused(capsys.readouterr().err)
+        assert main(["extract", "--shards", str(shards), "--output", str(tmp_path / "features"),
+                     "--encoder", "moco_v2", "--arch", "resnet18", "--weights", str(path),
+                     "--no-tracking", "--no-progress"]) == 2
+        assert _refused(capsys.readouterr().err)
+        # fit --resume: a replaced single-process checkpoint, and a Ray Train checkpoint
+        (run / CHECKPOINT_DIR / "epoch_000009.pt").write_bytes(path.read_bytes())
+        assert main(["fit", "--resume", str(run), "--quiet"]) == 2
+        assert _refused(capsys.readouterr().err)
+        ray_checkpoint = tmp_path / "ray_checkpoint"
+        ray_checkpoint.mkdir(exist_ok=True)
+        (ray_checkpoint / CHECKPOINT_FILE).write_bytes(path.read_bytes())
+        with pytest.raises(CheckpointError) as err:
+            _load_state(Checkpoint.from_directory(str(ray_checkpoint)))
+        assert _refused(str(err.value))
+    assert not marker.exists()
+    assert not (tmp_path / "predicted.parquet").exists()

@@ -181,7 +181,7 @@ def test_bad_requests_fail_before_anything_starts(ray_session, data, two_worker_
     assert _fit(*base[:2], "--output", str(two_worker_run[0]), "--num-workers", "2") == 2
     assert "holds checkpoints of an earlier fit: continue it with --resume" in capsys.readouterr().err
     assert _fit("--resume", str(tmp_path)) == 2
-    assert "is not the output directory of a distributed fit" in capsys.readouterr().err
+    assert "is not the output directory of a fit with checkpoints" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from pathlib import Path
 
@@ -27,9 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "alternate N times between DeepDPM on its embedding and AE training with the "
                         "clusters fixed; stops early once K is stable (config section 'ae')")
     dist = parser.add_argument_group(
-        "distributed (Ray Train, DDP)",
-        "Used when --num-workers >= 2, --ray-address, --resume or --checkpoint-every is given; "
-        "otherwise the fit runs in this process.")
+        "distributed (Ray Train, DDP) and checkpoints",
+        "Ray is used when --num-workers >= 2 or --ray-address is given (and by --resume of a "
+        "run started so); otherwise the fit runs in this process, --checkpoint-every and "
+        "--resume included.")
     dist.add_argument("--num-workers", type=int, metavar="W",
                       help="Ray Train workers, each with its slice of the rows (default 2 when a Ray "
                            "flag is given; 0 or 1 alone: this process)")
@@ -39,11 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="Ray cluster (auto, host:port, ray://...); default $RAY_ADDRESS, else a new "
                            "local cluster")
     dist.add_argument("--checkpoint-every", type=int, metavar="N",
-                      help="checkpoint every N epochs (default 5; 0: only at the end)")
+                      help="checkpoint every N epochs, so --resume can continue a stopped fit "
+                           "(Ray: default 5, 0 only at the end; in this process: off by default)")
     dist.add_argument("--max-failures", type=int, default=3, metavar="N",
                       help="worker failures to recover from the last checkpoint (default 3)")
     dist.add_argument("--resume", metavar="DIR",
-                      help="continue the stopped distributed fit whose --output was DIR")
+                      help="continue the stopped fit (with checkpoints) whose --output was DIR")
     parser.add_argument("--overwrite", action="store_true",
                         help="fit into an --output that already holds a fit, replacing its "
                              "outputs (and, for a distributed fit, its checkpoints)")
@@ -55,52 +58,72 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _distributed(args: argparse.Namespace) -> bool:
-    return bool((args.num_workers or 0) >= 2 or args.ray_address or args.resume
-                or args.checkpoint_every is not None)
+    """Ray when asked for (W >= 2, an address) or when resuming a run that was on Ray."""
+    if args.resume:
+        from pipeline.ray_fit import FitRequest
+
+        return not FitRequest.load(args.resume).in_process
+    return bool((args.num_workers or 0) >= 2 or args.ray_address)
+
+
+def _resumed_request(args: argparse.Namespace):
+    """The stored request of ``--resume DIR`` with this command's flags applied."""
+    from deepdpm_core.errors import ConfigError
+    from pipeline.ray_fit import FitRequest
+
+    if args.input or args.config or args.overrides or args.seed is not None:
+        raise ConfigError("--resume DIR continues a run as it was started: drop --input, "
+                          "--config, --set and --seed")
+    if args.output and Path(args.output).resolve() != Path(args.resume).resolve():
+        raise ConfigError("--resume DIR writes to DIR: drop --output or make it DIR")
+    request = FitRequest.load(args.resume)
+    # the directory may have moved since: its checkpoints and outputs are where it is now
+    changes = {"output": str(Path(args.resume).resolve()), "max_failures": args.max_failures,
+               "quiet": args.quiet}
+    if args.num_workers is not None and not request.in_process:  # statistics add up over any split
+        changes["num_workers"] = args.num_workers
+    if args.use_gpu:
+        changes["use_gpu"] = True
+    if args.checkpoint_every is not None:
+        changes["checkpoint_every"] = args.checkpoint_every
+    return request.with_(**changes)
+
+
+def _new_request(args: argparse.Namespace, in_process: bool):
+    """The request of a new fit that keeps checkpoints (stored for ``--resume``)."""
+    from pipeline.fitting import config_from_args
+    from pipeline.ray_fit import FitRequest
+    from pipeline.tracking import resolve_tracking_uri
+
+    config = config_from_args(args.config, args.overrides, args.seed)
+    return FitRequest(
+        input=str(Path(args.input).resolve()),
+        output=str(Path(args.output).resolve()),
+        config=config.to_dict(),
+        num_workers=1 if in_process else 2 if args.num_workers is None else args.num_workers,
+        use_gpu=args.use_gpu,
+        checkpoint_every=(0 if in_process else 5) if args.checkpoint_every is None else args.checkpoint_every,
+        max_failures=args.max_failures,
+        tracking=not args.no_tracking,
+        # resolved here: the workers' (or a resumed run's) working directory may be another
+        tracking_uri=None if args.no_tracking else resolve_tracking_uri(args.tracking_uri),
+        experiment=args.experiment,
+        run_name=args.run_name,
+        quiet=args.quiet,
+        in_process=in_process,
+    )
 
 
 def _run_distributed(args: argparse.Namespace) -> int:
     from deepdpm_core.errors import ConfigError
-    from pipeline.fitting import config_from_args
-    from pipeline.ray_fit import FitRequest, run_fit
-    from pipeline.tracking import resolve_tracking_uri
+    from pipeline.ray_fit import run_fit
 
     if args.resume:
-        if args.input or args.config or args.overrides or args.seed is not None:
-            raise ConfigError("--resume DIR continues a run as it was started: drop --input, "
-                              "--config, --set and --seed")
-        if args.output and Path(args.output).resolve() != Path(args.resume).resolve():
-            raise ConfigError("--resume DIR writes to DIR: drop --output or make it DIR")
-        request = FitRequest.load(args.resume)
-        # the directory may have moved since: its checkpoints and outputs are where it is now
-        changes = {"output": str(Path(args.resume).resolve()), "max_failures": args.max_failures,
-                   "quiet": args.quiet}
-        if args.num_workers is not None:  # statistics add up over any split of the rows
-            changes["num_workers"] = args.num_workers
-        if args.use_gpu:
-            changes["use_gpu"] = True
-        if args.checkpoint_every is not None:
-            changes["checkpoint_every"] = args.checkpoint_every
-        request = request.with_(**changes)
+        request = _resumed_request(args)
     else:
         if not args.input or not args.output:
             raise ConfigError("--input and --output are required (unless --resume DIR)")
-        config = config_from_args(args.config, args.overrides, args.seed)
-        request = FitRequest(
-            input=str(Path(args.input).resolve()),
-            output=str(Path(args.output).resolve()),
-            config=config.to_dict(),
-            num_workers=2 if args.num_workers is None else args.num_workers,
-            use_gpu=args.use_gpu,
-            checkpoint_every=5 if args.checkpoint_every is None else args.checkpoint_every,
-            max_failures=args.max_failures,
-            tracking=not args.no_tracking,
-            # resolved here: the workers' working directory is not this one
-            tracking_uri=None if args.no_tracking else resolve_tracking_uri(args.tracking_uri),
-            experiment=args.experiment,
-            run_name=args.run_name,
-            quiet=args.quiet,
-        )
+        request = _new_request(args, in_process=False)
     summary = run_fit(request, resume=bool(args.resume), ray_address=args.ray_address,
                       wait_for_workers_s=args.wait_for_workers, overwrite=args.overwrite)
     _print_summary(args, summary, request.output)
@@ -141,8 +164,9 @@ def _refuse_an_earlier_fit(out: Path) -> None:
     """A fit never silently replaces another: ConfigError when ``out`` holds one."""
     from deepdpm_core.errors import ConfigError
     from pipeline.ray_fit import has_checkpoints
+    from pipeline.resumable_fit import has_local_checkpoints
 
-    if has_checkpoints(out):
+    if has_checkpoints(out) or has_local_checkpoints(out):
         raise ConfigError(f"{out} holds checkpoints of an earlier fit: continue it with "
                           f"--resume {out}, start afresh with --overwrite, or choose another "
                           "--output")
@@ -164,24 +188,37 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--overwrite starts afresh and --resume continues: give one of them")
     if args.output and not args.resume and not args.overwrite:
         _refuse_an_earlier_fit(Path(args.output))
+    if args.alternate is not None and (_distributed(args) or args.resume
+                                       or args.checkpoint_every is not None):
+        raise ConfigError("--alternate runs in this process without checkpoints: drop "
+                          "--num-workers, --ray-address, --resume and --checkpoint-every")
     if _distributed(args):
-        if args.alternate is not None:
-            raise ConfigError("--alternate runs in this process: drop --num-workers, --ray-address, "
-                              "--resume and --checkpoint-every")
         return _run_distributed(args)
+    if args.resume:
+        if (args.num_workers or 0) >= 2 or args.ray_address:
+            raise ConfigError(f"{args.resume} holds a fit that ran in one process: resume it "
+                              "without --num-workers and --ray-address")
+        return _run_local(args, _resumed_request(args))
     if not args.input or not args.output:
         raise ConfigError("--input and --output are required (unless --resume DIR)")
-    return _run_local(args)
+    return _run_local(args, _new_request(args, in_process=True)
+                      if args.checkpoint_every is not None else None)
 
 
-def _run_local(args: argparse.Namespace) -> int:
+def _run_local(args: argparse.Namespace, request=None) -> int:
+    """The fit in this process; with a ``request`` (``--checkpoint-every``, ``--resume``)
+    it keeps checkpoints and the request in the output directory."""
     from deepdpm_core import DeepDPM
+    from deepdpm_core.config import from_dict
     from deepdpm_core.errors import ConfigError
     from deepdpm_core.validation import check_features
+    from pipeline import resumable_fit
     from pipeline.epoch_scores import EpochLabelScores
     from pipeline.fitting import config_from_args, write_fit_outputs
     from pipeline.io import read_features
+    from pipeline.ray_fit import TRAIN_DIR
     from pipeline.tracking import (
+        RunTracker,
         environment_tags,
         epoch_callback,
         fit_params,
@@ -189,10 +226,17 @@ def _run_local(args: argparse.Namespace) -> int:
         tracker_from_args,
     )
 
-    config = config_from_args(args.config, args.overrides, args.seed)
-    if args.use_gpu:
+    if request is None:
+        config = config_from_args(args.config, args.overrides, args.seed)
+        input_path, output, tracker = args.input, args.output, tracker_from_args(args)
+    else:
+        config = from_dict(request.config)
+        input_path, output = request.input, request.output
+        tracker = RunTracker(request.tracking_uri, request.experiment, enabled=request.tracking,
+                             run_name=request.run_name)
+    if args.use_gpu or (request is not None and request.use_gpu):
         config = config.with_overrides({"device": "cuda"})
-    table = read_features(args.input)
+    table = read_features(input_path)
     if args.alternate is not None:
         from pipeline.alternate import run_alternating_fit
 
@@ -204,22 +248,45 @@ def _run_local(args: argparse.Namespace) -> int:
         return 0
     table.X = check_features(table.X, min_rows=max(2, config.init.n_clusters))
     feature_variance = float(np.median(table.X.var(axis=0)))
+    state = None
+    if request is not None:
+        out = Path(output)
+        if args.resume:
+            state = resumable_fit.latest_state(out)  # None: stopped before its first checkpoint
+        else:
+            if args.overwrite:  # a later --resume must not restore the earlier fit's
+                resumable_fit.remove_checkpoints(out)
+                shutil.rmtree(out / TRAIN_DIR, ignore_errors=True)
+            out.mkdir(parents=True, exist_ok=True)
+            request.save()
     # nmi/ari/acc on <= 10k labelled rows every epoch; runs before the tracker's
     # callback, adding its keys to the record the tracker logs
     scores = EpochLabelScores.for_labels(table.X, table.labels, seed=config.seed)
-    with tracker_from_args(args) as tracker:
+    with tracker:
         tracker.log_params(fit_params(config.flat(), *table.X.shape, num_workers=1))
-        tracker.set_tags(environment_tags(args.input))
+        tracker.set_tags({**environment_tags(input_path),
+                          **({"resumed_from_epoch": state["epoch"]} if state is not None else {})})
         on_epoch = epoch_callback(tracker, config, feature_variance)
-        t0 = time.perf_counter()
-        model = DeepDPM(config)
-        if scores is not None:
-            scores.bind(model)
         callbacks = [scores, on_epoch] if scores is not None else [on_epoch]
-        model.fit(table.X, callbacks=callbacks, progress=not args.quiet)
-        fit_seconds = time.perf_counter() - t0
-        summary = write_fit_outputs(args.output, model, table, fit_seconds, args.input,
-                                    extra={"median_feature_variance": feature_variance})
-        log_fit_outputs(tracker, args.output)  # + final_nmi/ari/acc over all labelled rows
-    _print_summary(args, summary, args.output, run_id=tracker.run_id)
+        t0 = time.perf_counter()
+        if request is None:
+            model, before = DeepDPM(config), 0.0
+            if scores is not None:
+                scores.bind(model)
+            model.fit(table.X, callbacks=callbacks, progress=not args.quiet)
+        else:
+            trainer = resumable_fit.start_trainer(config, table.X, state)
+            if scores is not None:
+                scores.bind(resumable_fit.TrainerLabels(trainer))
+            trainer.callbacks.extend(callbacks)
+            before = sum(record["seconds"] for record in trainer.history)
+            resumable_fit.train(trainer, output, request.checkpoint_every, progress=not args.quiet)
+            model = DeepDPM.from_trainer(trainer)
+        fit_seconds = before + time.perf_counter() - t0
+        summary = write_fit_outputs(output, model, table, fit_seconds, input_path,
+                                    extra={"median_feature_variance": feature_variance,
+                                           **({"resumed_from_epoch": state["epoch"]}
+                                              if state is not None else {})})
+        log_fit_outputs(tracker, output)  # + final_nmi/ari/acc over all labelled rows
+    _print_summary(args, summary, output, run_id=tracker.run_id)
     return 0
