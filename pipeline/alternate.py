@@ -215,6 +215,14 @@ def run_alternating_fit(
         seconds = time.perf_counter() - start
 
         learned = FeatureTable(X=result.embedding, labels=table.labels, keys=table.keys)
+
+        def write_encoder(folder: Path) -> None:  # published with the fit's outputs
+            save_autoencoder(result.autoencoder, config, folder / "autoencoder.pt")
+            write_parquet_atomic(
+                features_table(result.embedding, table.keys, table.labels),
+                folder / "embedding.parquet",
+            )
+
         summary = write_fit_outputs(
             out,
             result.clustering,
@@ -222,10 +230,7 @@ def run_alternating_fit(
             seconds,
             args.input,
             extra={"alternation": steps_summary, "stopped_because": result.stopped_because},
-        )
-        save_autoencoder(result.autoencoder, config, out / "autoencoder.pt")
-        write_parquet_atomic(
-            features_table(result.embedding, table.keys, table.labels), out / "embedding.parquet"
+            more_outputs=write_encoder,
         )
         if summary["metrics"]:
             parent.log_metrics(summary["metrics"], step=len(result.steps) - 1)

@@ -4,7 +4,8 @@ Each subcommand module exposes ``HELP`` (one line), ``add_arguments(parser)`` an
 ``run(args) -> int``. Modules are imported lazily so ``deepdpm --help`` stays fast and
 a subcommand's heavy imports (Ray, MLflow) cost nothing to the others. Every error a
 user can cause (:class:`deepdpm_core.errors.DeepDPMError`, missing files) is printed
-as one line and exits with code 2, without a traceback.
+as one line and exits with code 2, without a traceback. A command that writes an
+output holds that output's lock while it runs (:mod:`pipeline.locks`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import importlib
 import sys
 
 from deepdpm_core.errors import DeepDPMError
+from pipeline.locks import command_lock
 
 #: subcommand name -> module implementing it (order = order in ``--help``)
 COMMANDS: dict[str, str] = {
@@ -61,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(args._run(args) or 0)
+        with command_lock(args):
+            return int(args._run(args) or 0)
     except (DeepDPMError, OSError) as exc:  # bad input, or a path that cannot be read or written
         print(f"deepdpm {args.command}: error: {exc}", file=sys.stderr)
         return 2

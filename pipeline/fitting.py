@@ -1,11 +1,15 @@
 """What a fit leaves on disk, shared by the single-process and the Ray fit.
 
 ``DIR/summary.json``, ``DIR/assignments.parquet`` (key, cluster, confidence, label),
-``DIR/model.pt``, ``DIR/config.yaml`` and the plots, each written atomically.
+``DIR/model.pt``, ``DIR/config.yaml`` and the plots, published together: they are
+written into a staging folder beside ``DIR`` and replace the earlier run's in one step
+(:mod:`pipeline.run_folder`), so ``DIR`` never holds a mix of two runs.
 """
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,15 @@ from deepdpm_core.config import from_dict, load_config, parse_overrides
 from deepdpm_core.metrics import clustering_scores
 from pipeline.io import FeatureTable, atomic_path, write_json_atomic, write_parquet_atomic
 from pipeline.plots import write_fit_plots
+from pipeline.run_folder import publish_run, staging_folder
+
+#: every file a fit run writes (``--alternate`` adds the last two): in a re-fit these
+#: names belong to the earlier run and are replaced; other entries (checkpoints) stay
+RUN_OUTPUTS = frozenset({
+    "summary.json", "assignments.parquet", "model.pt", "config.yaml",
+    "k_over_epochs.png", "cluster_sizes.png", "moves.png", "losses.png", "epoch_time.png",
+    "scores.png", "autoencoder.pt", "embedding.parquet",
+})  # fmt: skip
 
 
 def config_from_args(config_path: str | None, overrides: list[str] | None, seed: int | None) -> Config:
@@ -61,10 +74,47 @@ def write_fit_outputs(
     fit_seconds: float,
     input_path: str | Path,
     extra: dict[str, Any] | None = None,
+    *,
+    more_outputs: Callable[[Path], None] | None = None,
+    publish: bool = True,
 ) -> dict[str, Any]:
-    """Write every output of a fit and return the summary."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write every output of a fit, publish them together and return the summary.
+
+    Parameters
+    ----------
+    out_dir : path
+        The output folder. The outputs are written into a staging folder beside it and
+        then replace the earlier run's outputs in one step (:func:`publish_run`; the
+        folder's other entries, e.g. checkpoints, stay).
+    more_outputs : callable, optional
+        ``more_outputs(folder)`` writes further outputs (named in :data:`RUN_OUTPUTS`)
+        into the staging folder before it is published.
+    publish : bool
+        False: write into ``out_dir`` itself, a staging folder that the caller
+        publishes (the Ray fit's rank 0 writes, its driver publishes).
+    """
+    staging = staging_folder(out_dir) if publish else Path(out_dir)
+    staging.mkdir(parents=True, exist_ok=True)
+    try:
+        summary = _write_outputs(staging, model, table, fit_seconds, input_path, extra, more_outputs)
+    except BaseException:
+        if publish:  # nothing of this run is published; its half-written files go
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if publish:
+        publish_run(staging, out_dir, RUN_OUTPUTS)
+    return summary
+
+
+def _write_outputs(
+    staging: Path,
+    model: DeepDPM,
+    table: FeatureTable,
+    fit_seconds: float,
+    input_path: str | Path,
+    extra: dict[str, Any] | None,
+    more_outputs: Callable[[Path], None] | None,
+) -> dict[str, Any]:
     # label + max responsibility per batch: the (N, K) array is 5 GB at 1.28M x 1000
     labels, confidence = model.predict_confidence(table.X)
     summary: dict[str, Any] = {
@@ -81,10 +131,12 @@ def write_fit_outputs(
         "config": model.config.to_dict(),
         **(extra or {}),
     }
-    with atomic_path(out / "config.yaml") as tmp:
+    with atomic_path(staging / "config.yaml") as tmp:
         tmp.write_text(yaml.safe_dump(model.config.to_dict(), sort_keys=False))
-    model.save(out / "model.pt")
-    write_parquet_atomic(assignments_table(table, labels, confidence), out / "assignments.parquet")
-    write_fit_plots(model.history_, summary["cluster_sizes"], out)
-    write_json_atomic(summary, out / "summary.json")
+    model.save(staging / "model.pt")
+    write_parquet_atomic(assignments_table(table, labels, confidence), staging / "assignments.parquet")
+    write_fit_plots(model.history_, summary["cluster_sizes"], staging)
+    if more_outputs is not None:
+        more_outputs(staging)
+    write_json_atomic(summary, staging / "summary.json")
     return summary

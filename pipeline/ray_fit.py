@@ -22,7 +22,11 @@ The run lives in the output directory:
 
 When training ends, rank 0 predicts every row (it reads the full table then; the
 other ranks never do) and writes the same outputs as the single-process fit
-(:func:`pipeline.fitting.write_fit_outputs`). Only rank 0 logs to MLflow.
+(:func:`pipeline.fitting.write_fit_outputs`) into a staging folder beside ``OUT``; the
+driver publishes them in one step once Ray Train is done with ``OUT/ray_train``
+(:mod:`pipeline.run_folder`), and removes the checkpoints Ray Train's snapshot does not
+list (one written just before the driver was killed is never registered, so never
+pruned). Only rank 0 logs to MLflow.
 
 Crash injection for tests: ``DEEPDPM_FAIL_AT_EPOCH=e`` (or ``e1,e2,...``; and
 ``DEEPDPM_FAIL_RANK=r``, default 1) in the driver's environment make rank r raise once
@@ -54,6 +58,7 @@ from deepdpm_core.estimator import FORMAT, DeepDPM
 from deepdpm_core.trainer import Trainer
 from deepdpm_core.validation import readonly_tensor
 from pipeline.io import feature_shape, write_json_atomic
+from pipeline.run_folder import publish_run, staging_folder
 
 REQUEST_FILE = "fit_request.json"
 #: a user error the workers agreed on (bad rows, a checkpoint of other data), for the driver
@@ -169,6 +174,7 @@ def run_fit(request: FitRequest, *, resume: bool = False, ray_address: str | Non
     import ray
 
     started_here = _connect(ray_address)
+    staging = staging_folder(out)  # rank 0 writes the outputs here, the driver publishes them
     try:
         check_resources(request.num_workers, request.use_gpu,
                         0.0 if started_here == "local" else wait_for_workers_s)
@@ -176,8 +182,10 @@ def run_fit(request: FitRequest, *, resume: bool = False, ray_address: str | Non
         (out / ERROR_FILE).unlink(missing_ok=True)
         if not resume:
             request.save()
-        _trainer(request).fit()
+        prune_checkpoints(out)
+        _trainer(request, staging).fit()
     except Exception as exc:
+        shutil.rmtree(staging, ignore_errors=True)
         user_error = _worker_user_error(exc)
         if user_error is not None:
             raise user_error from None
@@ -187,10 +195,47 @@ def run_fit(request: FitRequest, *, resume: bool = False, ray_address: str | Non
             ray.shutdown()
     error_file = out / ERROR_FILE
     if error_file.exists():
+        shutil.rmtree(staging, ignore_errors=True)
         message = json.loads(error_file.read_text())["error"]
         error_file.unlink()
         raise _rebuild_error(message)
+    from pipeline.fitting import RUN_OUTPUTS
+
+    publish_run(staging, out, RUN_OUTPUTS)
+    prune_checkpoints(out)
     return json.loads((out / "summary.json").read_text())
+
+
+def prune_checkpoints(out: str | Path) -> list[Path]:
+    """Remove the checkpoint folders in ``OUT/ray_train`` that Ray Train's snapshot does
+    not list; returns them.
+
+    Ray Train keeps the last ``num_to_keep`` checkpoints it registered. A checkpoint a
+    worker uploaded just before the run died is never registered, so never pruned, and
+    a resumed run would not use it either. Nothing is removed without a readable
+    snapshot.
+    """
+    train_dir = Path(out) / TRAIN_DIR
+    try:
+        snapshot = json.loads((train_dir / "checkpoint_manager_snapshot.json").read_text())
+    except (OSError, ValueError):
+        return []
+    listed = set(_checkpoint_dir_names(snapshot))
+    orphans = [path for path in train_dir.glob("checkpoint_*")
+               if path.is_dir() and path.name not in listed]
+    for path in orphans:
+        shutil.rmtree(path)
+    return orphans
+
+
+def _checkpoint_dir_names(node: Any) -> list[str]:
+    """Every ``checkpoint_dir_name`` value in a Ray Train checkpoint-manager snapshot."""
+    if isinstance(node, dict):
+        names = [v for k, v in node.items() if k == "checkpoint_dir_name" and isinstance(v, str)]
+        return names + [n for v in node.values() for n in _checkpoint_dir_names(v)]
+    if isinstance(node, list):
+        return [n for v in node for n in _checkpoint_dir_names(v)]
+    return []
 
 
 def _connect(address: str | None) -> str | None:
@@ -237,7 +282,7 @@ def check_resources(num_workers: int, use_gpu: bool, wait_s: float = 0.0) -> Non
         time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
 
 
-def _trainer(request: FitRequest):
+def _trainer(request: FitRequest, staging: Path):
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -248,6 +293,7 @@ def _trainer(request: FitRequest):
         "fail_at_epochs": [int(e) for e in fail_at.split(",") if e.strip()],
         "fail_rank": int(os.environ.get(FAIL_RANK_ENV, "1")),
         "marker_dir": str(out / TRAIN_DIR),
+        "staging": str(staging),
     }
     return TorchTrainer(
         _train_worker,
@@ -345,7 +391,8 @@ def _train_worker(loop: dict[str, Any]) -> None:
         trainer.check_consistency()  # the last epoch pruned clusters that own no point
         _report(trainer, rank, final=True)
         if rank == 0:
-            _write_outputs(trainer, req, before + time.perf_counter() - t0, tracker,
+            _write_outputs(trainer, req, Path(loop["staging"]), before + time.perf_counter() - t0,
+                           tracker,
                            {"num_workers": world, "resumed_from_epoch": resumed_from,
                             "median_feature_variance": variance})
 
@@ -441,14 +488,16 @@ def _maybe_fail(loop: dict[str, Any], epoch: int, rank: int) -> None:
     raise RuntimeError(f"injected failure on rank {rank} at epoch {epoch} ({FAIL_EPOCH_ENV})")
 
 
-def _write_outputs(trainer: Trainer, req: FitRequest, fit_seconds: float, tracker: Any,
-                   extra: dict[str, Any]) -> None:
-    """Rank 0: predict every row (full table read now) and write the fit's outputs."""
+def _write_outputs(trainer: Trainer, req: FitRequest, staging: Path, fit_seconds: float,
+                   tracker: Any, extra: dict[str, Any]) -> None:
+    """Rank 0: predict every row (full table read now) and write the fit's outputs into
+    ``staging`` (the driver publishes them)."""
     from pipeline.fitting import write_fit_outputs
     from pipeline.io import read_features
     from pipeline.tracking import log_fit_outputs
 
     table = read_features(req.input)
-    write_fit_outputs(req.output, DeepDPM.from_trainer(trainer), table, fit_seconds, req.input,
-                      extra=extra)
-    log_fit_outputs(tracker, req.output)  # + final_nmi/ari/acc over all labelled rows
+    shutil.rmtree(staging, ignore_errors=True)  # what an attempt that failed left
+    write_fit_outputs(staging, DeepDPM.from_trainer(trainer), table, fit_seconds, req.input,
+                      extra=extra, publish=False)
+    log_fit_outputs(tracker, staging)  # + final_nmi/ari/acc over all labelled rows

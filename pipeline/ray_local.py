@@ -8,15 +8,26 @@ to ...". For a cluster the command starts and shuts down itself these lines are 
 :func:`init_local_ray` drops them and changes nothing else (token auth stays on, with
 the token Ray reads or writes). Connecting to a cluster (an address, ``$RAY_ADDRESS``)
 goes through plain ``ray.init`` and keeps every message Ray prints.
+
+A cluster started here ends with the command, even one killed with ``kill -9``: a guard
+process (:mod:`pipeline.ray_guard`) waits for the command's end and then terminates the
+cluster's processes, which Ray alone leaves running for about a minute.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 #: the module whose log lines announce token auth on a new local cluster (Ray 2.60)
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+#: the guard of the cluster this process started and the write end of its pipe (see
+#: :func:`_guard_cluster`), which the kernel closes when this process ends
+_guard: tuple[subprocess.Popen, int] | None = None
 
 
 def init_local_ray(**kwargs: Any) -> None:
@@ -30,6 +41,32 @@ def init_local_ray(**kwargs: Any) -> None:
         ray.init(address="local", **kwargs)
     finally:
         announcer.setLevel(level)
+    if sys.platform.startswith("linux"):
+        _guard_cluster()
+
+
+def _guard_cluster() -> None:
+    """Start the guard (:mod:`pipeline.ray_guard`) of the cluster ``ray.init`` just started."""
+    global _guard
+    from ray._private import worker
+
+    from pipeline.ray_guard import start_time
+
+    processes = worker._global_node.all_processes  # type -> [ProcessInfo]
+    head = [f"{info.process.pid}:{start_time(info.process.pid)}"
+            for infos in processes.values() for info in infos
+            if start_time(info.process.pid) is not None]
+    read_end, write_end = os.pipe()  # not inherited by what this process starts later
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    guard = subprocess.Popen([sys.executable, "-m", "pipeline.ray_guard", *head],
+                             stdin=read_end, env=env, start_new_session=True)
+    os.close(read_end)
+    if _guard is not None:  # the guard of an earlier cluster of this process: let it end
+        os.close(_guard[1])
+        _guard[0].wait()
+    _guard = (guard, write_end)
 
 
 __all__ = ["AUTH_LOGGER", "init_local_ray"]

@@ -3,10 +3,13 @@
 Each test function belongs to one guarantee of ``docs/reliability.md``.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import pickle
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,25 +17,126 @@ import time
 import tracemalloc
 from pathlib import Path
 
-# Ray reads its auth mode when it is first imported: set it before anything imports ray
-# (token auth with a token of this session, as in tests/test_ray_fit.py)
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from deepdpm_core.config import MAX_YAML_NODES, load_config, parse_overrides
+from deepdpm_core.errors import CheckpointError, ConfigError
+from pipeline.cli import main
+from pipeline.io import features_table
+from pipeline.run_folder import remove_leftovers
+
+# Ray reads its auth mode when it is first imported (the tests below import it late): token
+# auth with a token of this session, as in tests/test_ray_fit.py
 os.environ["RAY_AUTH_MODE"] = "token"
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-
-import numpy as np  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from deepdpm_core.config import MAX_YAML_NODES, load_config, parse_overrides  # noqa: E402
-from deepdpm_core.errors import CheckpointError, ConfigError  # noqa: E402
-from pipeline.cli import main  # noqa: E402
-from pipeline.io import features_table  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+#: a fit of a few seconds on 2 CPU cores
+QUICK_FIT = ["--config", str(REPO / "cluster_configs" / "local.yaml"), "--no-tracking", "--quiet"]
+
+
+def _env() -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1",
+            "MLFLOW_DISABLE_TELEMETRY": "true", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _deepdpm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _blobs(path: Path, n: int, seed: int) -> Path:
+    """Three well-separated 4-D Gaussian blobs with labels, as .npz."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(3, 4)) * 10
+    X = np.concatenate([c + rng.normal(size=(n // 3, 4)) for c in centres]).astype(np.float32)
+    np.savez(path, X=X, y=np.repeat(np.arange(3), n // 3))
+    return path
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path -> bytes); {} when it does not exist."""
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+# -- a run folder is never a mix of two runs ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def earlier_run(tmp_path_factory) -> Path:
+    """A finished fit, plus an entry that no run writes (``notes/keep.txt``)."""
+    root = tmp_path_factory.mktemp("earlier")
+    out = root / "run"
+    first = _deepdpm("fit", "--input", str(_blobs(root / "a.npz", 240, 0)), "--output",
+                     str(out), "--set", "schedule.max_epochs=3", *QUICK_FIT)
+    assert first.returncode == 0, first.stderr
+    (out / "notes").mkdir()
+    (out / "notes" / "keep.txt").write_text("mine")
+    return out
+
+
+@pytest.mark.parametrize("publish", ["exchange", "two-renames"])
+def test_fit_killed_at_every_write_step_leaves_exactly_one_run(tmp_path, earlier_run, publish):
+    """A re-fit killed (SIGKILL) at each file-system step of writing its outputs leaves
+    the folder holding exactly the earlier run or exactly the new one (with the folder's
+    other entries kept), no temporary file in it, and nothing that the next writer's
+    clean-up cannot remove; a rerun after a kill mid-publish completes."""
+    work, results = tmp_path / "work", tmp_path / "results"
+    out = work / "run"
+    shutil.copytree(earlier_run, out)
+    earlier = _files(out)
+
+    refit = ["--input", str(_blobs(tmp_path / "b.npz", 300, 1)), "--output", str(out),
+             "--overwrite", "--set", "schedule.max_epochs=4", *QUICK_FIT]
+    options = [] if publish == "exchange" else ["--no-exchange"]
+    harness = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "fault_harness.py"), str(results), *options, "--",
+         *refit], env=_env(), capture_output=True, text=True, timeout=300)
+    assert harness.returncode == 0, harness.stderr
+    new = _files(out)
+    assert new.keys() == earlier.keys() and new["notes/keep.txt"] == b"mine"
+    assert all(new[name] != earlier[name] for name in new if name != "notes/keep.txt")
+
+    steps = sorted(p for p in results.iterdir() if p.name != "before")
+    # 4 files, >= 5 plots, the publish (exchange or 2 renames, the link of notes/keep.txt)
+    assert len(steps) >= 11
+
+    if publish == "two-renames":
+        # a rerun after the kill between the two renames (no folder at all) puts the
+        # earlier run back, fits and publishes; nothing is left beside the folder
+        middle = [step for step in steps if not (step / "run").exists()]
+        worst = tmp_path / "worst"
+        shutil.copytree(middle[0], worst, symlinks=True)
+        rerun = _deepdpm("fit", *[str(worst / "run") if a == str(out) else a for a in refit])
+        assert rerun.returncode == 0, rerun.stderr
+        again = _files(worst / "run")
+        assert again.keys() == new.keys() and again["notes/keep.txt"] == b"mine"
+        assert sorted(e.name for e in worst.iterdir()) == ["run"]
+    seen, missing = set(), []
+    for step in steps:
+        left = step / "run"
+        state = _files(left)
+        if not left.exists():
+            missing.append(step.name)  # only between the two renames of the fallback
+        else:
+            assert state in (earlier, new), f"killed before step {step.name}: a mix of two runs"
+            assert not list(left.glob(".*.tmp")), step.name
+            seen.add("earlier" if state == earlier else "new")
+        for entry in step.iterdir():  # beside the folder: its lock, staging and old folders
+            assert entry.name in ("run", ".run.lock") or entry.name.startswith(
+                (".run.staging-", ".run.old-"))
+        remove_leftovers(left)  # what the next writer does once it holds the lock
+        assert sorted(e.name for e in step.iterdir()) == [".run.lock", "run"], step.name
+        assert _files(left) in (earlier, new), step.name
+    assert seen == {"earlier", "new"}
+    assert len(missing) == (0 if publish == "exchange" else 1)
 
 
 # --------------------------------------------------- a single-process fit is resumable

@@ -1,0 +1,107 @@
+"""One writer per output: a lock on the folder (or file) a command writes.
+
+``deepdpm fit``, ``extract``, ``predict`` and ``embed`` hold an exclusive ``flock`` on
+``.<name>.lock`` beside their output while they run (:func:`output_lock`; the CLI takes
+it, see :data:`OUTPUT_ARGUMENTS`). A second command on the same output fails at once with
+one line naming the holder (its command, pid, host and start time). The kernel releases
+a ``flock`` when its holder dies, ``kill -9`` included, so a lock left by a killed run
+never blocks the next one; the lock file itself is removed when its holder finishes.
+Whoever takes the lock first removes what a killed writer left (staging folders,
+temporary files: :func:`pipeline.run_folder.remove_leftovers`).
+The lock sits beside the output, not inside it, because a fit replaces its whole output
+folder when it publishes a run (:mod:`pipeline.run_folder`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+
+from deepdpm_core.errors import DeepDPMError
+from pipeline.run_folder import remove_leftovers
+
+#: command -> the arguments naming what it writes (the first one given is locked)
+OUTPUT_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "fit": ("resume", "output"),
+    "extract": ("output",),
+    "predict": ("output",),
+    "embed": ("output",),
+}
+
+
+class OutputLockedError(DeepDPMError):
+    """Another process is writing the same output."""
+
+
+def lock_path(output: str | Path) -> Path:
+    """The lock file of ``output``: ``.<name>.lock`` in the same folder."""
+    out = Path(output).resolve()
+    return out.parent / f".{out.name}.lock"
+
+
+@contextmanager
+def output_lock(output: str | Path, command: str) -> Iterator[Path]:
+    """Hold the lock of ``output`` for ``command`` (e.g. ``"fit"``) while the block runs.
+
+    Raises
+    ------
+    OutputLockedError
+        Another live process holds it; the message names that process.
+    """
+    path = lock_path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = _acquire(path, output)
+    try:
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        os.ftruncate(fd, 0)
+        os.write(fd, f"deepdpm {command} (pid {os.getpid()} on {socket.gethostname()}, "
+                     f"since {started})\n".encode())
+        remove_leftovers(output)
+        yield path
+    finally:
+        # unlinked while still held: a process that opened the old file re-checks the
+        # path after its flock succeeds (see _acquire) and retries on the new one
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _acquire(path: Path, output: str | Path) -> int:
+    """An fd of ``path`` holding its exclusive flock; the file is still at ``path``."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise OutputLockedError(f"{output} is being written by {holder}: wait for it to "
+                                    "finish or choose another output") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            now = None
+        held = os.fstat(fd)
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            return fd
+        os.close(fd)  # its holder removed the file after we opened it: lock the new one
+
+
+def command_lock(args: argparse.Namespace) -> AbstractContextManager:
+    """The lock of the output of the command ``args`` runs (none for read-only commands)."""
+    for name in OUTPUT_ARGUMENTS.get(args.command, ()):
+        target = getattr(args, name, None)
+        if target:
+            return output_lock(target, args.command)
+    return nullcontext()
+
+
+__all__ = ["OUTPUT_ARGUMENTS", "OutputLockedError", "command_lock", "lock_path", "output_lock"]
