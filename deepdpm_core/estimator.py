@@ -66,10 +66,10 @@ def _param_names(key: str, value: Any) -> list[tuple[str, Any]]:
         An unknown or ambiguous name, with the closest known one.
     """
     dotted = key.replace("__", ".")
-    known = Config().flat()
     if "." in dotted:
-        if dotted not in known:
-            Config().with_overrides({dotted: value})  # raises the config's "unknown config key"
+        if dotted not in Config().flat():
+            # the config's own error for it, "unknown config key ... (did you mean ...?)"
+            Config().with_overrides({dotted: value})
         return [(dotted.replace(".", "__"), value)]
     if dotted in _sections():
         if not isinstance(value, dict):  # a section given as a non-mapping: fit names it
@@ -103,7 +103,8 @@ def resolve_config(config: Config | dict | str | Path | None, overrides: dict[st
     elif isinstance(config, (str, Path)):
         cfg = load_config(config)
     else:
-        raise ConfigError(f"config must be a Config, a mapping, a YAML path or None, got {config!r}")
+        raise ConfigError(
+            f"config must be a Config, a mapping, a YAML path or None, got {config!r}")
     dotted: dict[str, Any] = {}
     for key, value in overrides.items():
         for name, v in _param_names(key, value):
@@ -153,7 +154,8 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         self.config = config
         self.random_state = random_state
         #: ``section__key`` -> value as given (the names are checked, the values in fit)
-        self._overrides = {n: v for key, value in overrides.items() for n, v in _param_names(key, value)}
+        self._overrides = {name: v for key, value in overrides.items()
+                           for name, v in _param_names(key, value)}
 
     # ------------------------------------------------------------ parameters
     def get_params(self, deep: bool = True) -> dict[str, Any]:
@@ -196,9 +198,10 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         cfg = resolve_config(self.config, self._overrides)
         if self.random_state is None:
             return cfg
-        if isinstance(self.random_state, bool) or not isinstance(self.random_state, numbers.Integral):
-            raise ConfigError(f"random_state must be an integer seed or None, got {self.random_state!r}")
-        return cfg.with_overrides({"seed": int(self.random_state)})
+        seed = self.random_state
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise ConfigError(f"random_state must be an integer seed or None, got {seed!r}")
+        return cfg.with_overrides({"seed": int(seed)})
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -227,10 +230,10 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         start_labels = None
         if init_labels is not None:
             start_labels = torch.from_numpy(check_init_labels(init_labels, len(X)))
-        # first (``trainer`` is bound by the time an epoch ends): the callbacks after it may
-        # predict with the model the epoch left
-        cbs: list[Callable[[dict], None]] = [lambda _: self._set_model(trainer)] if callbacks else []
-        cbs += list(callbacks or [])
+        cbs: list[Callable[[dict], None]] = []
+        if callbacks:  # first (``trainer`` is bound when an epoch ends): the callbacks may
+            # predict with the model the epoch left
+            cbs = [lambda _: self._set_model(trainer), *callbacks]
         # while the bar is open, lines written to stderr (warnings) go above it
         with progress_bar(progress, total=config.schedule.max_epochs, desc="deepdpm fit",
                           unit="epoch") as bar:
@@ -244,7 +247,8 @@ class DeepDPM(ClusterMixin, BaseEstimator):
                 cbs.append(show)
             trainer = Trainer(config, readonly_tensor(X), callbacks=cbs)
             trainer.fit(start_labels)
-        self.model_ = FittedModel.from_trainer(trainer).freeze()  # the trainer goes here
+        # only the model stays: the trainer (its copy of X, its optimisers) is freed on return
+        self.model_ = FittedModel.from_trainer(trainer).freeze()
         self.labels_ = self.predict(X)
         return self
 

@@ -135,12 +135,12 @@ class FittedModel:
         try:
             config = from_dict(state["config"]).with_overrides({"device": device})
             weights = state["cluster_net"]
-            hidden, dim = weights["hidden.weight"].shape
-            net = ClusterNet(int(dim), int(hidden), int(weights["out.weight"].shape[0]), torch.Generator())
+            (hidden, dim), k = weights["hidden.weight"].shape, weights["out.weight"].shape[0]
+            net = ClusterNet(int(dim), int(hidden), int(k), torch.Generator())
             net.load_state_dict(weights)
-            return cls(config, stored_coordinates(state), net.to(device),
-                       state["means"].to(device), state["covariances"].to(device),
-                       state["log_weights"].to(device), list(state["history"]), int(state["n_total"]),
+            return cls(config, stored_coordinates(state), net.to(device), state["means"].to(device),
+                       state["covariances"].to(device), state["log_weights"].to(device),
+                       list(state["history"]), int(state["n_total"]),
                        float(state["input_scale"])).freeze()
         except KeyError as exc:
             raise CheckpointError(f"a DeepDPM model checkpoint without the key {exc}") from exc
