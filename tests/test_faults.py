@@ -139,6 +139,48 @@ def test_fit_killed_at_every_write_step_leaves_exactly_one_run(tmp_path, earlier
     assert len(missing) == (0 if publish == "exchange" else 1)
 
 
+# -- one writer per output folder ----------------------------------------------------------
+
+def _wait_for(predicate, timeout: float = 240.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_never_blocks(
+        tmp_path, earlier_run):
+    """While a fit writes a folder, a second fit or a predict into it fails at once
+    with one line naming the first (exit 2, the folder untouched); after ``kill -9`` of
+    the first, its lock does not block the next run, which completes."""
+    out = tmp_path / "run"
+    data = _blobs(tmp_path / "c.npz", 3000, 2)
+    long_fit = ["fit", "--input", str(data), "--output", str(out), "--set",
+                "schedule.max_epochs=100000", "--set", "schedule.patience=100000", *QUICK_FIT]
+    first = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *long_fit], env=_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lock = tmp_path / ".run.lock"
+    try:
+        _wait_for(lambda: lock.exists() and "deepdpm fit" in lock.read_text(), what="the lock")
+        for second in (long_fit,
+                       ["predict", "--model", str(earlier_run / "model.pt"), "--input", str(data),
+                        "--output", str(out)]):
+            refused = _deepdpm(*second)
+            assert refused.returncode == 2, refused.stderr
+            line, = refused.stderr.strip().splitlines()
+            assert f"is being written by deepdpm fit (pid {first.pid} on " in line, line
+        assert not out.exists() or not any(out.iterdir())  # the first is still fitting
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert lock.exists()  # left by the killed run, held by no one
+    rerun = _deepdpm(*[a if a != "schedule.max_epochs=100000" else "schedule.max_epochs=3"
+                       for a in long_fit])
+    assert rerun.returncode == 0, rerun.stderr
+    assert (out / "summary.json").exists() and not lock.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".run")) == []
+
+
 # --------------------------------------------------- a single-process fit is resumable
 #: local.yaml's prior with a short schedule: K = 4 in about 15 epochs
 RESUMABLE_FIT = [
