@@ -181,6 +181,58 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_never_
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".run")) == []
 
 
+def test_extract_killed_mid_shard_leaves_no_cluster_and_its_rerun_loses_and_repeats_nothing(
+        tmp_path):
+    """``deepdpm extract`` killed (SIGKILL) while it embeds: a second extract into the same
+    folder meanwhile is refused naming it; every process of the local Ray cluster it
+    started is gone within seconds of the kill; the rerun embeds each image exactly once
+    and leaves no temporary file."""
+    from pipeline.io import read_features
+    from pipeline.ray_guard import descendants, start_time
+    from pipeline.shards import digits_image_folder, write_shards
+
+    shards = tmp_path / "shards"
+    write_shards(digits_image_folder(tmp_path / "images"), shards, shard_size=300, progress=False)
+    out = tmp_path / "features"
+    extract = ["extract", "--shards", str(shards), "--output", str(out), "--encoder", "pixels",
+               "--batch-size", "16", "--no-progress", "--no-tracking"]
+    first = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *extract], env=_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def cluster() -> dict[int, int]:
+            return descendants({first.pid: start_time(first.pid)})
+
+        # embedding has begun once a guard watches the cluster and encoder actors run
+        _wait_for(lambda: any("ray_guard" in _cmdline(p) for p in cluster())
+                  and any("MapWorker" in _cmdline(p) for p in cluster()), what="the encoders")
+        other = _deepdpm(*extract, "--pixel-size", "4")
+        assert other.returncode == 2
+        assert f"being written by deepdpm extract (pid {first.pid} on " in other.stderr
+        started = cluster()
+        del started[first.pid]
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert len(started) >= 5  # GCS, raylet, agents, the guard, encoder actors
+    killed_at = time.monotonic()
+    _wait_for(lambda: all(start_time(pid) != start for pid, start in started.items()),
+              timeout=30, what="the cluster's processes to end")
+    print(f"the local Ray cluster ended {time.monotonic() - killed_at:.1f} s after the kill")
+
+    rerun = _deepdpm(*extract)
+    assert rerun.returncode == 0, rerun.stderr
+    keys = read_features(out).keys
+    assert len(keys) == len(set(keys)) == 1797
+    assert not list(out.glob(".*.tmp")) and not list(tmp_path.glob(".features.*"))
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 # --------------------------------------------------- a single-process fit is resumable
 #: local.yaml's prior with a short schedule: K = 4 in about 15 epochs
 RESUMABLE_FIT = [
