@@ -113,6 +113,7 @@ def run_alternating_fit(
     from pipeline.fitting import label_metrics, write_fit_outputs
     from pipeline.tracking import (
         RunTracker,
+        default_run_name,
         environment_tags,
         epoch_callback,
         fit_params,
@@ -134,7 +135,7 @@ def run_alternating_fit(
         children: dict[int, RunTracker] = {}
 
         def child_tracker(step: int) -> RunTracker:
-            name = f"{args.run_name or 'fit'}/alternation-{step}"
+            name = f"{default_run_name(args) or 'fit'}/alternation-{step}"
             child = RunTracker(
                 args.tracking_uri,
                 args.experiment,

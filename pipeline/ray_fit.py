@@ -59,6 +59,7 @@ from deepdpm_core.trainer import Trainer
 from deepdpm_core.validation import readonly_tensor
 from pipeline.io import feature_shape, write_json_atomic
 from pipeline.run_folder import publish_run, staging_folder
+from pipeline.tracking import DEFAULT_MODEL_ALIAS
 
 REQUEST_FILE = "fit_request.json"
 #: a user error the workers agreed on (bad rows, a checkpoint of other data), for the driver
@@ -90,6 +91,8 @@ class FitRequest:
     tracking_uri: str | None = None
     experiment: str = "deepdpm"
     run_name: str | None = None
+    register_model: str | None = None
+    model_alias: str = DEFAULT_MODEL_ALIAS
     quiet: bool = False
     #: a single-process fit with checkpoints (:mod:`pipeline.resumable_fit`), not a Ray one
     in_process: bool = False
@@ -359,7 +362,8 @@ def _train_worker(loop: dict[str, Any]) -> None:
         return
 
     tracker = RunTracker(req.tracking_uri, req.experiment, enabled=req.tracking,
-                         run_name=req.run_name, rank=rank)
+                         run_name=req.run_name, rank=rank, register_model=req.register_model,
+                         model_alias=req.model_alias)
     with tracker:
         checkpoint = ray.train.get_checkpoint()
         try:

@@ -47,6 +47,14 @@ logger = logging.getLogger(__name__)
 #: (MLflow 3 refuses the old ``./mlruns`` file store for new runs)
 DEFAULT_TRACKING_DB = "mlflow.db"
 DEFAULT_EXPERIMENT = "deepdpm"
+#: alias that ``--register-model NAME`` points at the new version (``models:/NAME@champion``;
+#: MLflow reserves ``latest``)
+DEFAULT_MODEL_ALIAS = "champion"
+
+#: experiment tag that picks the MLflow UI's view of an experiment: without it MLflow 3
+#: opens on its GenAI overview and lists training runs as "Evaluation runs"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 #: epoch-record key -> MLflow metric name (see ``DeepDPM.history_``)
 EPOCH_METRICS: dict[str, str] = {
@@ -70,6 +78,14 @@ HTTP_ENV_DEFAULTS: dict[str, str] = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+}
+
+#: no MLflow progress bars on stderr, and no run links on stdout, which holds only the
+#: command's result (:meth:`RunTracker.close` prints the link on stderr); a value the user
+#: exported wins
+QUIET_ENV_DEFAULTS: dict[str, str] = {
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 
 #: MLflow accepts at most 100 params or tags and 1000 metrics per ``log_batch`` call
@@ -128,12 +144,15 @@ def gpu_description() -> str:
     return "none"
 
 
-def environment_tags(input_path: str | Path | None = None) -> dict[str, str]:
-    """Run tags: input path, git commit (MLflow's own tag, shown in the UI), host, GPU."""
+def environment_tags(input_path: str | Path | None = None, command: str = "fit") -> dict[str, str]:
+    """Run tags: input path, host, GPU, and MLflow's own source tags (the run's "Source" in
+    the UI: ``deepdpm COMMAND`` and the git commit)."""
     tags = {
         "host": platform.node(),
         "gpu": gpu_description(),
         "python": platform.python_version(),
+        "mlflow.source.name": f"deepdpm {command}",
+        "mlflow.source.type": "LOCAL",
     }
     if input_path is not None:
         tags["input"] = str(input_path)
@@ -150,6 +169,19 @@ def epoch_metrics(record: Mapping[str, Any]) -> dict[str, float]:
         for key, name in EPOCH_METRICS.items()
         if record.get(key) is not None
     }
+
+
+def _import_ipython() -> None:
+    """Import IPython (when installed) on the calling thread.
+
+    MLflow's HTTP client imports it on its first request (a Databricks-notebook check), on
+    the logging thread; matplotlib, drawing a fit's plots meanwhile, reads the half-imported
+    module from ``sys.modules`` and raises. Imported before that thread starts, it is whole.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("IPython") is not None:
+        import IPython  # noqa: F401
 
 
 def _redacted(uri: str | None) -> str:
@@ -185,7 +217,8 @@ class RunTracker:
     enabled : bool
         False (``--no-tracking``) makes every method a no-op except :meth:`warn`.
     run_name : str or None
-        MLflow run name (MLflow picks one when None).
+        MLflow run name (MLflow picks one when None; the commands pass
+        :func:`default_run_name`).
     rank : int
         Distributed rank of the caller; only rank 0 logs or prints.
     queue_size : int
@@ -196,6 +229,10 @@ class RunTracker:
     artifact_location : str or None
         Artifact root of the experiment when this run creates it (default: the tracking
         server's choice; for a sqlite store that is ``./mlruns`` of the working directory).
+    register_model : str or None
+        :func:`log_fit_outputs` registers the fit's MLflow model under this name.
+    model_alias : str
+        Alias of the registered model that is moved to the new version.
 
     Attributes
     ----------
@@ -216,6 +253,8 @@ class RunTracker:
         queue_size: int = 10_000,
         close_timeout: float = 60.0,
         artifact_location: str | None = None,
+        register_model: str | None = None,
+        model_alias: str = DEFAULT_MODEL_ALIAS,
     ) -> None:
         self.is_logger = rank == 0
         self.active = bool(enabled) and self.is_logger
@@ -224,9 +263,12 @@ class RunTracker:
         self.run_name = run_name
         self.close_timeout = close_timeout
         self.artifact_location = artifact_location
+        self.register_model = register_model
+        self.model_alias = model_alias
         self.failed = False
         self.warnings: list[str] = []
         self._run_id: str | None = None
+        self._experiment_id: str | None = None
         self._started = threading.Event()
         self._closing = threading.Event()
         self._queue: queue.Queue[Callable[[Any], None]] = queue.Queue(maxsize=queue_size)
@@ -252,8 +294,10 @@ class RunTracker:
         """Start the logging thread and create the run (asynchronously)."""
         if not self.active or self._thread is not None:
             return
-        for key, value in HTTP_ENV_DEFAULTS.items():
+        for key, value in {**HTTP_ENV_DEFAULTS, **QUIET_ENV_DEFAULTS}.items():
             os.environ.setdefault(key, value)
+        if self.tracking_uri.startswith(("http://", "https://")):
+            _import_ipython()
         self._thread = threading.Thread(target=self._work, name="deepdpm-mlflow", daemon=True)
         self._thread.start()
         self._submit(self._start_run)
@@ -274,6 +318,23 @@ class RunTracker:
             )
         self._thread = None
         self._started.set()
+        url = self.run_url
+        if url and not self.failed:
+            print(f"deepdpm: MLflow run {self.run_name or self._run_id}: {url}", file=sys.stderr,
+                  flush=True)  # fmt: skip
+
+    @property
+    def run_url(self) -> str | None:
+        """The run's page in the MLflow UI of an ``http(s)://`` tracking server (else None),
+        opened on the UI's model-training view (``workflowType=machine_learning``: MLflow
+        3's UI picks its view from that, not from the experiment's kind tag)."""
+        if self._run_id is None or self._experiment_id is None:
+            return None
+        base = _redacted(self.tracking_uri)
+        if not base.startswith(("http://", "https://")):
+            return None
+        return (f"{base.rstrip('/')}/#/experiments/{self._experiment_id}/runs/{self._run_id}"
+                "?workflowType=machine_learning")  # fmt: skip
 
     @property
     def run_id(self) -> str | None:
@@ -332,6 +393,11 @@ class RunTracker:
                     lambda client, p=path: client.log_artifact(self._run_id, str(p), artifact_path)
                 )
 
+    def log_with(self, fn: Callable[[Any, str], None]) -> None:
+        """Run ``fn(client, run_id)`` on the logging thread (an MLflow call this class has
+        no method for); its failure switches tracking off like any other."""
+        self._submit(lambda client: fn(client, self._run_id))
+
     def warn(self, message: str) -> None:
         """Print a warning (rank 0 only) and keep it in the run as ``warnings.txt``."""
         if not self.is_logger:
@@ -386,7 +452,11 @@ class RunTracker:
                 if experiment is None:
                     raise
                 experiment_id = experiment.experiment_id
+        if experiment is None or EXPERIMENT_KIND_TAG not in experiment.tags:
+            # an experiment someone has set a kind for keeps it
+            client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         run = client.create_run(experiment_id, run_name=self.run_name)
+        self._experiment_id = experiment_id
         self._run_id = run.info.run_id
         self._started.set()
 
@@ -444,18 +514,45 @@ def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
         "in the working directory)",
     )
     group.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
-    group.add_argument("--run-name", help="MLflow run name (default: chosen by MLflow)")
+    group.add_argument("--run-name", help="MLflow run name (default: the --output folder's name)")
     group.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
 
 
+def add_registry_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--register-model NAME``, ``--model-alias ALIAS``."""
+    group = parser.add_argument_group("MLflow model registry")
+    group.add_argument(
+        "--register-model",
+        metavar="NAME",
+        help="register the fit's MLflow model as a new version of NAME",
+    )
+    group.add_argument(
+        "--model-alias",
+        default=DEFAULT_MODEL_ALIAS,
+        metavar="ALIAS",
+        help=f"alias moved to that version: models:/NAME@ALIAS (default {DEFAULT_MODEL_ALIAS})",
+    )
+
+
+def default_run_name(args: argparse.Namespace) -> str | None:
+    """``--run-name``, else the name of the ``--output`` folder (None without either)."""
+    if args.run_name:
+        return args.run_name
+    output = getattr(args, "output", None) or getattr(args, "resume", None)
+    return Path(output).resolve().name if output else None
+
+
 def tracker_from_args(args: argparse.Namespace, rank: int = 0) -> RunTracker:
-    """A :class:`RunTracker` configured by :func:`add_tracking_arguments` flags."""
+    """A :class:`RunTracker` configured by :func:`add_tracking_arguments` (and
+    :func:`add_registry_arguments`) flags."""
     return RunTracker(
         tracking_uri=args.tracking_uri,
         experiment=args.experiment,
         enabled=not args.no_tracking,
-        run_name=args.run_name,
+        run_name=default_run_name(args),
         rank=rank,
+        register_model=getattr(args, "register_model", None),
+        model_alias=getattr(args, "model_alias", DEFAULT_MODEL_ALIAS),
     )
 
 
@@ -492,28 +589,62 @@ def epoch_callback(
 
 
 def log_fit_outputs(tracker: RunTracker, out_dir: str | Path) -> None:
-    """Log a finished fit's output directory: :data:`FIT_ARTIFACTS` and, from its
-    ``summary.json``, ``fit_seconds`` and the final ``final_nmi``/``final_ari``/``final_acc``."""
+    """Log a finished fit's output directory: :data:`FIT_ARTIFACTS`; from its
+    ``summary.json``, ``fit_seconds`` and the final ``final_nmi``/``final_ari``/``final_acc``;
+    the input as the run's dataset; the fit as the MLflow model ``model``
+    (:mod:`pipeline.mlflow_model`), registered when the tracker has ``register_model``."""
     out_dir = Path(out_dir)
     summary_path = out_dir / "summary.json"
-    if summary_path.exists():
-        summary = json.loads(summary_path.read_text())
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    step = int(summary.get("epochs") or 0)
+    if summary:
         final = {f"final_{k}": v for k, v in (summary.get("metrics") or {}).items()}
         if summary.get("fit_seconds") is not None:
             final["fit_seconds"] = summary["fit_seconds"]
         final["final_n_clusters"] = summary.get("n_clusters", 0)
-        tracker.log_metrics(final, step=int(summary.get("epochs") or 0))
+        tracker.log_metrics(final, step=step)
     tracker.log_artifacts(p for name in FIT_ARTIFACTS if (p := out_dir / name).exists())
+    if not (out_dir / "model.pt").exists():
+        return
+    input_path = summary.get("input")
+    name, alias = tracker.register_model, tracker.model_alias
+
+    def log_model(client: Any, run_id: str) -> None:
+        from pipeline.mlflow_model import EXAMPLE_ROWS, log_fit_model, register_fit_model
+        from pipeline.run_dataset import feature_input, input_rows
+
+        example = None
+        if input_path is not None:
+            dataset = feature_input(input_path)
+            if dataset is not None:
+                client.log_inputs(run_id, datasets=[dataset])
+            example = input_rows(input_path, EXAMPLE_ROWS)
+        try:
+            log_fit_model(client, run_id, out_dir, input_example=example, step=step)
+            if name:
+                register_fit_model(client, run_id, name, alias)
+        except Exception as exc:  # the run keeps model.pt and still ends as it should
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            print(f"deepdpm: warning: the fit's MLflow model was not logged "
+                  f"({type(exc).__name__}: {reason[:300]})", file=sys.stderr, flush=True)  # fmt: skip
+
+    tracker.log_with(log_model)
 
 
 __all__ = [
     "DEFAULT_EXPERIMENT",
+    "DEFAULT_MODEL_ALIAS",
+    "EXPERIMENT_KIND",
+    "EXPERIMENT_KIND_TAG",
     "FIT_ARTIFACTS",
     "DEFAULT_TRACKING_DB",
     "EPOCH_METRICS",
     "HTTP_ENV_DEFAULTS",
+    "QUIET_ENV_DEFAULTS",
     "RunTracker",
+    "add_registry_arguments",
     "add_tracking_arguments",
+    "default_run_name",
     "environment_tags",
     "epoch_callback",
     "epoch_metrics",

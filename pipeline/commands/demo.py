@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
                     run_name=out.resolve().name,
                     artifact_location=(out / "mlartifacts").resolve().as_uri()) as tracker:
         tracker.log_params(fit_params(cfg.flat(), *emb.shape, num_workers=1))
-        tracker.set_tags({**environment_tags(emb_path), "deepdpm.command": "demo"})
+        tracker.set_tags({**environment_tags(emb_path, command="demo"), "deepdpm.command": "demo"})
         model = DeepDPM(cfg)
         scores_cb = EpochLabelScores.for_labels(emb, table.labels, seed=cfg.seed)
         callbacks = [epoch_callback(tracker, cfg, variance)]

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     with tracker_from_args(args) as tracker:
         tracker.log_params({name: getattr(args, name) for name in TRACKED_OPTIONS})
-        tracker.set_tags({**environment_tags(args.shards), "deepdpm.command": "extract"})
+        tracker.set_tags({**environment_tags(args.shards, command="extract"), "deepdpm.command": "extract"})
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)
             report = extract_features(

@@ -14,7 +14,7 @@ HELP = "fit DeepDPM to features (.npy, .npz or Parquet) and write model, assignm
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipeline.results import add_json_argument
-    from pipeline.tracking import add_tracking_arguments
+    from pipeline.tracking import add_registry_arguments, add_tracking_arguments
 
     parser.add_argument("--input", help=".npy [N, D], .npz (X, y) or Parquet (embedding, label, key)")
     parser.add_argument("--output", help="output directory")
@@ -54,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="seconds to wait for an existing cluster to offer W workers' "
                            "CPUs/GPUs before failing (default 120)")
     add_tracking_arguments(parser)
+    add_registry_arguments(parser)
     add_json_argument(parser)
 
 
@@ -93,7 +94,7 @@ def _new_request(args: argparse.Namespace, in_process: bool):
     """The request of a new fit that keeps checkpoints (stored for ``--resume``)."""
     from pipeline.fitting import config_from_args
     from pipeline.ray_fit import FitRequest
-    from pipeline.tracking import resolve_tracking_uri
+    from pipeline.tracking import default_run_name, resolve_tracking_uri
 
     config = config_from_args(args.config, args.overrides, args.seed)
     return FitRequest(
@@ -108,7 +109,9 @@ def _new_request(args: argparse.Namespace, in_process: bool):
         # resolved here: the workers' (or a resumed run's) working directory may be another
         tracking_uri=None if args.no_tracking else resolve_tracking_uri(args.tracking_uri),
         experiment=args.experiment,
-        run_name=args.run_name,
+        run_name=default_run_name(args),
+        register_model=args.register_model,
+        model_alias=args.model_alias,
         quiet=args.quiet,
         in_process=in_process,
     )
@@ -233,7 +236,8 @@ def _run_local(args: argparse.Namespace, request=None) -> int:
         config = from_dict(request.config)
         input_path, output = request.input, request.output
         tracker = RunTracker(request.tracking_uri, request.experiment, enabled=request.tracking,
-                             run_name=request.run_name)
+                             run_name=request.run_name, register_model=request.register_model,
+                             model_alias=request.model_alias)
     if args.use_gpu or (request is not None and request.use_gpu):
         config = config.with_overrides({"device": "cuda"})
     table = read_features(input_path)

@@ -10,7 +10,9 @@ HELP = "assign features to the clusters of a fitted model (writes a Parquet tabl
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="model.pt written by deepdpm fit")
+    parser.add_argument("--model", required=True,
+                        help="model.pt written by deepdpm fit, or its MLflow model: runs:/RUN_ID/model, "
+                             "models:/NAME@ALIAS (server: $MLFLOW_TRACKING_URI)")
     parser.add_argument("--input", required=True, help=".npy, .npz or Parquet features")
     parser.add_argument("--output", required=True, help="output .parquet (key, cluster, confidence, label)")
     parser.add_argument("--batch-size", type=int, default=65536, help="rows per forward pass")
@@ -24,9 +26,10 @@ def run(args: argparse.Namespace) -> int:
     from deepdpm_core.validation import check_features
     from pipeline.fitting import assignments_table, label_metrics
     from pipeline.io import read_features, write_parquet_atomic
+    from pipeline.model_uri import local_model_path
     from pipeline.results import print_result, scores_text
 
-    model = DeepDPM.load(args.model)
+    model = DeepDPM.load(local_model_path(args.model))
     table = read_features(args.input)
     table.X = check_features(table.X, n_features=model.n_features_in_)
     labels, confidence = model.predict_confidence(table.X, batch_size=args.batch_size)
