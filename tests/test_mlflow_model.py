@@ -267,3 +267,36 @@ def test_an_experiment_kind_someone_set_is_kept(mlflow_server, monkeypatch):  # 
         tracker.log_metrics({"x": 1.0})
     assert tracker.run_id is not None and not tracker.failed
     assert client.get_experiment(experiment_id).tags[EXPERIMENT_KIND_TAG] == "genai_development"
+
+
+def test_the_model_of_an_alternating_fit_takes_raw_rows(mlflow_server, tmp_path, monkeypatch):  # noqa: F811
+    """With an ``autoencoder.pt`` beside ``model.pt`` (``fit --alternate``) the MLflow model
+    encodes the raw rows first: its signature has the raw D, its labels are the clustering's
+    of the encoded rows."""
+    import mlflow.pyfunc
+
+    from deepdpm_core.autoencoder import build_autoencoder, encode
+    from deepdpm_core.config import Config
+    from pipeline.alternate import save_autoencoder
+    from pipeline.mlflow_model import log_fit_model
+
+    rng = np.random.default_rng(2)
+    X = (rng.normal(0.0, 5.0, (3, 12))[rng.integers(0, 3, 300)]
+         + rng.normal(0.0, 1.0, (300, 12))).astype(np.float32)  # fmt: skip
+    autoencoder = build_autoencoder(12, 3, [16], seed=0)  # its weights need no training here
+    save_autoencoder(autoencoder, Config(), tmp_path / "autoencoder.pt")
+    Z = encode(autoencoder, X)
+    clustering = DeepDPM(random_state=0, init={"n_clusters": 3}, schedule__max_epochs=2).fit(Z)
+    clustering.save(tmp_path / "model.pt")
+
+    client = MlflowClient(mlflow_server.uri)
+    run = client.create_run(client.create_experiment("alternating-model"))
+    log_fit_model(client, run.info.run_id, tmp_path, input_example=X[:5])
+    client.set_terminated(run.info.run_id)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    model = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+    assert len(model.metadata.signature.inputs.inputs) == 12
+    labels, confidence = clustering.predict_confidence(Z)
+    got = model.predict(X)
+    np.testing.assert_array_equal(got["cluster"].to_numpy(), labels)
+    np.testing.assert_allclose(got["confidence"].to_numpy(), confidence, rtol=1e-6)
