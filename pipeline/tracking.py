@@ -51,8 +51,9 @@ DEFAULT_EXPERIMENT = "deepdpm"
 #: MLflow reserves ``latest``)
 DEFAULT_MODEL_ALIAS = "champion"
 
-#: experiment tag that picks the MLflow UI's view of an experiment: without it MLflow 3
-#: opens on its GenAI overview and lists training runs as "Evaluation runs"
+#: experiment tag by which MLflow 3's UI shows an experiment as model training (its Runs)
+#: rather than GenAI (overview, "Evaluation runs"); UIs with the GenAI / Model training
+#: switch follow the switch or the URL's ``workflowType`` instead (:attr:`RunTracker.run_url`)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
