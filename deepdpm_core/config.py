@@ -305,6 +305,8 @@ def _validate(cfg: Config) -> None:
 
 #: nodes a YAML document may expand to once its aliases are followed (a config has ~100)
 MAX_YAML_NODES = 10_000
+#: nesting a YAML document may have (a config has 3 levels; the composer recurses per level)
+MAX_YAML_DEPTH = 50
 #: characters of a value an error message shows at most
 _SHOWN_CHARS = 120
 
@@ -320,9 +322,21 @@ def _shown(value: Any) -> str:
 
 
 class _BoundedSafeLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a document whose aliases expand it beyond
-    :data:`MAX_YAML_NODES` nodes (a "billion laughs" bomb: 1 KB of nested aliases that
-    mean 10⁹ strings) or that refer to themselves, before any value is built."""
+    """``yaml.SafeLoader`` that refuses a document nested deeper than
+    :data:`MAX_YAML_DEPTH`, or whose aliases expand it beyond :data:`MAX_YAML_NODES`
+    nodes (a "billion laughs" bomb: 1 KB of nested aliases that mean 10⁹ strings) or
+    refer to themselves, before any value is built."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise ConfigError(f"YAML is nested more than {MAX_YAML_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def compose_document(self) -> yaml.Node:
         node = super().compose_document()
@@ -357,20 +371,17 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int])
 
 
 def load_yaml(text: str) -> Any:
-    """``yaml.safe_load(text)`` with bounded alias expansion and nesting.
+    """``yaml.safe_load(text)`` with bounded nesting and alias expansion.
 
     Raises
     ------
     ConfigError
-        The aliases expand beyond :data:`MAX_YAML_NODES` values or refer to themselves,
-        or the nesting is too deep for the parser.
+        Nested deeper than :data:`MAX_YAML_DEPTH`, or aliases that expand beyond
+        :data:`MAX_YAML_NODES` values or refer to themselves.
     yaml.YAMLError
         Not valid YAML.
     """
-    try:
-        return yaml.load(text, Loader=_BoundedSafeLoader)  # noqa: S506 - a SafeLoader
-    except RecursionError:
-        raise ConfigError("YAML is nested too deeply") from None
+    return yaml.load(text, Loader=_BoundedSafeLoader)  # noqa: S506 - a SafeLoader
 
 
 def _coerce(key: str, annotation: Any, value: Any) -> Any:

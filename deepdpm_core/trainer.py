@@ -32,7 +32,7 @@ from torch import nn
 from deepdpm_core.communicator import Communicator, LocalCommunicator
 from deepdpm_core.config import Config, from_dict
 from deepdpm_core.coordinates import fit_coordinates
-from deepdpm_core.errors import CheckpointError, ConfigError
+from deepdpm_core.errors import CheckpointError, ConfigError, DataError
 from deepdpm_core.fitted_model import FittedModel, stored_coordinates
 from deepdpm_core.gmm import GaussianMixture, log_weights_from_counts
 from deepdpm_core.init import kmeans_centers, nearest_center, principal_split
@@ -520,25 +520,37 @@ class Trainer:
 
     # ------------------------------------------------------------------- moves
     def _decide(self, kind: str, soft: SuffStats, sub: SuffStats) -> MovePlan:
-        cfg = self.config
-        plan = None
+        """Rank 0 decides the moves and broadcasts the plan, or the DataError it ran into,
+        so that every rank raises it rather than wait for a plan."""
+        plan: MovePlan | DataError | None = None
         if self.comm.rank == 0:
-            hard = sub.pair_sums()
-            prunes = [int(i) for i in torch.nonzero(hard.n <= 0).squeeze(1).tolist()] \
-                if cfg.moves.prune_empty and self.n_clusters > 1 else []
-            if len(prunes) == self.n_clusters:
-                prunes = prunes[1:]
-            splits, merges = [], []
-            if kind == "split":
-                accepted, _ = propose_splits(self.prior, cfg.prior.alpha, sub, self.rng,
-                                             cfg.moves.min_subcluster_size)
-                splits = [k for k in accepted if k not in prunes]
-            else:
-                merges = [(a, b) for a, b in propose_merges(
-                    self.prior, cfg.prior.alpha, hard, self.means, self.rng, cfg.moves.merge_neighbours)
-                    if a not in prunes and b not in prunes]
-            plan = MovePlan(splits=splits, merges=merges, prunes=prunes)
-        return self.comm.broadcast_object(plan, src=0)
+            try:
+                plan = self._propose_moves(kind, sub)
+            except torch.linalg.LinAlgError:
+                plan = self._numerical_failure()
+        plan = self.comm.broadcast_object(plan, src=0)
+        if isinstance(plan, DataError):
+            raise plan
+        return plan
+
+    def _propose_moves(self, kind: str, sub: SuffStats) -> MovePlan:
+        """Rank 0: prunes of empty clusters, then the accepted splits or merges."""
+        cfg = self.config
+        hard = sub.pair_sums()
+        prunes = [int(i) for i in torch.nonzero(hard.n <= 0).squeeze(1).tolist()] \
+            if cfg.moves.prune_empty and self.n_clusters > 1 else []
+        if len(prunes) == self.n_clusters:
+            prunes = prunes[1:]
+        splits, merges = [], []
+        if kind == "split":
+            accepted, _ = propose_splits(self.prior, cfg.prior.alpha, sub, self.rng,
+                                         cfg.moves.min_subcluster_size)
+            splits = [k for k in accepted if k not in prunes]
+        else:
+            merges = [(a, b) for a, b in propose_merges(
+                self.prior, cfg.prior.alpha, hard, self.means, self.rng, cfg.moves.merge_neighbours)
+                if a not in prunes and b not in prunes]
+        return MovePlan(splits=splits, merges=merges, prunes=prunes)
 
     def apply_plan(self, plan: MovePlan, soft: SuffStats) -> None:
         """Surgery on parameters, nets and optimiser state (identical on every rank)."""
@@ -724,9 +736,32 @@ class Trainer:
         return kinds[self.move_round % len(kinds)] if kinds else None
 
     def step_epoch(self) -> dict:
-        """Train one epoch, M-step, maybe a move; returns the history record."""
+        """Train one epoch, M-step, maybe a move; returns the history record.
+
+        Raises
+        ------
+        DataError
+            A cluster covariance is not positive-definite: the data's clusters are
+            degenerate at the prior's scale (raised on every rank alike).
+        """
         with flush_denormals():
-            return self._step_epoch()
+            try:
+                return self._step_epoch()
+            except torch.linalg.LinAlgError as exc:
+                raise self._numerical_failure() from exc
+
+    def _numerical_failure(self) -> DataError:
+        """The one-line error for a factorisation that failed on the data's statistics,
+        e.g. clusters of duplicate rows in features far larger than a fixed
+        ``prior.sigma_scale`` assumes, and what to change."""
+        sigma_scale = self.config.prior.sigma_scale
+        fixes = "standardise the features (data.transform=standard)"
+        if isinstance(sigma_scale, float):
+            fixes += f" or let the prior follow the data (prior.sigma_scale=auto, not {sigma_scale:g})"
+        return DataError(
+            f"the fit failed numerically at epoch {self.epoch}: a cluster covariance is not "
+            "positive-definite, the clusters are degenerate at the prior's scale (duplicate "
+            f"rows, or features on another scale than the prior assumes); {fixes}")
 
     def _step_epoch(self) -> dict:
         t0 = device_clock(self.device)

@@ -386,9 +386,16 @@ def _train_worker(loop: dict[str, Any]) -> None:
                           **({"resumed_from_epoch": resumed_from} if resumed_from is not None else {})})
         t0 = time.perf_counter()
         before = sum(r["seconds"] for r in trainer.history)
-        if checkpoint is None:
-            trainer.initialize()
-        _train(trainer, req, loop, rank)
+        try:
+            if checkpoint is None:
+                trainer.initialize()
+            _train(trainer, req, loop, rank)
+        except DeepDPMError as exc:
+            # a data error meets every rank alike (all-reduced statistics, rank 0's broadcast
+            # plan); Ray Train retries whatever a worker raises, so it ends the run here
+            tracker.close("FAILED")
+            _stop_with(f"{type(exc).__name__}: {exc}", req, rank)
+            return
         for callback in callbacks:
             if isinstance(callback, _EpochBar):
                 callback.close()

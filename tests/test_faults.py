@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from deepdpm_core.config import MAX_YAML_NODES, load_config, parse_overrides
+from deepdpm_core.config import MAX_YAML_DEPTH, MAX_YAML_NODES, load_config, parse_overrides
 from deepdpm_core.errors import CheckpointError, ConfigError
 from pipeline.cli import main
 from pipeline.io import features_table
@@ -332,6 +332,9 @@ def test_a_yaml_alias_bomb_fails_fast_in_one_short_line(tmp_path, capsys):
     (tmp_path / "self.yaml").write_text("seed: &s [1, *s]\n")
     with pytest.raises(ConfigError, match="refers to itself"):
         load_config(tmp_path / "self.yaml")
+    (tmp_path / "deep.yaml").write_text("seed: " + "[" * 1000 + "]" * 1000 + "\n")
+    with pytest.raises(ConfigError, match=f"nested more than {MAX_YAML_DEPTH} levels deep"):
+        load_config(tmp_path / "deep.yaml")
     # a large value without aliases: the error shows its beginning only
     (tmp_path / "long.yaml").write_text("seed: [" + ", ".join(["9" * 60] * 3000) + "]\n")
     with pytest.raises(ConfigError, match=r"'seed' must be an integer, got \[9{60}, ") as err:
@@ -411,3 +414,80 @@ def test_pickles_that_would_run_code_are_refused_naming_the_global(mixture, tmp_
         assert _refused(str(err.value))
     assert not marker.exists()
     assert not (tmp_path / "predicted.parquet").exists()
+
+
+# ------------------------------------------------------ data errors are errors, not retries
+#: local.yaml's fixed prior Ψ = 0.005·I (in the features' units) and a short schedule
+DEGENERATE_FIT = [
+    "--config", str(REPO / "cluster_configs" / "local.yaml"), "--seed", "0",
+    "--set", "init.n_clusters=3", "--set", "schedule.warmup_epochs=2",
+    "--set", "schedule.move_every=2", "--set", "schedule.max_epochs=12", "--quiet",
+]
+
+
+@pytest.fixture(scope="module")
+def degenerate(tmp_path_factory) -> Path:
+    """4 rows repeated 150 times each (one copy of each moved by 0.5), times 1e25: at the
+    prior's fixed scale every cluster is degenerate and a covariance factorisation fails."""
+    rng = np.random.default_rng(0)
+    X = np.repeat(rng.normal(size=(4, 6)) * 6, 150, axis=0)
+    X[::150] += 0.5
+    path = tmp_path_factory.mktemp("degenerate") / "X.npy"
+    np.save(path, (X * 1e25).astype(np.float32))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray cluster (2 CPUs) for the tests of this module that need one."""
+    import ray
+
+    address = os.environ.pop("RAY_ADDRESS", None)  # a fit would attach to it
+    ray.init(address="local", num_cpus=2, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if address is not None:
+            os.environ["RAY_ADDRESS"] = address
+
+
+def _one_data_error(err: str) -> bool:
+    """The last line is the DataError, and no traceback of it was printed (Ray's own
+    actors may print theirs while the cluster tears a run down)."""
+    last = err.strip().splitlines()[-1]
+    return ("LinAlgError" not in err and "DataError" not in err
+            and last.startswith("deepdpm fit: error: the fit failed numerically")
+            and "data.transform=standard" in last and "prior.sigma_scale=auto" in last)
+
+
+def test_a_numerical_failure_caused_by_the_data_is_one_data_error(degenerate, tmp_path, capsys):
+    assert main(["fit", "--input", str(degenerate), "--output", str(tmp_path / "out"),
+                 *DEGENERATE_FIT, "--no-tracking"]) == 2
+    err = capsys.readouterr().err
+    assert _one_data_error(err) and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    # the advice works: standardised features fit
+    assert main(["fit", "--input", str(degenerate), "--output", str(tmp_path / "standard"),
+                 *DEGENERATE_FIT, "--no-tracking", "--set", "data.transform=standard"]) == 0
+    # features near 1e25 fit in the fit's own coordinates, without float32 overflow warnings
+    big = tmp_path / "big.npy"
+    np.save(big, np.random.default_rng(0).normal(size=(300, 4)).astype(np.float32) * 1e25)
+    assert main(["fit", "--input", str(big), "--output", str(tmp_path / "big"), *DEGENERATE_FIT,
+                 "--no-tracking", "--set", "prior.sigma_scale=auto"]) == 0
+    assert "overflow" not in capsys.readouterr().err
+
+
+def test_a_data_error_on_ray_ends_the_run_without_retries(ray_session, degenerate, tmp_path, capsys):
+    import sqlite3
+
+    db = tmp_path / "mlflow.db"
+    t0 = time.perf_counter()
+    assert main(["fit", "--input", str(degenerate), "--output", str(tmp_path / "out"),
+                 *DEGENERATE_FIT, "--num-workers", "2", "--max-failures", "3",
+                 "--tracking-uri", f"sqlite:///{db}", "--experiment", "data-error"]) == 2
+    seconds = time.perf_counter() - t0
+    err = capsys.readouterr().err
+    assert _one_data_error(err), err[-3000:]
+    # one attempt (rank 0 tracks each attempt as an MLflow run), marked failed
+    with sqlite3.connect(db) as con:
+        assert con.execute("select status from runs").fetchall() == [("FAILED",)], seconds

@@ -251,7 +251,8 @@ def _run_local(args: argparse.Namespace, request=None) -> int:
                        extra_files=("autoencoder.pt", "embedding.parquet"))
         return 0
     table.X = check_features(table.X, min_rows=max(2, config.init.n_clusters))
-    feature_variance = float(np.median(table.X.var(axis=0)))
+    # in float64: the squares of float32 features beyond ~1e19 overflow float32
+    feature_variance = float(np.median(table.X.var(axis=0, dtype=np.float64)))
     state = None
     if request is not None:
         out = Path(output)
