@@ -226,6 +226,32 @@ def test_extract_killed_mid_shard_leaves_no_cluster_and_its_rerun_loses_and_repe
     assert not list(out.glob(".*.tmp")) and not list(tmp_path.glob(".features.*"))
 
 
+def test_a_ray_fit_keeps_its_checkpoints_through_the_publish_and_prunes_unlisted_ones(tmp_path):
+    """A Ray fit (2 workers, a checkpoint every epoch) publishes its outputs with
+    ``ray_train/`` and ``fit_request.json`` kept, at most the 2 checkpoints Ray Train
+    lists, nothing left beside the folder; a checkpoint folder the snapshot does not list
+    (what a driver killed right after a worker's upload leaves) is removed."""
+    from pipeline.ray_fit import TRAIN_DIR, _checkpoint_dir_names, prune_checkpoints
+
+    out = tmp_path / "run"
+    fit = _deepdpm("fit", "--input", str(_blobs(tmp_path / "a.npz", 240, 0)), "--output",
+                   str(out), "--num-workers", "2", "--checkpoint-every", "1", "--set",
+                   "schedule.max_epochs=4", *QUICK_FIT)
+    assert fit.returncode == 0, fit.stderr
+    train = out / TRAIN_DIR
+    snapshot = json.loads((train / "checkpoint_manager_snapshot.json").read_text())
+    listed = set(_checkpoint_dir_names(snapshot))
+    on_disk = {p.name for p in train.glob("checkpoint_*") if p.is_dir()}
+    assert on_disk == listed and 1 <= len(listed) <= 2
+    assert (out / "fit_request.json").exists() and (out / "summary.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npz", "run"]
+
+    orphan = train / "checkpoint_2000-01-01_00-00-00.000000"
+    shutil.copytree(train / sorted(listed)[0], orphan)
+    assert prune_checkpoints(out) == [orphan]
+    assert {p.name for p in train.glob("checkpoint_*") if p.is_dir()} == listed
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
