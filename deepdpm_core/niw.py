@@ -29,7 +29,9 @@ D = 1 on the diagonal of Λ0 and Λn, summed over features, and Σ̂ = diag(Λn)
 The prior's scale can be fitted to the clusters (:func:`empirical_bayes_scale`): with
 Λ0 = ν0·s·P for a fixed diagonal shape P, the s that maximises Σ_k ln f(X_k) (type-II
 maximum likelihood, or empirical Bayes, of the inverse-Wishart scale) solves a
-one-dimensional monotone equation in the eigenvalues of each cluster's Λn − Λ0.
+one-dimensional monotone equation in the eigenvalues of each cluster's Λn − Λ0; given s,
+the degrees of freedom ν0 too (:func:`empirical_bayes_nu`): how tightly the clusters'
+covariances are held to the prior's shape.
 
 All math is float64; log-determinants come from Cholesky factors.
 """
@@ -104,10 +106,12 @@ class NIWPrior:
         scale = torch.diag(shape.to(torch.float64) * sigma_scale * nu0)
         return NIWPrior(mean.to(torch.float64), float(kappa), nu0, scale, diagonal)
 
-    def with_scale(self, shape: Tensor, sigma_scale: float, kappa: float) -> NIWPrior:
-        """The same m0, ν0 and kind with Λ0 = ν0·s·diag(``shape``) and κ0 = ``kappa``."""
-        scale = torch.diag(shape.to(self.scale) * (sigma_scale * self.nu))
-        return NIWPrior(self.m0, float(kappa), self.nu, scale, self.diagonal)
+    def with_scale(self, shape: Tensor, sigma_scale: float, kappa: float, nu: float | None = None) -> NIWPrior:
+        """The same m0 and kind with Λ0 = ν0·s·diag(``shape``), κ0 = ``kappa`` and ν0 =
+        ``nu`` (None: this prior's)."""
+        nu0 = self.nu if nu is None else float(nu)
+        scale = torch.diag(shape.to(self.scale) * (sigma_scale * nu0))
+        return NIWPrior(self.m0, float(kappa), nu0, scale, self.diagonal)
 
     def to(self, device: torch.device | str) -> NIWPrior:
         return NIWPrior(self.m0.to(device), self.kappa, self.nu, self.scale.to(device), self.diagonal)
@@ -265,6 +269,80 @@ def empirical_bayes_scale(prior: NIWPrior, stats: SuffStats, shape: Tensor,
         else:
             hi = mid
     return math.exp(0.5 * (lo + hi)) / nu0
+
+
+def empirical_bayes_nu(prior: NIWPrior, stats: SuffStats, shape: Tensor, sigma_scale: float,
+                       floor: float | None = None, ceiling: float | None = None, iters: int = 60) -> float:
+    """Type-II maximum likelihood of the prior's degrees of freedom ν0, given s.
+
+    Maximises Σ_k ln f(X_k; m0, κ0, ν0, ν0·s·P) over ν0 with m0, κ0, s and P fixed. The
+    prior's mode Σ̂0 = ν0·s·P / (ν0 + D + 1) barely moves with ν0; what ν0 sets is how
+    tightly the clusters' covariances are held to it. Clusters of one common shape (e.g.
+    isotropic blobs of one spread) drive ν0 up, so that a cluster's covariance costs
+    little evidence even when it has few points per dimension (D = 128, 600 points a
+    cluster); clusters of varied shapes keep it at the weak end. With t = ν0·s the ν0-terms
+    of ln f(X_k) are (:func:`_scale_spectrum`, G = ln Γ_D for full covariances, D·ln Γ
+    for diagonal ones)::
+
+        G(νn,k/2) − G(ν0/2) + (ν0 D/2) ln t − (νn,k/2) Σ_i ln(t + β_ki),  νn,k = ν0 + n_k
+
+    maximised by golden-section search over ln(ν0 − D + 1) (ln ν0 when diagonal) within
+    [``floor``, ``ceiling``]. Sees only the (all-reduced) statistics.
+
+    Parameters
+    ----------
+    prior : NIWPrior
+        m0, κ0 and diagonal-ness; its Λ0 only enters through B_k = Λn − Λ0.
+    stats : SuffStats with K rows
+    shape : Tensor of shape (D,)
+        diag(P), positive.
+    sigma_scale : float
+        s, in the units of the data squared.
+    floor, ceiling : float, optional
+        The search interval of ν0; default [D + 2, 10⁴ (D + 2)] ([3, 3·10⁴] when diagonal):
+        never weaker than the paper's prior.
+
+    Returns
+    -------
+    float
+        ν0.
+    """
+    d = prior.dim
+    weakest = 3.0 if prior.diagonal else d + 2.0
+    floor = weakest if floor is None else float(floor)
+    ceiling = 1e4 * weakest if ceiling is None else float(ceiling)
+    keep = stats.n > 0
+    if not bool(keep.any()):
+        return floor
+    beta = _scale_spectrum(prior, stats.rows(torch.nonzero(keep).squeeze(1)), shape, prior.diagonal)
+    n = stats.n[keep].cpu().to(torch.float64)
+    offset = 0.0 if prior.diagonal else d - 1.0  # ν0 must exceed it
+
+    def log_gamma(a: Tensor) -> Tensor:  # G(a) of the module docstring, for every row
+        return d * torch.lgamma(a) if prior.diagonal else torch.special.multigammaln(a, d)
+
+    def evidence(u: float) -> float:
+        nu0 = offset + math.exp(u)
+        t = nu0 * sigma_scale
+        nun = nu0 + n
+        terms = (log_gamma(nun / 2.0) - log_gamma(torch.tensor(nu0 / 2.0, dtype=torch.float64))
+                 + 0.5 * nu0 * d * math.log(t) - 0.5 * nun * torch.log(t + beta).sum(-1))
+        return float(terms.sum())
+
+    lo, hi = math.log(floor - offset), math.log(ceiling - offset)
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = evidence(a), evidence(b)
+    for _ in range(iters):
+        if fa >= fb:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = evidence(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = evidence(b)
+    return offset + math.exp(0.5 * (lo + hi))
 
 
 def log_split_hastings(

@@ -48,6 +48,7 @@ from deepdpm_core.nets import (
 )
 from deepdpm_core.niw import (
     NIWPrior,
+    empirical_bayes_nu,
     empirical_bayes_scale,
     log_marginal_likelihood,
     map_estimate,
@@ -117,6 +118,8 @@ def _adam(params, lr: float) -> torch.optim.Adam:
 
 #: how ``prior.sigma_scale`` fits s to the clusters (see :class:`~deepdpm_core.config.PriorConfig`)
 _PER_FEATURE = {"auto": True, "evidence": False}
+#: coordinate-ascent rounds of (s, ν0) when s maximises the prior's own evidence
+_EB_ROUNDS = 4
 
 
 class Trainer:
@@ -189,7 +192,8 @@ class Trainer:
         self.sigma_scale = float(p.sigma_scale) if isinstance(p.sigma_scale, float) else unit2
         #: the candidate priors (full and/or diagonal covariances); ``self.prior`` is one of them
         self.priors = [
-            NIWPrior.from_shape(torch.zeros(d, **f64), shape, self._kappa(self.sigma_scale), p.nu,
+            NIWPrior.from_shape(torch.zeros(d, **f64), shape, self._kappa(self.sigma_scale),
+                                None if p.nu == "auto" else p.nu,
                                 self.sigma_scale, diagonal=kind == "diag").to(self.device)
             for kind in (("full", "diag") if p.covariance_type == "auto" else (p.covariance_type,))
         ]
@@ -214,16 +218,22 @@ class Trainer:
         """Fit the prior to the clusters' statistics (type-II maximum likelihood).
 
         With ``prior.sigma_scale: auto`` each candidate prior's s is refitted
-        (:func:`~deepdpm_core.niw.empirical_bayes_scale`); with ``covariance_type: auto``
-        the candidate (full or diagonal covariances) with the larger evidence
-        Σ_k ln f(X_k) is kept. Sees only all-reduced statistics: the same on every rank.
+        (:func:`~deepdpm_core.niw.empirical_bayes_scale`), then with ``prior.nu: auto`` its
+        ν0 given s (:func:`~deepdpm_core.niw.empirical_bayes_nu`; ``evidence``, whose s
+        depends on ν0, alternates the two); with ``covariance_type: auto`` the candidate
+        (full or diagonal covariances) with the larger evidence Σ_k ln f(X_k) is kept. Sees
+        only all-reduced statistics: the same on every rank.
         """
-        rule = self.config.prior.sigma_scale
+        p = self.config.prior
         fitted = []
         for prior in self.priors:
-            s = empirical_bayes_scale(prior, stats, self.prior_shape, _PER_FEATURE[rule]) \
-                if rule in _PER_FEATURE else self.sigma_scale
-            fitted.append((prior.with_scale(self.prior_shape, s, self._kappa(s)), s))
+            s = self.sigma_scale
+            for _ in range(_EB_ROUNDS if p.sigma_scale == "evidence" and p.nu == "auto" else 1):
+                if p.sigma_scale in _PER_FEATURE:
+                    s = empirical_bayes_scale(prior, stats, self.prior_shape, _PER_FEATURE[p.sigma_scale])
+                nu = empirical_bayes_nu(prior, stats, self.prior_shape, s) if p.nu == "auto" else None
+                prior = prior.with_scale(self.prior_shape, s, self._kappa(s), nu)
+            fitted.append((prior, s))
         if len(fitted) > 1:
             evidence = [float(log_marginal_likelihood(prior, stats).sum()) for prior, _ in fitted]
             best = max(range(len(fitted)), key=evidence.__getitem__)
@@ -797,6 +807,7 @@ class Trainer:
             "splits_accepted": splits,
             "merges_accepted": merges,
             "prior_scale": self.sigma_scale,
+            "prior_nu": self.prior.nu,
             "diagonal_covariances": int(self.prior.diagonal),
             "seconds": t_end - t0,
             # where it went (EPOCH_PHASES); the M-step includes subcluster restarts, the
@@ -900,6 +911,7 @@ class Trainer:
             "input_scale": self.input_scale,
             "sigma_scale": self.sigma_scale,
             "prior_scales": [float(p.scale[0, 0] / (p.nu * self.prior_shape[0])) for p in self.priors],
+            "prior_nus": [p.nu for p in self.priors],
             "prior_diagonal": self.prior.diagonal,
             "epoch": self.epoch,
             "move_round": self.move_round,
@@ -985,8 +997,9 @@ class Trainer:
         self.sub_log_weights = state["sub_log_weights"].to(dev)
         if "sigma_scale" in state:  # the priors as the last M-step left them
             self.sigma_scale = float(state["sigma_scale"])
-            self.priors = [p.with_scale(self.prior_shape, s, self._kappa(s))
-                           for p, s in zip(self.priors, state["prior_scales"], strict=True)]
+            nus = state.get("prior_nus", [None] * len(self.priors))
+            self.priors = [p.with_scale(self.prior_shape, s, self._kappa(s), nu)
+                           for p, s, nu in zip(self.priors, state["prior_scales"], nus, strict=True)]
             self.prior = next(p for p in self.priors if p.diagonal == bool(state["prior_diagonal"]))
         k = self.means.shape[0]
         cfg = self.config

@@ -129,7 +129,8 @@ def knob_advice(prior: Any, feature_variance: float | None = None,
         ``prior.sigma_scale`` is ``auto``.
     """
     nu = _get(prior, "nu")
-    nu_now = "auto = D + 2; it must stay > D − 1" if nu is None else nu
+    nu_now = {None: "null = D + 2; it must stay > D − 1",
+              "auto": "auto: fitted to the clusters, at least D + 2"}.get(nu, nu)
     alpha = _get(prior, "alpha", 10.0)
     return "; ".join(
         [

@@ -65,6 +65,7 @@ EPOCH_METRICS: dict[str, str] = {
     "splits_accepted": "splits_accepted",
     "merges_accepted": "merges_accepted",
     "prior_scale": "prior_scale",
+    "prior_nu": "prior_nu",
     "diagonal_covariances": "diagonal_covariances",
     "seconds": "epoch_seconds",
     **{f"seconds_{phase}": f"epoch_seconds_{phase}" for phase, _ in EPOCH_PHASES},

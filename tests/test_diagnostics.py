@@ -47,7 +47,7 @@ def test_stalled_splits_name_every_knob_with_its_value():
     assert warning.kind == "no_split"
     assert "no split accepted in the last 3 split rounds" in warning.message
     assert "raise prior.alpha (now 3.0" in warning.message
-    assert "lower prior.nu (now auto = D + 2" in warning.message
+    assert "lower prior.nu (now auto: fitted to the clusters, at least D + 2" in warning.message
     assert "prior.sigma_scale (now 0.005) moves K non-monotonically" in warning.message
 
 

@@ -28,7 +28,7 @@ def test_fit_attributes_and_history(fitted, data):
     assert m.weights_.sum() == pytest.approx(1.0)
     phases = {"seconds_estep", "seconds_train", "seconds_stats", "seconds_mstep", "seconds_moves"}
     keys = {"epoch", "n_clusters", "loss_cluster", "loss_subcluster", "splits_accepted",
-            "prior_scale", "diagonal_covariances",
+            "prior_scale", "prior_nu", "diagonal_covariances",
             "merges_accepted", "seconds", *phases}
     assert all(set(h) == keys for h in m.history_)
     for h in m.history_:  # the phases are the epoch's parts: they add up to its seconds

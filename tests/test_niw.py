@@ -10,6 +10,7 @@ from scipy import integrate, stats
 from deepdpm_core.errors import ConfigError
 from deepdpm_core.niw import (
     NIWPrior,
+    empirical_bayes_nu,
     empirical_bayes_scale,
     log_marginal_likelihood,
     log_merge_hastings,
@@ -203,6 +204,42 @@ def test_empirical_bayes_scale_of_isotropic_clusters_is_their_variance():
     stats = _clusters(7, 3, [20000, 20000], [0.3, 0.3])
     prior = NIWPrior.from_shape(torch.zeros(3), torch.ones(3), 1e-4, None, 1.0)
     assert empirical_bayes_scale(prior, stats, torch.ones(3, dtype=torch.float64)) == pytest.approx(0.09, rel=0.03)
+
+
+@pytest.mark.parametrize("diagonal", [False, True])
+def test_empirical_bayes_nu_maximises_the_summed_marginal_likelihood(diagonal):
+    """The golden-section ν0 against a brute-force search of Σ_k ln f(X_k; ν0) over ν0."""
+    d = 4
+    stats = _clusters(9, d, [60, 25, 90], [0.7, 0.8, 0.75])
+    shape = torch.tensor([1.0, 2.0, 0.5, 1.5], dtype=torch.float64)
+    base = NIWPrior.from_shape(torch.zeros(d), shape, 0.03, None, 1.0, diagonal=diagonal)
+    s = empirical_bayes_scale(base, stats, shape)
+
+    def total(nu0):
+        return float(log_marginal_likelihood(base.with_scale(shape, s, base.kappa, nu0), stats).sum())
+
+    floor = 3.0 if diagonal else d + 2.0
+    grid = np.linspace(math.log(floor), math.log(1e4 * floor), 301)
+    best = grid[int(np.argmax([total(math.exp(g)) for g in grid]))]
+    fine = np.linspace(max(best - 0.04, grid[0]), best + 0.04, 161)
+    values = [total(math.exp(g)) for g in fine]
+    best = fine[int(np.argmax(values))]
+    nu0 = empirical_bayes_nu(base, stats, shape, s)
+    assert total(nu0) >= max(values) - 1e-9
+    assert math.log(nu0) == pytest.approx(best, abs=1e-3)
+
+
+def test_empirical_bayes_nu_is_high_for_one_shared_shape_and_weak_for_varied_shapes():
+    d, shape = 8, torch.ones(8, dtype=torch.float64)
+    prior = NIWPrior.from_shape(torch.zeros(d), shape, 1e-4, None, 1.0)
+    same = _clusters(3, d, [300] * 4, [0.5] * 4)  # isotropic, one spread: Σ_k = 0.25 I
+    nu_same = empirical_bayes_nu(prior, same, shape, empirical_bayes_scale(prior, same, shape))
+    rng = np.random.default_rng(4)
+    x = np.concatenate([rng.normal(size=(300, d)) * rng.uniform(0.05, 3.0, size=d) + 10 * k for k in range(4)])
+    varied = sparse_stats(torch.as_tensor(x), torch.as_tensor(np.repeat(np.arange(4), 300)), torch.ones(len(x)), 4)
+    nu_varied = empirical_bayes_nu(prior, varied, shape, empirical_bayes_scale(prior, varied, shape))
+    assert nu_same > 50 * d
+    assert nu_varied == pytest.approx(d + 2.0, rel=1e-6)  # the weakest allowed: the paper's D + 2
 
 
 def test_diagonal_marginal_is_the_product_of_one_dimensional_models():

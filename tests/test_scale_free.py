@@ -32,6 +32,8 @@ def test_units_and_offsets_do_not_change_the_fit():
     np.testing.assert_allclose(scaled.covariances_, 1e6 * base.covariances_, rtol=1e-4, atol=1e-2)
     # the fitted prior scale s is in the features' units squared
     assert scaled.history_[-1]["prior_scale"] == pytest.approx(1e6 * base.history_[-1]["prior_scale"], rel=1e-6)
+    # and the fitted degrees of freedom ν0 have no units
+    assert scaled.history_[-1]["prior_nu"] == pytest.approx(base.history_[-1]["prior_nu"], rel=1e-6)
 
 
 def test_standard_transform_removes_per_feature_units():

@@ -36,7 +36,7 @@ from tests.conftest_mlflow import MlflowServer, mlflow_server  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCH_METRICS = {"n_clusters", "loss_cluster", "loss_subcluster", "splits_accepted",
-                 "merges_accepted", "prior_scale", "diagonal_covariances",
+                 "merges_accepted", "prior_scale", "prior_nu", "diagonal_covariances",
                  "epoch_seconds", "epoch_seconds_estep", "epoch_seconds_train",
                  "epoch_seconds_stats", "epoch_seconds_mstep", "epoch_seconds_moves"}  # fmt: skip
 LABEL_METRICS = {"nmi", "ari", "acc"}
