@@ -331,7 +331,7 @@ def test_alternation_with_deepdpm_on_digits_tightens_clusters_and_keeps_nmi(digi
     cfg = Config().with_overrides(
         {"ae.hidden": [256, 256, 512], "ae.pretrain_epochs": 100, "ae.epochs": 20,
          # the paper's fixed prior, which the observations above were made with
-         "prior.sigma_scale": 0.005, "prior.kappa": 1e-4}
+         "prior.sigma_scale": 0.005, "prior.kappa": 1e-4, "prior.nu": None}
     )
     embeddings: list[np.ndarray] = []
     fit_deepdpm = default_cluster_fn(cfg)
