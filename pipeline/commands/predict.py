@@ -1,35 +1,75 @@
-"""``deepdpm predict``: assign rows of a feature table with a fitted model."""
+"""``deepdpm predict``: assign rows of a feature table with a fitted model.
+
+A file (``.npy``, ``.npz``, ``.parquet``) is predicted in this process into one output
+file. A folder of Parquet files is predicted with Ray Data, the model in an actor pool,
+into one output file per input file (:mod:`pipeline.ray_predict`).
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from pipeline.results import add_json_argument
 
-HELP = "assign features to the clusters of a fitted model (writes a Parquet table)"
+HELP = "assign features to the clusters of a fitted model (writes Parquet)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True,
                         help="model.pt written by deepdpm fit, or its MLflow model: runs:/RUN_ID/model, "
                              "models:/NAME@ALIAS (server: $MLFLOW_TRACKING_URI)")
-    parser.add_argument("--input", required=True, help=".npy, .npz or Parquet features")
-    parser.add_argument("--output", required=True, help="output .parquet (key, cluster, confidence, label)")
-    parser.add_argument("--batch-size", type=int, default=65536, help="rows per forward pass")
+    parser.add_argument("--input", required=True,
+                        help=".npy, .npz or Parquet features, or a folder of Parquet files")
+    parser.add_argument("--output", required=True,
+                        help="output .parquet (key, cluster, confidence, label); for a folder "
+                             "--input, a folder that gets one such file per input file")
+    parser.add_argument("--batch-size", type=int, default=16384,
+                        help="rows per forward pass; memory grows as batch size x K (default 16384: "
+                             "64 MiB of probabilities at K = 1000)")
+    ray = parser.add_argument_group(
+        "folder input (Ray Data)",
+        "A folder --input runs as Ray Data map_batches with the model in an actor pool; a rerun "
+        "predicts only the files without a complete output.")
+    ray.add_argument("--num-workers", type=int, default=1, metavar="W",
+                     help="model actors (default 1)")
+    ray.add_argument("--cpus-per-worker", type=float, default=1.0, metavar="C",
+                     help="CPUs (and torch threads) per model actor (default 1)")
+    ray.add_argument("--ray-address", metavar="ADDR",
+                     help="Ray cluster (auto, host:port, ray://...); default $RAY_ADDRESS, else a "
+                          "new local cluster")
+    ray.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_json_argument(parser)
 
 
+def model_file(model: str) -> Path:
+    """The local model file that ``--model`` names (every path predicts with this one);
+    an MLflow URI is downloaded (:func:`pipeline.model_uri.local_model_path`)."""
+    from pipeline.model_uri import local_model_path
+
+    return local_model_path(model)
+
+
 def run(args: argparse.Namespace) -> int:
+    if Path(args.input).is_dir():
+        return _run_folder(args)
+    return _run_file(args)
+
+
+def _run_file(args: argparse.Namespace) -> int:
     import numpy as np
 
     from deepdpm_core import DeepDPM
+    from deepdpm_core.errors import ConfigError
     from deepdpm_core.validation import check_features
     from pipeline.fitting import assignments_table, label_metrics
     from pipeline.io import read_features, write_parquet_atomic
-    from pipeline.model_uri import local_model_path
     from pipeline.results import print_result, scores_text
 
-    model = DeepDPM.load(local_model_path(args.model))
+    if args.num_workers != 1 or args.ray_address:
+        raise ConfigError("--num-workers and --ray-address apply to a folder --input; "
+                          f"{args.input} is a file (predicted in this process)")
+    model = DeepDPM.load(model_file(args.model))
     table = read_features(args.input)
     table.X = check_features(table.X, n_features=model.n_features_in_)
     labels, confidence = model.predict_confidence(table.X, batch_size=args.batch_size)
@@ -40,5 +80,27 @@ def run(args: argparse.Namespace) -> int:
         "output": str(args.output), "model": str(args.model), "n_rows": int(len(labels)),
         "n_clusters": int(model.n_clusters_), "n_clusters_used": int(len(np.unique(labels))),
         "metrics": scores,
+    })  # fmt: skip
+    return 0
+
+
+def _run_folder(args: argparse.Namespace) -> int:
+    from pipeline.ray_predict import predict_folder
+    from pipeline.results import print_result
+
+    done = predict_folder(
+        model_file(args.model), args.input, args.output, batch_size=args.batch_size,
+        num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker,
+        ray_address=args.ray_address, progress=not args.no_progress,
+    )  # fmt: skip
+    n_files = len(done.predicted) + len(done.skipped)
+    print_result(args, (
+        f"assigned {done.rows} rows of {len(done.predicted)} files to {done.n_clusters} clusters "
+        f"({len(done.skipped)} of {n_files} files done already) in {done.seconds:.1f} s "
+        f"-> {args.output}"
+    ), {
+        "output": str(args.output), "model": str(args.model), "n_files": n_files,
+        "files_predicted": done.predicted, "files_skipped": done.skipped,
+        "n_rows": done.rows, "n_clusters": done.n_clusters, "seconds": round(done.seconds, 3),
     })  # fmt: skip
     return 0

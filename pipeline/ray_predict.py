@@ -1,0 +1,481 @@
+"""``deepdpm predict`` over a folder of Parquet files: Ray Data with the model in an actor pool.
+
+One Ray Data pipeline covers every input file that has no finished output yet::
+
+    read_parquet(files, include_paths=True)       read tasks on the workers' CPUs
+      -> PredictBatches (ActorPoolStrategy)       the model loaded once per actor
+      -> driver, rows in input order              one Parquet writer per input file
+
+Each input file ``IN/a/b.parquet`` gets ``OUT/a/b.parquet`` (``key``, ``cluster``,
+``confidence``, ``label``: the columns of the single-file path,
+:func:`pipeline.fitting.assignments_table`).
+
+Per-file identity: every row carries its file's path (``include_paths``), which the
+actors turn into the file's index; ``preserve_order`` makes the rows reach the driver
+file after file, each in its file's order, so the driver streams each file's rows into a
+temporary file beside its output and renames it once all its rows are in
+(:func:`pipeline.io.atomic_path`: a killed run leaves at most a ``.b.parquet.*.tmp``,
+never a partial ``b.parquet``). The output's Parquet metadata records the row count and
+the model's SHA-256; a rerun skips the files whose output has both, so it redoes only
+what is missing.
+
+Memory: an actor holds one input block, one batch's (B, K) log-probabilities (the
+confidence is their row maximum, taken batch by batch) and the model; the driver one
+block of outputs (four narrow columns). Neither ever holds the whole table nor N x K
+values; Ray Data's backpressure bounds the blocks in flight.
+
+The model goes to the actors as bytes in the object store (read once on the driver), so
+a model the driver resolved to a file of its own (a download, a local path) reaches
+actors on every node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from deepdpm_core.errors import ConfigError, DataError, DeepDPMError
+from pipeline.io import FeatureTable, atomic_path, embedding_matrix
+
+#: the output's Parquet metadata key: ``{"rows": n, "model_sha256": ...}``
+METADATA_KEY = b"deepdpm.predict"
+#: seconds an existing cluster may take to offer the actors' resources (nodes joining)
+WAIT_FOR_RESOURCES_S = 120.0
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file and what its output needs.
+
+    Attributes
+    ----------
+    path : absolute path of the input file
+    output : where its predictions go (same name relative to the output folder)
+    rows : rows in the file
+    labelled : the file has a ``label`` column with at least one value (the single-file
+        path writes a ``label`` column exactly then)
+    """
+
+    path: str
+    output: Path
+    rows: int
+    labelled: bool
+
+
+@dataclass
+class FolderPrediction:
+    """What :func:`predict_folder` did.
+
+    Attributes
+    ----------
+    predicted : relative names of the files predicted by this run
+    skipped : relative names of the files whose output was complete already
+    rows : rows predicted by this run
+    n_clusters : K of the model
+    seconds : wall time, Ray start and actor start-up included
+    """
+
+    predicted: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    rows: int = 0
+    n_clusters: int = 0
+    seconds: float = 0.0
+
+
+def input_files(folder: str | Path) -> list[str]:
+    """The ``*.parquet`` files under ``folder`` (subfolders included), sorted; files and
+    folders whose names start with ``.`` or ``_`` (temporary files, ``_SUCCESS``,
+    ``_metadata``) are left out, as Parquet readers do.
+
+    Raises
+    ------
+    DataError
+        The folder holds no Parquet file.
+    """
+    folder = Path(folder)
+    files = sorted(
+        str(p) for p in folder.rglob("*.parquet")
+        if p.is_file() and not any(part.startswith((".", "_")) for part in p.relative_to(folder).parts)
+    )  # fmt: skip
+    if not files:
+        raise DataError(f"{folder} is a folder without .parquet files")
+    return files
+
+
+def model_digest(data: bytes) -> str:
+    """SHA-256 of a model file's bytes: which model an output was predicted with."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def inspect_input(path: str, output: Path, dim: int) -> InputFile:
+    """Check one input file against a model of ``dim`` features, from its footer (and its
+    ``label`` column when that may be all null).
+
+    Raises
+    ------
+    DataError
+        Unreadable file, no ``embedding`` column, embeddings that are not numbers or
+        not ``dim`` long, labels that are not integers.
+    """
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"cannot read Parquet {path}: {exc}") from exc
+    schema = parquet.schema_arrow
+    if "embedding" not in schema.names:
+        raise DataError(f"{path} has no column 'embedding' (found: {schema.names})")
+    typ = schema.field("embedding").type
+    is_list = pa.types.is_fixed_size_list(typ) or pa.types.is_list(typ) or pa.types.is_large_list(typ)
+    if not is_list or not (pa.types.is_floating(typ.value_type) or pa.types.is_integer(typ.value_type)):
+        raise DataError(f"{path}: column 'embedding' must be a list of numbers, got {typ}")
+    if pa.types.is_fixed_size_list(typ) and typ.list_size != dim:
+        raise DataError(f"{path}: embeddings have {typ.list_size} features, the model expects {dim}")
+    rows = parquet.metadata.num_rows
+    labelled = False
+    if "label" in schema.names:
+        nulls = sum(b.column(0).null_count for b in parquet.iter_batches(columns=["label"]))
+        labelled = nulls < rows
+        if labelled and not pa.types.is_integer(schema.field("label").type):
+            raise DataError(f"{path}: column 'label' must hold integers, got {schema.field('label').type}")
+    return InputFile(path=path, output=output, rows=rows, labelled=labelled)
+
+
+def is_complete(output: Path, rows: int, digest: str) -> bool:
+    """True when ``output`` holds all ``rows`` predictions of the model ``digest``.
+
+    A file that cannot be read, or was written without this module's metadata or for
+    another row count, is not complete (it is predicted again).
+
+    Raises
+    ------
+    ConfigError
+        ``output`` holds predictions of another model.
+    """
+    try:
+        metadata = pq.read_schema(output).metadata or {}
+        done = json.loads(metadata[METADATA_KEY])
+    except (FileNotFoundError, pa.ArrowInvalid, OSError, KeyError, ValueError):
+        return False
+    if done.get("model_sha256") != digest:
+        raise ConfigError(f"{output} holds predictions of another model; predict into a new "
+                          "--output folder")
+    return done.get("rows") == rows
+
+
+class PredictBatches:
+    """Ray Data actor: loads the model once, then assigns batches of rows.
+
+    Parameters
+    ----------
+    model : list of one ObjectRef
+        The model file's bytes (wrapped in a list so Ray hands the reference over as it is).
+    files : list of str
+        Input paths, in the order of their indices.
+    batch_size : int
+        Rows per forward pass.
+    threads : int
+        Torch CPU threads.
+    """
+
+    def __init__(self, model: list, files: list[str], batch_size: int, threads: int) -> None:
+        import ray
+        import torch
+
+        from deepdpm_core import DeepDPM
+
+        torch.set_num_threads(threads)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model.pt"
+            path.write_bytes(ray.get(model[0]))
+            self.model = DeepDPM.load(path)
+        self.files = pa.array(files, pa.string())
+        self.batch_size = batch_size
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """``file`` (int32 index), ``key`` (when read), ``cluster`` (int32),
+        ``confidence`` (float32), ``label`` (as read) of a batch of rows (B,)."""
+        import pyarrow.compute as pc
+        from ray.exceptions import UserCodeException
+
+        try:
+            X = embedding_matrix(batch.column("embedding"))
+            labels, confidence = self.model.predict_confidence(X, batch_size=self.batch_size)
+        except DeepDPMError as exc:  # bad rows: Ray Data relays this one quietly, error inside
+            raise UserCodeException(exc) from None
+        columns = {"file": pc.index_in(batch.column("path"), value_set=self.files).cast(pa.int32())}
+        if "key" in batch.column_names:
+            columns["key"] = batch.column("key")
+        columns["cluster"] = pa.array(labels.astype(np.int32))
+        columns["confidence"] = pa.array(confidence.astype(np.float32))
+        if "label" in batch.column_names:
+            columns["label"] = batch.column("label")
+        return pa.table(columns)
+
+
+def predict_folder(
+    model_file: str | Path,
+    input_dir: str | Path,
+    output_dir: str | Path,
+    *,
+    batch_size: int = 16384,
+    num_workers: int = 1,
+    cpus_per_worker: float = 1.0,
+    ray_address: str | None = None,
+    progress: bool = True,
+) -> FolderPrediction:
+    """Predict every Parquet file of ``input_dir`` into ``output_dir`` (resumable).
+
+    Parameters
+    ----------
+    model_file : a local model file (``deepdpm fit``'s ``model.pt``)
+    input_dir : folder of feature tables (``embedding`` [D], optional ``key``, ``label``)
+    output_dir : gets one Parquet file per input file, under the same relative name
+    batch_size : rows per actor call and per forward pass; an actor's memory grows as
+        batch_size x K
+    num_workers : model actors, each ``cpus_per_worker`` CPUs (torch threads)
+    ray_address : Ray cluster (``auto``, ``host:port``, ``ray://``); default
+        ``$RAY_ADDRESS``, else a new local cluster; a connected driver is used as it is
+    progress : show a progress bar (rows) on stderr
+
+    Returns
+    -------
+    FolderPrediction
+
+    Raises
+    ------
+    DataError
+        No Parquet file, a file the model cannot read (wrong D, no embeddings,
+        non-finite values), files that differ in their ``key``/``label`` columns.
+    ConfigError
+        Bad options, an output folder with another model's predictions, a cluster
+        without the actors' resources.
+    """
+    from deepdpm_core import DeepDPM
+
+    start = time.perf_counter()
+    if batch_size < 1 or num_workers < 1 or cpus_per_worker <= 0:
+        raise ConfigError("--batch-size and --num-workers must be >= 1 and --cpus-per-worker > 0")
+    input_dir, output_dir = Path(input_dir).resolve(), Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"--output {output_dir} is a file; a folder --input needs a folder --output")
+    paths = input_files(input_dir)
+    model_bytes = Path(model_file).read_bytes()
+    digest = model_digest(model_bytes)
+    model = DeepDPM.load(model_file)  # fails here, once, on a bad model file
+    dim, n_clusters = model.n_features_in_, model.n_clusters_
+    del model
+    files = [inspect_input(p, output_dir / Path(p).relative_to(input_dir), dim) for p in paths]
+    columns = _columns(paths)
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for stale in output_dir.rglob(".*.parquet.*.tmp"):  # left by a killed run
+        stale.unlink()
+    report = FolderPrediction(n_clusters=n_clusters)
+    todo = []
+    for f in files:
+        if is_complete(f.output, f.rows, digest):
+            report.skipped.append(str(f.output.relative_to(output_dir)))
+        else:
+            todo.append(f)
+    for f in [f for f in todo if f.rows == 0]:  # no rows reach the driver for these
+        _write_file(f, [], digest)
+    todo_rows = [f for f in todo if f.rows > 0]
+    if todo_rows:
+        import ray
+
+        with contextlib.redirect_stdout(sys.stderr):  # Ray relays worker logs to stdout
+            started_here = _connect(ray_address)
+            try:
+                _check_resources(num_workers, cpus_per_worker,
+                                 0.0 if started_here == "local" else WAIT_FOR_RESOURCES_S)
+                chunks = _predicted_chunks(todo_rows, columns, ray.put(model_bytes), batch_size,
+                                           num_workers, cpus_per_worker)
+                del model_bytes
+                report.rows = _write_files(todo_rows, chunks, digest, progress)
+            except Exception as exc:
+                user_error = _user_error(exc)
+                if user_error is not None:
+                    raise user_error from None
+                raise
+            finally:
+                if started_here:
+                    ray.shutdown()
+    report.predicted = [str(f.output.relative_to(output_dir)) for f in todo]
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _columns(paths: list[str]) -> list[str]:
+    """The columns to read: ``embedding``, and ``key``/``label`` where every file has them."""
+    names = [set(pq.read_schema(p).names) & {"key", "label"} for p in paths]
+    if any(n != names[0] for n in names):
+        differ = next(p for p, n in zip(paths, names, strict=True) if n != names[0])
+        raise DataError(f"the files differ in their columns: {paths[0]} has "
+                        f"{sorted(names[0]) or 'neither key nor label'}, {differ} has "
+                        f"{sorted(n for n in names[paths.index(differ)]) or 'neither'}")
+    return ["embedding", *sorted(names[0])]
+
+
+def _connect(address: str | None) -> str | None:
+    """Connect this driver to Ray; ``local``/``remote`` when it did, None when it was
+    connected already."""
+    import ray
+
+    from pipeline.ray_local import init_local_ray
+
+    if ray.is_initialized():
+        return None
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    if address == "local":
+        # the actors import this package from the same tree as the driver
+        root = str(Path(__file__).resolve().parents[1])
+        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+        # worker logs stay in Ray's log files: stdout is for the result, errors come back raised
+        init_local_ray(include_dashboard=False, log_to_driver=False,
+                       runtime_env={"env_vars": {"PYTHONPATH": path}})
+        return "local"
+    ray.init(address=address)
+    return "remote"
+
+
+def _check_resources(num_workers: int, cpus_per_worker: float, wait_s: float) -> None:
+    """Fail fast when the cluster cannot host the actors and one read task besides
+    (Ray Data would wait forever), waiting up to ``wait_s`` for joining nodes."""
+    import ray
+
+    need = num_workers * cpus_per_worker + 1.0
+    deadline = time.monotonic() + wait_s
+    while True:
+        have = ray.cluster_resources().get("CPU", 0.0)
+        if have >= need:
+            return
+        if time.monotonic() >= deadline:
+            raise ConfigError(f"{num_workers} model actors of {cpus_per_worker:g} CPUs and a read "
+                              f"task need {need:g} CPUs, but the Ray cluster has {have:g}; lower "
+                              "--num-workers or --cpus-per-worker, or add nodes")
+        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+
+
+def _predicted_chunks(files: list[InputFile], columns: list[str], model_ref, batch_size: int,
+                      num_workers: int, cpus_per_worker: float) -> Iterator[tuple[int, pa.Table]]:
+    """(file index, its next rows' predictions), file after file, each in file order."""
+    import ray
+    from ray.data import ActorPoolStrategy
+
+    paths = [f.path for f in files]
+    ds = ray.data.read_parquet(paths, include_paths=True).select_columns([*columns, "path"])
+    ds = ds.map_batches(
+        PredictBatches,
+        fn_constructor_kwargs={"model": [model_ref], "files": paths, "batch_size": batch_size,
+                               "threads": max(1, int(cpus_per_worker))},
+        compute=ActorPoolStrategy(size=num_workers),
+        batch_size=batch_size,
+        batch_format="pyarrow",
+        num_cpus=cpus_per_worker,
+    )
+    ds.context.execution_options.preserve_order = True  # file after file, rows in order
+    ds.context.enable_progress_bars = False  # the driver shows one bar
+    ds.context.raise_original_map_exception = True  # the actor's error reaches the driver
+    for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        index = block.column("file").to_numpy()
+        starts = [0, *(np.flatnonzero(np.diff(index)) + 1), len(index)]
+        for lo, hi in itertools.pairwise(starts):
+            if hi > lo:
+                yield int(index[lo]), block.slice(lo, hi - lo)
+
+
+def _write_files(files: list[InputFile], chunks: Iterator[tuple[int, pa.Table]], digest: str,
+                 progress: bool) -> int:
+    """Stream each file's chunks into its output; returns the rows written."""
+    from deepdpm_core.progress import progress_bar
+
+    written = set()
+    rows = 0
+    with progress_bar(progress, total=sum(f.rows for f in files), desc="predict", unit="row") as bar:
+        for index, group in itertools.groupby(chunks, key=lambda c: c[0]):
+            if index in written:  # preserve_order broke: a file's rows came in two runs
+                raise RuntimeError(f"rows of {files[index].path} arrived out of order")
+            written.add(index)
+            rows += _write_file(files[index], (chunk for _, chunk in group), digest, bar)
+    missing = [f.path for i, f in enumerate(files) if i not in written]
+    if missing:
+        raise RuntimeError(f"no predictions came back for {', '.join(missing)}")
+    return rows
+
+
+def _write_file(f: InputFile, chunks, digest: str, bar=None) -> int:
+    """Write one output atomically from its chunks of actor output; returns its rows."""
+    from pipeline.fitting import assignments_table
+
+    metadata = {METADATA_KEY: json.dumps({"rows": f.rows, "model_sha256": digest}).encode()}
+    done = 0
+    with atomic_path(f.output) as tmp:
+        writer = None
+        for chunk in chunks:
+            table = assignments_table(_feature_rows(chunk, done, f.labelled),
+                                      chunk.column("cluster").to_numpy(),
+                                      chunk.column("confidence").to_numpy())
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, table.schema.with_metadata(metadata))
+            writer.write_table(table)
+            done += len(table)
+            if bar is not None:
+                bar.update(len(table))
+        if writer is None:  # a file without rows: the empty table of the single-file path
+            empty = FeatureTable(np.zeros((0, 0), np.float32), None, np.zeros(0, object))
+            table = assignments_table(empty, np.zeros(0, np.int32), np.zeros(0, np.float32))
+            writer = pq.ParquetWriter(tmp, table.schema.with_metadata(metadata))
+        writer.close()
+        if done != f.rows:  # never rename a partial file into place
+            raise RuntimeError(f"{f.path}: {done} of {f.rows} rows came back")
+    return done
+
+
+def _feature_rows(chunk: pa.Table, offset: int, labelled: bool) -> FeatureTable:
+    """Keys and labels of a chunk of one file's rows, as the single-file reader gives them
+    (keys ``"0"``, ``"1"``, ... by row number when the file has none; labels only when
+    the file holds some, nulls as -1)."""
+    n = len(chunk)
+    if "key" in chunk.column_names:
+        keys = np.asarray(chunk.column("key").to_pylist(), dtype=object)
+    else:
+        keys = np.array([str(i) for i in range(offset, offset + n)], dtype=object)
+    labels = None
+    if labelled:
+        labels = np.asarray(chunk.column("label").fill_null(-1).to_numpy(), dtype=np.int64)
+    return FeatureTable(X=np.zeros((n, 0), np.float32), labels=labels, keys=keys)
+
+
+def _user_error(exc: BaseException) -> DeepDPMError | None:
+    """The user error (bad rows, say) an actor raised, if that is what failed the run:
+    Ray hands it over wrapped (a RayTaskError whose ``cause`` is the actor's
+    UserCodeException, which holds the error as its argument)."""
+    seen = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        # Ray's copies subclass the error too but print a traceback: the original only
+        if isinstance(e, DeepDPMError) and type(e).__module__ == DeepDPMError.__module__:
+            return e
+        todo += [e.__cause__, e.__context__, getattr(e, "cause", None), *e.args]
+    return None
+
+
+__all__ = ["FolderPrediction", "InputFile", "PredictBatches", "input_files", "inspect_input",
+           "is_complete", "model_digest", "predict_folder"]
