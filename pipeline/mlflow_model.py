@@ -157,10 +157,13 @@ def log_fit_model(
     )
     with tempfile.TemporaryDirectory(prefix="deepdpm-mlflow-model-") as tmp:
         path = Path(tmp) / MODEL_NAME
+        # MLflow copies the script with its mode: a fresh copy gets the umask's, as every output
+        script = Path(tmp) / "mlflow_model_code.py"
+        script.write_text(Path(__file__).with_name(script.name).read_text())
         mlflow.pyfunc.save_model(
             path,
             mlflow_model=meta,
-            python_model=str(Path(__file__).with_name("mlflow_model_code.py")),
+            python_model=str(script),
             artifacts=artifacts,
             signature=model_signature(n_features),
             input_example=input_example,
