@@ -467,7 +467,7 @@ def _user_error(exc: BaseException) -> DeepDPMError | None:
     todo = [exc]
     while todo:
         e = todo.pop()
-        if e is None or id(e) in seen:
+        if not isinstance(e, BaseException) or id(e) in seen:
             continue
         seen.add(id(e))
         # Ray's copies subclass the error too but print a traceback: the original only
