@@ -376,7 +376,9 @@ def _predicted_chunks(files: list[InputFile], columns: list[str], model_ref, bat
     from ray.data import ActorPoolStrategy
 
     paths = [f.path for f in files]
-    ds = ray.data.read_parquet(paths, include_paths=True).select_columns([*columns, "path"])
+    # one read task per file at least: a task reading several files interleaves their rows
+    ds = ray.data.read_parquet(paths, include_paths=True, override_num_blocks=len(paths))
+    ds = ds.select_columns([*columns, "path"])
     ds = ds.map_batches(
         PredictBatches,
         fn_constructor_kwargs={"model": [model_ref], "files": paths, "batch_size": batch_size,
@@ -404,7 +406,8 @@ def _write_files(files: list[InputFile], chunks: Iterator[tuple[int, pa.Table]],
 
     written = set()
     rows = 0
-    with progress_bar(progress, total=sum(f.rows for f in files), desc="predict", unit="row") as bar:
+    with contextlib.closing(chunks), progress_bar(  # closing: stop Ray Data before Ray goes
+            progress, total=sum(f.rows for f in files), desc="predict", unit="row") as bar:
         for index, group in itertools.groupby(chunks, key=lambda c: c[0]):
             if index in written:  # preserve_order broke: a file's rows came in two runs
                 raise RuntimeError(f"rows of {files[index].path} arrived out of order")
