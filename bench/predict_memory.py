@@ -42,7 +42,7 @@ from pipeline.io import features_table, write_json_atomic  # noqa: E402
 
 MIB = 2**20
 #: how Ray names a model actor's process (setproctitle)
-MODEL_ACTOR = "ray::MapWorker(MapBatches(PredictBatches))"
+MODEL_ACTOR = "ray::MapWorker(MapBatches(PredictRowGroups))"
 #: a run that takes longer failed (a cluster that lost its processes waits forever)
 TIMEOUT_S = 1200
 

@@ -58,6 +58,7 @@ from deepdpm_core.estimator import FORMAT, DeepDPM
 from deepdpm_core.trainer import Trainer
 from deepdpm_core.validation import readonly_tensor
 from pipeline.io import feature_shape, write_json_atomic
+from pipeline.ray_local import connect_ray
 from pipeline.run_folder import publish_run, staging_folder
 from pipeline.tracking import DEFAULT_MODEL_ALIAS
 
@@ -176,7 +177,7 @@ def run_fit(request: FitRequest, *, resume: bool = False, ray_address: str | Non
 
     import ray
 
-    started_here = _connect(ray_address)
+    started_here = connect_ray(ray_address)
     staging = staging_folder(out)  # rank 0 writes the outputs here, the driver publishes them
     try:
         check_resources(request.num_workers, request.use_gpu,
@@ -239,26 +240,6 @@ def _checkpoint_dir_names(node: Any) -> list[str]:
     if isinstance(node, list):
         return [n for v in node for n in _checkpoint_dir_names(v)]
     return []
-
-
-def _connect(address: str | None) -> str | None:
-    """Connect this driver to Ray; returns ``local``/``remote`` when it did, None when it
-    was connected already."""
-    import ray
-
-    from pipeline.ray_local import init_local_ray
-
-    if ray.is_initialized():
-        return None
-    address = address or os.environ.get("RAY_ADDRESS") or "local"
-    if address == "local":
-        # workers import this package from the same tree as the driver
-        root = str(Path(__file__).resolve().parents[1])
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-        init_local_ray(runtime_env={"env_vars": {"PYTHONPATH": path}})  # token auth, quietly
-        return "local"
-    ray.init(address=address)
-    return "remote"
 
 
 def check_resources(num_workers: int, use_gpu: bool, wait_s: float = 0.0) -> None:

@@ -45,6 +45,30 @@ def init_local_ray(**kwargs: Any) -> None:
         _guard_cluster()
 
 
+def connect_ray(address: str | None, **local_kwargs: Any) -> str | None:
+    """Connect this driver to Ray: ``address``, else ``$RAY_ADDRESS``, else a new local
+    cluster (:func:`init_local_ray` with ``local_kwargs``) whose workers import this
+    package from the same tree as the driver.
+
+    Returns
+    -------
+    ``"local"`` or ``"remote"`` when it connected (the caller shuts Ray down), None when
+    this process was connected already.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return None
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    if address == "local":
+        root = str(Path(__file__).resolve().parents[1])
+        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+        init_local_ray(runtime_env={"env_vars": {"PYTHONPATH": path}}, **local_kwargs)
+        return "local"
+    ray.init(address=address)
+    return "remote"
+
+
 def _guard_cluster() -> None:
     """Start the guard (:mod:`pipeline.ray_guard`) of the cluster ``ray.init`` just started."""
     global _guard
@@ -69,4 +93,4 @@ def _guard_cluster() -> None:
     _guard = (guard, write_end)
 
 
-__all__ = ["AUTH_LOGGER", "init_local_ray"]
+__all__ = ["AUTH_LOGGER", "connect_ray", "init_local_ray"]

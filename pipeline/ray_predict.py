@@ -2,27 +2,30 @@
 
 One Ray Data pipeline covers every input file that has no finished output yet::
 
-    read_parquet(files, include_paths=True)       read tasks on the workers' CPUs
-      -> PredictBatches (ActorPoolStrategy)       the model loaded once per actor
-      -> driver, rows in input order              one Parquet writer per input file
+    from_items((file, row group) of every file)   one work item per Parquet row group
+      -> PredictRowGroups (ActorPoolStrategy)     the model loaded once per actor; reads
+                                                  its row group batch by batch
+      -> driver                                   collects a file's row groups, writes it
 
 Each input file ``IN/a/b.parquet`` gets ``OUT/a/b.parquet`` (``key``, ``cluster``,
 ``confidence``, ``label``: the columns of the single-file path,
 :func:`pipeline.fitting.assignments_table`).
 
-Per-file identity: every row carries its file's path (``include_paths``), which the
-actors turn into the file's index; ``preserve_order`` makes the rows reach the driver
-file after file, each in its file's order, so the driver streams each file's rows into a
-temporary file beside its output and renames it once all its rows are in
+Per-file identity: the work items are (file index, row group index) and every output
+row carries both, so nothing depends on the order in which Ray Data hands results back
+(reading files through ``read_parquet`` does not keep a file's row groups together). The
+driver holds a file's predictions until all its row groups are in, then writes them in
+row-group order into a temporary file beside its output and renames it
 (:func:`pipeline.io.atomic_path`: a killed run leaves at most a ``.b.parquet.*.tmp``,
 never a partial ``b.parquet``). The output's Parquet metadata records the row count and
 the model's SHA-256; a rerun skips the files whose output has both, so it redoes only
 what is missing.
 
-Memory: an actor holds one input block, one batch's (B, K) log-probabilities (the
-confidence is their row maximum, taken batch by batch) and the model; the driver one
-block of outputs (four narrow columns). Neither ever holds the whole table nor N x K
-values; Ray Data's backpressure bounds the blocks in flight.
+Memory: an actor holds one batch of rows, its (B, K) log-probabilities (the confidence
+is their row maximum, taken batch by batch), the model and the narrow outputs (key,
+cluster, confidence, label) of its row group; the driver the narrow outputs of the files
+whose row groups are still coming in (``preserve_order`` makes that about one file).
+Neither ever holds the whole table nor N x K values.
 
 The model goes to the actors as bytes in the object store (read once on the driver), so
 a model the driver resolved to a file of its own (a download, a local path) reaches
@@ -35,7 +38,6 @@ import contextlib
 import hashlib
 import itertools
 import json
-import os
 import sys
 import tempfile
 import time
@@ -49,6 +51,7 @@ import pyarrow.parquet as pq
 
 from deepdpm_core.errors import ConfigError, DataError, DeepDPMError
 from pipeline.io import FeatureTable, atomic_path, embedding_matrix
+from pipeline.ray_local import connect_ray
 
 #: the output's Parquet metadata key: ``{"rows": n, "model_sha256": ...}``
 METADATA_KEY = b"deepdpm.predict"
@@ -65,6 +68,7 @@ class InputFile:
     path : absolute path of the input file
     output : where its predictions go (same name relative to the output folder)
     rows : rows in the file
+    row_groups : indices of its Parquet row groups that hold rows (the work items)
     labelled : the file has a ``label`` column with at least one value (the single-file
         path writes a ``label`` column exactly then)
     """
@@ -72,6 +76,7 @@ class InputFile:
     path: str
     output: Path
     rows: int
+    row_groups: tuple[int, ...]
     labelled: bool
 
 
@@ -144,13 +149,14 @@ def inspect_input(path: str, output: Path, dim: int) -> InputFile:
     if pa.types.is_fixed_size_list(typ) and typ.list_size != dim:
         raise DataError(f"{path}: embeddings have {typ.list_size} features, the model expects {dim}")
     rows = parquet.metadata.num_rows
+    groups = tuple(g for g in range(parquet.metadata.num_row_groups) if parquet.metadata.row_group(g).num_rows)
     labelled = False
     if "label" in schema.names:
         nulls = sum(b.column(0).null_count for b in parquet.iter_batches(columns=["label"]))
         labelled = nulls < rows
         if labelled and not pa.types.is_integer(schema.field("label").type):
             raise DataError(f"{path}: column 'label' must hold integers, got {schema.field('label').type}")
-    return InputFile(path=path, output=output, rows=rows, labelled=labelled)
+    return InputFile(path=path, output=output, rows=rows, row_groups=groups, labelled=labelled)
 
 
 def is_complete(output: Path, rows: int, digest: str) -> bool:
@@ -175,8 +181,8 @@ def is_complete(output: Path, rows: int, digest: str) -> bool:
     return done.get("rows") == rows
 
 
-class PredictBatches:
-    """Ray Data actor: loads the model once, then assigns batches of rows.
+class PredictRowGroups:
+    """Ray Data actor: loads the model once, then assigns whole Parquet row groups.
 
     Parameters
     ----------
@@ -184,13 +190,16 @@ class PredictBatches:
         The model file's bytes (wrapped in a list so Ray hands the reference over as it is).
     files : list of str
         Input paths, in the order of their indices.
+    columns : list of str
+        The columns to read: ``embedding`` and the ``key``/``label`` every file has.
     batch_size : int
-        Rows per forward pass.
+        Rows read and assigned at a time.
     threads : int
         Torch CPU threads.
     """
 
-    def __init__(self, model: list, files: list[str], batch_size: int, threads: int) -> None:
+    def __init__(self, model: list, files: list[str], columns: list[str], batch_size: int,
+                 threads: int) -> None:
         import ray
         import torch
 
@@ -201,28 +210,48 @@ class PredictBatches:
             path = Path(tmp) / "model.pt"
             path.write_bytes(ray.get(model[0]))
             self.model = DeepDPM.load(path)
-        self.files = pa.array(files, pa.string())
-        self.batch_size = batch_size
+        self.files, self.columns, self.batch_size = files, columns, batch_size
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        """``file`` (int32 index), ``key`` (when read), ``cluster`` (int32),
-        ``confidence`` (float32), ``label`` (as read) of a batch of rows (B,)."""
-        import pyarrow.compute as pc
+    def __call__(self, items: pa.Table) -> pa.Table:
+        """Work items (``file``, ``row_group``) -> ``file``, ``row_group``, ``key`` (when
+        read), ``cluster`` (int32), ``confidence`` (float32), ``label`` (as read) of every
+        row of those row groups, in file order."""
         from ray.exceptions import UserCodeException
 
-        try:
-            X = embedding_matrix(batch.column("embedding"))
-            labels, confidence = self.model.predict_confidence(X, batch_size=self.batch_size)
-        except DeepDPMError as exc:  # bad rows: Ray Data relays this one quietly, error inside
-            raise UserCodeException(exc) from None
-        columns = {"file": pc.index_in(batch.column("path"), value_set=self.files).cast(pa.int32())}
-        if "key" in batch.column_names:
-            columns["key"] = batch.column("key")
-        columns["cluster"] = pa.array(labels.astype(np.int32))
-        columns["confidence"] = pa.array(confidence.astype(np.float32))
-        if "label" in batch.column_names:
-            columns["label"] = batch.column("label")
-        return pa.table(columns)
+        parts = []
+        for file, group in zip(items.column("file").to_pylist(), items.column("row_group").to_pylist(),
+                               strict=True):
+            parquet = pq.ParquetFile(self.files[file])
+            start = sum(parquet.metadata.row_group(g).num_rows for g in range(group))
+            for batch in parquet.iter_batches(batch_size=self.batch_size, row_groups=[group],
+                                              columns=self.columns):
+                try:
+                    X = embedding_matrix(batch.column("embedding"))
+                    _check_finite(X, self.files[file], start)
+                    labels, confidence = self.model.predict_confidence(X, batch_size=self.batch_size)
+                except DeepDPMError as exc:  # bad rows: Ray Data relays this one quietly, error inside
+                    raise UserCodeException(exc) from None
+                n = len(labels)
+                start += n
+                columns = {"file": pa.array(np.full(n, file, np.int32)),
+                           "row_group": pa.array(np.full(n, group, np.int32))}
+                if "key" in batch.schema.names:
+                    columns["key"] = batch.column("key")
+                columns["cluster"] = pa.array(labels.astype(np.int32))
+                columns["confidence"] = pa.array(confidence.astype(np.float32))
+                if "label" in batch.schema.names:
+                    columns["label"] = batch.column("label")
+                parts.append(pa.table(columns))
+        return pa.concat_tables(parts)
+
+
+def _check_finite(X: np.ndarray, path: str, start: int) -> None:
+    """Refuse rows (B, D) with NaN or inf values, naming the file and their row numbers
+    in it (the batch's first row is row ``start``)."""
+    bad = np.flatnonzero(~np.isfinite(X).all(1))
+    if bad.size:
+        shown = ", ".join(str(start + i) for i in bad[:5]) + (", ..." if bad.size > 5 else "")
+        raise DataError(f"{path} has {bad.size} row(s) with NaN or inf values (rows {shown})")
 
 
 def predict_folder(
@@ -297,12 +326,13 @@ def predict_folder(
         import ray
 
         with contextlib.redirect_stdout(sys.stderr):  # Ray relays worker logs to stdout
-            started_here = _connect(ray_address)
+            # worker logs stay in Ray's log files: stdout is for the result, errors come back raised
+            started_here = connect_ray(ray_address, include_dashboard=False, log_to_driver=False)
             try:
                 _check_resources(num_workers, cpus_per_worker,
                                  0.0 if started_here == "local" else WAIT_FOR_RESOURCES_S)
-                chunks = _predicted_chunks(todo_rows, columns, ray.put(model_bytes), batch_size,
-                                           num_workers, cpus_per_worker)
+                chunks = _predicted_row_groups(todo_rows, columns, ray.put(model_bytes), batch_size,
+                                               num_workers, cpus_per_worker)
                 del model_bytes
                 report.rows = _write_files(todo_rows, chunks, digest, progress)
             except Exception as exc:
@@ -329,28 +359,6 @@ def _columns(paths: list[str]) -> list[str]:
     return ["embedding", *sorted(names[0])]
 
 
-def _connect(address: str | None) -> str | None:
-    """Connect this driver to Ray; ``local``/``remote`` when it did, None when it was
-    connected already."""
-    import ray
-
-    from pipeline.ray_local import init_local_ray
-
-    if ray.is_initialized():
-        return None
-    address = address or os.environ.get("RAY_ADDRESS") or "local"
-    if address == "local":
-        # the actors import this package from the same tree as the driver
-        root = str(Path(__file__).resolve().parents[1])
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-        # worker logs stay in Ray's log files: stdout is for the result, errors come back raised
-        init_local_ray(include_dashboard=False, log_to_driver=False,
-                       runtime_env={"env_vars": {"PYTHONPATH": path}})
-        return "local"
-    ray.init(address=address)
-    return "remote"
-
-
 def _check_resources(num_workers: int, cpus_per_worker: float, wait_s: float) -> None:
     """Fail fast when the cluster cannot host the actors and one read task besides
     (Ray Data would wait forever), waiting up to ``wait_s`` for joining nodes."""
@@ -369,57 +377,64 @@ def _check_resources(num_workers: int, cpus_per_worker: float, wait_s: float) ->
         time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
 
 
-def _predicted_chunks(files: list[InputFile], columns: list[str], model_ref, batch_size: int,
-                      num_workers: int, cpus_per_worker: float) -> Iterator[tuple[int, pa.Table]]:
-    """(file index, its next rows' predictions), file after file, each in file order."""
+def _predicted_row_groups(files: list[InputFile], columns: list[str], model_ref, batch_size: int,
+                          num_workers: int, cpus_per_worker: float) -> Iterator[tuple[int, int, pa.Table]]:
+    """(file index, row group index, that row group's predictions), in any order."""
     import ray
     from ray.data import ActorPoolStrategy
 
-    paths = [f.path for f in files]
-    # one read task per file at least: a task reading several files interleaves their rows
-    ds = ray.data.read_parquet(paths, include_paths=True, override_num_blocks=len(paths))
-    ds = ds.select_columns([*columns, "path"])
+    items = [{"file": i, "row_group": g} for i, f in enumerate(files) for g in f.row_groups]
+    ds = ray.data.from_items(items, override_num_blocks=len(items))
     ds = ds.map_batches(
-        PredictBatches,
-        fn_constructor_kwargs={"model": [model_ref], "files": paths, "batch_size": batch_size,
-                               "threads": max(1, int(cpus_per_worker))},
+        PredictRowGroups,
+        fn_constructor_kwargs={"model": [model_ref], "files": [f.path for f in files], "columns": columns,
+                               "batch_size": batch_size, "threads": max(1, int(cpus_per_worker))},
         compute=ActorPoolStrategy(size=num_workers),
-        batch_size=batch_size,
+        batch_size=1,
         batch_format="pyarrow",
         num_cpus=cpus_per_worker,
     )
-    ds.context.execution_options.preserve_order = True  # file after file, rows in order
+    ds.context.execution_options.preserve_order = True  # files finish one after another
     ds.context.enable_progress_bars = False  # the driver shows one bar
     ds.context.raise_original_map_exception = True  # the actor's error reaches the driver
     for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-        index = block.column("file").to_numpy()
-        starts = [0, *(np.flatnonzero(np.diff(index)) + 1), len(index)]
+        key = block.column("file").to_numpy().astype(np.int64) << 32 | block.column("row_group").to_numpy()
+        starts = [0, *(np.flatnonzero(np.diff(key)) + 1), len(key)]
         for lo, hi in itertools.pairwise(starts):
             if hi > lo:
-                yield int(index[lo]), block.slice(lo, hi - lo)
+                yield int(key[lo] >> 32), int(key[lo] & 0xFFFFFFFF), block.slice(lo, hi - lo)
 
 
-def _write_files(files: list[InputFile], chunks: Iterator[tuple[int, pa.Table]], digest: str,
+def _write_files(files: list[InputFile], chunks: Iterator[tuple[int, int, pa.Table]], digest: str,
                  progress: bool) -> int:
-    """Stream each file's chunks into its output; returns the rows written."""
+    """Collect each file's row groups and write the file once all are in; returns the
+    rows written."""
     from deepdpm_core.progress import progress_bar
 
-    written = set()
+    pending: dict[int, dict[int, list[pa.Table]]] = {}
+    done: set[int] = set()
     rows = 0
     with contextlib.closing(chunks), progress_bar(  # closing: stop Ray Data before Ray goes
             progress, total=sum(f.rows for f in files), desc="predict", unit="row") as bar:
-        for index, group in itertools.groupby(chunks, key=lambda c: c[0]):
-            if index in written:  # preserve_order broke: a file's rows came in two runs
-                raise RuntimeError(f"rows of {files[index].path} arrived out of order")
-            written.add(index)
-            rows += _write_file(files[index], (chunk for _, chunk in group), digest, bar)
-    missing = [f.path for i, f in enumerate(files) if i not in written]
+        for index, group, chunk in chunks:
+            if index in done:
+                raise RuntimeError(f"row group {group} of {files[index].path} came back twice")
+            pending.setdefault(index, {}).setdefault(group, []).append(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+            f = files[index]
+            got = pending[index]
+            if set(got) == set(f.row_groups) and sum(len(c) for g in got.values() for c in g) == f.rows:
+                rows += _write_file(f, [c for g in sorted(got) for c in got[g]], digest)
+                del pending[index]
+                done.add(index)
+    missing = [f.path for i, f in enumerate(files) if i not in done]
     if missing:
-        raise RuntimeError(f"no predictions came back for {', '.join(missing)}")
+        raise RuntimeError(f"not every row came back for {', '.join(missing)}")
     return rows
 
 
-def _write_file(f: InputFile, chunks, digest: str, bar=None) -> int:
+def _write_file(f: InputFile, chunks, digest: str) -> int:
     """Write one output atomically from its chunks of actor output; returns its rows."""
     from pipeline.fitting import assignments_table
 
@@ -435,8 +450,6 @@ def _write_file(f: InputFile, chunks, digest: str, bar=None) -> int:
                 writer = pq.ParquetWriter(tmp, table.schema.with_metadata(metadata))
             writer.write_table(table)
             done += len(table)
-            if bar is not None:
-                bar.update(len(table))
         if writer is None:  # a file without rows: the empty table of the single-file path
             empty = FeatureTable(np.zeros((0, 0), np.float32), None, np.zeros(0, object))
             table = assignments_table(empty, np.zeros(0, np.int32), np.zeros(0, np.float32))
@@ -480,5 +493,5 @@ def _user_error(exc: BaseException) -> DeepDPMError | None:
     return None
 
 
-__all__ = ["FolderPrediction", "InputFile", "PredictBatches", "input_files", "inspect_input",
+__all__ = ["FolderPrediction", "InputFile", "PredictRowGroups", "input_files", "inspect_input",
            "is_complete", "model_digest", "predict_folder"]

@@ -261,7 +261,7 @@ def test_overwrite_removes_the_checkpoints_a_distributed_fit_would_restore(tmp_p
     def stop(address):  # the request was accepted: Ray would start now
         raise Stop
 
-    monkeypatch.setattr(ray_fit, "_connect", stop)
+    monkeypatch.setattr(ray_fit, "connect_ray", stop)
     with pytest.raises(ray_fit.ConfigError, match="--overwrite"):
         ray_fit.run_fit(request)
     assert (run / ray_fit.TRAIN_DIR).is_dir()

@@ -142,6 +142,29 @@ def test_folder_predict_equals_the_in_process_predict_row_for_row(predicted, mod
     assert pq.read_table(predicted / "a.parquet")["label"].null_count == 10
 
 
+def test_uneven_row_groups_come_back_whole_and_in_order(ray_session, model, tmp_path, capsys):
+    """Files of several uneven row groups (and an empty one), more work items than actors:
+    each output is its file's rows in order, whatever order the row groups finish in."""
+    X, y = _blobs()
+    folder = tmp_path / "uneven"
+    folder.mkdir()
+    for name, sizes in {"u.parquet": [300, 7, 0, 150, 93], "v.parquet": [1, 299, 50]}.items():
+        table = features_table(X[: sum(sizes)], np.array([f"{name}-{i}" for i in range(sum(sizes))], dtype=object),
+                               y[: sum(sizes)])
+        with pq.ParquetWriter(folder / name, table.schema) as writer:
+            at = 0
+            for size in sizes:
+                writer.write_table(table.slice(at, size), row_group_size=max(size, 1))
+                at += size
+        assert pq.ParquetFile(folder / name).metadata.num_row_groups == len(sizes)
+    out = tmp_path / "out"
+    result = _predict("--model", str(model), "--input", str(folder), "--output", str(out),
+                      "--batch-size", "64", "--num-workers", "2", "--cpus-per-worker", "0.5", capsys=capsys)
+    assert result["files_predicted"] == ["u.parquet", "v.parquet"] and result["n_rows"] == 900
+    for name in ("u.parquet", "v.parquet"):
+        _assert_same_rows(pq.read_table(out / name), _in_process(model, folder / name, tmp_path / "one.parquet"))
+
+
 def test_a_rerun_redoes_only_the_deleted_file_and_ignores_a_killed_runs_temp_file(
         predicted, model, features, tmp_path, capsys):
     predicted, _ = predicted
@@ -230,7 +253,7 @@ def test_bad_input_folders_are_one_line_errors(ray_session, model, features, pre
                    row_group_size=128)
     err = _one_line_error(capsys, "--model", str(model), "--input", str(nan), "--output",
                           str(tmp_path / "o4"), "--no-progress")
-    assert err == "deepdpm predict: error: X has 1 row(s) with NaN or inf values (rows 200)"
+    assert err == f"deepdpm predict: error: {nan / 'x.parquet'} has 1 row(s) with NaN or inf values (rows 200)"
     assert not (tmp_path / "o4" / "x.parquet").exists() and not list((tmp_path / "o4").rglob("*.tmp"))
 
 
