@@ -45,7 +45,7 @@ def _env() -> dict[str, str]:
             "MLFLOW_DISABLE_TELEMETRY": "true", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
-def _deepdpm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _deepdpm(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], env=_env(),
                           capture_output=True, text=True, timeout=timeout)
 
@@ -98,7 +98,7 @@ def test_fit_killed_at_every_write_step_leaves_exactly_one_run(tmp_path, earlier
     options = [] if publish == "exchange" else ["--no-exchange"]
     harness = subprocess.run(
         [sys.executable, str(REPO / "tests" / "fault_harness.py"), str(results), *options, "--",
-         *refit], env=_env(), capture_output=True, text=True, timeout=300)
+         *refit], env=_env(), capture_output=True, text=True, timeout=900)
     assert harness.returncode == 0, harness.stderr
     new = _files(out)
     assert new.keys() == earlier.keys() and new["notes/keep.txt"] == b"mine"
