@@ -114,7 +114,7 @@ def test_fit_run_params_and_tags(fit_run, mixture):
     config = Config().with_overrides({"schedule.max_epochs": 25, "optim.min_steps_per_epoch": ONE_PASS})
     for key, value in config.flat().items():
         assert params[key] == ("null" if value is None else str(value)), key
-    assert params["prior.nu"] == "null" and params["schedule.max_epochs"] == "25"
+    assert params["prior.nu"] == "auto" and params["schedule.max_epochs"] == "25"
     assert (params["data.n_samples"], params["data.n_features"], params["num_workers"]) == (
         "2000", "4", "1",
     )  # fmt: skip

@@ -119,7 +119,7 @@ def test_run_logged_to_live_server(mlflow_server, mlflow_env, experiment, tmp_pa
     assert run.info.run_name == "unit"
     assert client.get_experiment(run.info.experiment_id).name == experiment
     assert run.data.params["prior.alpha"] == "10.0"
-    assert run.data.params["prior.nu"] == "null"
+    assert run.data.params["prior.nu"] == "auto"
     assert run.data.params["data.n_samples"] == "85"
     assert set(params) <= set(run.data.params)
     assert run.data.tags["input"] == "data/x.parquet"
