@@ -29,7 +29,7 @@ from sklearn.utils.validation import check_is_fitted
 from deepdpm_core.config import Config, from_dict, load_config
 from deepdpm_core.errors import ConfigError
 from deepdpm_core.fitted_model import FORMAT, FittedModel
-from deepdpm_core.progress import progress_bar
+from deepdpm_core.progress import epoch_updater, progress_bar
 from deepdpm_core.trainer import Trainer
 from deepdpm_core.validation import check_features, check_init_labels, readonly_tensor
 
@@ -238,13 +238,7 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         with progress_bar(progress, total=config.schedule.max_epochs, desc="deepdpm fit",
                           unit="epoch") as bar:
             if bar is not None:
-
-                def show(rec: dict) -> None:
-                    bar.update(1)
-                    bar.set_postfix(K=rec["n_clusters"], cl=f"{rec['loss_cluster']:.3f}",
-                                    sub=f"{rec['loss_subcluster']:.3g}")
-
-                cbs.append(show)
+                cbs.append(epoch_updater(bar))
             trainer = Trainer(config, readonly_tensor(X), callbacks=cbs)
             trainer.fit(start_labels)
         # only the model stays: the trainer (its copy of X, its optimisers) is freed on return

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -63,3 +63,16 @@ def progress_bar(enabled: bool = True, **kwargs: Any) -> Iterator[Any]:
 
 
 __all__ = ["progress_bar"]
+
+
+def epoch_updater(bar: Any) -> Callable[[dict], None]:
+    """A fit callback that advances ``bar`` one epoch and shows K and the two losses of
+    the epoch record."""
+
+    def show(record: dict) -> None:
+        bar.update(1)
+        bar.set_postfix(K=record["n_clusters"], cl=f"{record['loss_cluster']:.3f}",
+                        sub=f"{record['loss_subcluster']:.3g}")
+
+    return show
+

@@ -33,7 +33,7 @@ from deepdpm_core.checkpoints import safe_load
 from deepdpm_core.config import Config
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.estimator import FORMAT
-from deepdpm_core.progress import progress_bar
+from deepdpm_core.progress import epoch_updater, progress_bar
 from deepdpm_core.trainer import Trainer
 from deepdpm_core.validation import readonly_tensor
 from pipeline.io import atomic_path
@@ -130,12 +130,7 @@ def train(trainer: Trainer, out: str | Path, checkpoint_every: int, progress: bo
     with progress_bar(progress, total=sch.max_epochs, initial=trainer.epoch, desc="deepdpm fit",
                       unit="epoch") as bar:
         if bar is not None:
-
-            def show(record: dict) -> None:
-                bar.update(1)
-                bar.set_postfix(K=record["n_clusters"], cl=f"{record['loss_cluster']:.3f}",
-                                sub=f"{record['loss_subcluster']:.3g}")
-
+            show = epoch_updater(bar)
             trainer.callbacks.append(show)
         while trainer.epoch < sch.max_epochs and not trainer.converged:
             trainer.step_epoch()

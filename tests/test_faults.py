@@ -27,6 +27,7 @@ from deepdpm_core.errors import CheckpointError, ConfigError
 from pipeline.cli import main
 from pipeline.io import features_table
 from pipeline.run_folder import remove_leftovers
+from tests.conftest_ray import local_ray
 
 # Ray reads its auth mode when it is first imported (the tests below import it late): token
 # auth with a token of this session, as in tests/test_ray_fit.py
@@ -466,16 +467,8 @@ def degenerate(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def ray_session():
     """One local Ray cluster (2 CPUs) for the tests of this module that need one."""
-    import ray
-
-    address = os.environ.pop("RAY_ADDRESS", None)  # a fit would attach to it
-    ray.init(address="local", num_cpus=2, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
-    try:
+    with local_ray():
         yield
-    finally:
-        ray.shutdown()
-        if address is not None:
-            os.environ["RAY_ADDRESS"] = address
 
 
 def _one_data_error(err: str) -> bool:

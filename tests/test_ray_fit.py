@@ -32,6 +32,7 @@ from deepdpm_core import DeepDPM  # noqa: E402
 from pipeline.cli import main as cli  # noqa: E402
 from pipeline.io import features_table  # noqa: E402
 from pipeline.ray_fit import FAIL_EPOCH_ENV, FAIL_RANK_ENV, TRAIN_DIR, FitRequest, run_fit  # noqa: E402
+from tests.conftest_ray import local_ray  # noqa: E402
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -66,14 +67,8 @@ def _mixture(path: Path, n: int = 2400, seed: int = 0) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def ray_session():
-    address = os.environ.pop("RAY_ADDRESS", None)  # a fit would attach to it
-    ray.init(address="local", num_cpus=2, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
-    try:
+    with local_ray():
         yield
-    finally:
-        ray.shutdown()
-        if address is not None:
-            os.environ["RAY_ADDRESS"] = address
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ from deepdpm_core import DeepDPM  # noqa: E402
 from pipeline.cli import build_parser, main  # noqa: E402
 from pipeline.io import features_table  # noqa: E402
 from pipeline.ray_predict import is_complete, model_digest  # noqa: E402
+from tests.conftest_ray import local_ray  # noqa: E402
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -55,16 +56,9 @@ def _blobs(n_per: int = 300, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def ray_session():
-    address = os.environ.pop("RAY_ADDRESS", None)  # predict would attach to it
     # as the cluster deepdpm predict starts itself: worker logs stay in Ray's files
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
-    try:
+    with local_ray(include_dashboard=False, log_to_driver=False):
         yield
-    finally:
-        ray.shutdown()
-        if address is not None:
-            os.environ["RAY_ADDRESS"] = address
 
 
 @pytest.fixture(scope="module")
