@@ -51,8 +51,13 @@ def _die_before_every_step(go: int) -> None:
 
 
 def _series(results: Path, real_write):
-    def write_with_kills(out_dir, *args, **kwargs):
+    def write_with_kills(out_dir, model, table, *args, **kwargs):
         folder = Path(out_dir).resolve().parent
+        # the writer is a fork of this process, whose torch thread pools do not survive a
+        # fork (a matmul in the child waits forever): the writer's one computation, the
+        # predictions, is made here and handed down
+        predictions = model.predict_confidence(table.X)
+        model.predict_confidence = lambda X: predictions
         saved = results / "before"
         shutil.copytree(folder, saved, symlinks=True)
         # the killed writers' copies become our children, so we can wait for them
@@ -62,7 +67,7 @@ def _series(results: Path, real_write):
         if os.fork() == 0:
             os.close(go_write)
             _die_before_every_step(go_read)
-            real_write(out_dir, *args, **kwargs)
+            real_write(out_dir, model, table, *args, **kwargs)
             os._exit(0)
         os.close(go_read)
         k = 0
@@ -78,7 +83,7 @@ def _series(results: Path, real_write):
         print(f"fault_harness: killed at {k} steps", file=sys.stderr)
         shutil.rmtree(folder)
         shutil.copytree(saved, folder, symlinks=True)
-        return real_write(out_dir, *args, **kwargs)
+        return real_write(out_dir, model, table, *args, **kwargs)
 
     return write_with_kills
 
