@@ -13,9 +13,10 @@ Data sets (``--datasets`` takes these names or globs such as ``'blobs16*'``):
   autoencoder -> UMAP-10 (n2d; the paper's 500-500-2000-10 AE, ``--ae-epochs`` epochs).
 * ``wine-std``, ``breast-cancer-std``, ``iris-std``: scikit-learn's sets, standardised.
 * ``blobs16`` (7 unequal blobs in 16-D, centres >= 30 apart, std 1), ``sphere128`` (10
-  clusters on the unit sphere of R^128, like contrastive features) and ``imbalanced128``
+  clusters on the unit sphere of R^128, like contrastive features), ``imbalanced128``
   (10 full-covariance Gaussians in 128-D, N = 20000, Dirichlet(0.5) weights floored at
-  0.5 %), each also times 1e-3 (``@1e-3``) and 1e3 (``@1e3``). ``--quick`` shrinks them.
+  0.5 %) and ``blobs512`` (5 blobs in 512-D, 400 points each: fewer points than
+  dimensions), each also times 1e-3 (``@1e-3``) and 1e3 (``@1e3``). ``--quick`` shrinks them.
 
 The seed drives everything random in a row: the methods, the UMAP / AE embeddings of the
 digits and the draw of the generated sets (seed s gives another draw of the same
@@ -72,7 +73,7 @@ Dataset = tuple[np.ndarray, np.ndarray, str]
 
 METHODS = ("DeepDPM", "BGM-DP", "k-means (true K)")
 SCALES = {"1e-3": 1e-3, "1e3": 1e3}
-GENERATED = ("blobs16", "sphere128", "imbalanced128")
+GENERATED = ("blobs16", "sphere128", "imbalanced128", "blobs512")
 BLOB_SIZES = (30, 120, 250, 360, 600, 800, 1000)
 QUICK_BLOB_SIZES = (20, 40, 60, 80, 100, 120, 140)
 UMAP_SETS = ("digits-umap10", "digits-aeumap10")
@@ -111,6 +112,14 @@ def blobs16(seed: int, quick: bool = False) -> Dataset:
     X, y = make_blobs(n_samples=list(sizes), centers=centres, cluster_std=1.0,
                       random_state=int(rng.integers(2**31)))
     return X.astype(np.float32), y, f"make_blobs sizes {'/'.join(map(str, sizes))}, std 1"
+
+
+def blobs512(seed: int, quick: bool = False) -> Dataset:
+    """5 isotropic blobs (std 1) in 512-D, N = 2000 (``make_blobs`` centres in [-10, 10]^512):
+    fewer points per cluster (400) than dimensions."""
+    n = 1000 if quick else 2000
+    X, y = make_blobs(n_samples=n, centers=5, n_features=512, random_state=seed)
+    return X.astype(np.float32), y, f"make_blobs {n} points, 5 centres, std 1"
 
 
 def imbalanced128(seed: int, quick: bool = False) -> Dataset:
@@ -160,7 +169,8 @@ def make_datasets(quick: bool = False,
         "breast-cancer-std": partial(standardised, loader=load_breast_cancer, name="breast_cancer"),
         "iris-std": partial(standardised, loader=load_iris, name="iris"),
     }
-    generators = {"blobs16": blobs16, "imbalanced128": imbalanced128, "sphere128": sphere128}
+    generators = {"blobs16": blobs16, "imbalanced128": imbalanced128, "sphere128": sphere128,
+                  "blobs512": blobs512}
     for name in GENERATED:
         out[name] = partial(generators[name], quick=quick)
         for label, factor in SCALES.items():

@@ -41,16 +41,16 @@ def test_the_suite_names_every_data_set_at_three_scales():
     names = list(suite.DATASETS)
     assert names[:6] == ["digits-pca10", "digits-umap10", "digits-aeumap10", "wine-std",
                          "breast-cancer-std", "iris-std"]
-    for base in ("blobs16", "imbalanced128", "sphere128"):
+    for base in ("blobs16", "imbalanced128", "sphere128", "blobs512"):
         assert {base, f"{base}@1e-3", f"{base}@1e3"} <= set(names)
-    assert len(names) == 15
+    assert len(names) == 18
     assert suite.select(suite.DATASETS, ["blobs16*", "iris-std"]) == [
         "iris-std", "blobs16", "blobs16@1e-3", "blobs16@1e3"]
     with pytest.raises(SystemExit, match="no data set matches nope"):
         suite.select(suite.DATASETS, ["nope"])
 
 
-@pytest.mark.parametrize("base", ["blobs16", "imbalanced128", "sphere128"])
+@pytest.mark.parametrize("base", ["blobs16", "imbalanced128", "sphere128", "blobs512"])
 def test_rescaled_variants_are_exactly_the_base_data_times_the_factor(base):
     builders = suite.make_datasets(quick=True)
     X, y, _ = builders[base](1)
@@ -73,6 +73,8 @@ def test_generated_sets_have_the_stated_shape_and_geometry():
     np.testing.assert_allclose(np.linalg.norm(X, axis=1), 1.0, rtol=1e-5)
     X, y, _ = suite.make_datasets(quick=True)["imbalanced128"](0)
     assert X.shape == (4000, 128) and np.bincount(y).min() / len(y) < 0.01
+    X, y, _ = suite.make_datasets(quick=True)["blobs512"](0)
+    assert X.shape == (1000, 512) and len(np.unique(y)) == 5
 
 
 def test_a_quick_run_reports_every_data_set_method_and_seed(tmp_path):
