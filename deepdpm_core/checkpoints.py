@@ -28,8 +28,15 @@ _REFUSED_GLOBAL = re.compile(r"unsupported GLOBAL ([\w.]+)", re.IGNORECASE)
 _NAMED_AT_MOST = 3
 
 
-def safe_load(path: str | Path, what: str = "checkpoint") -> object:
+def safe_load(path: str | Path, what: str = "checkpoint", *, mmap: bool = False) -> object:
     """``torch.load(path, map_location="cpu", weights_only=True)``.
+
+    Parameters
+    ----------
+    mmap : bool
+        Map a torch zip archive into memory instead of reading it (``torch.load(mmap=True)``):
+        a tensor's bytes are read from disk when first touched, so a caller that uses a few
+        of a file's tensors never reads the others. Other files (raw pickles) are read whole.
 
     Raises
     ------
@@ -43,7 +50,8 @@ def safe_load(path: str | Path, what: str = "checkpoint") -> object:
     try:
         with warnings.catch_warnings():  # torch's note on a raw pickle's protocol: not one line
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True,
+                              mmap=mmap and zipfile.is_zipfile(path))
     except FileNotFoundError:
         raise
     except pickle.UnpicklingError as exc:

@@ -282,11 +282,7 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         confidence : ndarray, shape (N,), float32
             ``predict_proba(X).max(1)``, computed batch by batch.
         """
-        rows = self._rows(X)
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        labels, confidence = self._fitted().predict_assignments(rows, batch_size)
-        return labels.numpy(), confidence.numpy()
+        return self._fitted().assigner().predict_confidence(X, batch_size)
 
     @property
     def n_features_in_(self) -> int:
