@@ -14,13 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import yaml
 
 from deepdpm_core import Config, DeepDPM
 from deepdpm_core.config import from_dict, load_config, parse_overrides
 from deepdpm_core.metrics import clustering_scores
-from pipeline.io import FeatureTable, atomic_path, write_json_atomic, write_parquet_atomic
+from pipeline.io import (
+    FeatureTable,
+    assignments_table,
+    atomic_path,
+    write_json_atomic,
+    write_parquet_atomic,
+)
 from pipeline.plots import write_fit_plots
 from pipeline.run_folder import publish_run, staging_folder
 
@@ -50,21 +55,6 @@ def label_metrics(labels_true: np.ndarray | None, labels_pred: np.ndarray) -> di
     if not known.any():
         return {}
     return clustering_scores(labels_true[known], labels_pred[known])
-
-
-def assignments_table(table: FeatureTable, labels: np.ndarray, confidence: np.ndarray) -> pa.Table:
-    """Arrow table: key, cluster:int32, confidence:float32, label:int64 (nullable).
-
-    ``labels`` and ``confidence`` are (N,): the hard cluster and its responsibility.
-    """
-    cols = {
-        "key": pa.array([str(k) for k in table.keys], pa.string()),
-        "cluster": pa.array(labels.astype(np.int32)),
-        "confidence": pa.array(confidence.astype(np.float32)),
-    }
-    if table.labels is not None:
-        cols["label"] = pa.array(table.labels.astype(np.int64), mask=table.labels < 0)
-    return pa.table(cols)
 
 
 def write_fit_outputs(

@@ -23,7 +23,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deepdpm_core.errors import DataError
-from deepdpm_core.validation import is_real_dtype
 
 
 def feature_schema(dim: int) -> pa.Schema:
@@ -141,6 +140,127 @@ def read_features(path: str | Path) -> FeatureTable:
     raise DataError(f"unsupported input '{path}': expected .npy, .npz or .parquet")
 
 
+#: bytes read at a time from a Parquet column chunk by :func:`open_parquet`
+PARQUET_READ_BUFFER = 4 * 2**20
+
+
+def open_parquet(path: str | Path) -> pq.ParquetFile:
+    """A Parquet file to read batch by batch in memory bounded by the batch.
+
+    Without pre-buffering, which reads every row group asked for ahead of the batches and
+    holds them (a whole file, read from its start), and through a buffer of
+    :data:`PARQUET_READ_BUFFER` bytes instead of each column chunk read whole (512 MB
+    for a row group of 1M rows of 128 float32 features).
+
+    Raises
+    ------
+    DataError
+        Not a readable Parquet file.
+    """
+    try:
+        return pq.ParquetFile(path, pre_buffer=False, buffer_size=PARQUET_READ_BUFFER)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"cannot read Parquet {path}: {exc}") from exc
+
+
+def parquet_labelled(parquet: pq.ParquetFile, path: str | Path) -> bool:
+    """True when the file's ``label`` column holds a value (nulls only: no labels), read
+    from that column alone; as :func:`read_features` decides it.
+
+    Raises
+    ------
+    DataError
+        Labels that are not integers.
+    """
+    schema = parquet.schema_arrow
+    if "label" not in schema.names:
+        return False
+    nulls = sum(b.column(0).null_count for b in parquet.iter_batches(columns=["label"]))
+    labelled = nulls < parquet.metadata.num_rows
+    if labelled and not pa.types.is_integer(schema.field("label").type):
+        raise DataError(f"{path}: column 'label' must hold integers, got {schema.field('label').type}")
+    return labelled
+
+
+def check_finite_rows(X: np.ndarray, path: str | Path, start: int) -> None:
+    """Refuse rows (B, D) with NaN or inf values, naming the file and their row numbers in
+    it (the batch's first row is row ``start``).
+
+    Raises
+    ------
+    DataError
+        Some rows hold NaN or inf values (the first five are named).
+    """
+    bad = np.flatnonzero(~np.isfinite(X).all(1))
+    if bad.size:
+        shown = ", ".join(str(start + i) for i in bad[:5]) + (", ..." if bad.size > 5 else "")
+        raise DataError(f"{path} has {bad.size} row(s) with NaN or inf values (rows {shown})")
+
+
+def feature_batches(path: str | Path, batch_size: int) -> Iterator[FeatureTable]:
+    """The rows of a feature file in order, as :func:`read_features` reads them.
+
+    A Parquet file is read ``batch_size`` rows at a time (every batch but the last has
+    ``batch_size`` rows, across row groups), so about two batches of rows are in memory
+    whatever the file's size; keys are row numbers where the file has none, labels are
+    given for every batch when the file holds any. ``.npy`` and ``.npz`` are read whole
+    and given as one batch.
+
+    Raises
+    ------
+    DataError
+        As :func:`read_features`; rows with NaN or inf values in a Parquet file
+        (:func:`check_finite_rows`).
+    FileNotFoundError
+        ``path`` does not exist.
+    """
+    path = Path(path)
+    if path.suffix.lower() != ".parquet" or not path.is_file():
+        yield read_features(path)
+        return
+    parquet = open_parquet(path)
+    names = parquet.schema_arrow.names
+    if "embedding" not in names:
+        raise DataError(f"{path} has no column 'embedding' (found: {names})")
+    labelled = parquet_labelled(parquet, path)
+    columns = ["embedding", *(["key"] if "key" in names else []), *(["label"] if labelled else [])]
+    start = 0
+    for table in _fixed_size_batches(parquet.iter_batches(batch_size=batch_size, columns=columns),
+                                     pa.schema([parquet.schema_arrow.field(c) for c in columns]),
+                                     batch_size):
+        X = embedding_matrix(table.column("embedding"))
+        check_finite_rows(X, path, start)
+        n = len(table)
+        keys = (np.asarray(table.column("key").to_pylist(), dtype=object) if "key" in names
+                else np.array([str(i) for i in range(start, start + n)], dtype=object))
+        labels = (np.asarray(table.column("label").fill_null(-1).to_numpy(), dtype=np.int64)
+                  if labelled else None)
+        yield FeatureTable(X=X, labels=labels, keys=keys)
+        start += n
+
+
+def _fixed_size_batches(batches: Iterator[pa.RecordBatch], schema: pa.Schema, size: int
+                        ) -> Iterator[pa.Table]:
+    """``batches`` regrouped into tables of ``size`` rows (the last one fewer), in order.
+
+    Parquet batches stop at row-group boundaries; fixed batches give every forward pass
+    the rows it had when the file was read whole, so the results agree to the last bit.
+    """
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        pending.append(batch)
+        rows += batch.num_rows
+        if rows >= size:
+            table = pa.Table.from_batches(pending, schema)
+            whole = rows - rows % size
+            for at in range(0, whole, size):
+                yield table.slice(at, size)
+            pending, rows = table.slice(whole).to_batches(), rows - whole
+    if rows:
+        yield pa.Table.from_batches(pending, schema)
+
+
 def current_umask() -> int:
     """The process umask, read without changing it where the OS allows (Linux:
     ``/proc/self/status``); elsewhere set and restored at once."""
@@ -207,6 +327,21 @@ def _finite_or_none(obj: object) -> object:
     if isinstance(obj, list):
         return [_finite_or_none(v) for v in obj]
     return obj
+
+
+def assignments_table(table: FeatureTable, labels: np.ndarray, confidence: np.ndarray) -> pa.Table:
+    """Arrow table: key, cluster:int32, confidence:float32, label:int64 (nullable).
+
+    ``labels`` and ``confidence`` are (N,): the hard cluster and its responsibility.
+    """
+    cols = {
+        "key": pa.array([str(k) for k in table.keys], pa.string()),
+        "cluster": pa.array(labels.astype(np.int32)),
+        "confidence": pa.array(confidence.astype(np.float32)),
+    }
+    if table.labels is not None:
+        cols["label"] = pa.array(table.labels.astype(np.int64), mask=table.labels < 0)
+    return pa.table(cols)
 
 
 def write_parquet_atomic(table: pa.Table, path: str | Path) -> None:
@@ -293,6 +428,9 @@ def _check_matrix(shape: tuple[int, ...], dtype: np.dtype, path: Path) -> tuple[
 
 
 def _check_real(dtype: np.dtype, path: Path) -> None:
+    # imported here: the module imports torch, which the folder predict's driver goes without
+    from deepdpm_core.validation import is_real_dtype
+
     if not is_real_dtype(dtype):
         raise DataError(f"{path}: features must be real numbers, got dtype {dtype}")
 

@@ -3,13 +3,13 @@
 One Ray Data pipeline covers every input file that has no finished output yet::
 
     from_items((file, row group) of every file)   one work item per Parquet row group
-      -> PredictRowGroups (ActorPoolStrategy)     the model loaded once per actor; reads
-                                                  its row group batch by batch
+      -> PredictRowGroups (ActorPoolStrategy)     the model's assigner loaded once per
+                                                  actor; reads its row group batch by batch
       -> driver                                   collects a file's row groups, writes it
 
 Each input file ``IN/a/b.parquet`` gets ``OUT/a/b.parquet`` (``key``, ``cluster``,
 ``confidence``, ``label``: the columns of the single-file path,
-:func:`pipeline.fitting.assignments_table`).
+:func:`pipeline.io.assignments_table`).
 
 Per-file identity: the work items are (file index, row group index) and every output
 row carries both, so nothing depends on the order in which Ray Data hands results back
@@ -21,15 +21,18 @@ never a partial ``b.parquet``). The output's Parquet metadata records the row co
 the model's SHA-256; a rerun skips the files whose output has both, so it redoes only
 what is missing.
 
-Memory: an actor holds one batch of rows, its (B, K) log-probabilities (the confidence
-is their row maximum, taken batch by batch), the model and the narrow outputs (key,
-cluster, confidence, label) of its row group; the driver the narrow outputs of the files
-whose row groups are still coming in (``preserve_order`` makes that about one file).
-Neither ever holds the whole table nor N x K values.
+Memory: an actor holds the torch runtime, the model's assigner (its clustering net and
+input transform, :class:`~deepdpm_core.fitted_model.ClusterAssigner`: not the mixture
+parameters, whose K x D x D covariances are most of a model file), one batch of rows
+(read through :func:`pipeline.io.open_parquet`, never a whole row group), its (B, K)
+log-probabilities (the confidence is their row maximum, taken batch by batch) and the
+narrow outputs (key, cluster, confidence, label) of its row group; the driver the narrow
+outputs of the files whose row groups are still coming in (``preserve_order`` makes
+that about one file), and no torch: a child process reads the model
+(:func:`read_assigner`). Neither ever holds the whole table nor N x K values.
 
-The model goes to the actors as bytes in the object store (read once on the driver), so
-a model the driver resolved to a file of its own (a download, a local path) reaches
-actors on every node.
+The assigner goes to the actors as bytes in the object store, so a model the driver
+resolved to a file of its own (a download, a local path) reaches actors on every node.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ import contextlib
 import hashlib
 import itertools
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,8 +54,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deepdpm_core.errors import ConfigError, DataError, DeepDPMError
-from pipeline.io import FeatureTable, atomic_path, embedding_matrix
+from deepdpm_core.errors import CheckpointError, ConfigError, DataError, DeepDPMError
+from pipeline.io import (
+    FeatureTable,
+    assignments_table,
+    atomic_path,
+    check_finite_rows,
+    embedding_matrix,
+    open_parquet,
+    parquet_labelled,
+)
 from pipeline.ray_local import connect_ray
 
 #: the output's Parquet metadata key: ``{"rows": n, "model_sha256": ...}``
@@ -125,6 +138,46 @@ def model_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def model_file_digest(path: str | Path) -> str:
+    """:func:`model_digest` of the file ``path``, read 1 MiB at a time (never whole)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_assigner(model_file: str | Path) -> tuple[int, int, bytes]:
+    """D, K and the :class:`~deepdpm_core.fitted_model.ClusterAssigner` of a model file,
+    as the bytes of a torch file of its state (0.2 MB at K = 1000, D = 128), read by a
+    child process (:mod:`pipeline.model_assigner`).
+
+    The child imports torch and maps the model file; the driver does neither, so its
+    memory holds no torch runtime (about 470 MB resident) and no part of the model, and
+    the child's goes back to the system when it ends.
+
+    Raises
+    ------
+    CheckpointError
+        Not a PyTorch checkpoint, not safe to read, or not a DeepDPM model.
+    """
+    from pipeline.model_assigner import BAD_MODEL
+
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "assigner.pt"
+        done = subprocess.run([sys.executable, "-m", "pipeline.model_assigner", str(model_file), str(out)],
+                              env=env, capture_output=True, text=True)
+        if done.returncode == BAD_MODEL:
+            raise CheckpointError(done.stderr.strip().splitlines()[-1])
+        if done.returncode != 0:
+            raise RuntimeError(f"reading the model {model_file} failed (exit status "
+                               f"{done.returncode}):\n{done.stderr[-3000:]}")
+        shape = json.loads(done.stdout.strip().splitlines()[-1])
+        return int(shape["dim"]), int(shape["n_clusters"]), out.read_bytes()
+
+
 def inspect_input(path: str, output: Path, dim: int) -> InputFile:
     """Check one input file against a model of ``dim`` features, from its footer (and its
     ``label`` column when that may be all null).
@@ -135,10 +188,7 @@ def inspect_input(path: str, output: Path, dim: int) -> InputFile:
         Unreadable file, no ``embedding`` column, embeddings that are not numbers or
         not ``dim`` long, labels that are not integers.
     """
-    try:
-        parquet = pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise DataError(f"cannot read Parquet {path}: {exc}") from exc
+    parquet = open_parquet(path)
     schema = parquet.schema_arrow
     if "embedding" not in schema.names:
         raise DataError(f"{path} has no column 'embedding' (found: {schema.names})")
@@ -150,13 +200,8 @@ def inspect_input(path: str, output: Path, dim: int) -> InputFile:
         raise DataError(f"{path}: embeddings have {typ.list_size} features, the model expects {dim}")
     rows = parquet.metadata.num_rows
     groups = tuple(g for g in range(parquet.metadata.num_row_groups) if parquet.metadata.row_group(g).num_rows)
-    labelled = False
-    if "label" in schema.names:
-        nulls = sum(b.column(0).null_count for b in parquet.iter_batches(columns=["label"]))
-        labelled = nulls < rows
-        if labelled and not pa.types.is_integer(schema.field("label").type):
-            raise DataError(f"{path}: column 'label' must hold integers, got {schema.field('label').type}")
-    return InputFile(path=path, output=output, rows=rows, row_groups=groups, labelled=labelled)
+    return InputFile(path=path, output=output, rows=rows, row_groups=groups,
+                     labelled=parquet_labelled(parquet, path))
 
 
 def is_complete(output: Path, rows: int, digest: str) -> bool:
@@ -182,12 +227,14 @@ def is_complete(output: Path, rows: int, digest: str) -> bool:
 
 
 class PredictRowGroups:
-    """Ray Data actor: loads the model once, then assigns whole Parquet row groups.
+    """Ray Data actor: loads the model's assigner once, then assigns whole Parquet row groups.
 
     Parameters
     ----------
     model : list of one ObjectRef
-        The model file's bytes (wrapped in a list so Ray hands the reference over as it is).
+        The bytes of a torch file of the model's
+        :class:`~deepdpm_core.fitted_model.ClusterAssigner` state (wrapped in a list so Ray
+        hands the reference over as it is).
     files : list of str
         Input paths, in the order of their indices.
     columns : list of str
@@ -203,13 +250,13 @@ class PredictRowGroups:
         import ray
         import torch
 
-        from deepdpm_core import DeepDPM
+        from deepdpm_core.fitted_model import ClusterAssigner
 
         torch.set_num_threads(threads)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model.pt"
             path.write_bytes(ray.get(model[0]))
-            self.model = DeepDPM.load(path)
+            self.model = ClusterAssigner.load(path)
         self.files, self.columns, self.batch_size = files, columns, batch_size
 
     def __call__(self, items: pa.Table) -> pa.Table:
@@ -221,13 +268,13 @@ class PredictRowGroups:
         parts = []
         for file, group in zip(items.column("file").to_pylist(), items.column("row_group").to_pylist(),
                                strict=True):
-            parquet = pq.ParquetFile(self.files[file])
+            parquet = open_parquet(self.files[file])
             start = sum(parquet.metadata.row_group(g).num_rows for g in range(group))
             for batch in parquet.iter_batches(batch_size=self.batch_size, row_groups=[group],
                                               columns=self.columns):
                 try:
                     X = embedding_matrix(batch.column("embedding"))
-                    _check_finite(X, self.files[file], start)
+                    check_finite_rows(X, self.files[file], start)
                     labels, confidence = self.model.predict_confidence(X, batch_size=self.batch_size)
                 except DeepDPMError as exc:  # bad rows: Ray Data relays this one quietly, error inside
                     raise UserCodeException(exc) from None
@@ -243,15 +290,6 @@ class PredictRowGroups:
                     columns["label"] = batch.column("label")
                 parts.append(pa.table(columns))
         return pa.concat_tables(parts)
-
-
-def _check_finite(X: np.ndarray, path: str, start: int) -> None:
-    """Refuse rows (B, D) with NaN or inf values, naming the file and their row numbers
-    in it (the batch's first row is row ``start``)."""
-    bad = np.flatnonzero(~np.isfinite(X).all(1))
-    if bad.size:
-        shown = ", ".join(str(start + i) for i in bad[:5]) + (", ..." if bad.size > 5 else "")
-        raise DataError(f"{path} has {bad.size} row(s) with NaN or inf values (rows {shown})")
 
 
 def predict_folder(
@@ -292,8 +330,6 @@ def predict_folder(
         Bad options, an output folder with another model's predictions, a cluster
         without the actors' resources.
     """
-    from deepdpm_core import DeepDPM
-
     start = time.perf_counter()
     if batch_size < 1 or num_workers < 1 or cpus_per_worker <= 0:
         raise ConfigError("--batch-size and --num-workers must be >= 1 and --cpus-per-worker > 0")
@@ -301,11 +337,8 @@ def predict_folder(
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"--output {output_dir} is a file; a folder --input needs a folder --output")
     paths = input_files(input_dir)
-    model_bytes = Path(model_file).read_bytes()
-    digest = model_digest(model_bytes)
-    model = DeepDPM.load(model_file)  # fails here, once, on a bad model file
-    dim, n_clusters = model.n_features_in_, model.n_clusters_
-    del model
+    digest = model_file_digest(model_file)
+    dim, n_clusters, assigner = read_assigner(model_file)  # fails here, once, on a bad model file
     files = [inspect_input(p, output_dir / Path(p).relative_to(input_dir), dim) for p in paths]
     columns = _columns(paths)
 
@@ -331,9 +364,8 @@ def predict_folder(
             try:
                 _check_resources(num_workers, cpus_per_worker,
                                  0.0 if started_here == "local" else WAIT_FOR_RESOURCES_S)
-                chunks = _predicted_row_groups(todo_rows, columns, ray.put(model_bytes), batch_size,
+                chunks = _predicted_row_groups(todo_rows, columns, ray.put(assigner), batch_size,
                                                num_workers, cpus_per_worker)
-                del model_bytes
                 report.rows = _write_files(todo_rows, chunks, digest, progress)
             except Exception as exc:
                 user_error = _user_error(exc)
@@ -436,8 +468,6 @@ def _write_files(files: list[InputFile], chunks: Iterator[tuple[int, int, pa.Tab
 
 def _write_file(f: InputFile, chunks, digest: str) -> int:
     """Write one output atomically from its chunks of actor output; returns its rows."""
-    from pipeline.fitting import assignments_table
-
     metadata = {METADATA_KEY: json.dumps({"rows": f.rows, "model_sha256": digest}).encode()}
     done = 0
     with atomic_path(f.output) as tmp:
@@ -494,4 +524,4 @@ def _user_error(exc: BaseException) -> DeepDPMError | None:
 
 
 __all__ = ["FolderPrediction", "InputFile", "PredictRowGroups", "input_files", "inspect_input",
-           "is_complete", "model_digest", "predict_folder"]
+           "is_complete", "model_digest", "model_file_digest", "predict_folder", "read_assigner"]

@@ -57,29 +57,51 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_file(args: argparse.Namespace) -> int:
-    import numpy as np
+    import contextlib
+    import itertools
 
-    from deepdpm_core import DeepDPM
-    from deepdpm_core.errors import ConfigError
-    from deepdpm_core.validation import check_features
-    from pipeline.fitting import assignments_table, label_metrics
-    from pipeline.io import read_features, write_parquet_atomic
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from deepdpm_core.errors import ConfigError, DataError
+    from deepdpm_core.fitted_model import ClusterAssigner
+    from deepdpm_core.metrics import ContingencyCounts, contingency_scores
+    from pipeline.io import assignments_table, atomic_path, feature_batches
     from pipeline.results import print_result, scores_text
 
     if args.num_workers != 1 or args.ray_address:
         raise ConfigError("--num-workers and --ray-address apply to a folder --input; "
                           f"{args.input} is a file (predicted in this process)")
-    model = DeepDPM.load(model_file(args.model))
-    table = read_features(args.input)
-    table.X = check_features(table.X, n_features=model.n_features_in_)
-    labels, confidence = model.predict_confidence(table.X, batch_size=args.batch_size)
-    write_parquet_atomic(assignments_table(table, labels, confidence), args.output)
-    scores = label_metrics(table.labels, labels)
-    human = f"assigned {len(labels)} rows to {model.n_clusters_} clusters {scores_text(scores)}"
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
+    model = ClusterAssigner.load(model_file(args.model))
+    # what the result reports, counted batch by batch: the input is never held whole
+    used = np.zeros(model.n_clusters, dtype=bool)
+    counts = ContingencyCounts()
+    rows = 0
+    batches = feature_batches(args.input, args.batch_size)
+    first = next(batches, None)  # an unreadable input fails before the output is touched
+    if first is None:
+        raise DataError(f"{args.input} has no rows")
+    with atomic_path(args.output) as tmp, contextlib.ExitStack() as open_writer:
+        writer = None
+        for batch in itertools.chain([first], batches):
+            labels, confidence = model.predict_confidence(batch.X, batch_size=args.batch_size)
+            table = assignments_table(batch, labels, confidence)
+            if writer is None:
+                writer = open_writer.enter_context(pq.ParquetWriter(tmp, table.schema))
+            writer.write_table(table)
+            used[labels] = True
+            if batch.labels is not None:
+                known = batch.labels >= 0
+                counts.add(batch.labels[known], labels[known])
+            rows += len(labels)
+    table = counts.table()
+    scores = contingency_scores(table) if table.size else {}
+    human = f"assigned {rows} rows to {model.n_clusters} clusters {scores_text(scores)}"
     print_result(args, f"{human.rstrip()} -> {args.output}", {
-        "output": str(args.output), "model": str(args.model), "n_rows": int(len(labels)),
-        "n_clusters": int(model.n_clusters_), "n_clusters_used": int(len(np.unique(labels))),
-        "metrics": scores,
+        "output": str(args.output), "model": str(args.model), "n_rows": rows,
+        "n_clusters": model.n_clusters, "n_clusters_used": int(used.sum()), "metrics": scores,
     })  # fmt: skip
     return 0
 
