@@ -40,16 +40,18 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from deepdpm_core.trainer import EPOCH_PHASES
+from pipeline.tracking_options import (
+    DEFAULT_EXPERIMENT,
+    DEFAULT_MODEL_ALIAS,
+    add_registry_arguments,
+    add_tracking_arguments,
+)
 
 logger = logging.getLogger(__name__)
 
 #: file name of the default tracking store, created in the working directory
 #: (MLflow 3 refuses the old ``./mlruns`` file store for new runs)
 DEFAULT_TRACKING_DB = "mlflow.db"
-DEFAULT_EXPERIMENT = "deepdpm"
-#: alias that ``--register-model NAME`` points at the new version (``models:/NAME@champion``;
-#: MLflow reserves ``latest``)
-DEFAULT_MODEL_ALIAS = "champion"
 
 #: experiment tag by which MLflow 3's UI shows an experiment as model training (its Runs)
 #: rather than GenAI (overview, "Evaluation runs"); UIs with the GenAI / Model training
@@ -505,35 +507,6 @@ FIT_ARTIFACTS = (
     "model.pt",
     "assignments.parquet",
 )
-
-
-def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--tracking-uri``, ``--experiment``, ``--run-name``, ``--no-tracking``."""
-    group = parser.add_argument_group("MLflow tracking")
-    group.add_argument(
-        "--tracking-uri",
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db "
-        "in the working directory)",
-    )
-    group.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
-    group.add_argument("--run-name", help="MLflow run name (default: the --output folder's name)")
-    group.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
-
-
-def add_registry_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--register-model NAME``, ``--model-alias ALIAS``."""
-    group = parser.add_argument_group("MLflow model registry")
-    group.add_argument(
-        "--register-model",
-        metavar="NAME",
-        help="register the fit's MLflow model as a new version of NAME",
-    )
-    group.add_argument(
-        "--model-alias",
-        default=DEFAULT_MODEL_ALIAS,
-        metavar="ALIAS",
-        help=f"alias moved to that version: models:/NAME@ALIAS (default {DEFAULT_MODEL_ALIAS})",
-    )
 
 
 def default_run_name(args: argparse.Namespace) -> str | None:

@@ -19,7 +19,7 @@ HELP = "embed the images of webdataset shards (MoCo/torchvision ResNet or pixels
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipeline.results import add_json_argument
-    from pipeline.tracking import add_tracking_arguments
+    from pipeline.tracking_options import add_tracking_arguments
 
     parser.add_argument(
         "--shards", required=True, help="folder of .tar shards, a glob, or one file"

@@ -14,7 +14,7 @@ HELP = "fit DeepDPM to features (.npy, .npz or Parquet) and write model, assignm
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipeline.results import add_json_argument
-    from pipeline.tracking import add_registry_arguments, add_tracking_arguments
+    from pipeline.tracking_options import add_registry_arguments, add_tracking_arguments
 
     parser.add_argument("--input", help=".npy [N, D], .npz (X, y) or Parquet (embedding, label, key)")
     parser.add_argument("--output", help="output directory")

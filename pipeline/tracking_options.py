@@ -1,0 +1,48 @@
+"""The MLflow options of the tracked commands (``fit``, ``extract``).
+
+Kept out of :mod:`pipeline.tracking`, which imports the trainer and so torch: the CLI
+builds every command's options at each start, and a command that runs without torch in
+its own process (the driver of a folder ``predict``) stays without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_EXPERIMENT = "deepdpm"
+#: alias that ``--register-model NAME`` points at the new version (``models:/NAME@champion``;
+#: MLflow reserves ``latest``)
+DEFAULT_MODEL_ALIAS = "champion"
+
+
+def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--tracking-uri``, ``--experiment``, ``--run-name``, ``--no-tracking``."""
+    group = parser.add_argument_group("MLflow tracking")
+    group.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db "
+        "in the working directory)",
+    )
+    group.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
+    group.add_argument("--run-name", help="MLflow run name (default: the --output folder's name)")
+    group.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+
+
+def add_registry_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--register-model NAME``, ``--model-alias ALIAS``."""
+    group = parser.add_argument_group("MLflow model registry")
+    group.add_argument(
+        "--register-model",
+        metavar="NAME",
+        help="register the fit's MLflow model as a new version of NAME",
+    )
+    group.add_argument(
+        "--model-alias",
+        default=DEFAULT_MODEL_ALIAS,
+        metavar="ALIAS",
+        help=f"alias moved to that version: models:/NAME@ALIAS (default {DEFAULT_MODEL_ALIAS})",
+    )
+
+
+__all__ = ["DEFAULT_EXPERIMENT", "DEFAULT_MODEL_ALIAS", "add_registry_arguments",
+           "add_tracking_arguments"]
