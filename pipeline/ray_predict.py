@@ -149,20 +149,23 @@ def model_file_digest(path: str | Path) -> str:
 
 def read_assigner(model_file: str | Path) -> tuple[int, int, bytes]:
     """D, K and the :class:`~deepdpm_core.fitted_model.ClusterAssigner` of a model file,
-    as the bytes of a torch file of its state (0.2 MB at K = 1000, D = 128), read by a
-    child process (:mod:`pipeline.model_assigner`).
+    as the bytes of a torch file of its state (0.2 MB at K = 1000, D = 128).
 
-    The child imports torch and maps the model file; the driver does neither, so its
-    memory holds no torch runtime (about 470 MB resident) and no part of the model, and
-    the child's goes back to the system when it ends.
+    A driver without torch reads them in a child process (:mod:`pipeline.model_assigner`),
+    which imports torch and maps the model file; the driver does neither, so its memory
+    holds no torch runtime (about 470 MB resident) and no part of the model, and the
+    child's goes back to the system when it ends. A driver that imported torch already
+    (a notebook, the tests) reads them itself: a child would save it nothing.
 
     Raises
     ------
     CheckpointError
         Not a PyTorch checkpoint, not safe to read, or not a DeepDPM model.
     """
-    from pipeline.model_assigner import BAD_MODEL
+    from pipeline.model_assigner import BAD_MODEL, assigner_state
 
+    if "torch" in sys.modules:
+        return assigner_state(model_file)
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     with tempfile.TemporaryDirectory() as tmp:

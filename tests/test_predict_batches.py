@@ -2,9 +2,9 @@
 by batch with the results of reading it whole, the model's assigner alone, and a folder
 predict's driver without torch.
 
-The reference ("read whole") is what the single-file path computed before it streamed:
-:func:`pipeline.io.read_features`, ``DeepDPM.predict_confidence`` and
-:func:`pipeline.fitting.label_metrics` over the whole table.
+The reference, the file "read whole": :func:`pipeline.io.read_features`,
+``DeepDPM.predict_confidence`` and :func:`pipeline.fitting.label_metrics` over the whole
+table.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.errors import CheckpointError
 from deepdpm_core.fitted_model import ClusterAssigner
 from deepdpm_core.metrics import (
     ContingencyCounts,
@@ -143,28 +142,43 @@ def test_the_assigner_reads_only_what_assignment_needs_and_predicts_as_the_model
         for g, w in zip(got, want, strict=True):
             assert g.dtype == w.dtype and np.array_equal(g, w)
 
-    dim, k, data = read_assigner(model)  # what a folder predict's actors get
+    dim, k, data = read_assigner(model)  # what a folder predict's actors get (torch is here)
     assert (dim, k) == (assigner.dim, assigner.n_clusters) == (4, DeepDPM.load(model).n_clusters_)
     (tmp_path / "assigner.pt").write_bytes(data)
     got = ClusterAssigner.load(tmp_path / "assigner.pt").predict_confidence(X, batch_size=BATCH)
     assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
 
+
+def test_the_folder_predict_driver_reads_the_model_in_a_child_and_imports_no_torch(model, tmp_path):
+    """The CLI's options, the folder predict and :func:`read_assigner` in a process without
+    torch (470 MB of the driver's memory otherwise): a child process reads the model."""
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a model")
-    with pytest.raises(CheckpointError, match=r"^cannot read model checkpoint .*bad\.pt: not a PyTorch"):
-        read_assigner(bad)
-
-
-def test_the_folder_predict_driver_imports_no_torch():
-    """The CLI's options, the folder predict and its writer import no torch (470 MB of the
-    driver's memory otherwise): only its child and the actors load the model."""
     code = ("import sys\n"
+            "from pathlib import Path\n"
             "from pipeline.cli import build_parser\n"
             "build_parser()\n"
-            "import pipeline.commands.predict, pipeline.io, pipeline.ray_predict\n"
-            "assert 'torch' not in sys.modules, 'torch imported'\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+            "import pipeline.commands.predict\n"
+            "from deepdpm_core.errors import CheckpointError\n"
+            "from pipeline.ray_predict import read_assigner\n"
+            "dim, k, state = read_assigner(sys.argv[1])\n"
+            "Path(sys.argv[2]).write_bytes(state)\n"
+            "try:\n"
+            "    read_assigner(sys.argv[3])\n"
+            "except CheckpointError as exc:\n"
+            "    print(exc)\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n"
+            "print(dim, k)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(model), str(tmp_path / "assigner.pt"), str(bad)],
+                          cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+    refused, shape = done.stdout.strip().splitlines()
+    assert refused.startswith(f"cannot read model checkpoint {bad}: not a PyTorch checkpoint")
+    assert shape == f"4 {DeepDPM.load(model).n_clusters_}"
+    X, _ = _blobs(200, seed=3)
+    got = ClusterAssigner.load(tmp_path / "assigner.pt").predict_confidence(X, batch_size=BATCH)
+    want = DeepDPM.load(model).predict_confidence(X, batch_size=BATCH)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 def test_contingency_counted_in_batches_gives_the_scores_of_the_whole():
