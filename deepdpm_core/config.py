@@ -77,7 +77,7 @@ class PriorConfig:
 class InitConfig:
     """k-means initialisation of clusters and subclusters."""
 
-    n_clusters: int = 1
+    n_clusters: int | Literal["auto"] = "auto"
     max_points: int = 200_000
     kmeans_iters: int = 25
     seeding: Literal["kmeans++", "random"] = "kmeans++"
@@ -253,7 +253,7 @@ def _positive(cfg: Config) -> dict[str, float]:
         "optim.min_steps_per_epoch": cfg.optim.min_steps_per_epoch,
         "optim.base_batch_size": cfg.optim.base_batch_size,
         "optim.max_batch_size": cfg.optim.max_batch_size,
-        "init.n_clusters": cfg.init.n_clusters,
+        "init.n_clusters": 1 if cfg.init.n_clusters == "auto" else cfg.init.n_clusters,
         "init.max_points": cfg.init.max_points,
         "init.kmeans_iters": cfg.init.kmeans_iters,
         "model.hidden": cfg.model.hidden,

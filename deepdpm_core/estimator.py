@@ -29,6 +29,7 @@ from sklearn.utils.validation import check_is_fitted
 from deepdpm_core.config import Config, from_dict, load_config
 from deepdpm_core.errors import ConfigError
 from deepdpm_core.fitted_model import FORMAT, FittedModel
+from deepdpm_core.init import rows_needed
 from deepdpm_core.progress import epoch_updater, progress_bar
 from deepdpm_core.trainer import Trainer
 from deepdpm_core.validation import check_features, check_init_labels, readonly_tensor
@@ -226,7 +227,7 @@ class DeepDPM(ClusterMixin, BaseEstimator):
             dropped) instead of k-means with ``init.n_clusters``.
         """
         config = self.get_config()
-        X = check_features(X, min_rows=max(2, config.init.n_clusters))
+        X = check_features(X, min_rows=rows_needed(config.init.n_clusters))
         start_labels = None
         if init_labels is not None:
             start_labels = torch.from_numpy(check_init_labels(init_labels, len(X)))

@@ -35,7 +35,7 @@ from deepdpm_core.coordinates import fit_coordinates
 from deepdpm_core.errors import CheckpointError, ConfigError, DataError
 from deepdpm_core.fitted_model import FittedModel, stored_coordinates
 from deepdpm_core.gmm import GaussianMixture, log_weights_from_counts
-from deepdpm_core.init import kmeans_centers, nearest_center, principal_split
+from deepdpm_core.init import initial_cluster_count, kmeans_centers, nearest_center, principal_split
 from deepdpm_core.losses import slot_kl
 from deepdpm_core.moves import MovePlan, propose_merges, propose_splits
 from deepdpm_core.nets import (
@@ -256,13 +256,14 @@ class Trainer:
             local_max[self.comm.rank] = float(z.max()) if len(z) else 0.0
             n_init = int(self.comm.all_reduce(local_max).max()) + 1
         else:
-            if cfg.init.n_clusters == 1:  # one centre: every point is assigned to it anyway
+            n_clusters = initial_cluster_count(cfg.init.n_clusters, self.n_total)
+            if n_clusters == 1:  # one centre: every point is assigned to it anyway
                 centers = torch.zeros(1, self.dim, device=self.device)
             else:
                 sample = self._kmeans_sample()
                 centers = None
                 if self.comm.rank == 0:
-                    centers = kmeans_centers(sample.cpu().numpy(), cfg.init.n_clusters,
+                    centers = kmeans_centers(sample.cpu().numpy(), n_clusters,
                                              cfg.init.kmeans_iters, cfg.init.max_points, self.rng,
                                              cfg.init.seeding)
                 centers = torch.as_tensor(self.comm.broadcast_object(centers, src=0),

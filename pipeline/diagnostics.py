@@ -41,7 +41,7 @@ STALL_SPLIT_ROUNDS = 3
 COLLAPSED_K = 2
 #: a fit stuck at K <= COLLAPSED_K: this many split rounds in a row accepted no split,
 #: or at least one when the fit has converged (stopped for ``patience``). A fit that
-#: starts at K = 1 (``init.n_clusters``) and is still splitting is growing, not stuck
+#: starts at a small K (``init.n_clusters``) and is still splitting is growing, not stuck
 STUCK_SPLIT_ROUNDS = 2
 
 

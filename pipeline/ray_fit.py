@@ -55,6 +55,7 @@ from deepdpm_core.communicator import Communicator
 from deepdpm_core.config import Config, from_dict
 from deepdpm_core.errors import CheckpointError, ConfigError, DataError, DeepDPMError
 from deepdpm_core.estimator import FORMAT, DeepDPM
+from deepdpm_core.init import rows_needed
 from deepdpm_core.trainer import Trainer
 from deepdpm_core.validation import readonly_tensor
 from pipeline.io import feature_shape, write_json_atomic
@@ -169,7 +170,7 @@ def run_fit(request: FitRequest, *, resume: bool = False, ray_address: str | Non
                           f"--resume {out}, start afresh with --overwrite, or choose another "
                           "--output")
     n, _ = feature_shape(request.input)
-    need = max(2, config.init.n_clusters)
+    need = rows_needed(config.init.n_clusters)
     if n < need:
         raise DataError(f"{request.input} has {n} rows, fewer than the {need} needed (initial clusters)")
     if overwrite and not resume and (out / TRAIN_DIR).is_dir():

@@ -3,9 +3,11 @@
 import faiss
 import numpy as np
 import pytest
+from sklearn.datasets import make_blobs
 
+from deepdpm_core import DeepDPM
 from deepdpm_core.datasets import make_mixture
-from deepdpm_core.init import kmeans_centers, kmeans_pp_seeds
+from deepdpm_core.init import initial_cluster_count, kmeans_centers, kmeans_pp_seeds, rows_needed
 
 
 def test_second_seed_follows_the_d2_distribution():
@@ -51,3 +53,20 @@ def test_kmeans_pp_covers_more_true_clusters_of_an_imbalanced_mixture(seed):
     pp = _covered(x, y, kmeans_centers(x, 50, 25, 200_000, np.random.default_rng(seed), "kmeans++"))
     uniform = _covered(x, y, kmeans_centers(x, 50, 25, 200_000, np.random.default_rng(seed), "random"))
     assert pp >= 43 and pp >= uniform + 4, (pp, uniform)
+
+
+def test_auto_initial_k_is_ten_clusters_of_ten_rows_at_least():
+    assert [initial_cluster_count("auto", n) for n in (1, 9, 20, 99, 100, 10**6)] == [1, 1, 2, 9, 10, 10]
+    assert initial_cluster_count(3, 10**6) == 3 and initial_cluster_count(1, 5) == 1
+    assert rows_needed("auto") == 2 and rows_needed(30) == 30 and rows_needed(1) == 2
+
+
+@pytest.mark.slow
+def test_more_dimensions_than_points_per_cluster_are_not_one_cluster():
+    """4 blobs in 256-D, 150 points each: from K = 1 the prior fitted to the one cluster
+    takes the spread between the blobs for theirs and no split is accepted (K = 1); the
+    default start (10 k-means clusters, merged down) finds the 4."""
+    X, y = make_blobs(n_samples=600, centers=4, n_features=256, random_state=0)
+    model = DeepDPM(random_state=0).fit(X)
+    assert model.n_clusters_ == 4
+    assert (np.bincount(model.labels_) == 150).all()

@@ -214,6 +214,7 @@ def _run_local(args: argparse.Namespace, request=None) -> int:
     from deepdpm_core import DeepDPM
     from deepdpm_core.config import from_dict
     from deepdpm_core.errors import ConfigError
+    from deepdpm_core.init import rows_needed
     from deepdpm_core.validation import check_features
     from pipeline import resumable_fit
     from pipeline.epoch_scores import EpochLabelScores
@@ -250,7 +251,7 @@ def _run_local(args: argparse.Namespace, request=None) -> int:
         _print_summary(args, summary, args.output,
                        extra_files=("autoencoder.pt", "embedding.parquet"))
         return 0
-    table.X = check_features(table.X, min_rows=max(2, config.init.n_clusters))
+    table.X = check_features(table.X, min_rows=rows_needed(config.init.n_clusters))
     # in float64: the squares of float32 features beyond ~1e19 overflow float32
     feature_variance = float(np.median(table.X.var(axis=0, dtype=np.float64)))
     state = None
