@@ -224,7 +224,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--k", type=int, default=1000)
     parser.add_argument("--files", type=int, default=8, help="Parquet files of the folder")
-    parser.add_argument("--batch-size", type=int, default=16384,
+    parser.add_argument("--batch-size", type=int, default=4096,
                         help="deepdpm predict --batch-size (default: its default)")
     parser.add_argument("--num-workers", type=int, default=1, help="model actors")
     parser.add_argument("--output", default=str(REPO / "bench" / "results" / "predict_memory.json"))

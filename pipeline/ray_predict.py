@@ -300,7 +300,7 @@ def predict_folder(
     input_dir: str | Path,
     output_dir: str | Path,
     *,
-    batch_size: int = 16384,
+    batch_size: int = 4096,
     num_workers: int = 1,
     cpus_per_worker: float = 1.0,
     ray_address: str | None = None,

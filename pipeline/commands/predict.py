@@ -24,9 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True,
                         help="output .parquet (key, cluster, confidence, label); for a folder "
                              "--input, a folder that gets one such file per input file")
-    parser.add_argument("--batch-size", type=int, default=16384,
-                        help="rows per forward pass; memory grows as batch size x K (default 16384: "
-                             "64 MiB of probabilities at K = 1000)")
+    parser.add_argument("--batch-size", type=int, default=4096,
+                        help="rows per forward pass and per read of a Parquet input; memory grows "
+                             "as batch size x K (default 4096: 16 MB of probabilities at K = 1000)")
     ray = parser.add_argument_group(
         "folder input (Ray Data)",
         "A folder --input runs as Ray Data map_batches with the model in an actor pool; a rerun "
