@@ -130,8 +130,10 @@ def test_lines_printed_during_a_fit_do_not_land_on_the_progress_bar(capsys):
 
 
 def test_the_diagnostics_warning_of_a_fit_is_on_its_own_line(tmp_path, blobs, capsys):
-    # a huge sigma_scale keeps K at 1: the diagnostics warn while the bar is drawn
+    # from one cluster a huge sigma_scale keeps K at 1: the diagnostics warn while the bar
+    # is drawn
     argv = ["fit", "--input", str(blobs), "--output", str(tmp_path / "run"), "--no-tracking",
+            "--set", "init.n_clusters=1",
             "--set", "schedule.max_epochs=10", "--set", "prior.sigma_scale=100",
             "--set", "schedule.warmup_epochs=1", "--set", "schedule.move_every=1",
             "--set", "schedule.freeze_epochs=0"]

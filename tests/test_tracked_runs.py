@@ -81,6 +81,7 @@ def fit_run(mlflow_server, tracking_env, mixture, tmp_path_factory):  # noqa: F8
         code = main([
             "fit", "--input", str(mixture), "--output", str(out), "--quiet",
             "--set", "schedule.max_epochs=25", "--set", f"optim.min_steps_per_epoch={ONE_PASS}",
+            "--set", "init.n_clusters=1",  # K inferred from 1, split by split
             "--tracking-uri", mlflow_server.uri, "--experiment", "fit-e2e", "--run-name", "mix",
         ])  # fmt: skip
     assert code == 0, stderr.getvalue()
@@ -111,7 +112,8 @@ def test_fit_run_params_and_tags(fit_run, mixture):
     out, run, _ = fit_run
     assert run.info.run_name == "mix" and run.info.status == "FINISHED"
     params = run.data.params
-    config = Config().with_overrides({"schedule.max_epochs": 25, "optim.min_steps_per_epoch": ONE_PASS})
+    config = Config().with_overrides({"schedule.max_epochs": 25, "optim.min_steps_per_epoch": ONE_PASS,
+                                      "init.n_clusters": 1})
     for key, value in config.flat().items():
         assert params[key] == ("null" if value is None else str(value)), key
     assert params["prior.nu"] == "auto" and params["schedule.max_epochs"] == "25"
