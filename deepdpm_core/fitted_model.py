@@ -188,22 +188,10 @@ class ClusterAssigner:
             return torch.zeros(0, dtype=torch.long), torch.zeros(0)
         return torch.cat(labels), torch.cat(confidence)
 
-
     def predict_confidence(self, X: Any, batch_size: int = 65536) -> tuple[np.ndarray, np.ndarray]:
-        """Hard cluster of each row and its responsibility, checked as
-        :meth:`DeepDPM.predict_confidence <deepdpm_core.estimator.DeepDPM.predict_confidence>`
-        checks them and equal to its result.
-
-        Parameters
-        ----------
-        X : array-like, shape (N, D)
-        batch_size : int
-            Rows per forward pass; memory is O(batch_size * K).
-
-        Returns
-        -------
-        labels : ndarray, shape (N,), int64
-        confidence : ndarray, shape (N,), float32
+        """:meth:`DeepDPM.predict_confidence <deepdpm_core.estimator.DeepDPM.predict_confidence>`
+        (its parameters and results): labels (N,) int64 and confidence (N,) float32 of
+        rows X (N, D), checked first.
 
         Raises
         ------

@@ -52,8 +52,14 @@ class FeatureTable:
     keys: np.ndarray
 
 
-def _default_keys(n: int) -> np.ndarray:
-    return np.array([str(i) for i in range(n)], dtype=object)
+def _default_keys(n: int, start: int = 0) -> np.ndarray:
+    """Row numbers ``start`` .. ``start + n - 1`` as string keys, for files without keys."""
+    return np.array([str(i) for i in range(start, start + n)], dtype=object)
+
+
+def _check_label_type(label_type: pa.DataType, path: str | Path) -> None:
+    if not pa.types.is_integer(label_type):
+        raise DataError(f"{path}: column 'label' must hold integers, got {label_type}")
 
 
 def embedding_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -128,8 +134,7 @@ def read_features(path: str | Path) -> FeatureTable:
         if "label" in table.column_names:
             col = table.column("label")
             if col.null_count < len(col):
-                if not pa.types.is_integer(col.type):
-                    raise DataError(f"{path}: column 'label' must hold integers, got {col.type}")
+                _check_label_type(col.type, path)
                 labels = np.asarray(col.fill_null(-1).to_numpy(), dtype=np.int64)
         keys = (
             np.asarray(table.column("key").to_pylist(), dtype=object)
@@ -177,8 +182,8 @@ def parquet_labelled(parquet: pq.ParquetFile, path: str | Path) -> bool:
         return False
     nulls = sum(b.column(0).null_count for b in parquet.iter_batches(columns=["label"]))
     labelled = nulls < parquet.metadata.num_rows
-    if labelled and not pa.types.is_integer(schema.field("label").type):
-        raise DataError(f"{path}: column 'label' must hold integers, got {schema.field('label').type}")
+    if labelled:
+        _check_label_type(schema.field("label").type, path)
     return labelled
 
 
@@ -232,7 +237,7 @@ def feature_batches(path: str | Path, batch_size: int) -> Iterator[FeatureTable]
         check_finite_rows(X, path, start)
         n = len(table)
         keys = (np.asarray(table.column("key").to_pylist(), dtype=object) if "key" in names
-                else np.array([str(i) for i in range(start, start + n)], dtype=object))
+                else _default_keys(n, start))
         labels = (np.asarray(table.column("label").fill_null(-1).to_numpy(), dtype=np.int64)
                   if labelled else None)
         yield FeatureTable(X=X, labels=labels, keys=keys)
