@@ -1,4 +1,5 @@
-"""The benchmarks README quotes still run and report what they claim, at small sizes.
+"""The benchmarks that docs/benchmarks.md quotes still run and report what they claim, at small
+sizes.
 
 Each script runs as a user runs it (a subprocess from the repository root) and its
 ``--json`` line is checked against what the run must have measured: the required keys,

@@ -1,6 +1,6 @@
 """A tracked fit's MLflow model, used through MLflow's own tools against a real server.
 
-The module runs README's "The MLflow model" example as written (``deepdpm`` as
+The module runs the example of "The MLflow model" in docs/tracking.md as written (``deepdpm`` as
 ``python -m pipeline.cli``, the fit made short with ``--set``, the server and port the
 test's own): a ``deepdpm fit`` subprocess that registers its model, ``deepdpm predict``
 from ``models:/NAME@ALIAS``, ``mlflow models serve --env-manager local`` answering the
@@ -38,14 +38,14 @@ from pipeline.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, HTTP_ENV_DEF
 from tests.conftest_mlflow import free_port, mlflow_server  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
-#: what makes README's fit take seconds here (3 starting clusters, 5 short epochs)
+#: what makes the documented fit take seconds here (3 starting clusters, 5 short epochs)
 FAST_FIT = ["--quiet", "--set", "init.n_clusters=3", "--set", "schedule.max_epochs=5",
             "--set", "optim.min_steps_per_epoch=4"]  # fmt: skip
 
 
-def _readme_example() -> tuple[list[str], str]:
-    """The bash lines and the Python block of README's "The MLflow model" section."""
-    text = (REPO / "README.md").read_text()
+def _documented_example() -> tuple[list[str], str]:
+    """The bash lines and the Python block of docs/tracking.md's "The MLflow model" section."""
+    text = (REPO / "docs" / "tracking.md").read_text()
     section = text.split("## The MLflow model", 1)[1].split("\n## ", 1)[0]
     bash, python = re.findall(r"```(?:bash|python)\n(.*?)```", section, re.S)
     lines = [line for line in bash.splitlines() if line and not line.startswith("#")]
@@ -53,14 +53,14 @@ def _readme_example() -> tuple[list[str], str]:
 
 
 def _command(line: str) -> list[str]:
-    """The argv of a README line (its trailing comment and ``&`` dropped)."""
+    """The argv of a documented line (its trailing comment and ``&`` dropped)."""
     words = shlex.split(line, comments=True)
     return words[:-1] if words[-1] == "&" else words
 
 
 @pytest.fixture(scope="module")
 def example(mlflow_server, tmp_path_factory):  # noqa: F811
-    """README's environment and fit: (work dir, env, X, run, fit output dir)."""
+    """The documented environment and fit: (work dir, env, X, run, fit output dir)."""
     work = tmp_path_factory.mktemp("readme")
     rng = np.random.default_rng(0)
     centers = rng.normal(0.0, 6.0, (3, 4))
@@ -69,7 +69,7 @@ def example(mlflow_server, tmp_path_factory):  # noqa: F811
     np.savez(work / "features.npz", X=X, y=y)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "MLFLOW_DISABLE_TELEMETRY": "true", **HTTP_ENV_DEFAULTS}  # fmt: skip
-    lines, _ = _readme_example()
+    lines, _ = _documented_example()
     export, fit = lines[0], lines[1]
     assert export.startswith("export MLFLOW_TRACKING_URI=")
     env["MLFLOW_TRACKING_URI"] = mlflow_server.uri
@@ -88,7 +88,7 @@ def _labels_of_the_file(out: Path, X: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return DeepDPM.load(out / "model.pt").predict_confidence(X)
 
 
-def test_readme_fit_registers_its_model_under_the_alias(example, mlflow_server):  # noqa: F811
+def test_documented_fit_registers_its_model_under_the_alias(example, mlflow_server):  # noqa: F811
     work, _, _, run, out, done = example
     assert re.match(r"K=\d+ epochs=5 .* -> runs/mix\n", done.stdout)
     client = MlflowClient(mlflow_server.uri)
@@ -132,16 +132,16 @@ def test_pyfunc_model_predicts_what_deepdpm_load_does(example, mlflow_server, mo
     requirements = (local / "requirements.txt").read_text().split()
     assert sorted(requirements) == sorted([*pip_requirements(), f"mlflow=={mlflow.__version__}"])
 
-    # README's Python block, with the rows of the fit as X
-    _, python = _readme_example()
+    # the documented Python block, with the rows of the fit as X
+    _, python = _documented_example()
     scope = {"X": X}
-    exec(compile(python, "README.md", "exec"), scope)
+    exec(compile(python, "docs/tracking.md", "exec"), scope)
     np.testing.assert_array_equal(scope["model"].predict(X)["cluster"].to_numpy(), labels)
 
 
 def test_predict_takes_runs_and_models_uris(example, mlflow_server, monkeypatch, tmp_path):  # noqa: F811
     work, env, X, run, out, _ = example
-    lines, _ = _readme_example()
+    lines, _ = _documented_example()
     argv = _command(lines[2])
     assert argv[:4] == ["deepdpm", "predict", "--model", "models:/mix@champion"]
     done = subprocess.run([sys.executable, "-m", "pipeline.cli", *argv[1:]], cwd=work, env=env,
@@ -174,7 +174,7 @@ def test_predict_takes_runs_and_models_uris(example, mlflow_server, monkeypatch,
 
 def test_mlflow_models_serve_answers_rest_with_the_same_labels(example):
     work, env, X, _, out, _ = example
-    lines, _ = _readme_example()
+    lines, _ = _documented_example()
     serve, curl = _command(lines[3]), _command(lines[4])
     assert serve[:3] == ["mlflow", "models", "serve"] and "--env-manager" in serve
     port = free_port()
@@ -188,7 +188,7 @@ def test_mlflow_models_serve_answers_rest_with_the_same_labels(example):
             assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
             assert time.monotonic() < deadline, "mlflow models serve did not start in 300 s"
             time.sleep(0.5)
-        # README's curl call, then all rows
+        # the documented curl call, then all rows
         assert curl[0] == "curl" and curl[1] == "-s"
         body = curl[curl.index("-d") + 1]
         row = np.array(json.loads(body)["inputs"], dtype=np.float32)
@@ -224,7 +224,7 @@ def test_run_records_its_input_name_source_and_experiment_kind(example, mlflow_s
     from pipeline.run_dataset import input_digest
 
     work, _, X, run, _, _ = example
-    assert run.info.run_name == "mix"  # the --output folder: README's fit has no --run-name
+    assert run.info.run_name == "mix"  # the --output folder: the documented fit has no --run-name
     (dataset_input,) = (
         MlflowClient(mlflow_server.uri).get_run(run.info.run_id).inputs.dataset_inputs
     )

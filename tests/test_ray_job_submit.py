@@ -1,8 +1,9 @@
 """`ray job submit` of a tiny `deepdpm fit` to a Ray cluster started on this machine.
 
-The README's "Deploy" path, for real: `ray start --head` (job server = dashboard, token
-auth on, every port chosen here, its own temp dir), then `ray job submit --working-dir
-<repo>` of `python -m pipeline.cli fit`, then the outputs the job wrote are checked.
+The `ray job submit` path of docs/deploy.md, for real: `ray start --head` (job server =
+dashboard, token auth on, every port chosen here, its own temp dir), then `ray job submit
+--working-dir <repo>` of `python -m pipeline.cli fit`, then the outputs the job wrote are
+checked.
 
 Never attaches to another cluster (no RAY_ADDRESS is inherited, all ports are fresh)
 and never runs `ray stop` (which stops every Ray process of the machine, other users'

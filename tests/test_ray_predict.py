@@ -251,15 +251,15 @@ def test_bad_input_folders_are_one_line_errors(ray_session, model, features, pre
     assert not (tmp_path / "o4" / "x.parquet").exists() and not list((tmp_path / "o4").rglob("*.tmp"))
 
 
-def _readme_block(heading: str) -> str:
-    """The first ```bash block after ``heading`` in README.md."""
-    text = (REPO / "README.md").read_text()
+def _docs_block(heading: str) -> str:
+    """The first ```bash block after ``heading`` in docs/distributed.md."""
+    text = (REPO / "docs" / "distributed.md").read_text()
     after = text[text.index(heading):]
     return re.search(r"```bash\n(.*?)```", after, re.DOTALL)[1]
 
 
-def test_the_readme_example_runs(ray_session, model, tmp_path, monkeypatch, capsys):
-    """The README's commands, as written, on a folder of files without keys."""
+def test_the_documented_example_runs(ray_session, model, tmp_path, monkeypatch, capsys):
+    """The commands of docs/distributed.md, as written, on a folder of files without keys."""
     monkeypatch.chdir(tmp_path)
     Path("runs/x").mkdir(parents=True)
     shutil.copy(model, "runs/x/model.pt")
@@ -268,7 +268,7 @@ def test_the_readme_example_runs(ray_session, model, tmp_path, monkeypatch, caps
         Path("features").mkdir(exist_ok=True)
         table = features_table(X[rows], np.arange(rows.stop - rows.start), y[rows])
         pq.write_table(table.drop_columns(["key"]), f"features/part-{i}.parquet")
-    commands = [shlex.split(line) for line in _readme_block("## Batch predict over a folder")
+    commands = [shlex.split(line) for line in _docs_block("## Batch predict over a folder")
                 .replace("\\\n", " ").splitlines() if line.startswith("deepdpm ")]
     assert commands and all(c[1] == "predict" for c in commands)
     for argv in commands:
