@@ -137,7 +137,7 @@ def scaling_model(n: int = 1_281_167, dim: int = 128, k: int = 1000, hidden: int
     Per-GPU batches follow the default ``optim.batch_size: auto`` rule (one pass over a
     GPU's N/W rows in ``optim.steps_per_epoch`` steps, at most ``optim.max_batch_size``
     rows), against the paper's fixed 128. ``h100_epoch_s`` is one measured epoch on one
-    H100 at this size (README, "Scale"), the compute a GPU would have to share.
+    H100 at this size (docs/benchmarks.md, "Scale"), the compute a GPU would have to share.
     """
     o = Config().optim
     row = dim * dim + dim + 1  # n, s1, s2 of one group, float64

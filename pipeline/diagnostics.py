@@ -9,7 +9,7 @@ applies it live, once per kind of warning, as a per-epoch callback.
 
 What moves K was measured with this project's core (``deepdpm_core``, 3 data sets:
 6 and 12 Gaussian blobs in 8-D, sklearn digits PCA-16; one knob at a time from the
-defaults, K after up to 80 epochs; numbers in the README):
+defaults, K after up to 80 epochs; ``bench/prior_knobs.py`` measures it):
 
 - ``prior.nu``: raising ν gives FEWER clusters (digits: ν = 26 → K 12, 64 → 6,
   320 → 1). Our Λ0 = ν0·Ψ0 grows with ν, so a larger ν is a heavier prior.
