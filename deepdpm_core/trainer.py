@@ -1,10 +1,10 @@
 """The DeepDPM epoch loop over a :class:`~deepdpm_core.communicator.Communicator`.
 
-One epoch (DESIGN §3, paper §3):
+One epoch (docs/design.md, section The epoch; paper §3):
 
 1. minibatches: r = softmax(f_cl(x)); target r^E from the mixture frozen at the last
-   M-step (Eq. 3); cluster loss KL(r^E ‖ r); subcluster loss Σ_j r̃_ij ‖x_i − μ̃_{z_i j}‖²
-   (Eq. 6); accumulate soft cluster statistics (weights r) and hard subcluster statistics
+   M-step (Eq. 5); cluster loss KL(r^E ‖ r); subcluster loss Σ_j r̃_ij ‖x_i − μ̃_{z_i j}‖²
+   (Eq. 7); accumulate soft cluster statistics (weights r) and hard subcluster statistics
    (z_i = argmax r_i, j_i = argmax r̃_i) — never an N × K array;
 2. one all-reduce of all statistics as a flat float64 tensor;
 3. M-step on every rank (NIW MAP, :mod:`deepdpm_core.niw`), unless parameters are frozen;
@@ -485,7 +485,7 @@ class Trainer:
         return e.top_m if self.n_clusters > e.dense_max_k and e.top_m < self.n_clusters else None
 
     def _estep_targets(self, m: int | None, chunk_rows: int = 4096) -> tuple[Tensor | None, Tensor]:
-        """E-step targets r^E (paper Eq. 3) of every local row, once per epoch (the
+        """E-step targets r^E (paper Eq. 5) of every local row, once per epoch (the
         mixture is frozen all epoch, and extra training batches re-use rows).
 
         Returns
@@ -585,7 +585,7 @@ class Trainer:
         means, covs, logw = self.means[src].clone(), self.covs[src].clone(), self.log_weights[src].clone()
         sub_means, sub_covs = self.sub_means[src].clone(), self.sub_covs[src].clone()
         sub_logw = self.sub_log_weights[src].clone()
-        for k, rows in halves.items():  # paper Eq. 5: new clusters take their subclusters' params
+        for k, rows in halves.items():  # paper Eq. 8: new clusters take their subclusters' params
             for j, row in enumerate(rows):
                 means[row], covs[row] = self.sub_means[k, j], self.sub_covs[k, j]
                 logw[row] = self.log_weights[k] + self.sub_log_weights[k, j]
@@ -672,7 +672,7 @@ class Trainer:
         with torch.no_grad():
             h_all = torch.relu(net.hidden((self.means * s).float())).double()  # (K, H)
             logits = out(h_all.float()).double()  # (K means, K units)
-        h = h_all[list(rows)]  # the halves took their subclusters' parameters (Eq. 5)
+        h = h_all[list(rows)]  # the halves took their subclusters' parameters (Eq. 8)
         delta = h[0] - h[1]
         norm2 = float(delta.square().sum())
         if norm2 < 1e-12:
