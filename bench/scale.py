@@ -1,4 +1,4 @@
-"""One DeepDPM epoch vs one FAISS k-means iteration at ImageNet-like scale (issue 8).
+"""One DeepDPM epoch vs one FAISS k-means iteration at ImageNet-like scale.
 
 Usage: OMP_NUM_THREADS=2 python bench/scale.py --n 200000 --d 64 --k 200 [--json] [--fit]
        [--device auto|cpu|cuda]

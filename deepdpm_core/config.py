@@ -27,7 +27,8 @@ class DataConfig:
     """Input transform applied to every row before the fit and at prediction time.
 
     ``none`` (default): the features as given (the fit is invariant to their units
-    anyway: see ``docs/design.md``); ``normalize``: each row divided by its L2 norm (the
+    anyway: see ``docs/design.md``, section Invariances); ``normalize``: each row
+    divided by its L2 norm (the
     reference code's default, scikit-learn ``Normalizer``); ``standard``: each feature
     centred and divided by its standard deviation; ``min_max``: each feature mapped to
     [0, 1]. The last two are fitted on the training data and stored with the model.

@@ -1,6 +1,6 @@
 """Gaussian-mixture parameters with cached Cholesky factors and the batched E-step.
 
-The E-step (paper Eq. 3) needs ln π_k + ln N(x; μ_k, Σ_k) for every point of every
+The E-step (paper Eq. 5) needs ln π_k + ln N(x; μ_k, Σ_k) for every point of every
 minibatch, with parameters frozen for the whole epoch. The precision Cholesky factors
 are computed once per M-step (as in scikit-learn's ``_estimate_log_gaussian_prob``), so a
 batch costs one (B, D) x (D, K·D) matrix product and no factorisation.
@@ -150,7 +150,7 @@ class GaussianMixture:
         return self._log_norm - 0.5 * maha
 
     def log_responsibilities(self, x: Tensor) -> Tensor:
-        """ln r^E_ik, the E-step posterior (paper Eq. 3), shape (B, K)."""
+        """ln r^E_ik, the E-step posterior (paper Eq. 5), shape (B, K)."""
         lp = self.weighted_log_prob(x)
         return lp - torch.logsumexp(lp, dim=1, keepdim=True)
 

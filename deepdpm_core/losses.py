@@ -1,4 +1,4 @@
-"""The clustering net's loss: KL(r^E ‖ r) with r = softmax(logits) (paper Eq. 3–4).
+"""The clustering net's loss: KL(r^E ‖ r) with r = softmax(logits) (paper Eqs. 5–6).
 
 The E-step target r^E of a point is non-zero on a few clusters only (its *slots*: every
 cluster when the E-step is dense, the sparse E-step's support otherwise), so

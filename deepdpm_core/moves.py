@@ -2,7 +2,8 @@
 
 Decisions see only sufficient statistics and the cluster means, and draw their Hastings
 coins from an explicit ``numpy.random.Generator``. In a distributed fit rank 0 decides
-and broadcasts the plan; every rank then applies the same plan (DESIGN §3.4).
+and broadcasts the plan; every rank then applies the same plan (docs/design.md, section
+Distribution).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ with K²).
 
 Surgery changes the leading (cluster) axis of some parameters. It builds new
 :class:`torch.nn.Parameter` objects from a row map and moves the Adam state along the
-same map, so units that are kept keep their optimiser state (DESIGN §3.4).
+same map, so units that are kept keep their optimiser state (docs/design.md, section
+Split and merge moves).
 """
 
 from __future__ import annotations

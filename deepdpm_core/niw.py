@@ -348,7 +348,7 @@ def empirical_bayes_nu(prior: NIWPrior, stats: SuffStats, shape: Tensor, sigma_s
 def log_split_hastings(
     prior: NIWPrior, alpha: float, sub_stats: SuffStats, log_marginals: Tensor | None = None
 ) -> Tensor:
-    """ln H_s of splitting each cluster into its two subclusters (paper Eq. 4).
+    """ln H_s of splitting each cluster into its two subclusters (paper Eq. 2).
 
     ln H_s = ln α + ln Γ(N1) + ln f(X1) + ln Γ(N2) + ln f(X2) − ln Γ(N1+N2) − ln f(X1 ∪ X2)
 

@@ -5,7 +5,8 @@ Each worker reads only its contiguous slice of the input rows
 :class:`~deepdpm_core.trainer.Trainer` on it with a ``torch.distributed``
 communicator: per epoch one all-reduce of the flat float64 statistics, the same
 M-step on every rank, moves decided on rank 0 and broadcast as a plan, the nets
-wrapped in DDP (DESIGN §1, §3). A worker's memory is its slice plus O(K·D²) and the
+wrapped in DDP (docs/design.md, section Distribution). A worker's memory is its
+slice plus O(K·D²) and the
 k-means sample (``init.max_points`` rows).
 
 The run lives in the output directory:
