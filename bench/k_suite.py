@@ -216,7 +216,7 @@ def run_methods(X: np.ndarray, y: np.ndarray, seed: int, overrides: dict) -> Ite
 
 # ---------------------------------------------------------------------------------- report
 def targets(name: str, true_k: int, rows: dict[str, list[dict]]) -> tuple[bool, str]:
-    """Whether the issue's targets hold for DeepDPM on data set ``name``, and why."""
+    """Whether the suite's targets (module docstring) hold for DeepDPM on data set ``name``, and why."""
     ours = rows["DeepDPM"]
     ks = [r["k"] for r in ours]
     nmi = float(np.mean([r["nmi"] for r in ours]))

@@ -1,4 +1,4 @@
-"""Large-batch training (issue 8): the batch-size rule, the learning-rate rule, and an epoch
+"""Large-batch training: the batch-size rule, the learning-rate rule, and an epoch
 that is exactly one pass over the data whatever its number of optimizer steps."""
 
 import math

@@ -27,7 +27,7 @@ def _run_json(script: str, *args: str) -> dict:
 
 
 def test_scale_bench_times_an_epoch_against_kmeans_and_fits():
-    # K = 40 is above estep.dense_max_k (32): the sparse E-step path the issue is about
+    # K = 40 is above estep.dense_max_k (32): the sparse E-step path scale.py measures
     out = _run_json("scale.py", "--n", "6000", "--d", "8", "--k", "40", "--kmeans-iters", "2",
                     "--epochs", "2", "--fit", "--set", "prior.sigma_scale=0.1", "schedule.max_epochs=30")
     for key in ("epoch_seconds", "later_epoch_seconds", "estep_seconds", "kmeans_iter_seconds"):

@@ -1,4 +1,4 @@
-"""The rough edges a new user hits (issue 22, item 4): file modes, warnings under the
+"""The rough edges a new user hits: file modes, warnings under the
 progress bar, stdout/stderr/--json, refusing to overwrite a fit, bare ``deepdpm``,
 "did you mean", the demo's report and MLflow run, plots, Ray's token-auth noise."""
 

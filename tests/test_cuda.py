@@ -1,4 +1,4 @@
-"""The CUDA path (issue 8): the same code on a GPU gives the CPU's answer.
+"""The CUDA path: the same code on a GPU gives the CPU's answer.
 
 Skipped where no CUDA device is present (CI has none); run on a GPU machine with
 ``python -m pytest tests/test_cuda.py``.

@@ -1,4 +1,4 @@
-"""Reduced-precision nets (issue 8): bf16/TF32 matmuls for the nets, same clustering."""
+"""Reduced-precision nets: bf16/TF32 matmuls for the nets, same clustering."""
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook

@@ -1,4 +1,4 @@
-"""Sparse E-step and grouped statistics (issue 8): same answer as the dense computation."""
+"""Sparse E-step and grouped statistics: same answer as the dense computation."""
 
 import numpy as np
 import pytest
@@ -372,7 +372,7 @@ class _LargestTensor(TorchDispatchMode):
 
 @pytest.mark.parametrize("dense_max_k", [32, 1000])
 def test_epochs_with_moves_never_hold_an_n_by_k_tensor(dense_max_k):
-    # issue 8: memory O(N·D + N·m + K·D² + batch·K), never N x K. Above estep.dense_max_k the
+    # memory O(N·D + N·m + K·D² + batch·K), never N x K. Above estep.dense_max_k the
     # largest tensor of initialisation, epochs and a split and a merge round is the sparse
     # E-step's (N, m) or a (65536, K) chunk of nearest centres / the net's hard counts; the
     # dense E-step (K <= dense_max_k, by design only for small K) holds the (N, K) targets,
