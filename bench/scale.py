@@ -111,7 +111,7 @@ def time_floor(x: np.ndarray, k: int, batch: int, hidden: int, sub_hidden: int, 
 
     On the CPU, for N rows in batches of ``batch``: the nets' matrix products as plain
     float32 GEMMs (clustering net D-H-K forward and backward; the subclustering nets as
-    if all K shared one D-H_sub-2 net); log-softmax over K forward and backward (Eq. 4's
+    if all K shared one D-H_sub-2 net); log-softmax over K forward and backward (Eq. 6's
     loss needs both); fused Adam over the nets' parameters, ``steps`` steps; each point's
     Gaussian log-density under one cluster (one triangular solve, N·D²/2, float32); and
     two float64 scatter-matrix products (soft and subcluster statistics, N·D² each).

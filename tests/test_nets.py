@@ -84,13 +84,13 @@ def test_split_keeps_other_units_and_their_optimizer_state(trainer):
     torch.testing.assert_close((out.weight[1] + out.weight[4]).detach() / 2, w_before)
     torch.testing.assert_close((out.bias[1] + out.bias[4]).detach(), 2 * b_before + sub_logw.sum())
     # ... and each half wins at its own subcluster's mean (it took the subcluster's
-    # parameters, paper Eq. 5), so the net can tell them apart from the first step
+    # parameters, paper Eq. 8), so the net can tell them apart from the first step
     at_means = _logits(t, (t.means[[1, 4]] * t.input_scale).float())
     assert at_means[0, 1] > at_means[0, 4] and at_means[1, 4] > at_means[1, 1]
     adam_after = t.opt_cluster.state[t.cluster_net.out.weight]["exp_avg"]
     torch.testing.assert_close(adam_after[[0, 2, 3]], adam_before[[0, 2, 3]])
     assert any(p is t.cluster_net.out.weight for p in t.opt_cluster.param_groups[0]["params"])
-    # new clusters take the subclusters' parameters (paper Eq. 5); mixture stays valid
+    # new clusters take the subclusters' parameters (paper Eq. 8); mixture stays valid
     assert torch.isfinite(t.means).all() and torch.isfinite(t.covs).all()
     torch.testing.assert_close(t.log_weights.exp().sum(), torch.tensor(1.0, dtype=torch.float64))
 
