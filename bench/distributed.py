@@ -31,9 +31,10 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from deepdpm_core.batching import auto_batch_size  # noqa: E402
 from deepdpm_core.communicator import LocalCommunicator  # noqa: E402
 from deepdpm_core.config import Config, from_dict  # noqa: E402
-from deepdpm_core.trainer import Trainer, auto_batch_size  # noqa: E402
+from deepdpm_core.trainer import Trainer  # noqa: E402
 from pipeline.distributed import TorchDistCommunicator, ddp_wrapper  # noqa: E402
 from pipeline.io import rank_rows  # noqa: E402
 
@@ -98,7 +99,7 @@ def _measure(x: np.ndarray, config: Config, epochs: int, distributed: bool) -> d
         stats_bytes += comm.bytes - b0
         stats_sec += comm.seconds - s0
         grad_bytes += grads["bytes"] - g0
-    steps = trainer._n_steps()[1]  # optimizer steps of an epoch (collective: every rank)
+    steps = trainer.n_steps()[1]  # optimizer steps of an epoch (collective: every rank)
     return {
         "epoch_s": float(np.min(times)),  # least disturbed by other jobs on shared cores
         "epoch_median_s": float(np.median(times)),

@@ -43,8 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from deepdpm_core.config import Config, parse_overrides  # noqa: E402
 from deepdpm_core.datasets import make_mixture  # noqa: E402
+from deepdpm_core.devices import device_clock  # noqa: E402
+from deepdpm_core.estep import top_m  # noqa: E402
+from deepdpm_core.fitted_model import FittedModel  # noqa: E402
 from deepdpm_core.metrics import nmi  # noqa: E402
-from deepdpm_core.trainer import EPOCH_PHASES, Trainer, device_clock  # noqa: E402
+from deepdpm_core.trainer import EPOCH_PHASES, Trainer  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -66,7 +69,7 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 
     t = device_clock(dev)
     trainer.initialize()
     init_s = device_clock(dev) - t
-    m = trainer._top_m()
+    m = top_m(cfg.estep, trainer.n_clusters)
     t = device_clock(dev)
     if m:
         _, log_resp = trainer.mixture.sparse_log_responsibilities(trainer.x, m, anchors=trainer.anchors)
@@ -91,7 +94,7 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 
             "epoch_phase_seconds": {k.removeprefix("seconds_"): v for k, v in record.items()
                                     if k.startswith("seconds_")},
             "device": str(dev), "precision": trainer.precision, "k_epoch": trainer.n_clusters,
-            "top_m": m or 0, "batch_size": trainer.batch_size, "steps": trainer._n_steps()[1],
+            "top_m": m or 0, "batch_size": trainer.batch_size, "steps": trainer.n_steps()[1],
             "estep_support_per_point": support}
 
 
@@ -192,7 +195,7 @@ def full_fit(x: np.ndarray, y: np.ndarray, init_k: int, seed: int, overrides: di
           file=sys.stderr, flush=True)
     trainer.fit()
     seconds = device_clock(trainer.device) - t
-    labels = trainer.predict_labels(torch.from_numpy(x)).cpu().numpy()
+    labels = FittedModel.from_trainer(trainer).predict_assignments(torch.from_numpy(x))[0].numpy()
     return {"fit_k": trainer.n_clusters, "fit_nmi": nmi(y, labels), "fit_seconds": seconds,
             "fit_epochs": trainer.epoch}
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deepdpm_core.checkpoints import safe_load
+from deepdpm_core.checkpoints import safe_load, save_checkpoint
 from deepdpm_core.config import Config, from_dict
 from deepdpm_core.coordinates import FeatureCoordinates
 from deepdpm_core.errors import CheckpointError, ConfigError
@@ -281,9 +281,9 @@ class FittedModel:
         optimisers are not referenced. A net taken from a finished trainer should not be
         trained further: :meth:`freeze` it.
         """
-        return cls(trainer.config, trainer.coords, trainer.cluster_net, trainer.means, trainer.covs,
-                   trainer.log_weights, list(trainer.history), int(trainer.n_total),
-                   float(trainer.input_scale))
+        state = trainer.state
+        return cls(trainer.config, trainer.coords, trainer.nets.cluster, state.means, state.covariances,
+                   state.log_weights, list(trainer.history), int(trainer.n_total))
 
     def freeze(self) -> FittedModel:
         """Drop the net's gradients and stop tracking new ones (its training is over)."""
@@ -328,11 +328,7 @@ class FittedModel:
 
     def save(self, path: str | Path) -> None:
         """Write :meth:`state_dict` to ``path`` atomically (a temporary file, then a rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        torch.save(self.state_dict(), tmp)
-        tmp.replace(path)
+        save_checkpoint(self.state_dict(), path)
 
     @classmethod
     def load(cls, path: str | Path) -> FittedModel:

@@ -1,4 +1,5 @@
-"""k-means initialisation (FAISS) and data-free subcluster initialisation."""
+"""The initial clusters (k-means with FAISS, or given labels) and data-free subcluster
+initialisation."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import faiss
 import numpy as np
 import torch
 
+from deepdpm_core.communicator import Communicator
+from deepdpm_core.config import InitConfig
 from deepdpm_core.linalg import symmetric_eigh
 
 Tensor = torch.Tensor
@@ -164,3 +167,68 @@ def principal_split(means: Tensor, covariances: Tensor) -> tuple[Tensor, Tensor,
     shrink = (2 / math.pi) * lam[:, None, None] * v[:, :, None] * v[:, None, :]
     cov = covariances - shrink
     return sub_means, torch.stack([cov, cov], 1), v, torch.sqrt(lam).clamp_min(1e-12)
+
+
+def initial_clusters(x: Tensor, config: InitConfig, n_total: int, rank_rows: list[int], comm: Communicator,
+                     rng: np.random.Generator, init_labels: Tensor | None = None) -> tuple[Tensor, int]:
+    """Each local row's initial cluster: k-means (rank 0, on a sample gathered from all
+    ranks) with ``config.n_clusters`` clusters, or the given warm-start labels.
+
+    Parameters
+    ----------
+    x : Tensor of shape (N_local, D)
+        This rank's rows in the fit's coordinates.
+    config : InitConfig
+    n_total : int
+        N over all ranks.
+    rank_rows : list of int
+        Rows held by each rank, in rank order.
+    comm : Communicator
+    rng : numpy.random.Generator
+        Draws the k-means sample and seeds (the same stream on every rank).
+    init_labels : Tensor of shape (N_local,), int64, optional
+        Warm start from these hard clusters (the AE alternation re-clusters from the
+        previous clusters).
+
+    Returns
+    -------
+    labels : Tensor of shape (N_local,), int64
+    n_init : int
+        Initial clusters over all ranks (some may be empty).
+    """
+    device = x.device
+    if init_labels is not None:
+        z = init_labels.to(device=device, dtype=torch.long)
+        local_max = torch.zeros(comm.world_size, dtype=torch.float64, device=device)
+        local_max[comm.rank] = float(z.max()) if len(z) else 0.0
+        return z, int(comm.all_reduce(local_max).max()) + 1
+    n_clusters = initial_cluster_count(config.n_clusters, n_total)
+    if n_clusters == 1:  # one centre: every point is assigned to it anyway
+        centers = torch.zeros(1, x.shape[1], device=device)
+    else:
+        sample = kmeans_sample(x, n_total, config.max_points, rank_rows, comm, rng)
+        centers = None
+        if comm.rank == 0:
+            centers = kmeans_centers(sample.cpu().numpy(), n_clusters, config.kmeans_iters,
+                                     config.max_points, rng, config.seeding)
+        centers = torch.as_tensor(comm.broadcast_object(centers, src=0), device=device)
+    return nearest_center(x, centers), int(centers.shape[0])
+
+
+def kmeans_sample(x: Tensor, n_total: int, max_points: int, rank_rows: list[int], comm: Communicator,
+                  rng: np.random.Generator) -> Tensor:
+    """The rows k-means sees, shape (min(N, max_points), D): the same for any W.
+
+    Global row indices are drawn with the seeded generator (identically on every rank,
+    as the single-process sampling in :func:`kmeans_centers` would); each rank fills in
+    the rows it holds and one all-reduce assembles the sample (exact: each row has one
+    non-zero contributor). Rows are taken to be split over ranks in rank order, which is
+    how ``pipeline`` slices inputs; any other split still gives a valid random sample.
+    """
+    idx = np.arange(n_total) if n_total <= max_points else np.sort(rng.choice(n_total, size=max_points,
+                                                                               replace=False))
+    offset = sum(rank_rows[: comm.rank])
+    lo, hi = np.searchsorted(idx, [offset, offset + x.shape[0]])
+    sample = torch.zeros(len(idx), x.shape[1], device=x.device)
+    sample[lo:hi] = x[torch.as_tensor(idx[lo:hi] - offset, device=x.device)]
+    return comm.all_reduce(sample)

@@ -14,6 +14,7 @@ import faiss
 import numpy as np
 import torch
 
+from deepdpm_core.config import MovesConfig
 from deepdpm_core.niw import NIWPrior, log_merge_hastings, log_split_hastings
 from deepdpm_core.stats import SuffStats
 
@@ -160,3 +161,36 @@ def propose_merges(
             accepted.append((a, b))
             used.update((a, b))
     return accepted
+
+
+def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWPrior,
+               config: MovesConfig, alpha: float, rng: np.random.Generator) -> MovePlan:
+    """One move round's plan: prunes of empty clusters, then the accepted splits or merges.
+
+    Parameters
+    ----------
+    kind : {"split", "merge"}
+    sub_stats : SuffStats with 2K rows
+        Hard subcluster statistics (rows 2k, 2k + 1: cluster k's pair).
+    means : Tensor of shape (K, D)
+    prior : NIWPrior
+    config : MovesConfig
+    alpha : float
+        DP concentration.
+    rng : numpy.random.Generator
+        The Hastings coins.
+    """
+    hard = sub_stats.pair_sums()
+    k = hard.n.shape[0]
+    prunes = [int(i) for i in torch.nonzero(hard.n <= 0).squeeze(1).tolist()] \
+        if config.prune_empty and k > 1 else []
+    if len(prunes) == k:
+        prunes = prunes[1:]
+    splits, merges = [], []
+    if kind == "split":
+        accepted, _ = propose_splits(prior, alpha, sub_stats, rng, config.min_subcluster_size)
+        splits = [c for c in accepted if c not in prunes]
+    else:
+        merges = [(a, b) for a, b in propose_merges(prior, alpha, hard, means, rng, config.merge_neighbours)
+                  if a not in prunes and b not in prunes]
+    return MovePlan(splits=splits, merges=merges, prunes=prunes)

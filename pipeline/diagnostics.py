@@ -28,6 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from deepdpm_core.config import MovesConfig, ScheduleConfig
+from deepdpm_core.schedule import MoveSchedule
+
 #: Ψ's diagonal over the median per-feature variance above which a SMALLER
 #: ``prior.sigma_scale`` gives more clusters (below it, a larger one does)
 SIGMA_PIVOT = 1.0
@@ -66,28 +69,20 @@ def _section(config: Any, name: str) -> Any:
 def move_kinds(history: Sequence[Mapping[str, Any]], schedule: Any, moves: Any) -> list[str | None]:
     """The move each epoch ended with: ``"split"``, ``"merge"`` or None.
 
-    Replays the trainer's schedule (``deepdpm_core.trainer.Trainer._move_kind``): a move
-    round ends epoch e (1-based) when e >= ``warmup_epochs``, (e − warmup) is a multiple
-    of ``move_every`` and the nets are not frozen; an accepted move freezes them for
-    ``freeze_epochs``; rounds alternate split / merge over the enabled kinds.
+    Read from the records' ``move``; records written before they named their move are
+    replayed through the fit's own :class:`~deepdpm_core.schedule.MoveSchedule`, built
+    from the ``schedule`` and ``moves`` sections (dataclasses, dicts, or None: defaults).
     """
-    warmup = int(_get(schedule, "warmup_epochs", 5))
-    every = max(int(_get(schedule, "move_every", 4)), 1)
-    freeze = int(_get(schedule, "freeze_epochs", 2))
-    kinds = [k for k in ("split", "merge") if _get(moves, k, True)]
-    frozen_until = warmup
-    rounds = 0
-    out: list[str | None] = []
-    for index, record in enumerate(history):
-        e = index + 1
-        if not kinds or e < warmup or (e - warmup) % every or e <= frozen_until:
-            out.append(None)
-            continue
-        out.append(kinds[rounds % len(kinds)])
-        rounds += 1
-        if int(record.get("splits_accepted") or 0) or int(record.get("merges_accepted") or 0):
-            frozen_until = e + freeze
-    return out
+    if history and all("move" in record for record in history):
+        return [record["move"] for record in history]
+    return MoveSchedule(_typed(ScheduleConfig, schedule), _typed(MovesConfig, moves)).replay(list(history))
+
+
+def _typed(cls: type, section: Any) -> Any:
+    """A config section as its dataclass (``cls``), from a dataclass, a dict or None."""
+    if isinstance(section, cls):
+        return section
+    return cls(**dict(section or {}))
 
 
 def _sigma_advice(prior: Any, feature_variance: float | None, fitted_scale: float | None) -> str:
@@ -169,25 +164,21 @@ def diagnose(
     if not history:
         return []
     prior = _section(config, "prior")
-    schedule = _section(config, "schedule")
-    moves = _section(config, "moves")
+    rounds = MoveSchedule(_typed(ScheduleConfig, _section(config, "schedule")),
+                          _typed(MovesConfig, _section(config, "moves")))
     k_now = int(history[-1]["n_clusters"])
     fitted = history[-1].get("prior_scale")
     out: list[Diagnostic] = []
 
-    kinds = move_kinds(history, schedule, moves)
+    kinds = move_kinds(history, rounds.schedule, rounds.moves)
     stalled = 0  # split rounds since the last accepted split
-    idle = 0  # move rounds since the last accepted move (the trainer's convergence test)
-    for kind, record in zip(kinds, history, strict=True):
+    for epoch, (kind, record) in enumerate(zip(kinds, history, strict=True), start=1):
         if kind is None:
             continue
-        moved = int(record.get("splits_accepted") or 0) + int(record.get("merges_accepted") or 0)
-        idle = 0 if moved else idle + 1
+        rounds.moved(epoch, int(record.get("splits_accepted") or 0) + int(record.get("merges_accepted") or 0))
         if kind == "split":
             stalled = 0 if int(record.get("splits_accepted") or 0) else stalled + 1
-    converged = idle >= int(_get(schedule, "patience", 3)) and len(history) >= int(
-        _get(schedule, "min_epochs", 0)
-    )
+    converged = rounds.converged(len(history))  # the fit's own stop rule
     if stalled >= STALL_SPLIT_ROUNDS:
         out.append(
             Diagnostic(

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from deepdpm_core.batching import auto_batch_size, scaled_lr
 from deepdpm_core.config import Config
-from deepdpm_core.trainer import Trainer, auto_batch_size, scaled_lr
+from deepdpm_core.trainer import Trainer
 
 
 @pytest.mark.parametrize("n, expected", [
@@ -41,23 +42,23 @@ def _trainer(n, **overrides):
 def test_an_epoch_is_one_pass_of_statistics_and_the_configured_steps(n, batch, steps):
     trainer = _trainer(n)
     assert trainer.batch_size == batch
-    groups = trainer.opt_cluster.param_groups + trainer.opt_sub.param_groups
+    groups = trainer.nets.opt_cluster.param_groups + trainer.nets.opt_sub.param_groups
     lrs = [g["lr"] for g in groups]
-    assert lrs == pytest.approx([5e-4 * math.sqrt(batch / 128)] * len(trainer.opt_cluster.param_groups)
-                                + [5e-3 * math.sqrt(batch / 128)] * len(trainer.opt_sub.param_groups))
+    assert lrs == pytest.approx([5e-4 * math.sqrt(batch / 128)] * len(trainer.nets.opt_cluster.param_groups)
+                                + [5e-3 * math.sqrt(batch / 128)] * len(trainer.nets.opt_sub.param_groups))
     soft, sub, _ = trainer.run_epoch()
     # every row counted once in the subclusters' hard statistics and (summed over its
     # support) in the soft ones, also when extra re-drawn batches train the nets
     assert float(sub.n.sum()) == n
     assert float(soft.n.sum()) == pytest.approx(n, rel=1e-5)
-    for opt in (trainer.opt_cluster, trainer.opt_sub):
+    for opt in (trainer.nets.opt_cluster, trainer.nets.opt_sub):
         assert {int(s["step"]) for s in opt.state.values()} == {steps}
 
 
 def test_learning_rates_survive_a_split():
     trainer = _trainer(20_000, **{"init.n_clusters": 1, "schedule.warmup_epochs": 1, "schedule.move_every": 1})
-    before = [g["lr"] for g in trainer.opt_cluster.param_groups + trainer.opt_sub.param_groups]
+    before = [g["lr"] for g in trainer.nets.opt_cluster.param_groups + trainer.nets.opt_sub.param_groups]
     while trainer.n_clusters == 1 and trainer.epoch < 12:
         trainer.step_epoch()
     assert trainer.n_clusters > 1
-    assert [g["lr"] for g in trainer.opt_cluster.param_groups + trainer.opt_sub.param_groups] == before
+    assert [g["lr"] for g in trainer.nets.opt_cluster.param_groups + trainer.nets.opt_sub.param_groups] == before

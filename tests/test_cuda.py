@@ -9,6 +9,8 @@ import torch
 
 from deepdpm_core.config import Config
 from deepdpm_core.datasets import make_mixture
+from deepdpm_core.estep import top_m
+from deepdpm_core.fitted_model import FittedModel
 from deepdpm_core.metrics import nmi
 from deepdpm_core.nets import SubclusterNets
 from deepdpm_core.stats import grouped_stats, sparse_stats
@@ -26,7 +28,7 @@ def _fit(x, device, **overrides):
     })
     trainer = Trainer(cfg, torch.as_tensor(x))
     trainer.fit()
-    return trainer, trainer.predict_labels(torch.as_tensor(x)).cpu().numpy()
+    return trainer, FittedModel.from_trainer(trainer).predict_assignments(torch.as_tensor(x))[0].cpu().numpy()
 
 
 def test_fit_on_cuda_finds_the_cpu_clusters():
@@ -34,8 +36,8 @@ def test_fit_on_cuda_finds_the_cpu_clusters():
     x, y = make_mixture(20_000, 16, 40, imbalance=1.0, min_weight=0.005, random_state=3)
     cpu, lab_cpu = _fit(x, "cpu")
     gpu, lab_gpu = _fit(x, "cuda")
-    assert gpu.x.device.type == gpu.means.device.type == "cuda" and gpu.precision == "tf32"
-    assert gpu.means.dtype == gpu.covs.dtype == torch.float64
+    assert gpu.x.device.type == gpu.state.means.device.type == "cuda" and gpu.precision == "tf32"
+    assert gpu.state.means.dtype == gpu.state.covariances.dtype == torch.float64
     assert gpu.n_clusters == cpu.n_clusters == 40
     assert abs(nmi(y, lab_gpu) - nmi(y, lab_cpu)) <= 0.01 and nmi(y, lab_gpu) > 0.99
 
@@ -46,7 +48,7 @@ def test_sparse_estep_fit_on_cuda_finds_the_dense_clusters():
     sparse, lab_sparse = _fit(x, "cuda", **{"init.n_clusters": 60, "estep.dense_max_k": 16,
                                              "estep.top_m": 8})
     dense, lab_dense = _fit(x, "cuda", **{"init.n_clusters": 60, "estep.dense_max_k": 1000})
-    assert sparse._top_m() == 8 and dense._top_m() is None
+    assert top_m(sparse.config.estep, sparse.n_clusters) == 8 and top_m(dense.config.estep, dense.n_clusters) is None
     assert sparse.n_clusters == dense.n_clusters
     assert abs(nmi(y, lab_sparse) - nmi(y, lab_dense)) <= 0.01
 

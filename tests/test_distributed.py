@@ -90,14 +90,14 @@ def _stats_pass(rank: int, world: int, x: np.ndarray, config: Config):
     calls, sent = getattr(comm, "all_reduce_calls", 0), getattr(comm, "all_reduce_bytes", 0)
     soft, sub, losses = trainer.run_epoch(train=False)
     traffic = (getattr(comm, "all_reduce_calls", 0) - calls, getattr(comm, "all_reduce_bytes", 0) - sent)
-    return soft.flat().numpy(), sub.flat().numpy(), losses, trainer.means.numpy(), traffic
+    return soft.flat().numpy(), sub.flat().numpy(), losses, trainer.state.means.numpy(), traffic
 
 
 def _fit(rank: int, world: int, parts: list[np.ndarray], config: Config):
     trainer = _trainer(config, parts[rank], distributed=True)
     trainer.fit()
     trainer.check_consistency()
-    return trainer.history, trainer._checksum()
+    return trainer.history, trainer.checksum()
 
 
 def _diverge(rank: int, world: int, x: np.ndarray, config: Config):
@@ -106,7 +106,7 @@ def _diverge(rank: int, world: int, x: np.ndarray, config: Config):
     trainer.step_epoch()
     trainer.check_consistency()  # identical so far
     if rank == 1:
-        trainer.means[0, 0] += 1e-3
+        trainer.state.means[0, 0] += 1e-3
     try:
         trainer.check_consistency()
     except RuntimeError as exc:
@@ -169,7 +169,7 @@ def test_an_empty_rank_follows_the_single_process_fit_exactly(tmp_path):
     (hist0, sum0), (hist1, sum1) = run_ranks(tmp_path, _fit, [x, x[:0]], config)
     drop = lambda h: [{k: v for k, v in r.items() if not k.startswith("seconds")} for r in h]  # noqa: E731
     assert drop(hist0) == drop(hist1) == drop(single.history)
-    assert sum0 == sum1 == pytest.approx(single._checksum(), rel=1e-12)
+    assert sum0 == sum1 == pytest.approx(single.checksum(), rel=1e-12)
     assert any(r["splits_accepted"] or r["merges_accepted"] for r in single.history)
 
 

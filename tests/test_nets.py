@@ -62,37 +62,37 @@ def trainer():
 
 def _logits(t, x):
     with torch.no_grad():
-        return t.cluster_net(x)
+        return t.nets.cluster(x)
 
 
 def test_split_keeps_other_units_and_their_optimizer_state(trainer):
     t = trainer
     x = torch.randn(64, 3)
     before = _logits(t, x)
-    w = t.cluster_net.out.weight
-    w_before, b_before = w.detach()[1].clone(), t.cluster_net.out.bias.detach()[1].clone()
-    adam_before = t.opt_cluster.state[w]["exp_avg"].clone()
+    w = t.nets.cluster.out.weight
+    w_before, b_before = w.detach()[1].clone(), t.nets.cluster.out.bias.detach()[1].clone()
+    adam_before = t.nets.opt_cluster.state[w]["exp_avg"].clone()
     soft, _, _ = t.run_epoch(train=False)
-    sub_logw = t.sub_log_weights[1].float()
+    sub_logw = t.state.sub_log_weights[1].float()
     t.apply_plan(MovePlan(splits=[1]), soft)
     after = _logits(t, x)
     assert t.n_clusters == 5
     torch.testing.assert_close(after[:, [0, 2, 3]], before[:, [0, 2, 3]])
     # the halves are the old unit tilted apart symmetrically: their mean weights and bias
     # sum are the duplicated unit's (biases shifted by the subclusters' log weights) ...
-    out = t.cluster_net.out
+    out = t.nets.cluster.out
     torch.testing.assert_close((out.weight[1] + out.weight[4]).detach() / 2, w_before)
     torch.testing.assert_close((out.bias[1] + out.bias[4]).detach(), 2 * b_before + sub_logw.sum())
     # ... and each half wins at its own subcluster's mean (it took the subcluster's
     # parameters, paper Eq. 8), so the net can tell them apart from the first step
-    at_means = _logits(t, (t.means[[1, 4]] * t.input_scale).float())
+    at_means = _logits(t, (t.state.means[[1, 4]]).float())
     assert at_means[0, 1] > at_means[0, 4] and at_means[1, 4] > at_means[1, 1]
-    adam_after = t.opt_cluster.state[t.cluster_net.out.weight]["exp_avg"]
+    adam_after = t.nets.opt_cluster.state[t.nets.cluster.out.weight]["exp_avg"]
     torch.testing.assert_close(adam_after[[0, 2, 3]], adam_before[[0, 2, 3]])
-    assert any(p is t.cluster_net.out.weight for p in t.opt_cluster.param_groups[0]["params"])
+    assert any(p is t.nets.cluster.out.weight for p in t.nets.opt_cluster.param_groups[0]["params"])
     # new clusters take the subclusters' parameters (paper Eq. 8); mixture stays valid
-    assert torch.isfinite(t.means).all() and torch.isfinite(t.covs).all()
-    torch.testing.assert_close(t.log_weights.exp().sum(), torch.tensor(1.0, dtype=torch.float64))
+    assert torch.isfinite(t.state.means).all() and torch.isfinite(t.state.covariances).all()
+    torch.testing.assert_close(t.state.log_weights.exp().sum(), torch.tensor(1.0, dtype=torch.float64))
 
 
 def test_merge_removes_one_unit_and_keeps_others(trainer):
@@ -115,10 +115,10 @@ def test_merge_removes_one_unit_and_keeps_others(trainer):
     # merged parameters come from the summed statistics of the two clusters
     from deepdpm_core.niw import map_estimate
 
-    mean, _ = map_estimate(t.prior, merged_soft)
-    torch.testing.assert_close(t.means[0], mean[0])
+    mean, _ = map_estimate(t.prior_fit.prior, merged_soft)
+    torch.testing.assert_close(t.state.means[0], mean[0])
     # and its subclusters are the two old clusters
-    assert np.isfinite(t.sub_means.numpy()).all()
+    assert np.isfinite(t.state.sub_means.numpy()).all()
 
 
 def test_e_step_anchors_follow_their_clusters_through_surgery(trainer):
@@ -155,9 +155,9 @@ def test_split_halves_never_outbid_the_split_unit_at_other_clusters_means(seed):
     soft, _, _ = t.run_epoch(train=False)
     for k in range(t.n_clusters):
         u = copy.deepcopy(t)
-        before = _logits(u, (u.means * u.input_scale).float())  # (means, units)
+        before = _logits(u, (u.state.means).float())  # (means, units)
         u.apply_plan(MovePlan(splits=[k]), soft)
-        after = _logits(u, (u.means[: t.n_clusters] * u.input_scale).float())
+        after = _logits(u, (u.state.means[: t.n_clusters]).float())
         for j in range(t.n_clusters):
             if j == k:
                 continue

@@ -5,6 +5,7 @@ from torch.nn.modules.module import register_module_forward_hook
 
 from deepdpm_core.config import Config
 from deepdpm_core.datasets import make_mixture
+from deepdpm_core.fitted_model import FittedModel
 from deepdpm_core.metrics import nmi
 from deepdpm_core.nets import ClusterNet
 from deepdpm_core.precision import net_precision, resolve_precision
@@ -28,7 +29,7 @@ def _fit(x, precision):
         trainer.fit()
     finally:
         hook.remove()
-    labels = trainer.predict_labels(torch.as_tensor(x)).numpy()
+    labels = FittedModel.from_trainer(trainer).predict_assignments(torch.as_tensor(x))[0].numpy()
     return trainer, labels, dtypes
 
 
@@ -43,7 +44,7 @@ def test_bf16_nets_find_the_same_clusters_as_float32():
     assert low.n_clusters == ref.n_clusters == 40
     assert abs(nmi(y, lab_low) - nmi(y, lab_ref)) <= 0.01 and nmi(y, lab_low) > 0.99
     # the statistics and the mixture stay float64: precision is scoped to the nets
-    assert low.means.dtype == low.covs.dtype == torch.float64
+    assert low.state.means.dtype == low.state.covariances.dtype == torch.float64
     assert [h["loss_cluster"] for h in low.history] != [h["loss_cluster"] for h in ref.history]
 
 

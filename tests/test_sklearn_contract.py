@@ -180,12 +180,12 @@ def test_fitted_estimator_holds_the_model_only_and_predicts_as_its_trainer(tmp_p
     trainer = Trainer(config, torch.from_numpy(X32))
     trainer.fit()
     with torch.no_grad():
-        log_r = F.log_softmax(trainer.cluster_net(trainer.x * trainer.input_scale), dim=1)
+        log_r = F.log_softmax(trainer.nets.cluster(trainer.x), dim=1)
     x = torch.from_numpy(X32)
     assert torch.equal(model.model_.predict_log_proba(x), log_r)
     np.testing.assert_array_equal(model.predict_proba(X), log_r.exp().numpy())
     np.testing.assert_array_equal(model.labels_, log_r.argmax(1).numpy())
-    np.testing.assert_array_equal(model.means_, trainer.coords.means_to_features(trainer.means).numpy())
+    np.testing.assert_array_equal(model.means_, trainer.coords.means_to_features(trainer.state.means).numpy())
     untimed = [[{k: v for k, v in r.items() if not k.startswith("seconds")} for r in h]
                for h in (model.history_, trainer.history)]
     assert untimed[0] == untimed[1]
@@ -212,7 +212,7 @@ def test_fitted_estimator_holds_the_model_only_and_predicts_as_its_trainer(tmp_p
     assert old.coords.kind == "none" and torch.equal(old.coords.center, legacy["shift"])
     assert torch.equal(old.coords.mult, torch.ones(3, dtype=torch.float64))
     with torch.no_grad():
-        expected = F.log_softmax(trainer.cluster_net((x.double() - 0.5).float()), dim=1)
+        expected = F.log_softmax(trainer.nets.cluster((x.double() - 0.5).float()), dim=1)
     assert torch.equal(old.predict_log_proba(x), expected)
 
 

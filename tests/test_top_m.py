@@ -8,6 +8,7 @@ from torch.utils._pytree import tree_flatten
 
 from deepdpm_core.config import Config
 from deepdpm_core.datasets import make_mixture
+from deepdpm_core.fitted_model import FittedModel
 from deepdpm_core.gmm import (
     SUPPORT_LOG_GAP,
     GaussianMixture,
@@ -340,7 +341,7 @@ def _fit(x, dense_max_k):
     })
     trainer = Trainer(cfg, torch.as_tensor(x))
     trainer.fit()
-    labels = trainer.predict_log_proba(torch.as_tensor(x)).argmax(1).numpy()
+    labels = FittedModel.from_trainer(trainer).predict_log_proba(torch.as_tensor(x)).argmax(1).numpy()
     return trainer.n_clusters, labels
 
 

@@ -1,0 +1,98 @@
+"""When a fit moves and when it stops: the one schedule every fit mode and the
+diagnostics follow.
+
+Epochs are counted from 1 here (epoch e is the e-th epoch run). A move round ends epoch
+e when e ≥ ``warmup_epochs``, (e − warmup) is a multiple of ``move_every``, and the
+parameters are not frozen; rounds alternate over the enabled kinds (split, merge). An
+accepted move freezes the M-step (and the next moves) for ``freeze_epochs`` epochs, so the
+nets can learn the new clusters first (paper §3.2). The fit stops after ``max_epochs``,
+or once ``patience`` move rounds in a row accepted nothing (and ``min_epochs`` are done).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from deepdpm_core.config import MovesConfig, ScheduleConfig
+
+
+@dataclass
+class MoveSchedule:
+    """Move rounds, freezes and the stop rule, with the counters they need.
+
+    Parameters
+    ----------
+    schedule : ScheduleConfig
+    moves : MovesConfig
+        Which kinds of move are enabled.
+    move_round : int
+        Move rounds run so far.
+    rounds_without_move : int
+        Move rounds in a row that accepted nothing.
+    frozen_until : int
+        The M-step and moves wait until after this epoch (1-based).
+    """
+
+    schedule: ScheduleConfig
+    moves: MovesConfig
+    move_round: int = 0
+    rounds_without_move: int = 0
+    frozen_until: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.frozen_until is None:  # the warm-up: the nets first learn the initial clusters
+            self.frozen_until = self.schedule.warmup_epochs
+
+    def frozen(self, epoch: int) -> bool:
+        """Whether epoch ``epoch`` (1-based) keeps the parameters as they are (no M-step)."""
+        return epoch <= self.frozen_until
+
+    def move_at(self, epoch: int) -> str | None:
+        """``"split"`` or ``"merge"`` when epoch ``epoch`` (1-based) ends a move round, else None."""
+        sch = self.schedule
+        if epoch < sch.warmup_epochs or (epoch - sch.warmup_epochs) % sch.move_every or self.frozen(epoch):
+            return None
+        kinds = [k for k, on in (("split", self.moves.split), ("merge", self.moves.merge)) if on]
+        return kinds[self.move_round % len(kinds)] if kinds else None
+
+    def moved(self, epoch: int, accepted: int) -> None:
+        """Record the round that ended epoch ``epoch`` (1-based): ``accepted`` moves."""
+        self.move_round += 1
+        if accepted:
+            self.rounds_without_move = 0
+            self.frozen_until = epoch + self.schedule.freeze_epochs
+        else:
+            self.rounds_without_move += 1
+
+    def converged(self, epochs_done: int) -> bool:
+        """No move accepted for ``patience`` rounds, and at least ``min_epochs`` done."""
+        sch = self.schedule
+        return self.rounds_without_move >= sch.patience and epochs_done >= sch.min_epochs
+
+    def finished(self, epochs_done: int) -> bool:
+        """Whether the fit stops after ``epochs_done`` epochs."""
+        return epochs_done >= self.schedule.max_epochs or self.converged(epochs_done)
+
+    def counters(self) -> dict[str, int]:
+        """The counters, for a checkpoint."""
+        return {"move_round": self.move_round, "rounds_without_move": self.rounds_without_move,
+                "frozen_until": int(self.frozen_until)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Set the counters from :meth:`counters` output (other keys are ignored)."""
+        self.move_round = int(state["move_round"])
+        self.rounds_without_move = int(state["rounds_without_move"])
+        self.frozen_until = int(state["frozen_until"])
+
+    def replay(self, history: list[dict[str, Any]]) -> list[str | None]:
+        """The move that ended each epoch of ``history`` (records with ``splits_accepted``
+        and ``merges_accepted``, oldest first), advancing the counters as the fit did."""
+        kinds = []
+        for index, record in enumerate(history):
+            kind = self.move_at(index + 1)
+            if kind is not None:
+                self.moved(index + 1, int(record.get("splits_accepted") or 0)
+                           + int(record.get("merges_accepted") or 0))
+            kinds.append(kind)
+        return kinds

@@ -1,0 +1,54 @@
+"""A fitted model is the nets, the input transform and the mixture: no training data, no
+optimiser, no trainer, whether it comes from ``fit`` or from a file."""
+
+from __future__ import annotations
+
+import gc
+import types
+
+import numpy as np
+import torch
+
+from deepdpm_core.datasets import make_mixture
+from deepdpm_core.estimator import DeepDPM
+from deepdpm_core.trainer import Trainer
+
+N, D = 1537, 6  # N unlike any model dimension (K, D, hidden sizes)
+
+
+def _reachable(root: object) -> list[object]:
+    """Every object reachable from ``root`` through references, short of modules and classes."""
+    seen, stack, out = {id(root)}, [root], []
+    while stack:
+        obj = stack.pop()
+        out.append(obj)
+        for ref in gc.get_referents(obj):
+            if isinstance(ref, (types.ModuleType, type, types.FunctionType)) or id(ref) in seen:
+                continue
+            seen.add(id(ref))
+            stack.append(ref)
+    return out
+
+
+def _assert_holds_no_training_data(est: DeepDPM) -> None:
+    objects = _reachable(est)
+    assert not any(isinstance(o, (Trainer, torch.optim.Optimizer)) for o in objects)
+    arrays = [o for o in objects if isinstance(o, (torch.Tensor, np.ndarray))]
+    rows = {tuple(a.shape) for a in arrays if a.ndim and a.shape[0] == N}
+    assert not rows, f"tensors with one row per training point: {rows}"
+    # the model is its parameters: O(K·D² + net), far below the N × D data
+    k = est.n_clusters_
+    assert sum(a.nbytes if isinstance(a, np.ndarray) else a.element_size() * a.numel()
+               for a in arrays if not isinstance(a, torch.nn.Parameter)) < 4 * k * (D * D + 2 * D + 4) + 4096
+
+
+def test_a_fitted_and_a_loaded_model_hold_no_training_data(tmp_path):
+    x, _ = make_mixture(N, D, 3, random_state=0)
+    est = DeepDPM({"seed": 0, "schedule": {"max_epochs": 12}, "init": {"n_clusters": 3}}).fit(x)
+    est.labels_ = None  # the fit's own labels are the one per-row output it keeps, by contract
+    _assert_holds_no_training_data(est)
+    est.save(tmp_path / "model.pt")
+    loaded = DeepDPM.load(tmp_path / "model.pt")
+    _assert_holds_no_training_data(loaded)
+    assert len(loaded.history_) == len(est.history_) and loaded.n_clusters_ == est.n_clusters_
+    np.testing.assert_array_equal(loaded.predict(x), est.predict(x))

@@ -1,0 +1,78 @@
+"""The move schedule: when rounds run, what they alternate, when the fit stops; and that
+a fit's epoch records name the move the schedule ran."""
+
+from __future__ import annotations
+
+import torch
+
+from deepdpm_core.config import Config, MovesConfig, ScheduleConfig
+from deepdpm_core.datasets import make_mixture
+from deepdpm_core.schedule import MoveSchedule
+from deepdpm_core.trainer import Trainer
+
+
+def test_rounds_start_after_the_warm_up_and_alternate():
+    sched = MoveSchedule(ScheduleConfig(warmup_epochs=5, move_every=5, freeze_epochs=2), MovesConfig())
+    kinds = {}
+    for epoch in range(1, 21):
+        kind = sched.move_at(epoch)
+        if kind:
+            kinds[epoch] = kind
+            sched.moved(epoch, 0)
+    # the parameters are frozen through the warm-up, so the first round ends epoch 10
+    assert kinds == {10: "split", 15: "merge", 20: "split"}
+    assert sched.frozen(5) and not sched.frozen(6)
+
+
+def test_an_accepted_move_freezes_and_the_alternation_waits():
+    sched = MoveSchedule(ScheduleConfig(warmup_epochs=5, move_every=1, freeze_epochs=2), MovesConfig())
+    ran = []
+    for epoch in range(6, 11):
+        kind = sched.move_at(epoch)
+        if kind:
+            ran.append((epoch, kind))
+            sched.moved(epoch, 2 if epoch == 6 else 0)
+    # the split at epoch 6 was accepted: epochs 7 and 8 are frozen, then merge, split
+    assert ran == [(6, "split"), (9, "merge"), (10, "split")]
+    only_split = MoveSchedule(ScheduleConfig(warmup_epochs=0, move_every=1, freeze_epochs=0),
+                              MovesConfig(merge=False))
+    assert {only_split.move_at(e) for e in range(1, 5)} == {"split"}
+    assert MoveSchedule(ScheduleConfig(), MovesConfig(split=False, merge=False)).move_at(9) is None
+
+
+def test_the_stop_rule():
+    sched = MoveSchedule(ScheduleConfig(max_epochs=50, patience=2, min_epochs=20), MovesConfig())
+    sched.moved(10, 0)
+    sched.moved(14, 0)
+    assert sched.rounds_without_move == 2 and not sched.finished(15)  # min_epochs not reached
+    assert sched.finished(20) and sched.converged(20)
+    sched.moved(22, 1)  # an accepted move resets the count
+    assert not sched.finished(30) and sched.finished(50)
+    again = MoveSchedule(ScheduleConfig(), MovesConfig())
+    again.restore({**sched.counters(), "epoch": 3})
+    assert again.counters() == sched.counters()
+
+
+def test_a_fit_names_the_moves_its_schedule_ran_and_stops_by_its_rule():
+    x, _ = make_mixture(900, 4, 4, random_state=0)
+    cfg = Config().with_overrides({"seed": 0, "init.n_clusters": 1, "schedule.warmup_epochs": 2,
+                                   "schedule.move_every": 2, "schedule.max_epochs": 40,
+                                   "optim.min_steps_per_epoch": 8})
+    trainer = Trainer(cfg, torch.from_numpy(x))
+    trainer.fit()
+    history = trainer.history
+    moves = [r["move"] for r in history]
+    assert "split" in moves and set(moves) <= {None, "split", "merge"}
+    replayed = MoveSchedule(cfg.schedule, cfg.moves)
+    assert replayed.replay(history) == moves
+    assert replayed.counters() == trainer.schedule.counters()
+    # it stopped at the first epoch after which the schedule says stop
+    assert _finished_after(cfg, history)
+    assert not any(_finished_after(cfg, history[:n]) for n in range(1, len(history)))
+    assert trainer.n_clusters == 4
+
+
+def _finished_after(cfg: Config, history: list[dict]) -> bool:
+    sched = MoveSchedule(cfg.schedule, cfg.moves)
+    sched.replay(history)
+    return sched.finished(len(history))
