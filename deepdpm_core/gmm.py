@@ -44,7 +44,7 @@ import faiss
 import torch
 
 from deepdpm_core import blocks
-from deepdpm_core.niw import _cholesky
+from deepdpm_core.linalg import cholesky_jittered
 from deepdpm_core.stats import gather_chunk_rows
 
 Tensor = torch.Tensor
@@ -101,7 +101,7 @@ class GaussianMixture:
 
     def refresh(self) -> None:
         """Recompute the cached factors (call after changing the parameters)."""
-        chol = _cholesky(self.covariances)  # Σ = L Lᵀ
+        chol = cholesky_jittered(self.covariances)  # Σ = L Lᵀ
         eye = torch.eye(self.dim, dtype=chol.dtype, device=chol.device).expand_as(chol)
         # P = L^{-T}: Σ^{-1} = P Pᵀ and ||(x − μ)ᵀ P||² is the Mahalanobis distance
         prec_chol = torch.linalg.solve_triangular(chol, eye, upper=False).transpose(-1, -2)

@@ -48,3 +48,14 @@ def symmetric_eigh(matrices: Tensor) -> tuple[Tensor, Tensor]:
             torch.set_num_threads(before)
         values, vectors = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     return values.to(matrices.device), vectors.to(matrices.device)
+
+
+def cholesky_jittered(mat: Tensor) -> Tensor:
+    """Cholesky factor with a tiny relative jitter retry for numerically singular input."""
+    chol, info = torch.linalg.cholesky_ex(mat)
+    if bool((info > 0).any()):
+        d = mat.shape[-1]
+        eye = torch.eye(d, dtype=mat.dtype, device=mat.device)
+        diag = mat.diagonal(dim1=-2, dim2=-1).abs().mean(-1).clamp_min(1e-300)
+        chol = torch.linalg.cholesky(mat + 1e-10 * diag[..., None, None] * eye)
+    return chol

@@ -51,7 +51,7 @@ class MovePlan:
 _CHUNK_ELEMS = 1 << 23
 
 
-def _chunks(n_rows: int, dim: int) -> list[tuple[int, int]]:
+def hastings_chunks(n_rows: int, dim: int) -> list[tuple[int, int]]:
     """[start, end) ranges of at most _CHUNK_ELEMS / D² rows covering n_rows rows."""
     step = max(1, _CHUNK_ELEMS // (dim * dim))
     return [(s, min(s + step, n_rows)) for s in range(0, n_rows, step)]
@@ -88,7 +88,7 @@ def propose_splits(
     """
     log_h = np.concatenate([
         log_split_hastings(prior, alpha, sub_stats.rows(torch.arange(2 * s, 2 * e))).cpu().numpy()
-        for s, e in _chunks(sub_stats.n_rows // 2, sub_stats.dim)
+        for s, e in hastings_chunks(sub_stats.n_rows // 2, sub_stats.dim)
     ])
     small = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() < max(min_subcluster_size, 1.0)
     log_h[small] = -np.inf
@@ -151,7 +151,7 @@ def propose_merges(
     b_idx = [b for _, b in pairs]
     log_h = np.concatenate([
         log_merge_hastings(prior, alpha, cluster_stats.rows(a_idx[s:e]), cluster_stats.rows(b_idx[s:e])).cpu().numpy()
-        for s, e in _chunks(len(pairs), cluster_stats.dim)
+        for s, e in hastings_chunks(len(pairs), cluster_stats.dim)
     ])
     coins = _accept(log_h, rng)
     used: set[int] = set()

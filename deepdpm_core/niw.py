@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from deepdpm_core.errors import ConfigError
+from deepdpm_core.linalg import cholesky_jittered
 from deepdpm_core.stats import SuffStats
 
 Tensor = torch.Tensor
@@ -141,20 +142,9 @@ def posterior(prior: NIWPrior, stats: SuffStats) -> NIWPosterior:
     return NIWPosterior(kn, mn, nun, scale)
 
 
-def _cholesky(mat: Tensor) -> Tensor:
-    """Cholesky factor with a tiny relative jitter retry for numerically singular input."""
-    chol, info = torch.linalg.cholesky_ex(mat)
-    if bool((info > 0).any()):
-        d = mat.shape[-1]
-        eye = torch.eye(d, dtype=mat.dtype, device=mat.device)
-        diag = mat.diagonal(dim1=-2, dim2=-1).abs().mean(-1).clamp_min(1e-300)
-        chol = torch.linalg.cholesky(mat + 1e-10 * diag[..., None, None] * eye)
-    return chol
-
-
 def logdet_spd(mat: Tensor) -> Tensor:
     """ln|A| of symmetric positive-definite matrices (..., D, D) via Cholesky."""
-    chol = _cholesky(mat)
+    chol = cholesky_jittered(mat)
     return 2.0 * torch.log(chol.diagonal(dim1=-2, dim2=-1)).sum(-1)
 
 

@@ -73,7 +73,7 @@ def moco_v2_state(arch: str = "resnet18", dim: int = 128, mlp: bool = True, seed
     return state
 
 
-def _moco_v3_mlp(num_layers, input_dim, mlp_dim, output_dim, last_bn=True) -> nn.Sequential:
+def moco_v3_mlp(num_layers, input_dim, mlp_dim, output_dim, last_bn=True) -> nn.Sequential:
     layers: list[nn.Module] = []
     for layer in range(num_layers):
         dim1 = input_dim if layer == 0 else mlp_dim
@@ -93,14 +93,14 @@ def moco_v3_state(arch: str = "resnet18", dim: int = 256, mlp_dim: int = 4096) -
     for name in ("base_encoder", "momentum_encoder"):
         model = torchvision.models.get_model(arch, weights=None, num_classes=mlp_dim)
         hidden_dim = model.fc.weight.shape[1]
-        model.fc = _moco_v3_mlp(2, hidden_dim, mlp_dim, dim)
+        model.fc = moco_v3_mlp(2, hidden_dim, mlp_dim, dim)
         # non-trivial BN statistics, so a head loaded wrongly would show
         for module in model.fc.modules():
             if isinstance(module, nn.BatchNorm1d):
                 module.running_mean.normal_()
                 module.running_var.uniform_(0.5, 2.0)
         state.update({f"module.{name}.{k}": v for k, v in model.state_dict().items()})
-    predictor = _moco_v3_mlp(2, dim, mlp_dim, dim, last_bn=False)
+    predictor = moco_v3_mlp(2, dim, mlp_dim, dim, last_bn=False)
     state.update({f"module.predictor.{k}": v for k, v in predictor.state_dict().items()})
     return state
 

@@ -19,7 +19,7 @@ from pipeline.encoders import (
     embed_numpy,
     head_from_state,
 )
-from tests.image_data import _moco_v3_mlp, moco_v2_state, moco_v3_state, save_checkpoint
+from tests.image_data import moco_v2_state, moco_v3_mlp, moco_v3_state, save_checkpoint
 
 torch.set_num_threads(1)
 
@@ -78,7 +78,7 @@ def test_moco_v3_projector_with_affine_free_bn_loads(tmp_path, images):
     assert isinstance(last_bn, nn.BatchNorm1d) and not last_bn.affine
 
     want = reference_embedding(
-        state, "module.base_encoder.", "resnet18", _moco_v3_mlp(2, 512, 4096, 256), images
+        state, "module.base_encoder.", "resnet18", moco_v3_mlp(2, 512, 4096, 256), images
     )
     np.testing.assert_allclose(embed_numpy(encoder, images), want, rtol=1e-4, atol=1e-5)
 

@@ -160,7 +160,7 @@ def test_proposals_in_row_chunks_equal_one_batch(monkeypatch):
     ref = (moves.propose_splits(prior, 10.0, sub, np.random.default_rng(0), 5.0),
            moves.propose_merges(prior, 10.0, hard, means, np.random.default_rng(0), 3))
     monkeypatch.setattr(moves, "_CHUNK_ELEMS", 4 * d * d)  # 4 rows per chunk
-    assert len(moves._chunks(k, d)) == 6
+    assert len(moves.hastings_chunks(k, d)) == 6
     splits, log_h = moves.propose_splits(prior, 10.0, sub, np.random.default_rng(0), 5.0)
     np.testing.assert_allclose(log_h[np.isfinite(log_h)], whole[np.isfinite(log_h)], rtol=1e-12)
     assert splits == ref[0][0]
