@@ -9,17 +9,17 @@ from torch.utils._pytree import tree_flatten
 from deepdpm_core.config import Config
 from deepdpm_core.datasets import make_mixture
 from deepdpm_core.fitted_model import FittedModel
-from deepdpm_core.gmm import (
+from deepdpm_core.gmm import GaussianMixture
+from deepdpm_core.metrics import nmi
+from deepdpm_core.stats import TripleBuffer, grouped_stats, sparse_stats
+from deepdpm_core.support_bounds import (
     SUPPORT_LOG_GAP,
-    GaussianMixture,
     faiss_proxy_keys,
     largest_eigenvalue_bound,
     proxy_top_m_faiss,
     proxy_top_m_torch,
     trace_power_bound,
 )
-from deepdpm_core.metrics import nmi
-from deepdpm_core.stats import TripleBuffer, grouped_stats, sparse_stats
 from deepdpm_core.trainer import Trainer
 
 
@@ -240,7 +240,7 @@ def test_sparse_e_step_is_the_same_with_the_trace_power_bound(thin, monkeypatch)
     gmm, means = _mixture(k=30, d=6, thin=thin, work_dtype=torch.float32)
     x = (torch.tensor(means).repeat_interleave(20, 0) + torch.randn(600, 6, dtype=torch.float64, generator=_gen()) * 2).float()
     ref_index, ref = gmm.sparse_log_responsibilities(x, 6, chunk_rows=13)
-    monkeypatch.setattr("deepdpm_core.gmm.largest_eigenvalue_bound", trace_power_bound)
+    monkeypatch.setattr("deepdpm_core.sparse_support.largest_eigenvalue_bound", trace_power_bound)
     gmm.refresh()
     index, log_resp = gmm.sparse_log_responsibilities(x, 6, chunk_rows=13)
 
