@@ -114,6 +114,8 @@ def kmeans_centers(
     km = faiss.Kmeans(
         d, n_clusters, niter=n_iter, seed=int(rng.integers(1, 2**31 - 1)),
         max_points_per_centroid=max(1, len(x) // n_clusters + 1), verbose=False,
+        # FAISS only warns below 39 points per centroid; small data are a normal input here
+        min_points_per_centroid=1,
     )
     km.train(x, init_centroids=kmeans_pp_seeds(x, n_clusters, rng) if seeding == "kmeans++" else None)
     return np.asarray(km.centroids, dtype=np.float32)
