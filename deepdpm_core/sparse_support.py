@@ -1,15 +1,15 @@
 """The sparse E-step: exact log-densities only for the components that can matter.
 
-At large K that dense product, O(B·K·D²), dominates an epoch. The sparse E-step
-(:meth:`GaussianMixture.sparse_log_responsibilities`) evaluates exact log-densities only
-where they can matter. Each point's *anchor*, a component it likely belongs to (its best
-under the previous E-step, or under a cheap isotropic proxy: an O(K·D) inner-product
-search), is evaluated exactly; every other component k is
-then ruled out, if it can be, by an upper bound on its log-density, L_k − ½ Maha_k(x)
-with L_k = ln π_k − ½ ln|2πΣ_k|, that falls :data:`SUPPORT_LOG_GAP` below the anchor's
-(responsibility provably below float32's resolution of 1). The lower bounds on the
-Mahalanobis distance come in three levels, each applied only to what the previous one
-kept:
+At large K the dense E-step's product (:mod:`deepdpm_core.gmm`), O(B·K·D²), dominates an
+epoch. The sparse E-step (:meth:`GaussianMixture.sparse_log_responsibilities`) evaluates
+exact log-densities only where they can matter. Each point's *anchor*, a component it
+likely belongs to (its best under the previous E-step, or under a cheap isotropic proxy:
+an O(K·D) inner-product search), is evaluated exactly; every other component k is then
+ruled out, if it can be, by an upper bound on its log-density, L_k − ½ Maha_k(x) with
+L_k = ln π_k − ½ ln|2πΣ_k|, that falls
+:data:`~deepdpm_core.support_bounds.SUPPORT_LOG_GAP` below the anchor's (responsibility
+provably below float32's resolution of 1). The lower bounds on the Mahalanobis distance
+come in three levels, each applied only to what the previous one kept:
 
 1. for an anchor j and all of its points at once (they lie within ‖x − μ_j‖ ≤ ρ_j):
    Maha_k(x) ≥ (‖μ_j − μ_k‖ − ρ_j)² / λ_max(Σ_k) — a K x K table of distances between
