@@ -41,7 +41,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from deepdpm_core.config import Config, parse_overrides  # noqa: E402
+from deepdpm_core.config import Config  # noqa: E402
+from deepdpm_core.config_loading import parse_overrides  # noqa: E402
 from deepdpm_core.datasets import make_mixture  # noqa: E402
 from deepdpm_core.devices import device_clock  # noqa: E402
 from deepdpm_core.estep import top_m  # noqa: E402

@@ -3,7 +3,8 @@
 The method only: pure, single-process, no Ray and no MLflow. See :class:`DeepDPM`.
 """
 
-from deepdpm_core.config import Config, load_config
+from deepdpm_core.config import Config
+from deepdpm_core.config_loading import load_config
 from deepdpm_core.errors import CheckpointError, ConfigError, DataError, DeepDPMError
 
 __all__ = [

@@ -26,7 +26,8 @@ import torch
 from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.utils.validation import check_is_fitted
 
-from deepdpm_core.config import Config, from_dict, load_config
+from deepdpm_core.config import Config, from_dict
+from deepdpm_core.config_loading import load_config
 from deepdpm_core.errors import ConfigError
 from deepdpm_core.fitted_model import FORMAT, FittedModel
 from deepdpm_core.init import rows_needed

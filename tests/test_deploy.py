@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deepdpm_core.config import load_config
+from deepdpm_core.config_loading import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "k8s"
