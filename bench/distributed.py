@@ -36,7 +36,7 @@ from deepdpm_core.communicator import LocalCommunicator  # noqa: E402
 from deepdpm_core.config import Config, from_dict  # noqa: E402
 from deepdpm_core.trainer import Trainer  # noqa: E402
 from pipeline.distributed import TorchDistCommunicator, ddp_wrapper  # noqa: E402
-from pipeline.io import rank_rows  # noqa: E402
+from pipeline.feature_rows import rank_rows  # noqa: E402
 
 
 class _Counting:

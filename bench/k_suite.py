@@ -61,12 +61,13 @@ from sklearn.preprocessing import StandardScaler
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from deepdpm_core import DeepDPM  # noqa: E402
-from deepdpm_core.config import Config, parse_overrides  # noqa: E402
+from deepdpm_core.config import Config  # noqa: E402
+from deepdpm_core.config_loading import parse_overrides  # noqa: E402
 from deepdpm_core.datasets import make_mixture  # noqa: E402
 from deepdpm_core.embedding import embed  # noqa: E402
 from deepdpm_core.errors import ConfigError  # noqa: E402
 from deepdpm_core.metrics import clustering_scores  # noqa: E402
-from pipeline.io import write_json_atomic  # noqa: E402
+from pipeline.atomic_files import write_json_atomic  # noqa: E402
 
 Dataset = tuple[np.ndarray, np.ndarray, str]
 """(X [N, D] float32 or float64, true labels [N], one-line description)."""

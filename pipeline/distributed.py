@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from deepdpm_core.communicator import Communicator, LocalCommunicator
 from deepdpm_core.errors import DataError
-from pipeline.io import rank_rows, read_feature_rows
+from pipeline.feature_rows import rank_rows, read_feature_rows
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 

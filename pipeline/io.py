@@ -1,20 +1,16 @@
-"""Reading feature tables and writing outputs atomically.
+"""Feature tables: reading inputs whole or in batches, and building and writing Parquet tables.
 
 The feature table is the hand-off between ``extract``/``embed`` and ``fit``/``predict``:
 Parquet with ``key: string``, ``embedding: fixed_size_list<float32>[D]`` and
 ``label: int64`` (nullable). ``.npy`` (an [N, D] array) and ``.npz`` (``X``, optional
-``y``) are accepted as inputs too.
+``y``) are accepted as inputs too. Atomic writing is :mod:`pipeline.atomic_files`; the
+shape and row ranges of an input, read without loading it, :mod:`pipeline.feature_rows`.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import tempfile
 import zipfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deepdpm_core.errors import DataError
+from pipeline.atomic_files import atomic_path
 
 
 def feature_schema(dim: int) -> pa.Schema:
@@ -98,7 +95,7 @@ def read_features(path: str | Path) -> FeatureTable:
     if not path.exists():
         raise FileNotFoundError(f"input not found: {path}")
     suffix = path.suffix.lower()
-    if path.is_dir() and not _parquet_files(path):
+    if path.is_dir() and not parquet_files(path):
         raise DataError(f"{path} is a folder without .parquet files")
     if suffix == ".npy":
         with open(path, "rb") as f:
@@ -266,74 +263,6 @@ def _fixed_size_batches(batches: Iterator[pa.RecordBatch], schema: pa.Schema, si
         yield pa.Table.from_batches(pending, schema)
 
 
-def current_umask() -> int:
-    """The process umask, read without changing it where the OS allows (Linux:
-    ``/proc/self/status``); elsewhere set and restored at once."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def default_file_mode() -> int:
-    """The mode ``open(path, "w")`` gives a new file: ``0o666`` less the umask."""
-    return 0o666 & ~current_umask()
-
-
-@contextmanager
-def atomic_path(final: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``final``; rename it over ``final`` on success.
-
-    A crash mid-write leaves ``final`` untouched (old content or absent). The file gets
-    the mode a plain ``open(final, "w")`` would (``0o666`` less the umask), not
-    ``mkstemp``'s private ``0o600``.
-    """
-    final = Path(final)
-    if final.is_dir():  # before anything is written; os.replace would name the temporary file
-        raise IsADirectoryError(f"output {final} is a folder; expected a file path")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        os.chmod(tmp_path, default_file_mode())
-        os.replace(tmp_path, final)
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
-
-
-def json_text(obj: object, indent: int | None = 2) -> str:
-    """``obj`` as strict JSON: NaN and ±inf become ``null`` (JSON has no literal for
-    them, and other readers reject Python's ``NaN``); numpy values and paths are converted."""
-    return json.dumps(_finite_or_none(json.loads(json.dumps(obj, default=_json_default))),
-                      indent=indent, allow_nan=False)
-
-
-def write_json_atomic(obj: object, path: str | Path) -> None:
-    """Write ``obj`` as indented strict JSON (:func:`json_text`) atomically."""
-    text = json_text(obj)
-    with atomic_path(path) as tmp:
-        tmp.write_text(text + "\n")
-
-
-def _finite_or_none(obj: object) -> object:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite_or_none(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite_or_none(v) for v in obj]
-    return obj
-
-
 def assignments_table(table: FeatureTable, labels: np.ndarray, confidence: np.ndarray) -> pa.Table:
     """Arrow table: key, cluster:int32, confidence:float32, label:int64 (nullable).
 
@@ -355,16 +284,6 @@ def write_parquet_atomic(table: pa.Table, path: str | Path) -> None:
         pq.write_table(table, tmp)
 
 
-def _json_default(obj: object) -> object:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
 def features_table(X: np.ndarray, keys: np.ndarray, labels: np.ndarray | None) -> pa.Table:
     """Build a feature table (:func:`feature_schema`) from arrays."""
     X = np.ascontiguousarray(X, dtype=np.float32)
@@ -381,24 +300,7 @@ def features_table(X: np.ndarray, keys: np.ndarray, labels: np.ndarray | None) -
     )
 
 
-# -- row ranges: what one rank of a distributed fit reads ------------------------------------
-
-_NPY_HEADER_READERS = {
-    (1, 0): np.lib.format.read_array_header_1_0,
-    (2, 0): np.lib.format.read_array_header_2_0,
-}
-
-
-def rank_rows(n_rows: int, rank: int, world_size: int) -> tuple[int, int]:
-    """Contiguous, balanced row range [start, stop) of ``rank`` among ``world_size``.
-
-    Ranges are in rank order and differ in length by at most one row; a rank beyond
-    the last row gets an empty range.
-    """
-    return n_rows * rank // world_size, n_rows * (rank + 1) // world_size
-
-
-def _parquet_files(path: Path) -> list[str]:
+def parquet_files(path: Path) -> list[str]:
     """The files of a Parquet file or directory, in the order ``pq.read_table`` reads them."""
     import pyarrow.dataset as pads
 
@@ -408,31 +310,7 @@ def _parquet_files(path: Path) -> list[str]:
         raise DataError(f"cannot read Parquet {path}: {exc}") from exc
 
 
-def _npz_member(path: Path) -> tuple[zipfile.ZipFile, str]:
-    zf = zipfile.ZipFile(path)
-    if "X.npy" not in zf.namelist():
-        names = ", ".join(n.removesuffix(".npy") for n in zf.namelist())
-        zf.close()
-        raise DataError(f"{path} has no array 'X' (found: {names})")
-    return zf, "X.npy"
-
-
-def _npy_stream_header(stream, path: Path) -> tuple[tuple[int, ...], bool, np.dtype]:
-    version = np.lib.format.read_magic(stream)
-    reader = _NPY_HEADER_READERS.get(version)
-    if reader is None:
-        raise DataError(f"{path}: unsupported .npy format version {version} for 'X'")
-    return reader(stream)
-
-
-def _check_matrix(shape: tuple[int, ...], dtype: np.dtype, path: Path) -> tuple[int, int]:
-    if len(shape) != 2:
-        raise DataError(f"{path}: features must be a 2-D array [N, D], got shape {shape}")
-    _check_real(dtype, path)
-    return int(shape[0]), int(shape[1])
-
-
-def _check_real(dtype: np.dtype, path: Path) -> None:
+def check_real_dtype(dtype: np.dtype, path: Path) -> None:
     # imported here: the module imports torch, which the folder predict's driver goes without
     from deepdpm_core.validation import is_real_dtype
 
@@ -444,7 +322,7 @@ def _check_rows(X: np.ndarray, path: Path) -> None:
     """An array of rows of real numbers ([N, D], or [N, ...] images that ``embed`` flattens)."""
     if X.ndim == 0:
         raise DataError(f"{path}: features must be an array of rows [N, D], got a single value")
-    _check_real(X.dtype, path)
+    check_real_dtype(X.dtype, path)
 
 
 def _check_labels(y: np.ndarray, n_rows: int, path: Path) -> np.ndarray:
@@ -458,90 +336,3 @@ def _check_labels(y: np.ndarray, n_rows: int, path: Path) -> np.ndarray:
     if y.dtype.kind not in "iuf" and y.dtype != bool:
         raise DataError(f"{path}: 'y' must hold integer labels, got dtype {y.dtype}")
     return y.astype(np.int64)
-
-
-def feature_shape(path: str | Path) -> tuple[int, int]:
-    """(N, D) of a feature input (see :func:`read_features`) from its metadata only.
-
-    Raises
-    ------
-    DataError
-        Unknown format, no ``embedding``/``X``, not a numeric 2-D array.
-    FileNotFoundError
-        ``path`` does not exist.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"input not found: {path}")
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".npy":
-            X = np.load(path, mmap_mode="r", allow_pickle=False)
-            return _check_matrix(X.shape, X.dtype, path)
-        if suffix == ".npz":
-            zf, member = _npz_member(path)
-            with zf, zf.open(member) as stream:
-                shape, _, dtype = _npy_stream_header(stream, path)
-            return _check_matrix(shape, dtype, path)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise DataError(f"cannot read {path}: {exc}") from exc
-    if suffix == ".parquet" or path.is_dir():
-        n, dim = 0, None
-        for name in _parquet_files(path):
-            meta = pq.ParquetFile(name)
-            if "embedding" not in meta.schema_arrow.names:
-                raise DataError(f"{name} has no column 'embedding' (found: {meta.schema_arrow.names})")
-            n += meta.metadata.num_rows
-            typ = meta.schema_arrow.field("embedding").type
-            if dim is None and pa.types.is_fixed_size_list(typ):
-                dim = typ.list_size
-            elif dim is None and meta.metadata.num_rows:
-                dim = embedding_matrix(meta.read_row_group(0, columns=["embedding"])
-                                       .column("embedding").slice(0, 1)).shape[1]
-        return n, int(dim or 0)
-    raise DataError(f"unsupported input '{path}': expected .npy, .npz or .parquet")
-
-
-def read_feature_rows(path: str | Path, start: int, stop: int) -> np.ndarray:
-    """Embeddings of rows [start, stop) of a feature input, float32 of shape (stop − start, D).
-
-    Reads only those rows: ``.npy`` through a memory map, ``.npz`` by streaming the
-    ``X`` member of the archive up to the range, Parquet by reading only the row groups
-    that overlap it. Row order is that of :func:`read_features`.
-    """
-    path = Path(path)
-    n, dim = feature_shape(path)
-    start, stop = max(0, min(start, n)), max(0, min(stop, n))
-    stop = max(start, stop)
-    suffix = path.suffix.lower()
-    if suffix == ".npy":
-        X = np.load(path, mmap_mode="r", allow_pickle=False)
-        return np.array(X[start:stop], dtype=np.float32)
-    if suffix == ".npz":
-        zf, member = _npz_member(path)
-        with zf, zf.open(member) as stream:
-            shape, fortran, dtype = _npy_stream_header(stream, path)
-            if fortran:  # column-major rows are not contiguous: read the member whole
-                stream.seek(0)
-                return np.array(np.load(stream, allow_pickle=False)[start:stop], dtype=np.float32)
-            row_bytes = dim * dtype.itemsize
-            stream.seek(stream.tell() + start * row_bytes)
-            buf = stream.read((stop - start) * row_bytes)
-        return np.frombuffer(buf, dtype=dtype).reshape(stop - start, dim).astype(np.float32)
-    parts, offset = [], 0
-    for name in _parquet_files(path):
-        meta = pq.ParquetFile(name)
-        for group in range(meta.metadata.num_row_groups):
-            rows = meta.metadata.row_group(group).num_rows
-            lo, hi = max(start, offset), min(stop, offset + rows)
-            if lo < hi:
-                col = meta.read_row_group(group, columns=["embedding"]).column("embedding")
-                parts.append(embedding_matrix(col.slice(lo - offset, hi - lo)))
-            offset += rows
-            if offset >= stop:
-                break
-        if offset >= stop:
-            break
-    if not parts:
-        return np.zeros((0, dim), dtype=np.float32)
-    return np.concatenate(parts).astype(np.float32, copy=False)

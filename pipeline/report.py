@@ -34,8 +34,8 @@ from tqdm import tqdm
 
 from deepdpm_core.errors import DataError
 from pipeline import plots
+from pipeline.atomic_files import atomic_path
 from pipeline.diagnostics import diagnose
-from pipeline.io import atomic_path
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".ppm", ".gif", ".tif", ".tiff")
 RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")

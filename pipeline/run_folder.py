@@ -18,7 +18,7 @@ is renamed to ``.OUT.old-<pid>`` and the staging folder to ``OUT``: a kill betwe
 two renames leaves no ``OUT``, and :func:`remove_leftovers` (run by the next writer, which
 holds the output's lock) puts the earlier run back. A new ``OUT`` is one rename.
 
-Temporary files of :func:`pipeline.io.atomic_path` live in the staging folder, so a kill
+Temporary files of :func:`pipeline.atomic_files.atomic_path` live in the staging folder, so a kill
 leaves none in ``OUT``; the staging folder of a killed run is removed by the next
 writer (:func:`remove_leftovers`).
 """

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 from deepdpm_core.config import Config, from_dict
 from deepdpm_core.trainer import Trainer
 from pipeline.distributed import TorchDistCommunicator, ddp_wrapper, load_rank_rows
-from pipeline.io import rank_rows
+from pipeline.feature_rows import rank_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
