@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
+# the trainer's: ``cuda`` without a CUDA device fails here, in one line, not deep in torch
+from deepdpm_core.devices import resolve_device
 from deepdpm_core.errors import DataError
 
 
@@ -150,13 +152,6 @@ class AETrainSettings:
 
 
 EpochCallback = Callable[[dict[str, float]], None]
-
-
-def resolve_device(device: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def train_autoencoder(

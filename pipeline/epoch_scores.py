@@ -10,11 +10,13 @@ so when it runs before the tracker's callback the scores reach MLflow, ``history
 mode to the next epoch, so a scored fit trains exactly like an unscored one (tested).
 
 Bind it to the estimator before ``fit`` (``scores.bind(model)``): ``DeepDPM.fit``
-exposes the model being trained to its callbacks.
+exposes the model being trained to its callbacks. Every fit of the pipeline, in each of
+its modes, binds it to the trainer's model as it stands (:mod:`pipeline.fit.runner`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,16 @@ from deepdpm_core.metrics import clustering_scores
 
 #: labelled rows scored per epoch (a uniform random subsample when there are more)
 DEFAULT_MAX_ROWS = 10_000
+
+
+def scored_rows(labels: np.ndarray, max_rows: int = DEFAULT_MAX_ROWS, seed: int = 0) -> np.ndarray:
+    """Indices of the labelled rows (label >= 0) that are scored, ascending: all of them,
+    or a uniform random ``max_rows`` of them drawn with ``seed``."""
+    rows = np.flatnonzero(np.asarray(labels) >= 0)
+    if rows.size > max_rows:
+        rng = np.random.default_rng(seed)
+        rows = np.sort(rng.choice(rows, size=max_rows, replace=False))
+    return rows
 
 
 class EpochLabelScores:
@@ -50,10 +62,7 @@ class EpochLabelScores:
         self, X: np.ndarray, labels: np.ndarray, max_rows: int = DEFAULT_MAX_ROWS, seed: int = 0
     ) -> None:
         labels = np.asarray(labels)
-        rows = np.flatnonzero(labels >= 0)
-        if rows.size > max_rows:
-            rng = np.random.default_rng(seed)
-            rows = np.sort(rng.choice(rows, size=max_rows, replace=False))
+        rows = scored_rows(labels, max_rows, seed)
         self.rows = rows
         self._x = torch.from_numpy(np.ascontiguousarray(X[rows]))
         self._y = labels[rows]
@@ -69,8 +78,41 @@ class EpochLabelScores:
             return None
         return cls(X, labels, max_rows, seed)
 
+    @classmethod
+    def from_file(
+        cls, path: str | Path, max_rows: int = DEFAULT_MAX_ROWS, seed: int = 0,
+        batch_size: int = 65_536,
+    ) -> EpochLabelScores | None:
+        """The callback for the labelled rows of a feature file, without holding the file.
+
+        Scores exactly the rows :meth:`for_labels` would score on the whole table (a Ray
+        fit's rank 0, which holds only its slice, scores what a local fit scores): one
+        pass reads the labels, a second keeps the chosen rows, each ``batch_size`` rows
+        at a time.
+        """
+        from pipeline.io import feature_batches
+
+        labels = [batch.labels for batch in feature_batches(path, batch_size)]
+        if not labels or labels[0] is None:
+            return None
+        every = np.concatenate(labels)
+        rows = scored_rows(every, max_rows, seed)
+        if rows.size == 0:
+            return None
+        kept, start = [], 0
+        for batch in feature_batches(path, batch_size):
+            stop = start + len(batch.X)
+            local = rows[(rows >= start) & (rows < stop)] - start
+            kept.append(batch.X[local])
+            start = stop
+        # every row is labelled and they are <= max_rows: the same rows, in the same order
+        scores = cls(np.concatenate(kept), every[rows], max_rows, seed)
+        scores.rows = rows
+        return scores
+
     def bind(self, model: DeepDPM) -> None:
-        """Score the clustering net of ``model`` while it is being fitted."""
+        """Score the clustering net of ``model`` (anything with ``predict(X)``) while it
+        is being fitted."""
         self._model = model
 
     def __call__(self, record: dict[str, Any]) -> None:
@@ -80,4 +122,4 @@ class EpochLabelScores:
         record.update(clustering_scores(self._y, predicted))
 
 
-__all__ = ["DEFAULT_MAX_ROWS", "EpochLabelScores"]
+__all__ = ["DEFAULT_MAX_ROWS", "EpochLabelScores", "scored_rows"]

@@ -2,7 +2,7 @@
 
 Usage: ``python tests/fault_harness.py RESULTS [--no-exchange] -- FIT_ARGS...``
 
-The fit runs as usual until it reaches :func:`pipeline.fitting.write_fit_outputs`.
+The fit runs as usual until it reaches :func:`pipeline.fit.outputs.write_fit_outputs`.
 There a writer process takes over the writing of the outputs; at each of its
 file-system steps (``os.replace``, ``os.rename``, ``os.link``, ``shutil.rmtree`` and the
 folder exchange of :mod:`pipeline.run_folder`) it forks and sends itself ``SIGKILL``
@@ -24,7 +24,7 @@ import signal
 import sys
 from pathlib import Path
 
-import pipeline.fitting
+import pipeline.fit.outputs
 import pipeline.run_folder
 from pipeline.cli import main
 
@@ -94,5 +94,5 @@ if __name__ == "__main__":
     results.mkdir(parents=True)
     if "--no-exchange" in options:
         pipeline.run_folder._exchange = lambda a, b: False
-    pipeline.fitting.write_fit_outputs = _series(results, pipeline.fitting.write_fit_outputs)
+    pipeline.fit.outputs.write_fit_outputs = _series(results, pipeline.fit.outputs.write_fit_outputs)
     sys.exit(main(["fit", *fit_args]))

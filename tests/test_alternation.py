@@ -161,7 +161,7 @@ def test_bad_arguments(digits):
 def test_paper_recipes_load_strictly(name, expected):
     from pathlib import Path
 
-    from deepdpm_core.config import load_config
+    from deepdpm_core.config_loading import load_config
 
     flat = load_config(Path(__file__).parent.parent / "cluster_configs" / f"{name}.yaml").flat()
     assert {key: flat[key] for key in expected} == expected
@@ -207,8 +207,8 @@ def test_fit_alternate_command_writes_outputs_and_nested_mlflow_runs(
 
     from mlflow import MlflowClient
 
-    from pipeline.alternate import load_autoencoder
     from pipeline.cli import main
+    from pipeline.fit.checkpoints import load_autoencoder
     from pipeline.io import read_features
 
     X, y = digits

@@ -70,7 +70,7 @@ def test_every_output_file_honours_the_umask(tmp_path, blobs, umask, capsys):
 
 
 def test_atomic_path_gives_the_mode_open_would(tmp_path):
-    from pipeline.io import atomic_path
+    from pipeline.atomic_files import atomic_path
 
     old = os.umask(0o002)
     try:
@@ -236,7 +236,7 @@ def test_fit_refuses_an_output_that_holds_a_fit_unless_overwrite(tmp_path, blobs
 
 
 def test_fit_into_the_checkpoints_of_a_distributed_fit_points_to_resume(tmp_path, blobs, capsys):
-    from pipeline.ray_fit import TRAIN_DIR
+    from pipeline.fit.checkpoints import TRAIN_DIR
 
     run = tmp_path / "run"
     (run / TRAIN_DIR).mkdir(parents=True)
@@ -249,13 +249,16 @@ def test_fit_into_the_checkpoints_of_a_distributed_fit_points_to_resume(tmp_path
 
 def test_overwrite_removes_the_checkpoints_a_distributed_fit_would_restore(tmp_path, blobs,
                                                                             monkeypatch):
-    from pipeline import ray_fit
+    from deepdpm_core.errors import ConfigError
+    from pipeline.fit import ray as ray_fit
+    from pipeline.fit.checkpoints import TRAIN_DIR
+    from pipeline.fit.request import FitRequest
 
     run = tmp_path / "run"
-    (run / ray_fit.TRAIN_DIR).mkdir(parents=True)
-    (run / ray_fit.TRAIN_DIR / "checkpoint_manager_snapshot.json").write_text("{}")
-    request = ray_fit.FitRequest(input=str(blobs), output=str(run), config={}, num_workers=2,
-                                 tracking=False, quiet=True)
+    (run / TRAIN_DIR).mkdir(parents=True)
+    (run / TRAIN_DIR / "checkpoint_manager_snapshot.json").write_text("{}")
+    request = FitRequest(input=str(blobs), output=str(run), config={}, num_workers=2,
+                         tracking=False, quiet=True)
 
     class Stop(Exception):
         pass
@@ -264,12 +267,12 @@ def test_overwrite_removes_the_checkpoints_a_distributed_fit_would_restore(tmp_p
         raise Stop
 
     monkeypatch.setattr(ray_fit, "connect_ray", stop)
-    with pytest.raises(ray_fit.ConfigError, match="--overwrite"):
-        ray_fit.run_fit(request)
-    assert (run / ray_fit.TRAIN_DIR).is_dir()
+    with pytest.raises(ConfigError, match="--overwrite"):
+        ray_fit.run_ray_fit(request)
+    assert (run / TRAIN_DIR).is_dir()
     with pytest.raises(Stop):
-        ray_fit.run_fit(request, overwrite=True)
-    assert not (run / ray_fit.TRAIN_DIR).exists()
+        ray_fit.run_ray_fit(request.with_(overwrite=True))
+    assert not (run / TRAIN_DIR).exists()
 
 
 # -- 5. bare deepdpm lists its commands; unknown keys suggest the closest --------------------

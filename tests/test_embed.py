@@ -18,8 +18,8 @@ from sklearn.datasets import load_digits
 from deepdpm_core.config import Config
 from deepdpm_core.embedding import as_feature_matrix, embed, pca_embed
 from deepdpm_core.errors import ConfigError, DataError
-from pipeline.alternate import load_autoencoder
 from pipeline.cli import main
+from pipeline.fit.checkpoints import load_autoencoder
 from pipeline.io import features_table, read_features, write_parquet_atomic
 
 # A narrower net and few epochs keep the CPU tests fast; the code path is the paper's.

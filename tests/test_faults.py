@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from deepdpm_core.config import MAX_YAML_DEPTH, MAX_YAML_NODES, load_config, parse_overrides
+from deepdpm_core.config_loading import MAX_YAML_DEPTH, MAX_YAML_NODES, load_config, parse_overrides
 from deepdpm_core.errors import CheckpointError, ConfigError
 from pipeline.cli import main
 from pipeline.io import features_table
@@ -232,7 +232,7 @@ def test_a_ray_fit_keeps_its_checkpoints_through_the_publish_and_prunes_unlisted
     ``ray_train/`` and ``fit_request.json`` kept, at most the 2 checkpoints Ray Train
     lists, nothing left beside the folder; a checkpoint folder the snapshot does not list
     (what a driver killed right after a worker's upload leaves) is removed."""
-    from pipeline.ray_fit import TRAIN_DIR, _checkpoint_dir_names, prune_checkpoints
+    from pipeline.fit.checkpoints import TRAIN_DIR, checkpoint_dir_names, prune_checkpoints
 
     out = tmp_path / "run"
     fit = _deepdpm("fit", "--input", str(_blobs(tmp_path / "a.npz", 240, 0)), "--output",
@@ -241,7 +241,7 @@ def test_a_ray_fit_keeps_its_checkpoints_through_the_publish_and_prunes_unlisted
     assert fit.returncode == 0, fit.stderr
     train = out / TRAIN_DIR
     snapshot = json.loads((train / "checkpoint_manager_snapshot.json").read_text())
-    listed = set(_checkpoint_dir_names(snapshot))
+    listed = set(checkpoint_dir_names(snapshot))
     on_disk = {p.name for p in train.glob("checkpoint_*") if p.is_dir()}
     assert on_disk == listed and 1 <= len(listed) <= 2
     assert (out / "fit_request.json").exists() and (out / "summary.json").exists()
@@ -401,8 +401,7 @@ def _refused(err: str) -> bool:
 def test_pickles_that_would_run_code_are_refused_naming_the_global(mixture, tmp_path, capsys):
     from ray.train import Checkpoint
 
-    from pipeline.ray_fit import CHECKPOINT_FILE, _load_state
-    from pipeline.resumable_fit import CHECKPOINT_DIR
+    from pipeline.fit.checkpoints import CHECKPOINT_DIR, CHECKPOINT_FILE, load_ray_checkpoint
     from tests.image_data import encode_png, write_raw_shard
 
     marker = tmp_path / "code-ran"
@@ -437,7 +436,7 @@ def test_pickles_that_would_run_code_are_refused_naming_the_global(mixture, tmp_
         ray_checkpoint.mkdir(exist_ok=True)
         (ray_checkpoint / CHECKPOINT_FILE).write_bytes(path.read_bytes())
         with pytest.raises(CheckpointError) as err:
-            _load_state(Checkpoint.from_directory(str(ray_checkpoint)))
+            load_ray_checkpoint(Checkpoint.from_directory(str(ray_checkpoint)))
         assert _refused(str(err.value))
     assert not marker.exists()
     assert not (tmp_path / "predicted.parquet").exists()

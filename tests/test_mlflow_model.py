@@ -277,7 +277,7 @@ def test_the_model_of_an_alternating_fit_takes_raw_rows(mlflow_server, tmp_path,
 
     from deepdpm_core.autoencoder import build_autoencoder, encode
     from deepdpm_core.config import Config
-    from pipeline.alternate import save_autoencoder
+    from pipeline.fit.checkpoints import save_autoencoder
     from pipeline.mlflow_model import log_fit_model
 
     rng = np.random.default_rng(2)

@@ -3,7 +3,7 @@ by batch with the results of reading it whole, the model's assigner alone, and a
 predict's driver without torch.
 
 The reference, the file "read whole": :func:`pipeline.io.read_features`,
-``DeepDPM.predict_confidence`` and :func:`pipeline.fitting.label_metrics` over the whole
+``DeepDPM.predict_confidence`` and :func:`pipeline.fit.outputs.label_metrics` over the whole
 table.
 """
 
@@ -29,7 +29,7 @@ from deepdpm_core.metrics import (
     contingency_scores,
 )
 from pipeline.cli import main
-from pipeline.fitting import label_metrics
+from pipeline.fit.outputs import label_metrics
 from pipeline.io import FeatureTable, assignments_table, features_table, read_features
 from pipeline.ray_predict import read_assigner
 

@@ -29,10 +29,15 @@ import pyarrow.parquet as pq  # noqa: E402
 import pytest  # noqa: E402
 
 from deepdpm_core import DeepDPM  # noqa: E402
+from pipeline.cli import build_parser  # noqa: E402
 from pipeline.cli import main as cli  # noqa: E402
+from pipeline.commands.fit import request_from_args  # noqa: E402
+from pipeline.fit import run_fit  # noqa: E402
+from pipeline.fit.checkpoints import TRAIN_DIR  # noqa: E402
+from pipeline.fit.request import FitRequest  # noqa: E402
 from pipeline.io import features_table  # noqa: E402
-from pipeline.ray_fit import FAIL_EPOCH_ENV, FAIL_RANK_ENV, TRAIN_DIR, FitRequest, run_fit  # noqa: E402
 from tests.conftest_ray import local_ray  # noqa: E402
+from tests.fault_hooks import FailOnce  # noqa: E402
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -84,6 +89,16 @@ def _fit(*args: str) -> int:
     os.chdir(REPO)  # --config paths are relative to the repository
     try:
         return cli(["fit", *args])
+    finally:
+        os.chdir(cwd)
+
+
+def _fit_with_fault(fault, *args: str):
+    """``deepdpm fit ARGS`` with a test-only fault hook (the CLI takes none)."""
+    cwd = os.getcwd()
+    os.chdir(REPO)  # --config paths are relative to the repository
+    try:
+        return run_fit(request_from_args(build_parser().parse_args(["fit", *args])), fault=fault)
     finally:
         os.chdir(cwd)
 
@@ -140,24 +155,23 @@ def test_two_workers_find_the_true_k_as_one_process_does(two_worker_run, data, t
     assert workers == [("2",)]
 
 
-def test_crashes_resume_from_the_last_checkpoint(two_worker_run, data, tmp_path, monkeypatch):
+def test_crashes_resume_from_the_last_checkpoint(two_worker_run, data, tmp_path):
     reference = _history(two_worker_run[0])
     assert len(reference) > 11, "the reference fit must outlast the injected crashes"
     out = tmp_path / "crashy"
     # rank 1 raises before epochs 5 and 11. FailureConfig(max_failures=1): the first crash
     # restarts both workers from the epoch-3 checkpoint, the second stops the run
-    monkeypatch.setenv(FAIL_EPOCH_ENV, "5,11")
-    monkeypatch.setenv(FAIL_RANK_ENV, "1")
+    fault = FailOnce(epochs=(5, 11), rank=1, marker_dir=out / TRAIN_DIR)
     with pytest.raises(ray.train.TrainingFailedError, match="injected failure on rank 1 at epoch 11"):
-        _fit("--input", str(data[0]), "--output", str(out), *FIT_SETTINGS, "--num-workers", "2",
-             "--checkpoint-every", str(CHECKPOINT_EVERY), "--max-failures", "1", "--no-tracking")
+        _fit_with_fault(fault, "--input", str(data[0]), "--output", str(out), *FIT_SETTINGS,
+                        "--num-workers", "2", "--checkpoint-every", str(CHECKPOINT_EVERY),
+                        "--max-failures", "1", "--no-tracking")
     markers = sorted(p.name for p in (out / TRAIN_DIR).glob(".injected_failure_*"))
     assert markers == [".injected_failure_epoch11_rank1", ".injected_failure_epoch5_rank1"]
     assert not (out / "summary.json").exists()
 
     # the stopped run continues from its epoch-9 checkpoint (crash markers stay, so the
     # injected crashes do not fire again) and ends exactly as the uninterrupted one
-    monkeypatch.delenv(FAIL_EPOCH_ENV)
     assert _fit("--resume", str(out), "--quiet") == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from_epoch"] == 9

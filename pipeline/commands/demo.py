@@ -52,21 +52,25 @@ def run(args: argparse.Namespace) -> int:
     from sklearn.datasets import load_digits
 
     from deepdpm_core import DeepDPM
-    from deepdpm_core.config import load_config
+    from deepdpm_core.config_loading import load_config
     from deepdpm_core.embedding import embed
+    from deepdpm_core.init import rows_needed
     from deepdpm_core.metrics import clustering_scores
+    from deepdpm_core.trainer import Trainer
+    from deepdpm_core.validation import check_features, readonly_tensor
     from pipeline.epoch_scores import EpochLabelScores
-    from pipeline.fitting import write_fit_outputs
+    from pipeline.fit.outputs import write_fit_outputs
+    from pipeline.fit.runner import (
+        FitHooks,
+        console_progress,
+        epoch_callbacks,
+        median_feature_variance,
+        run_epochs,
+    )
     from pipeline.io import FeatureTable, features_table, read_features, write_parquet_atomic
     from pipeline.report import load_run_dir, render_report, write_report
     from pipeline.results import print_result
-    from pipeline.tracking import (
-        RunTracker,
-        environment_tags,
-        epoch_callback,
-        fit_params,
-        log_fit_outputs,
-    )
+    from pipeline.tracking import RunTracker, environment_tags, fit_params, log_fit_outputs
 
     cfg = load_config(args.config).with_overrides({"seed": args.seed})  # fail before any work
     out = Path(args.output)
@@ -96,23 +100,22 @@ def run(args: argparse.Namespace) -> int:
     write_parquet_atomic(features_table(emb, table.keys, table.labels), emb_path)
     _step("embed", emb_path, t0)
     emb_table = FeatureTable(emb, table.labels, table.keys)
-    variance = float(np.median(emb.var(axis=0)))
     with RunTracker(tracking_uri, "deepdpm-demo", enabled=not args.no_tracking,
                     run_name=out.resolve().name,
                     artifact_location=(out / "mlartifacts").resolve().as_uri()) as tracker:
         tracker.log_params(fit_params(cfg.flat(), *emb.shape, num_workers=1))
         tracker.set_tags({**environment_tags(emb_path, command="demo"), "deepdpm.command": "demo"})
-        model = DeepDPM(cfg)
-        scores_cb = EpochLabelScores.for_labels(emb, table.labels, seed=cfg.seed)
-        callbacks = [epoch_callback(tracker, cfg, variance)]
-        if scores_cb is not None:  # nmi/ari/acc per epoch, logged by the tracker's callback
-            scores_cb.bind(model)
-            callbacks.insert(0, scores_cb)
+        # the epoch loop of every fit, with its per-epoch scores, tracking and diagnostics
         t_fit = time.perf_counter()
-        model.fit(emb, callbacks=callbacks, progress=True)
+        rows = check_features(emb, min_rows=rows_needed(cfg.init.n_clusters))
+        trainer = Trainer(cfg, readonly_tensor(rows))
+        scores_cb = EpochLabelScores.for_labels(emb, table.labels, seed=cfg.seed)
+        run_epochs(trainer, FitHooks(on_epoch=epoch_callbacks(trainer, tracker, scores_cb),
+                                     progress=console_progress(True)))
+        model = DeepDPM.from_trainer(trainer)
         fit_seconds = time.perf_counter() - t_fit
         summary = write_fit_outputs(out / "fit", model, emb_table, fit_seconds, emb_path,
-                                    extra={"median_feature_variance": variance})
+                                    extra={"median_feature_variance": median_feature_variance(trainer)})
         _step("fit", out / "fit", t0)
         pred = model.predict(emb)
         _step("predict", out / "fit" / "assignments.parquet", t0)

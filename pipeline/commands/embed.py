@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
     from deepdpm_core.embedding import as_feature_matrix, embed
     from deepdpm_core.errors import DataError
     from deepdpm_core.progress import progress_bar
-    from pipeline.alternate import save_autoencoder
-    from pipeline.fitting import config_from_args
+    from pipeline.fit.checkpoints import save_autoencoder
+    from pipeline.fit.request import config_from_args
     from pipeline.io import features_table, read_features, write_parquet_atomic
     from pipeline.results import print_result
 

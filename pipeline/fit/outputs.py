@@ -1,4 +1,4 @@
-"""What a fit leaves on disk, shared by the single-process and the Ray fit.
+"""What a fit leaves on disk, the same in every mode (local, Ray, alternating).
 
 ``DIR/summary.json``, ``DIR/assignments.parquet`` (key, cluster, confidence, label),
 ``DIR/model.pt``, ``DIR/config.yaml`` and the plots, published together: they are
@@ -10,45 +10,74 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
-from deepdpm_core import Config, DeepDPM
-from deepdpm_core.config import from_dict, load_config, parse_overrides
+from deepdpm_core import DeepDPM
 from deepdpm_core.metrics import clustering_scores
+from pipeline.atomic_files import atomic_path, write_json_atomic
 from pipeline.io import (
     FeatureTable,
     assignments_table,
-    atomic_path,
-    write_json_atomic,
     write_parquet_atomic,
 )
 from pipeline.plots import write_fit_plots
 from pipeline.run_folder import publish_run, staging_folder
 
-#: every file a fit run writes (``--alternate`` adds the last two): in a re-fit these
-#: names belong to the earlier run and are replaced; other entries (checkpoints) stay
+#: what every fit leaves in its output folder
+FIT_FILES = ("summary.json", "assignments.parquet", "model.pt", "config.yaml")
+#: what an alternating fit adds: the autoencoder and the features it learned
+ALTERNATING_FILES = ("autoencoder.pt", "embedding.parquet")
+#: every file a fit run writes: in a re-fit these names belong to the earlier run and
+#: are replaced; other entries (checkpoints) stay
 RUN_OUTPUTS = frozenset({
-    "summary.json", "assignments.parquet", "model.pt", "config.yaml",
+    *FIT_FILES, *ALTERNATING_FILES,
     "k_over_epochs.png", "cluster_sizes.png", "moves.png", "losses.png", "epoch_time.png",
-    "scores.png", "autoencoder.pt", "embedding.parquet",
+    "scores.png",
 })  # fmt: skip
 
 
-def config_from_args(config_path: str | None, overrides: list[str] | None, seed: int | None) -> Config:
-    """``--config`` YAML (or defaults) + ``--set key=value`` overrides + ``--seed``."""
-    cfg = load_config(config_path) if config_path else from_dict(None)
-    over = parse_overrides(overrides or [])
-    if seed is not None:
-        over["seed"] = seed
-    return cfg.with_overrides(over) if over else cfg
+@dataclass(frozen=True)
+class FitResult:
+    """What a finished fit returns, in every mode.
+
+    Attributes
+    ----------
+    summary : dict
+        The fit's ``summary.json``.
+    output : str
+        The output folder.
+    run_id : str, optional
+        The MLflow run (None untracked, or when the driver did not log it: Ray).
+    files : tuple of str
+        The output files' names (:data:`FIT_FILES`, plus :data:`ALTERNATING_FILES`).
+    """
+
+    summary: dict[str, Any]
+    output: str
+    run_id: str | None = None
+    files: tuple[str, ...] = FIT_FILES
 
 
 def label_metrics(labels_true: np.ndarray | None, labels_pred: np.ndarray) -> dict[str, float]:
-    """NMI/ARI/ACC over the rows that have a label (label >= 0); {} without labels."""
+    """NMI/ARI/ACC over the rows that have a label (label >= 0); {} without labels.
+
+    Parameters
+    ----------
+    labels_true : ndarray of shape (N,), optional
+        Classes; negative: unlabelled.
+    labels_pred : ndarray of shape (N,)
+        Clusters.
+
+    Returns
+    -------
+    dict
+        ``nmi``, ``ari``, ``acc`` (empty without a labelled row).
+    """
     if labels_true is None:
         return {}
     known = labels_true >= 0
@@ -86,7 +115,7 @@ def write_fit_outputs(
     staging = staging_folder(out_dir) if publish else Path(out_dir)
     staging.mkdir(parents=True, exist_ok=True)
     try:
-        summary = _write_outputs(staging, model, table, fit_seconds, input_path, extra, more_outputs)
+        summary = write_into(staging, model, table, fit_seconds, input_path, extra, more_outputs)
     except BaseException:
         if publish:  # nothing of this run is published; its half-written files go
             shutil.rmtree(staging, ignore_errors=True)
@@ -96,7 +125,7 @@ def write_fit_outputs(
     return summary
 
 
-def _write_outputs(
+def write_into(
     staging: Path,
     model: DeepDPM,
     table: FeatureTable,
@@ -105,6 +134,8 @@ def _write_outputs(
     extra: dict[str, Any] | None,
     more_outputs: Callable[[Path], None] | None,
 ) -> dict[str, Any]:
+    """Write every output of a fit into ``staging`` (see :func:`write_fit_outputs`) and
+    return the summary."""
     # label + max responsibility per batch: the (N, K) array is 5 GB at 1.28M x 1000
     labels, confidence = model.predict_confidence(table.X)
     summary: dict[str, Any] = {
@@ -130,3 +161,7 @@ def _write_outputs(
         more_outputs(staging)
     write_json_atomic(summary, staging / "summary.json")
     return summary
+
+
+__all__ = ["ALTERNATING_FILES", "FIT_FILES", "FitResult", "RUN_OUTPUTS", "label_metrics", "write_fit_outputs",
+           "write_into"]

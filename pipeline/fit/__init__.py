@@ -1,0 +1,51 @@
+"""``deepdpm fit`` in every mode: one request, one epoch runner, one set of outputs.
+
+- :mod:`pipeline.fit.request`: :class:`~pipeline.fit.request.FitRequest`, everything a
+  fit needs (stored for ``--resume``);
+- :mod:`pipeline.fit.runner`: the one epoch loop around the trainer, with hooks for
+  per-epoch callbacks, checkpoints, consistency checks and test-only fault injection;
+- :mod:`pipeline.fit.local`, :mod:`pipeline.fit.ray`, :mod:`pipeline.fit.alternating`:
+  the three modes, each a thin driver of the runner;
+- :mod:`pipeline.fit.outputs`: what every fit leaves on disk;
+- :mod:`pipeline.fit.checkpoints`: the checkpoint and autoencoder files.
+
+Submodules are imported on use: the Ray mode pulls in Ray, the others do not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.fit.outputs import FitResult
+    from pipeline.fit.request import FitRequest
+    from pipeline.fit.runner import FaultHook
+
+
+def run_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitResult:
+    """Run ``request`` in its mode and return its result.
+
+    Parameters
+    ----------
+    request : FitRequest
+    fault : callable, optional
+        Test-only crash injection, ``fault(epoch, rank)`` before each epoch.
+
+    Returns
+    -------
+    FitResult
+    """
+    if request.mode == "ray":
+        from pipeline.fit.ray import run_ray_fit
+
+        return run_ray_fit(request, fault=fault)
+    if request.mode == "alternating":
+        from pipeline.fit.alternating import run_alternating_fit
+
+        return run_alternating_fit(request, fault=fault)
+    from pipeline.fit.local import run_local_fit
+
+    return run_local_fit(request, fault=fault)
+
+
+__all__ = ["run_fit"]

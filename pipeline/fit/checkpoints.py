@@ -1,0 +1,202 @@
+"""Every file a fit keeps to resume or to reuse, read through the one safe loader.
+
+Three kinds, each written atomically and read by
+:func:`deepdpm_core.checkpoints.safe_load` (``torch.load(weights_only=True)``; a pickle
+that would run code is refused):
+
+``OUT/checkpoints/epoch_EEEEEE.pt``
+    the checkpoints of a fit in this process (``--checkpoint-every N``), the newest
+    :data:`CHECKPOINTS_KEPT` kept;
+``OUT/ray_train/checkpoint_*/model.pt``
+    the checkpoints of a Ray fit, kept by Ray Train (:data:`TRAIN_DIR`); a folder its
+    snapshot does not list is an orphan (:func:`prune_checkpoints`);
+``OUT/autoencoder.pt``
+    the autoencoder of an alternating fit (:func:`save_autoencoder`).
+
+The first two hold a trainer's state (:meth:`deepdpm_core.trainer.Trainer.state_dict`)
+in the model file format (:data:`deepdpm_core.estimator.FORMAT`: nets, optimisers, NIW
+parameters, K, epoch, history, the numpy and torch generator states, config), so a
+resumed fit runs its remaining epochs exactly as the uninterrupted fit would have.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deepdpm_core.checkpoints import safe_load
+from deepdpm_core.config import Config
+from deepdpm_core.errors import CheckpointError
+from deepdpm_core.estimator import FORMAT
+from deepdpm_core.trainer import Trainer
+from pipeline.atomic_files import atomic_path
+
+CHECKPOINT_DIR = "checkpoints"
+#: checkpoints kept (older ones are removed once a newer one is written), as on Ray
+CHECKPOINTS_KEPT = 2
+#: Ray Train's storage in the output folder
+TRAIN_DIR = "ray_train"
+#: the trainer state in a Ray Train checkpoint folder
+CHECKPOINT_FILE = "model.pt"
+AE_FORMAT = "deepdpm-autoencoder-v1"
+_NAME = re.compile(r"epoch_(\d+)\.pt")
+
+
+def trainer_state(path: str | Path) -> dict[str, Any]:
+    """A trainer state written by :func:`write_trainer_state`.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` does not exist.
+    CheckpointError
+        The file is unreadable, unsafe or not a DeepDPM checkpoint.
+    """
+    state = safe_load(path)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a DeepDPM checkpoint ({FORMAT})")
+    return state
+
+
+def write_trainer_state(trainer: Trainer, path: str | Path) -> Path:
+    """Write the trainer's state (model file format) to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        torch.save({"format": FORMAT, **trainer.state_dict()}, tmp)
+    return Path(path)
+
+
+# ----------------------------------------------------------- a fit in this process
+def checkpoint_paths(out: str | Path) -> list[Path]:
+    """The checkpoints of a fit in this process in ``out``, oldest first."""
+    folder = Path(out) / CHECKPOINT_DIR
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.fullmatch(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def has_local_checkpoints(out: str | Path) -> bool:
+    """True when ``out`` holds checkpoints of a fit in this process."""
+    return bool(checkpoint_paths(out))
+
+
+def remove_checkpoints(out: str | Path) -> None:
+    """Drop the checkpoints of an earlier fit, of either mode (``--overwrite``)."""
+    shutil.rmtree(Path(out) / CHECKPOINT_DIR, ignore_errors=True)
+    shutil.rmtree(Path(out) / TRAIN_DIR, ignore_errors=True)
+
+
+def latest_state(out: str | Path) -> dict[str, Any] | None:
+    """The newest local checkpoint's trainer state; None when there is none yet."""
+    paths = checkpoint_paths(out)
+    return trainer_state(paths[-1]) if paths else None
+
+
+def write_checkpoint(trainer: Trainer, out: str | Path) -> Path:
+    """Write the trainer's state as the newest local checkpoint, then keep only the
+    newest :data:`CHECKPOINTS_KEPT` (and no temporary file a killed write left behind)."""
+    folder = Path(out) / CHECKPOINT_DIR
+    path = write_trainer_state(trainer, folder / f"epoch_{trainer.epoch:06d}.pt")
+    for old in checkpoint_paths(out)[:-CHECKPOINTS_KEPT]:
+        old.unlink(missing_ok=True)
+    for stale in folder.glob(".epoch_*.tmp"):  # a write killed mid-way (SIGKILL skips cleanup)
+        stale.unlink(missing_ok=True)
+    return path
+
+
+# ------------------------------------------------------------------ a Ray fit
+def has_ray_checkpoints(out: str | Path) -> bool:
+    """True when ``out`` holds the Ray Train checkpoints of a distributed fit."""
+    return (Path(out) / TRAIN_DIR / "checkpoint_manager_snapshot.json").exists()
+
+
+def load_ray_checkpoint(checkpoint: Any) -> dict[str, Any]:
+    """The trainer state in a ``ray.train.Checkpoint``.
+
+    Raises
+    ------
+    CheckpointError
+        The folder has no :data:`CHECKPOINT_FILE`, or it is unsafe or not a checkpoint.
+    """
+    with checkpoint.as_directory() as path:
+        try:
+            return trainer_state(Path(path) / CHECKPOINT_FILE)
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint {path} has no {CHECKPOINT_FILE}") from None
+
+
+def checkpoint_dir_names(node: Any) -> list[str]:
+    """Every ``checkpoint_dir_name`` value in a Ray Train checkpoint-manager snapshot."""
+    if isinstance(node, dict):
+        names = [v for k, v in node.items() if k == "checkpoint_dir_name" and isinstance(v, str)]
+        return names + [n for v in node.values() for n in checkpoint_dir_names(v)]
+    if isinstance(node, list):
+        return [n for v in node for n in checkpoint_dir_names(v)]
+    return []
+
+
+def prune_checkpoints(out: str | Path) -> list[Path]:
+    """Remove the checkpoint folders in ``OUT/ray_train`` that Ray Train's snapshot does
+    not list; returns them.
+
+    Ray Train keeps the last ``num_to_keep`` checkpoints it registered. A checkpoint a
+    worker uploaded just before the run died is never registered, so never pruned, and
+    a resumed run would not use it either. Nothing is removed without a readable
+    snapshot.
+    """
+    train_dir = Path(out) / TRAIN_DIR
+    try:
+        snapshot = json.loads((train_dir / "checkpoint_manager_snapshot.json").read_text())
+    except (OSError, ValueError):
+        return []
+    listed = set(checkpoint_dir_names(snapshot))
+    orphans = [path for path in train_dir.glob("checkpoint_*")
+               if path.is_dir() and path.name not in listed]
+    for path in orphans:
+        shutil.rmtree(path)
+    return orphans
+
+
+# -------------------------------------------------------------- the autoencoder
+def save_autoencoder(model: Any, config: Config, path: str | Path) -> None:
+    """Write an :class:`~deepdpm_core.autoencoder.MLPAutoencoder` (architecture, weights,
+    input scaling) and its config atomically."""
+    payload = {
+        "format": AE_FORMAT,
+        "architecture": model.architecture(),
+        "state_dict": model.state_dict(),
+        "config": config.to_dict(),
+    }
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def load_autoencoder(path: str | Path):
+    """Read a model written by :func:`save_autoencoder`, in eval mode.
+
+    Raises
+    ------
+    CheckpointError
+        The file is unsafe or not a deepdpm autoencoder.
+    """
+    from deepdpm_core.autoencoder import MLPAutoencoder
+
+    payload = safe_load(path, "autoencoder")
+    if not isinstance(payload, dict) or payload.get("format") != AE_FORMAT:
+        raise CheckpointError(f"{path} is not a deepdpm autoencoder ({AE_FORMAT})")
+    arch = payload["architecture"]
+    model = MLPAutoencoder(arch["input_dim"], arch["latent_dim"], arch["hidden"])
+    model.load_state_dict(payload["state_dict"])
+    return model.eval()
+
+
+__all__ = ["AE_FORMAT", "CHECKPOINTS_KEPT", "CHECKPOINT_DIR", "CHECKPOINT_FILE", "TRAIN_DIR",
+           "checkpoint_dir_names", "checkpoint_paths", "has_local_checkpoints",
+           "has_ray_checkpoints", "latest_state", "load_autoencoder", "load_ray_checkpoint",
+           "prune_checkpoints", "remove_checkpoints", "save_autoencoder", "trainer_state",
+           "write_checkpoint", "write_trainer_state"]

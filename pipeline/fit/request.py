@@ -1,0 +1,185 @@
+"""One typed request for every fit: local, Ray, or alternating with an autoencoder.
+
+A :class:`FitRequest` is what ``deepdpm fit`` parsed from its flags (or what a test or a
+notebook builds directly): the input and output, the config, how the fit runs (mode,
+workers, checkpoints) and how it is tracked. It is frozen and JSON-serialisable: a fit
+with checkpoints stores it as ``OUT/fit_request.json`` so that ``deepdpm fit --resume
+OUT`` continues the run exactly as it was started, and a Ray fit ships it to its workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from deepdpm_core.config import Config, from_dict
+from deepdpm_core.config_loading import load_config, parse_overrides
+from deepdpm_core.errors import CheckpointError, ConfigError
+from pipeline.tracking_options import DEFAULT_EXPERIMENT, DEFAULT_MODEL_ALIAS
+
+REQUEST_FILE = "fit_request.json"
+#: how a fit runs: in this process, on Ray Train workers, or alternating with an AE
+FitMode = Literal["local", "ray", "alternating"]
+MODES = ("local", "ray", "alternating")
+
+
+def config_from_args(config_path: str | None, overrides: list[str] | None, seed: int | None) -> Config:
+    """``--config`` YAML (or defaults) + ``--set key=value`` overrides + ``--seed``.
+
+    Parameters
+    ----------
+    config_path : str, optional
+        A YAML config; None: the built-in defaults.
+    overrides : list of str, optional
+        ``key=value`` strings.
+    seed : int, optional
+        Replaces the config's seed.
+
+    Returns
+    -------
+    Config
+    """
+    cfg = load_config(config_path) if config_path else from_dict(None)
+    over = parse_overrides(overrides or [])
+    if seed is not None:
+        over["seed"] = seed
+    return cfg.with_overrides(over) if over else cfg
+
+
+@dataclass(frozen=True)
+class FitRequest:
+    """Everything a fit needs, in every mode.
+
+    Paths are absolute where the CLI builds them: Ray workers may run in other
+    directories or on other nodes. The defaults are those of a Ray fit, the mode that
+    stored its request before the others did (old ``fit_request.json`` files load).
+
+    Parameters
+    ----------
+    input, output : str
+        Feature file (``.npy``, ``.npz``, Parquet) and output folder.
+    config : dict
+        The full config (:meth:`Config.to_dict`).
+    mode : {"ray", "local", "alternating"}
+    num_workers : int
+        Ray Train workers (1 for the in-process modes).
+    use_gpu : bool
+        One GPU per worker; in process: ``device=cuda``.
+    checkpoint_every : int
+        Epochs between checkpoints (0: only Ray's final one).
+    resumable : bool
+        Store this request and keep checkpoints, so ``--resume`` can continue the fit.
+        A local fit without ``--checkpoint-every`` is not resumable.
+    max_failures : int
+        Ray worker failures recovered from the last checkpoint (-1: no limit).
+    tracking, tracking_uri, experiment, run_name, register_model, model_alias
+        MLflow tracking (:class:`pipeline.tracking.RunTracker`).
+    quiet : bool
+        No progress bars.
+    alternations : int
+        Alternating mode: AE <-> DeepDPM rounds after the first clustering.
+    resume : bool
+        Continue from the latest checkpoint in ``output``.
+    overwrite : bool
+        Start afresh in an output folder that holds an earlier fit.
+    ray_address : str, optional
+        The Ray cluster (default ``$RAY_ADDRESS``, else a new local one).
+    wait_for_workers_s : float
+        How long an existing Ray cluster may take to offer the workers' resources.
+    """
+
+    input: str
+    output: str
+    config: dict[str, Any]
+    mode: FitMode = "ray"
+    num_workers: int = 2
+    use_gpu: bool = False
+    checkpoint_every: int = 5
+    resumable: bool = True
+    max_failures: int = 3
+    tracking: bool = True
+    tracking_uri: str | None = None
+    experiment: str = DEFAULT_EXPERIMENT
+    run_name: str | None = None
+    register_model: str | None = None
+    model_alias: str = DEFAULT_MODEL_ALIAS
+    quiet: bool = False
+    alternations: int = 0
+    resume: bool = False
+    overwrite: bool = False
+    ray_address: str | None = None
+    wait_for_workers_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"fit mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.num_workers < 1:  # Ray Train's 0 (local mode) would drop the checkpoints
+            raise ConfigError(f"a Ray fit needs --num-workers >= 1, got {self.num_workers} (without "
+                              "--ray-address, 0 or 1 fit in this process)")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        if self.max_failures < -1:
+            raise ConfigError(f"--max-failures must be >= -1 (-1: no limit), got {self.max_failures}")
+        if self.alternations < 0:
+            raise ConfigError(f"--alternate must be >= 0, got {self.alternations}")
+
+    @property
+    def in_process(self) -> bool:
+        """True for the modes that fit in the calling process (local, alternating)."""
+        return self.mode != "ray"
+
+    def fit_config(self) -> Config:
+        """The config the fit runs with (``use_gpu`` in process: ``device=cuda``; a Ray
+        worker sets the device it was given itself)."""
+        config = from_dict(self.config)
+        if self.use_gpu and self.in_process:
+            config = config.with_overrides({"device": "cuda"})
+        return config
+
+    def tracker(self, rank: int = 0):
+        """A :class:`pipeline.tracking.RunTracker` for this fit (inactive off rank 0)."""
+        from pipeline.tracking import RunTracker
+
+        return RunTracker(self.tracking_uri, self.experiment, enabled=self.tracking,
+                          run_name=self.run_name, rank=rank, register_model=self.register_model,
+                          model_alias=self.model_alias)
+
+    def save(self) -> None:
+        """Write the request to ``output/fit_request.json`` (atomically)."""
+        from pipeline.atomic_files import write_json_atomic
+
+        # how this invocation started is not part of the run: a resume starts afresh
+        stored = self.with_(resume=False, overwrite=False)
+        write_json_atomic(dataclasses.asdict(stored), Path(self.output) / REQUEST_FILE)
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> FitRequest:
+        """The request of the run in ``run_dir`` (``--resume``).
+
+        Raises
+        ------
+        CheckpointError
+            ``run_dir`` holds no request, or an unreadable one.
+        """
+        path = Path(run_dir) / REQUEST_FILE
+        try:
+            data = json.loads(path.read_text())
+            if "in_process" in data:  # written before the modes had names
+                data["mode"] = "local" if data.pop("in_process") else "ray"
+            return cls(**data)
+        except (FileNotFoundError, NotADirectoryError):
+            raise CheckpointError(
+                f"{run_dir} is not the output directory of a fit with checkpoints (no {REQUEST_FILE})"
+            ) from None
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError, AttributeError) as exc:
+            raise CheckpointError(f"{path} is not a valid fit request: {exc}") from exc
+
+    def with_(self, **changes: Any) -> FitRequest:
+        """A copy with ``changes`` applied (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+__all__ = ["MODES", "REQUEST_FILE", "FitMode", "FitRequest", "config_from_args"]

@@ -1,0 +1,175 @@
+"""The one epoch loop of every fit: local, each Ray worker, each alternation round.
+
+:func:`run_epochs` drives a :class:`~deepdpm_core.trainer.Trainer` through its public
+API: ``initialize`` (unless it was restored from a checkpoint), then ``step_epoch``
+until ``converged`` or ``schedule.max_epochs``, as :meth:`Trainer.fit` does. What a mode
+adds comes in as :class:`FitHooks`:
+
+- ``on_epoch``: per-epoch callbacks on the epoch record, in order: the label scores
+  first (they add ``nmi``/``ari``/``acc`` to the record), then tracking and diagnostics
+  (:func:`epoch_callbacks` builds the same list for every mode);
+- ``checkpoint`` every ``checkpoint_every`` epochs, never after the last one (the fit's
+  outputs are written then);
+- ``consistency_every``: the cross-rank model checksum
+  (:meth:`Trainer.check_consistency`) of a data-parallel fit;
+- ``progress``: a bar, drawn where the mode can draw one;
+- ``fault``: test-only crash injection, ``fault(epoch, rank)`` before each epoch. The
+  pipeline never sets it; tests pass one in (for Ray it travels to the workers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from deepdpm_core.fitted_model import FittedModel
+from deepdpm_core.progress import epoch_updater, progress_bar
+from deepdpm_core.trainer import Trainer
+
+#: a per-epoch callback on the epoch record (it may add keys to it)
+EpochCallback = Callable[[dict], None]
+#: test-only crash injection: called with (epochs done, rank) before each epoch
+FaultHook = Callable[[int, int], None]
+#: a context that yields a per-epoch callback drawing progress (or None)
+ProgressFactory = Callable[[Trainer], AbstractContextManager]
+#: epochs between the cross-rank model checksums of a data-parallel fit (one 16-byte
+#: all-reduce each)
+CONSISTENCY_EVERY = 5
+
+
+@dataclass
+class FitHooks:
+    """What a fit mode adds around the epochs of :func:`run_epochs`.
+
+    Attributes
+    ----------
+    on_epoch : list of callables
+        Called with each epoch's record, in order, while the loop runs.
+    checkpoint : callable, optional
+        ``checkpoint(trainer)``, every ``checkpoint_every`` epochs (0: never).
+    checkpoint_every : int
+    consistency_every : int
+        Epochs between cross-rank consistency checks (0: never); with any value, one
+        more check follows the last epoch.
+    progress : callable, optional
+        ``progress(trainer)``: a context manager yielding a per-epoch callback or None.
+    fault : callable, optional
+        Test-only crash injection, ``fault(epoch, rank)`` before each epoch.
+    rank : int
+        This process's rank (what ``fault`` is told).
+    """
+
+    on_epoch: list[EpochCallback] = field(default_factory=list)
+    checkpoint: Callable[[Trainer], None] | None = None
+    checkpoint_every: int = 0
+    consistency_every: int = 0
+    progress: ProgressFactory | None = None
+    fault: FaultHook | None = None
+    rank: int = 0
+
+
+def run_epochs(trainer: Trainer, hooks: FitHooks, init_labels: torch.Tensor | None = None,
+               restored: bool = False) -> None:
+    """Initialise ``trainer`` (unless ``restored``) and run its remaining epochs.
+
+    Parameters
+    ----------
+    trainer : Trainer
+    hooks : FitHooks
+    init_labels : Tensor of shape (N_rank,), optional
+        Warm start for :meth:`Trainer.initialize` (the alternation's previous clusters).
+    restored : bool
+        The trainer comes from a checkpoint (:meth:`Trainer.from_state`): it continues.
+    """
+    if not restored:
+        trainer.initialize(init_labels)
+    max_epochs = trainer.config.schedule.max_epochs
+    with hooks.progress(trainer) if hooks.progress else contextlib.nullcontext() as show:
+        added = [*hooks.on_epoch, *([show] if show is not None else [])]
+        trainer.callbacks.extend(added)
+        try:
+            while trainer.epoch < max_epochs and not trainer.converged:
+                if hooks.fault is not None:
+                    hooks.fault(trainer.epoch, hooks.rank)
+                trainer.step_epoch()
+                if trainer.epoch >= max_epochs or trainer.converged:
+                    break
+                if hooks.consistency_every and trainer.epoch % hooks.consistency_every == 0:
+                    trainer.check_consistency()
+                if hooks.checkpoint and hooks.checkpoint_every \
+                        and trainer.epoch % hooks.checkpoint_every == 0:
+                    hooks.checkpoint(trainer)
+        finally:
+            for callback in added:
+                trainer.callbacks.remove(callback)
+    if hooks.consistency_every:
+        trainer.check_consistency()  # the last epoch pruned clusters that own no point
+
+
+def median_feature_variance(trainer: Trainer) -> float:
+    """Median per-feature variance of the data being fitted (what the diagnostics
+    compare ``prior.sigma_scale`` with), from the trainer's global moments: the same on
+    every rank of a distributed fit, in the (transformed) features' units the prior
+    is given in."""
+    return float(np.median(trainer.feature_variance.cpu().numpy()))
+
+
+class TrainerModel:
+    """``predict`` with a trainer's clustering net as it stands (what
+    :class:`pipeline.epoch_scores.EpochLabelScores` scores after each epoch)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Hard cluster of each raw row of X (N, D); shape (N,)."""
+        model = FittedModel.from_trainer(self.trainer)  # a view: no copy, nothing frozen
+        return model.predict_assignments(torch.as_tensor(X))[0].numpy()
+
+
+def epoch_callbacks(trainer: Trainer, tracker: Any, scores: Any = None) -> list[EpochCallback]:
+    """The per-epoch callbacks of every fit mode, in their order.
+
+    Parameters
+    ----------
+    trainer : Trainer
+    tracker : pipeline.tracking.RunTracker
+        Logs each record and prints the diagnostics' warnings.
+    scores : EpochLabelScores, optional
+        Per-epoch NMI/ARI/ACC on labelled rows; bound to ``trainer`` here, and run
+        first so the tracker logs its keys.
+    """
+    from pipeline.tracking import epoch_callback
+
+    callbacks: list[EpochCallback] = []
+    if scores is not None:
+        scores.bind(TrainerModel(trainer))
+        callbacks.append(scores)
+    callbacks.append(epoch_callback(tracker, trainer.config, median_feature_variance(trainer)))
+    return callbacks
+
+
+def console_progress(enabled: bool) -> ProgressFactory | None:
+    """A tqdm bar on stderr for a fit in this process (None when not ``enabled``)."""
+    if not enabled:
+        return None
+
+    @contextlib.contextmanager
+    def bar(trainer: Trainer) -> Iterator[EpochCallback | None]:
+        # while the bar is open, lines written to stderr (warnings) go above it
+        with progress_bar(True, total=trainer.config.schedule.max_epochs, initial=trainer.epoch,
+                          desc="deepdpm fit", unit="epoch") as shown:
+            yield epoch_updater(shown) if shown is not None else None
+
+    return bar
+
+
+__all__ = ["CONSISTENCY_EVERY", "EpochCallback", "FaultHook", "FitHooks", "ProgressFactory",
+           "TrainerModel", "console_progress", "epoch_callbacks", "median_feature_variance",
+           "run_epochs"]
