@@ -1,6 +1,6 @@
 """``python -m pipeline.model_assigner MODEL OUT``: the part of a model that assigns rows.
 
-Run by the folder predict's driver in a child process (:func:`pipeline.ray_predict.read_assigner`):
+Run by the folder predict's driver in a child process (:func:`pipeline.predict.files.read_assigner`):
 it reads the :class:`~deepdpm_core.fitted_model.ClusterAssigner` of the model file MODEL
 (the clustering net and the input transform; the mixture parameters are never read),
 writes its state to OUT as a torch file and prints ``{"dim": D, "n_clusters": K}`` on

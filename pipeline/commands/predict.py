@@ -2,7 +2,7 @@
 
 A file (``.npy``, ``.npz``, ``.parquet``) is predicted in this process into one output
 file. A folder of Parquet files is predicted with Ray Data, the model in an actor pool,
-into one output file per input file (:mod:`pipeline.ray_predict`).
+into one output file per input file (:mod:`pipeline.predict.folder`).
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def _run_file(args: argparse.Namespace) -> int:
     from deepdpm_core.errors import ConfigError, DataError
     from deepdpm_core.fitted_model import ClusterAssigner
     from deepdpm_core.metrics import ContingencyCounts, contingency_scores
-    from pipeline.io import assignments_table, atomic_path, feature_batches
+    from pipeline.atomic_files import atomic_path
+    from pipeline.io import assignments_table, feature_batches
     from pipeline.results import print_result, scores_text
 
     if args.num_workers != 1 or args.ray_address:
@@ -107,7 +108,7 @@ def _run_file(args: argparse.Namespace) -> int:
 
 
 def _run_folder(args: argparse.Namespace) -> int:
-    from pipeline.ray_predict import predict_folder
+    from pipeline.predict.folder import predict_folder
     from pipeline.results import print_result
 
     done = predict_folder(

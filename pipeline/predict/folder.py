@@ -16,7 +16,7 @@ row carries both, so nothing depends on the order in which Ray Data hands result
 (reading files through ``read_parquet`` does not keep a file's row groups together). The
 driver holds a file's predictions until all its row groups are in, then writes them in
 row-group order into a temporary file beside its output and renames it
-(:func:`pipeline.io.atomic_path`: a killed run leaves at most a ``.b.parquet.*.tmp``,
+(:func:`pipeline.atomic_files.atomic_path`: a killed run leaves at most a ``.b.parquet.*.tmp``,
 never a partial ``b.parquet``). The output's Parquet metadata records the row count and
 the model's SHA-256; a rerun skips the files whose output has both, so it redoes only
 what is missing.
@@ -29,7 +29,7 @@ log-probabilities (the confidence is their row maximum, taken batch by batch) an
 narrow outputs (key, cluster, confidence, label) of its row group; the driver the narrow
 outputs of the files whose row groups are still coming in (``preserve_order`` makes
 that about one file), and no torch: a child process reads the model
-(:func:`read_assigner`). Neither ever holds the whole table nor N x K values.
+(:func:`~pipeline.predict.files.read_assigner`). Neither ever holds the whole table nor N x K values.
 
 The assigner goes to the actors as bytes in the object store, so a model the driver
 resolved to a file of its own (a download, a local path) reaches actors on every node.
@@ -38,11 +38,7 @@ resolved to a file of its own (a download, a local path) reaches actors on every
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,45 +48,23 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from deepdpm_core.errors import CheckpointError, ConfigError, DataError, DeepDPMError
-from pipeline.io import (
-    FeatureTable,
-    assignments_table,
-    atomic_path,
-    check_finite_rows,
-    embedding_matrix,
-    open_parquet,
-    parquet_labelled,
+from deepdpm_core.errors import ConfigError, DeepDPMError
+from pipeline.io import check_finite_rows, embedding_matrix, open_parquet
+from pipeline.predict.files import (
+    InputFile,
+    input_files,
+    inspect_input,
+    is_complete,
+    model_file_digest,
+    read_assigner,
+    shared_columns,
+    write_output,
 )
 from pipeline.ray_local import connect_ray
 
-#: the output's Parquet metadata key: ``{"rows": n, "model_sha256": ...}``
-METADATA_KEY = b"deepdpm.predict"
 #: seconds an existing cluster may take to offer the actors' resources (nodes joining)
 WAIT_FOR_RESOURCES_S = 120.0
-
-
-@dataclass(frozen=True)
-class InputFile:
-    """One input file and what its output needs.
-
-    Attributes
-    ----------
-    path : absolute path of the input file
-    output : where its predictions go (same name relative to the output folder)
-    rows : rows in the file
-    row_groups : indices of its Parquet row groups that hold rows (the work items)
-    labelled : the file has a ``label`` column with at least one value (the single-file
-        path writes a ``label`` column exactly then)
-    """
-
-    path: str
-    output: Path
-    rows: int
-    row_groups: tuple[int, ...]
-    labelled: bool
 
 
 @dataclass
@@ -111,122 +85,6 @@ class FolderPrediction:
     rows: int = 0
     n_clusters: int = 0
     seconds: float = 0.0
-
-
-def input_files(folder: str | Path) -> list[str]:
-    """The ``*.parquet`` files under ``folder`` (subfolders included), sorted; files and
-    folders whose names start with ``.`` or ``_`` (temporary files, ``_SUCCESS``,
-    ``_metadata``) are left out, as Parquet readers do.
-
-    Raises
-    ------
-    DataError
-        The folder holds no Parquet file.
-    """
-    folder = Path(folder)
-    files = sorted(
-        str(p) for p in folder.rglob("*.parquet")
-        if p.is_file() and not any(part.startswith((".", "_")) for part in p.relative_to(folder).parts)
-    )  # fmt: skip
-    if not files:
-        raise DataError(f"{folder} is a folder without .parquet files")
-    return files
-
-
-def model_digest(data: bytes) -> str:
-    """SHA-256 of a model file's bytes: which model an output was predicted with."""
-    return hashlib.sha256(data).hexdigest()
-
-
-def model_file_digest(path: str | Path) -> str:
-    """:func:`model_digest` of the file ``path``, read 1 MiB at a time (never whole)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def read_assigner(model_file: str | Path) -> tuple[int, int, bytes]:
-    """D, K and the :class:`~deepdpm_core.fitted_model.ClusterAssigner` of a model file,
-    as the bytes of a torch file of its state (0.2 MB at K = 1000, D = 128).
-
-    A driver without torch reads them in a child process (:mod:`pipeline.model_assigner`),
-    which imports torch and maps the model file; the driver does neither, so its memory
-    holds no torch runtime (about 470 MB resident) and no part of the model, and the
-    child's goes back to the system when it ends. A driver that imported torch already
-    (a notebook, the tests) reads them itself: a child would save it nothing.
-
-    Raises
-    ------
-    CheckpointError
-        Not a PyTorch checkpoint, not safe to read, or not a DeepDPM model.
-    """
-    from pipeline.model_assigner import BAD_MODEL, assigner_state
-
-    if "torch" in sys.modules:
-        return assigner_state(model_file)
-    root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "assigner.pt"
-        done = subprocess.run([sys.executable, "-m", "pipeline.model_assigner", str(model_file), str(out)],
-                              env=env, capture_output=True, text=True)
-        if done.returncode == BAD_MODEL:
-            raise CheckpointError(done.stderr.strip().splitlines()[-1])
-        if done.returncode != 0:
-            raise RuntimeError(f"reading the model {model_file} failed (exit status "
-                               f"{done.returncode}):\n{done.stderr[-3000:]}")
-        shape = json.loads(done.stdout.strip().splitlines()[-1])
-        return int(shape["dim"]), int(shape["n_clusters"]), out.read_bytes()
-
-
-def inspect_input(path: str, output: Path, dim: int) -> InputFile:
-    """Check one input file against a model of ``dim`` features, from its footer (and its
-    ``label`` column when that may be all null).
-
-    Raises
-    ------
-    DataError
-        Unreadable file, no ``embedding`` column, embeddings that are not numbers or
-        not ``dim`` long, labels that are not integers.
-    """
-    parquet = open_parquet(path)
-    schema = parquet.schema_arrow
-    if "embedding" not in schema.names:
-        raise DataError(f"{path} has no column 'embedding' (found: {schema.names})")
-    typ = schema.field("embedding").type
-    is_list = pa.types.is_fixed_size_list(typ) or pa.types.is_list(typ) or pa.types.is_large_list(typ)
-    if not is_list or not (pa.types.is_floating(typ.value_type) or pa.types.is_integer(typ.value_type)):
-        raise DataError(f"{path}: column 'embedding' must be a list of numbers, got {typ}")
-    if pa.types.is_fixed_size_list(typ) and typ.list_size != dim:
-        raise DataError(f"{path}: embeddings have {typ.list_size} features, the model expects {dim}")
-    rows = parquet.metadata.num_rows
-    groups = tuple(g for g in range(parquet.metadata.num_row_groups) if parquet.metadata.row_group(g).num_rows)
-    return InputFile(path=path, output=output, rows=rows, row_groups=groups,
-                     labelled=parquet_labelled(parquet, path))
-
-
-def is_complete(output: Path, rows: int, digest: str) -> bool:
-    """True when ``output`` holds all ``rows`` predictions of the model ``digest``.
-
-    A file that cannot be read, or was written without this module's metadata or for
-    another row count, is not complete (it is predicted again).
-
-    Raises
-    ------
-    ConfigError
-        ``output`` holds predictions of another model.
-    """
-    try:
-        metadata = pq.read_schema(output).metadata or {}
-        done = json.loads(metadata[METADATA_KEY])
-    except (FileNotFoundError, pa.ArrowInvalid, OSError, KeyError, ValueError):
-        return False
-    if done.get("model_sha256") != digest:
-        raise ConfigError(f"{output} holds predictions of another model; predict into a new "
-                          "--output folder")
-    return done.get("rows") == rows
 
 
 class PredictRowGroups:
@@ -343,7 +201,7 @@ def predict_folder(
     digest = model_file_digest(model_file)
     dim, n_clusters, assigner = read_assigner(model_file)  # fails here, once, on a bad model file
     files = [inspect_input(p, output_dir / Path(p).relative_to(input_dir), dim) for p in paths]
-    columns = _columns(paths)
+    columns = shared_columns(paths)
 
     output_dir.mkdir(parents=True, exist_ok=True)
     for stale in output_dir.rglob(".*.parquet.*.tmp"):  # left by a killed run
@@ -356,7 +214,7 @@ def predict_folder(
         else:
             todo.append(f)
     for f in [f for f in todo if f.rows == 0]:  # no rows reach the driver for these
-        _write_file(f, [], digest)
+        write_output(f, [], digest)
     todo_rows = [f for f in todo if f.rows > 0]
     if todo_rows:
         import ray
@@ -381,17 +239,6 @@ def predict_folder(
     report.predicted = [str(f.output.relative_to(output_dir)) for f in todo]
     report.seconds = time.perf_counter() - start
     return report
-
-
-def _columns(paths: list[str]) -> list[str]:
-    """The columns to read: ``embedding``, and ``key``/``label`` where every file has them."""
-    names = [set(pq.read_schema(p).names) & {"key", "label"} for p in paths]
-    if any(n != names[0] for n in names):
-        differ = next(p for p, n in zip(paths, names, strict=True) if n != names[0])
-        raise DataError(f"the files differ in their columns: {paths[0]} has "
-                        f"{sorted(names[0]) or 'neither key nor label'}, {differ} has "
-                        f"{sorted(n for n in names[paths.index(differ)]) or 'neither'}")
-    return ["embedding", *sorted(names[0])]
 
 
 def _check_resources(num_workers: int, cpus_per_worker: float, wait_s: float) -> None:
@@ -460,52 +307,13 @@ def _write_files(files: list[InputFile], chunks: Iterator[tuple[int, int, pa.Tab
             f = files[index]
             got = pending[index]
             if set(got) == set(f.row_groups) and sum(len(c) for g in got.values() for c in g) == f.rows:
-                rows += _write_file(f, [c for g in sorted(got) for c in got[g]], digest)
+                rows += write_output(f, [c for g in sorted(got) for c in got[g]], digest)
                 del pending[index]
                 done.add(index)
     missing = [f.path for i, f in enumerate(files) if i not in done]
     if missing:
         raise RuntimeError(f"not every row came back for {', '.join(missing)}")
     return rows
-
-
-def _write_file(f: InputFile, chunks, digest: str) -> int:
-    """Write one output atomically from its chunks of actor output; returns its rows."""
-    metadata = {METADATA_KEY: json.dumps({"rows": f.rows, "model_sha256": digest}).encode()}
-    done = 0
-    with atomic_path(f.output) as tmp:
-        writer = None
-        for chunk in chunks:
-            table = assignments_table(_feature_rows(chunk, done, f.labelled),
-                                      chunk.column("cluster").to_numpy(),
-                                      chunk.column("confidence").to_numpy())
-            if writer is None:
-                writer = pq.ParquetWriter(tmp, table.schema.with_metadata(metadata))
-            writer.write_table(table)
-            done += len(table)
-        if writer is None:  # a file without rows: the empty table of the single-file path
-            empty = FeatureTable(np.zeros((0, 0), np.float32), None, np.zeros(0, object))
-            table = assignments_table(empty, np.zeros(0, np.int32), np.zeros(0, np.float32))
-            writer = pq.ParquetWriter(tmp, table.schema.with_metadata(metadata))
-        writer.close()
-        if done != f.rows:  # never rename a partial file into place
-            raise RuntimeError(f"{f.path}: {done} of {f.rows} rows came back")
-    return done
-
-
-def _feature_rows(chunk: pa.Table, offset: int, labelled: bool) -> FeatureTable:
-    """Keys and labels of a chunk of one file's rows, as the single-file reader gives them
-    (keys ``"0"``, ``"1"``, ... by row number when the file has none; labels only when
-    the file holds some, nulls as -1)."""
-    n = len(chunk)
-    if "key" in chunk.column_names:
-        keys = np.asarray(chunk.column("key").to_pylist(), dtype=object)
-    else:
-        keys = np.array([str(i) for i in range(offset, offset + n)], dtype=object)
-    labels = None
-    if labelled:
-        labels = np.asarray(chunk.column("label").fill_null(-1).to_numpy(), dtype=np.int64)
-    return FeatureTable(X=np.zeros((n, 0), np.float32), labels=labels, keys=keys)
 
 
 def _user_error(exc: BaseException) -> DeepDPMError | None:
@@ -526,5 +334,4 @@ def _user_error(exc: BaseException) -> DeepDPMError | None:
     return None
 
 
-__all__ = ["FolderPrediction", "InputFile", "PredictRowGroups", "input_files", "inspect_input",
-           "is_complete", "model_digest", "model_file_digest", "predict_folder", "read_assigner"]
+__all__ = ["FolderPrediction", "PredictRowGroups", "predict_folder"]
