@@ -30,10 +30,10 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.encoders import EncoderSpec, build_encoder, embed_numpy  # noqa: E402
-from pipeline.extract import extract_features  # noqa: E402
-from pipeline.preprocess import preprocess_image  # noqa: E402
-from pipeline.shards import digits_image_folder, write_shards  # noqa: E402
+from pipeline.extract.encoders import EncoderSpec, build_encoder, embed_numpy  # noqa: E402
+from pipeline.extract.preprocess import preprocess_image  # noqa: E402
+from pipeline.extract.ray_pipeline import extract_features  # noqa: E402
+from pipeline.extract.shards import digits_image_folder, write_shards  # noqa: E402
 
 IMAGENET_TRAIN = 1_281_167
 

@@ -11,7 +11,7 @@ import torchvision
 from torch import nn
 
 from deepdpm_core.errors import CheckpointError, ConfigError
-from pipeline.encoders import (
+from pipeline.extract.encoders import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     EncoderSpec,
@@ -31,7 +31,7 @@ def images() -> np.ndarray:
 
 
 def reference_embedding(state: dict, prefix: str, arch: str, head: nn.Module | None, images):
-    """Embeddings computed independently of pipeline.encoders: a torchvision model with
+    """Embeddings computed independently of pipeline.extract.encoders: a torchvision model with
     the checkpoint's weights, normalised by hand."""
     model = torchvision.models.get_model(arch, weights=None)
     model.fc = head if head is not None else nn.Identity()

@@ -16,11 +16,12 @@ from sklearn.datasets import load_digits
 
 from deepdpm_core.errors import ConfigError
 from pipeline.cli import main
-from pipeline.encoders import EncoderSpec, build_encoder, embed_numpy
-from pipeline.extract import extract_features, read_shard_entry
+from pipeline.extract.encoders import EncoderSpec, build_encoder, embed_numpy
+from pipeline.extract.manifest import read_shard_entry
+from pipeline.extract.preprocess import preprocess_image
+from pipeline.extract.ray_pipeline import extract_features
+from pipeline.extract.shards import digits_image_folder, write_shards
 from pipeline.io import read_features
-from pipeline.preprocess import preprocess_image
-from pipeline.shards import digits_image_folder, write_shards
 from tests.image_data import (
     encode_png,
     generated_image_folder,
@@ -259,9 +260,9 @@ def test_cli_errors_are_one_line(tmp_path, digit_shards, capsys):
 
 
 def test_cli_choices_match_the_library():
-    from pipeline import encoders, extract
     from pipeline.commands import extract as command
+    from pipeline.extract import encoders, ray_pipeline
 
     assert command.ENCODERS == encoders.ENCODERS
     assert command.RESNET_ARCHS == encoders.RESNET_ARCHS
-    assert command.PRECISIONS == extract.PRECISIONS
+    assert command.PRECISIONS == ray_pipeline.PRECISIONS

@@ -10,7 +10,7 @@ from sklearn.datasets import load_digits
 
 from deepdpm_core.errors import ConfigError, DataError
 from pipeline.cli import main
-from pipeline.shards import digits_image_folder, sample_key, write_shards
+from pipeline.extract.shards import digits_image_folder, sample_key, write_shards
 from tests.image_data import generated_image_folder
 
 

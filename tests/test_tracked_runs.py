@@ -300,7 +300,7 @@ def ray_session():
 
 @pytest.mark.ray
 def test_extract_run_is_tracked(ray_session, mlflow_server, tracking_env, tmp_path):  # noqa: F811
-    from pipeline.shards import write_shards
+    from pipeline.extract.shards import write_shards
     from tests.image_data import generated_image_folder, write_raw_shard
 
     shards = tmp_path / "shards"

@@ -1,7 +1,7 @@
 """``deepdpm extract``: webdataset shards -> embeddings (Parquet), with Ray Data actors.
 
 Each run is an MLflow run (see :mod:`pipeline.tracking`): the options as params, the
-counts and throughput of :meth:`pipeline.extract.ExtractReport.metrics` as metrics, the
+counts and throughput of :meth:`pipeline.extract.manifest.ExtractReport.metrics` as metrics, the
 manifest as an artifact.
 """
 
@@ -11,7 +11,7 @@ import argparse
 import sys
 import warnings
 
-from pipeline.encoder_choices import ENCODERS, PRECISIONS, RESNET_ARCHS
+from pipeline.extract.encoder_choices import ENCODERS, PRECISIONS, RESNET_ARCHS
 
 HELP = "embed the images of webdataset shards (MoCo/torchvision ResNet or pixels) into Parquet"
 
@@ -88,7 +88,7 @@ TRACKED_OPTIONS = (
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.extract import extract_features
+    from pipeline.extract.ray_pipeline import extract_features
     from pipeline.results import print_result
     from pipeline.tracking import environment_tags, tracker_from_args
 

@@ -27,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.extract.shards import CLASS_INDEX_NAME, MANIFEST_NAME, write_shards
     from pipeline.results import print_result
-    from pipeline.shards import CLASS_INDEX_NAME, MANIFEST_NAME, write_shards
 
     report = write_shards(
         args.input,

@@ -1,6 +1,6 @@
 """Names the extraction options accept, in a torch-free module.
 
-Shared by :mod:`pipeline.encoders`, :mod:`pipeline.extract` and the ``extract``
+Shared by :mod:`pipeline.extract.encoders`, :mod:`pipeline.extract.ray_pipeline` and the ``extract``
 command, whose parser (``deepdpm --help``) must not import torch.
 """
 

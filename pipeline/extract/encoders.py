@@ -30,8 +30,8 @@ from torch import nn
 
 from deepdpm_core.checkpoints import safe_load
 from deepdpm_core.errors import CheckpointError, ConfigError
-from pipeline.encoder_choices import ENCODERS, RESNET_ARCHS
-from pipeline.preprocess import Preprocess
+from pipeline.extract.encoder_choices import ENCODERS, RESNET_ARCHS
+from pipeline.extract.preprocess import Preprocess
 
 #: prefixes of the query/base encoder inside the published MoCo checkpoints (DDP and not)
 MOCO_PREFIXES = {
