@@ -320,7 +320,7 @@ _LOCAL_RAY = """
 import sys
 import ray
 from ray._raylet import AuthenticationMode, get_authentication_mode
-from pipeline.extract import ensure_ray
+from pipeline.extract.ray_pipeline import ensure_ray
 
 if sys.argv[1] == "ours":
     ensure_ray()  # what extract (and, alike, a distributed fit) does without an address

@@ -188,9 +188,9 @@ def test_extract_killed_mid_shard_leaves_no_cluster_and_its_rerun_loses_and_repe
     folder meanwhile is refused naming it; every process of the local Ray cluster it
     started is gone within seconds of the kill; the rerun embeds each image exactly once
     and leaves no temporary file."""
+    from pipeline.extract.shards import digits_image_folder, write_shards
     from pipeline.io import read_features
     from pipeline.ray_guard import descendants, start_time
-    from pipeline.shards import digits_image_folder, write_shards
 
     shards = tmp_path / "shards"
     write_shards(digits_image_folder(tmp_path / "images"), shards, shard_size=300, progress=False)

@@ -31,7 +31,7 @@ from deepdpm_core.metrics import (
 from pipeline.cli import main
 from pipeline.fit.outputs import label_metrics
 from pipeline.io import FeatureTable, assignments_table, features_table, read_features
-from pipeline.ray_predict import read_assigner
+from pipeline.predict.files import read_assigner
 
 REPO = Path(__file__).resolve().parents[1]
 #: rows of the row groups of the test file: uneven, one empty, none a multiple of the batch
@@ -160,7 +160,7 @@ def test_the_folder_predict_driver_reads_the_model_in_a_child_and_imports_no_tor
             "build_parser()\n"
             "import pipeline.commands.predict\n"
             "from deepdpm_core.errors import CheckpointError\n"
-            "from pipeline.ray_predict import read_assigner\n"
+            "from pipeline.predict.files import read_assigner\n"
             "dim, k, state = read_assigner(sys.argv[1])\n"
             "Path(sys.argv[2]).write_bytes(state)\n"
             "try:\n"

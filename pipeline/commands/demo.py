@@ -83,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
         table = FeatureTable(digits.data.astype(np.float32) / 16.0, digits.target.astype(np.int64),
                              np.array([f"digit_{i:04d}" for i in range(len(digits.target))], dtype=object))
     else:
-        from pipeline.extract import extract_features
-        from pipeline.shards import digits_image_folder, write_shards
+        from pipeline.extract.ray_pipeline import extract_features
+        from pipeline.extract.shards import digits_image_folder, write_shards
 
         images = digits_image_folder(out / "images")
         _step("images", images, t0)
