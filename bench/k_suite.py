@@ -64,8 +64,8 @@ from deepdpm_core import DeepDPM  # noqa: E402
 from deepdpm_core.config import Config  # noqa: E402
 from deepdpm_core.config_loading import parse_overrides  # noqa: E402
 from deepdpm_core.datasets import make_mixture  # noqa: E402
-from deepdpm_core.embedding import embed  # noqa: E402
 from deepdpm_core.errors import ConfigError  # noqa: E402
+from deepdpm_core.features.embedding import embed  # noqa: E402
 from deepdpm_core.metrics import clustering_scores  # noqa: E402
 from pipeline.atomic_files import write_json_atomic  # noqa: E402
 

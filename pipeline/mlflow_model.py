@@ -70,7 +70,7 @@ class DeepDPMModel(mlflow.pyfunc.PythonModel):
         batch_size = int((params or {}).get("batch_size", 65536))
         X = np.asarray(model_input, dtype=np.float32)
         if self.autoencoder is not None:
-            from deepdpm_core.autoencoder import encode
+            from deepdpm_core.features.autoencoder import encode
 
             X = encode(self.autoencoder, X, batch_size=batch_size)
         labels, confidence = self.model.predict_confidence(X, batch_size=batch_size)
@@ -116,7 +116,7 @@ def log_fit_model(
     """Log the fit in ``out_dir`` as the MLflow model ``model`` of run ``run_id``.
 
     Works through ``client`` only (no global MLflow state), so that it can run on
-    :class:`pipeline.tracking.RunTracker`'s logging thread.
+    :class:`pipeline.tracking.run_tracker.RunTracker`'s logging thread.
 
     Parameters
     ----------

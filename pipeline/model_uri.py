@@ -39,7 +39,7 @@ def local_model_path(model: str | Path, tracking_uri: str | None = None) -> Path
     model : str or Path
         A path, ``runs:/<run id>/<artifact path>`` or ``models:/NAME@ALIAS|VERSION``.
     tracking_uri : str, optional
-        Default: as ``deepdpm fit`` (:func:`pipeline.tracking.resolve_tracking_uri`).
+        Default: as ``deepdpm fit`` (:func:`pipeline.tracking.environment.resolve_tracking_uri`).
 
     Raises
     ------
@@ -52,7 +52,8 @@ def local_model_path(model: str | Path, tracking_uri: str | None = None) -> Path
     import mlflow.artifacts
     from mlflow.exceptions import MlflowException
 
-    from pipeline.tracking import QUIET_ENV_DEFAULTS, resolve_tracking_uri
+    from pipeline.tracking.environment import resolve_tracking_uri
+    from pipeline.tracking.run_tracker import QUIET_ENV_DEFAULTS
 
     for key, value in QUIET_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)

@@ -15,10 +15,10 @@ import pytest
 from sklearn.cluster import KMeans
 from sklearn.datasets import load_digits
 
-from deepdpm_core.alternation import fit_alternating
-from deepdpm_core.autoencoder import encode
 from deepdpm_core.config import Config
 from deepdpm_core.errors import ConfigError, DataError
+from deepdpm_core.features.alternation import fit_alternating
+from deepdpm_core.features.autoencoder import encode
 from tests.conftest_mlflow import mlflow_env, mlflow_server  # noqa: F401
 
 # Narrow net, few epochs: the loop's mechanics, fast on 1 CPU thread.
@@ -191,7 +191,7 @@ def test_deepdpm_warm_start_from_labels(digits):
 
 
 def PCA_10(X: np.ndarray) -> np.ndarray:
-    from deepdpm_core.embedding import pca_embed
+    from deepdpm_core.features.embedding import pca_embed
 
     return pca_embed(X, 10)
 
@@ -324,7 +324,7 @@ def test_alternation_with_deepdpm_on_digits_tightens_clusters_and_keeps_nmi(digi
     The paper's gains from alternating are on MNIST-size data; digits are too small to
     show them, so this checks the mechanism and that NMI does not degrade.
     """
-    from deepdpm_core.alternation import default_cluster_fn
+    from deepdpm_core.features.alternation import default_cluster_fn
     from deepdpm_core.metrics import nmi
 
     X, y = digits

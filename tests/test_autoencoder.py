@@ -11,7 +11,8 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from deepdpm_core.autoencoder import (
+from deepdpm_core.errors import DataError
+from deepdpm_core.features.autoencoder import (
     AETrainSettings,
     MLPAutoencoder,
     build_autoencoder,
@@ -20,7 +21,6 @@ from deepdpm_core.autoencoder import (
     reconstruction_loss,
     train_autoencoder,
 )
-from deepdpm_core.errors import DataError
 
 SMALL = (64, 64, 128)  # a narrower D-h-h-h-d net keeps CPU tests fast; same code path
 

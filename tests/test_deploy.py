@@ -601,7 +601,7 @@ def test_images_tag_runs_with_the_commit_they_were_built_from(variant, monkeypat
     assert re.search(r'^ARG GIT_COMMIT=""$', runtime, re.MULTILINE)
     assert re.search(r"^\s+DEEPDPM_GIT_COMMIT=\$\{GIT_COMMIT\}$", runtime, re.MULTILINE)
     assert 'org.opencontainers.image.revision="${GIT_COMMIT}"' in runtime
-    from pipeline.tracking import git_commit
+    from pipeline.tracking.environment import git_commit
 
     monkeypatch.setenv("DEEPDPM_GIT_COMMIT", "0123abc")
     assert git_commit() == "0123abc"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deepdpm_core.config import Config
-from pipeline.diagnostics import DiagnosticsMonitor, diagnose, knob_advice, move_kinds
+from pipeline.report.diagnostics import DiagnosticsMonitor, diagnose, knob_advice, move_kinds
 
 
 def _record(epoch: int, k: int, splits: int = 0, merges: int = 0) -> dict:

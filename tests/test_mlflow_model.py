@@ -34,7 +34,12 @@ from mlflow import MlflowClient
 from deepdpm_core import DeepDPM
 from pipeline.cli import main
 from pipeline.mlflow_model import pip_requirements
-from pipeline.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, HTTP_ENV_DEFAULTS, RunTracker
+from pipeline.tracking.run_tracker import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    HTTP_ENV_DEFAULTS,
+    RunTracker,
+)
 from tests.conftest_mlflow import free_port, mlflow_server  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
@@ -275,8 +280,8 @@ def test_the_model_of_an_alternating_fit_takes_raw_rows(mlflow_server, tmp_path,
     of the encoded rows."""
     import mlflow.pyfunc
 
-    from deepdpm_core.autoencoder import build_autoencoder, encode
     from deepdpm_core.config import Config
+    from deepdpm_core.features.autoencoder import build_autoencoder, encode
     from pipeline.fit.checkpoints import save_autoencoder
     from pipeline.mlflow_model import log_fit_model
 

@@ -7,7 +7,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from PIL import Image
 
-from pipeline import plots
+from pipeline.report import plots
 
 
 def _history(k_values: list[int]) -> list[dict]:

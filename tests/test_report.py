@@ -23,7 +23,7 @@ import webdataset as wds
 from PIL import Image
 
 from pipeline.cli import main
-from pipeline.tracking import RunTracker
+from pipeline.tracking.run_tracker import RunTracker
 from tests.conftest_mlflow import mlflow_env  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]

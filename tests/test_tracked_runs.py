@@ -29,9 +29,9 @@ from PIL import Image
 from deepdpm_core import DeepDPM
 from deepdpm_core.config import Config
 from pipeline.cli import main
-from pipeline.diagnostics import move_kinds
-from pipeline.tracking import EPOCH_METRICS as TRACKING_EPOCH_METRICS
-from pipeline.tracking import HTTP_ENV_DEFAULTS
+from pipeline.report.diagnostics import move_kinds
+from pipeline.tracking.run_tracker import EPOCH_METRICS as TRACKING_EPOCH_METRICS
+from pipeline.tracking.run_tracker import HTTP_ENV_DEFAULTS
 from tests.conftest_mlflow import MlflowServer, mlflow_server  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,19 +18,16 @@ from mlflow import MlflowClient
 from PIL import Image
 
 from deepdpm_core.config import Config
-from pipeline import plots
-from pipeline.tracking import (
-    HTTP_ENV_DEFAULTS,
-    RunTracker,
-    add_tracking_arguments,
-    environment_tags,
+from pipeline.report import plots
+from pipeline.tracking.environment import environment_tags, resolve_tracking_uri
+from pipeline.tracking.fit_runs import (
     epoch_callback,
-    epoch_metrics,
     fit_params,
     log_fit_outputs,
-    resolve_tracking_uri,
     tracker_from_args,
 )
+from pipeline.tracking.options import add_tracking_arguments
+from pipeline.tracking.run_tracker import HTTP_ENV_DEFAULTS, RunTracker, epoch_metrics
 from tests.conftest_mlflow import MlflowServer, mlflow_env, mlflow_server  # noqa: F401
 
 

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     from deepdpm_core import DeepDPM
     from deepdpm_core.config_loading import load_config
-    from deepdpm_core.embedding import embed
+    from deepdpm_core.features.embedding import embed
     from deepdpm_core.init import rows_needed
     from deepdpm_core.metrics import clustering_scores
     from deepdpm_core.trainer import Trainer
@@ -68,9 +68,11 @@ def run(args: argparse.Namespace) -> int:
         run_epochs,
     )
     from pipeline.io import FeatureTable, features_table, read_features, write_parquet_atomic
-    from pipeline.report import load_run_dir, render_report, write_report
+    from pipeline.report.html_report import load_run_dir, render_report, write_report
     from pipeline.results import print_result
-    from pipeline.tracking import RunTracker, environment_tags, fit_params, log_fit_outputs
+    from pipeline.tracking.environment import environment_tags
+    from pipeline.tracking.fit_runs import fit_params, log_fit_outputs
+    from pipeline.tracking.run_tracker import RunTracker
 
     cfg = load_config(args.config).with_overrides({"seed": args.seed})  # fail before any work
     out = Path(args.output)

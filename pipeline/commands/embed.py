@@ -17,7 +17,7 @@ from pipeline.results import add_json_argument
 
 HELP = "learn features from raw pixels or features (autoencoder, UMAP, AE+UMAP = n2d, PCA) into Parquet"
 
-#: = ``deepdpm_core.embedding.METHODS`` (spelled out so ``deepdpm --help`` needs no torch)
+#: = ``deepdpm_core.features.embedding.METHODS`` (spelled out so ``deepdpm --help`` needs no torch)
 METHODS = ("ae", "umap", "ae-umap", "pca")
 
 
@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from deepdpm_core.embedding import as_feature_matrix, embed
     from deepdpm_core.errors import DataError
+    from deepdpm_core.features.embedding import as_feature_matrix, embed
     from deepdpm_core.progress import progress_bar
     from pipeline.fit.checkpoints import save_autoencoder
     from pipeline.fit.request import config_from_args

@@ -19,7 +19,7 @@ HELP = "embed the images of webdataset shards (MoCo/torchvision ResNet or pixels
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipeline.results import add_json_argument
-    from pipeline.tracking_options import add_tracking_arguments
+    from pipeline.tracking.options import add_tracking_arguments
 
     parser.add_argument(
         "--shards", required=True, help="folder of .tar shards, a glob, or one file"
@@ -90,7 +90,8 @@ TRACKED_OPTIONS = (
 def run(args: argparse.Namespace) -> int:
     from pipeline.extract.ray_pipeline import extract_features
     from pipeline.results import print_result
-    from pipeline.tracking import environment_tags, tracker_from_args
+    from pipeline.tracking.environment import environment_tags
+    from pipeline.tracking.fit_runs import tracker_from_args
 
     with tracker_from_args(args) as tracker:
         tracker.log_params({name: getattr(args, name) for name in TRACKED_OPTIONS})

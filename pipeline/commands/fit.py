@@ -15,7 +15,7 @@ HELP = "fit DeepDPM to features (.npy, .npz or Parquet) and write model, assignm
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipeline.results import add_json_argument
-    from pipeline.tracking_options import add_registry_arguments, add_tracking_arguments
+    from pipeline.tracking.options import add_registry_arguments, add_tracking_arguments
 
     parser.add_argument("--input", help=".npy [N, D], .npz (X, y) or Parquet (embedding, label, key)")
     parser.add_argument("--output", help="output directory")
@@ -95,7 +95,8 @@ def _resumed_request(args: argparse.Namespace) -> FitRequest:
 def _new_request(args: argparse.Namespace) -> FitRequest:
     """The request of a new fit (stored for ``--resume`` when it keeps checkpoints)."""
     from pipeline.fit.request import FitRequest, config_from_args
-    from pipeline.tracking import default_run_name, resolve_tracking_uri
+    from pipeline.tracking.environment import resolve_tracking_uri
+    from pipeline.tracking.fit_runs import default_run_name
 
     distributed = _distributed(args)
     mode = "ray" if distributed else "alternating" if args.alternate is not None else "local"

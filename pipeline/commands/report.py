@@ -32,9 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from deepdpm_core.errors import ConfigError
-    from pipeline.report import load_run, render_report, write_report
+    from pipeline.report.html_report import load_run, render_report, write_report
     from pipeline.results import print_result
-    from pipeline.tracking import resolve_tracking_uri
+    from pipeline.tracking.environment import resolve_tracking_uri
 
     if args.max_clusters < 1 or args.per_cluster < 1:
         raise ConfigError("--max-clusters and --per-cluster must be >= 1")

@@ -1,6 +1,6 @@
 """An alternating fit: the AE <-> DeepDPM alternation, each clustering a common-runner fit.
 
-The loop itself is :func:`deepdpm_core.alternation.fit_alternating`; each of its
+The loop itself is :func:`deepdpm_core.features.alternation.fit_alternating`; each of its
 clusterings is a :class:`~deepdpm_core.trainer.Trainer` driven by the common runner
 (:func:`pipeline.fit.runner.run_epochs`) with the same per-epoch callbacks as every other
 fit (label scores, tracking, diagnostics, progress). This module adds what a command
@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from deepdpm_core import Config, DeepDPM
-from deepdpm_core.alternation import AlternationStep, fit_alternating
-from deepdpm_core.embedding import as_feature_matrix
+from deepdpm_core.features.alternation import AlternationStep, fit_alternating
+from deepdpm_core.features.embedding import as_feature_matrix
 from deepdpm_core.init import rows_needed
 from deepdpm_core.progress import progress_bar
 from deepdpm_core.trainer import Trainer
@@ -105,7 +105,9 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
         With ``summary["alternation"]``, one entry per clustering.
     """
     from pipeline.io import read_features
-    from pipeline.tracking import RunTracker, environment_tags, fit_params, log_fit_outputs
+    from pipeline.tracking.environment import environment_tags
+    from pipeline.tracking.fit_runs import fit_params, log_fit_outputs
+    from pipeline.tracking.run_tracker import RunTracker
 
     config = request.fit_config()
     table = read_features(request.input)

@@ -164,7 +164,7 @@ def prune_checkpoints(out: str | Path) -> list[Path]:
 
 # -------------------------------------------------------------- the autoencoder
 def save_autoencoder(model: Any, config: Config, path: str | Path) -> None:
-    """Write an :class:`~deepdpm_core.autoencoder.MLPAutoencoder` (architecture, weights,
+    """Write an :class:`~deepdpm_core.features.autoencoder.MLPAutoencoder` (architecture, weights,
     input scaling) and its config atomically."""
     payload = {
         "format": AE_FORMAT,
@@ -184,7 +184,7 @@ def load_autoencoder(path: str | Path):
     CheckpointError
         The file is unsafe or not a deepdpm autoencoder.
     """
-    from deepdpm_core.autoencoder import MLPAutoencoder
+    from deepdpm_core.features.autoencoder import MLPAutoencoder
 
     payload = safe_load(path, "autoencoder")
     if not isinstance(payload, dict) or payload.get("format") != AE_FORMAT:

@@ -50,7 +50,8 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
     """
     from pipeline.epoch_scores import EpochLabelScores
     from pipeline.io import read_features
-    from pipeline.tracking import environment_tags, fit_params, log_fit_outputs
+    from pipeline.tracking.environment import environment_tags
+    from pipeline.tracking.fit_runs import fit_params, log_fit_outputs
 
     config = request.fit_config()
     table = read_features(request.input)

@@ -25,7 +25,7 @@ from pipeline.io import (
     assignments_table,
     write_parquet_atomic,
 )
-from pipeline.plots import write_fit_plots
+from pipeline.report.plots import write_fit_plots
 from pipeline.run_folder import publish_run, staging_folder
 
 #: what every fit leaves in its output folder

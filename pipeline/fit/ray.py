@@ -229,7 +229,8 @@ def _train_worker(loop: dict[str, Any]) -> None:
     import ray.train.torch
 
     from pipeline.distributed import communicator, ddp_wrapper, load_rank_rows
-    from pipeline.tracking import environment_tags, fit_params
+    from pipeline.tracking.environment import environment_tags
+    from pipeline.tracking.fit_runs import fit_params
 
     req = FitRequest(**loop["request"])
     ctx = ray.train.get_context()
@@ -356,7 +357,7 @@ def _write_outputs(trainer: Trainer, req: FitRequest, staging: Path, fit_seconds
     ``staging`` (the driver publishes them)."""
     from pipeline.fit.outputs import write_fit_outputs
     from pipeline.io import read_features
-    from pipeline.tracking import log_fit_outputs
+    from pipeline.tracking.fit_runs import log_fit_outputs
 
     table = read_features(req.input)
     shutil.rmtree(staging, ignore_errors=True)  # what an attempt that failed left

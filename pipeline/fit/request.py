@@ -18,7 +18,7 @@ from typing import Any, Literal
 from deepdpm_core.config import Config, from_dict
 from deepdpm_core.config_loading import load_config, parse_overrides
 from deepdpm_core.errors import CheckpointError, ConfigError
-from pipeline.tracking_options import DEFAULT_EXPERIMENT, DEFAULT_MODEL_ALIAS
+from pipeline.tracking.options import DEFAULT_EXPERIMENT, DEFAULT_MODEL_ALIAS
 
 REQUEST_FILE = "fit_request.json"
 #: how a fit runs: in this process, on Ray Train workers, or alternating with an AE
@@ -76,7 +76,7 @@ class FitRequest:
     max_failures : int
         Ray worker failures recovered from the last checkpoint (-1: no limit).
     tracking, tracking_uri, experiment, run_name, register_model, model_alias
-        MLflow tracking (:class:`pipeline.tracking.RunTracker`).
+        MLflow tracking (:class:`pipeline.tracking.run_tracker.RunTracker`).
     quiet : bool
         No progress bars.
     alternations : int
@@ -140,8 +140,8 @@ class FitRequest:
         return config
 
     def tracker(self, rank: int = 0):
-        """A :class:`pipeline.tracking.RunTracker` for this fit (inactive off rank 0)."""
-        from pipeline.tracking import RunTracker
+        """A :class:`pipeline.tracking.run_tracker.RunTracker` for this fit (inactive off rank 0)."""
+        from pipeline.tracking.run_tracker import RunTracker
 
         return RunTracker(self.tracking_uri, self.experiment, enabled=self.tracking,
                           run_name=self.run_name, rank=rank, register_model=self.register_model,

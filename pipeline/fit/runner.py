@@ -139,13 +139,13 @@ def epoch_callbacks(trainer: Trainer, tracker: Any, scores: Any = None) -> list[
     Parameters
     ----------
     trainer : Trainer
-    tracker : pipeline.tracking.RunTracker
+    tracker : pipeline.tracking.run_tracker.RunTracker
         Logs each record and prints the diagnostics' warnings.
     scores : EpochLabelScores, optional
         Per-epoch NMI/ARI/ACC on labelled rows; bound to ``trainer`` here, and run
         first so the tracker logs its keys.
     """
-    from pipeline.tracking import epoch_callback
+    from pipeline.tracking.fit_runs import epoch_callback
 
     callbacks: list[EpochCallback] = []
     if scores is not None:

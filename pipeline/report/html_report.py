@@ -3,7 +3,7 @@
 The report is one HTML file with every image inlined as a base64 PNG data URI, so it
 can be mailed, attached to a ticket or opened offline. It shows K over epochs,
 split/merge acceptance, the losses, the cluster-size histogram, the final metrics,
-the diagnostics of :mod:`pipeline.diagnostics`, a table of the largest clusters and,
+the diagnostics of :mod:`pipeline.report.diagnostics`, a table of the largest clusters and,
 when the clustered features came from images, a strip of sample images per cluster
 (the paper's Fig. 3 style): the most confident members of each cluster.
 
@@ -33,9 +33,9 @@ from PIL import Image, UnidentifiedImageError
 from tqdm import tqdm
 
 from deepdpm_core.errors import DataError
-from pipeline import plots
 from pipeline.atomic_files import atomic_path
-from pipeline.diagnostics import diagnose
+from pipeline.report import plots
+from pipeline.report.diagnostics import diagnose
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".ppm", ".gif", ".tif", ".tiff")
 RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")

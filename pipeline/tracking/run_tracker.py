@@ -24,13 +24,9 @@ user has set them.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
-import platform
 import queue
-import subprocess
 import sys
 import threading
 import time
@@ -40,18 +36,11 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from deepdpm_core.trainer import EPOCH_PHASES
-from pipeline.tracking_options import (
-    DEFAULT_EXPERIMENT,
-    DEFAULT_MODEL_ALIAS,
-    add_registry_arguments,
-    add_tracking_arguments,
-)
+from pipeline.tracking.environment import resolve_tracking_uri
+from pipeline.tracking.options import DEFAULT_EXPERIMENT, DEFAULT_MODEL_ALIAS
 
 logger = logging.getLogger(__name__)
 
-#: file name of the default tracking store, created in the working directory
-#: (MLflow 3 refuses the old ``./mlruns`` file store for new runs)
-DEFAULT_TRACKING_DB = "mlflow.db"
 
 #: experiment tag by which MLflow 3's UI shows an experiment as model training (its Runs)
 #: rather than GenAI (overview, "Evaluation runs"); UIs with the GenAI / Model training
@@ -96,74 +85,6 @@ QUIET_ENV_DEFAULTS: dict[str, str] = {
 _MAX_PARAMS_PER_BATCH = 100
 _MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAM_LENGTH = 6000
-
-
-def resolve_tracking_uri(uri: str | None = None) -> str:
-    """The tracking URI a run uses: ``uri``, else ``$MLFLOW_TRACKING_URI``, else
-    ``sqlite:///<cwd>/mlflow.db``.
-
-    The default is made absolute so that Ray workers, whose working directory is not
-    the driver's, write to the same database.
-    """
-    if uri:
-        return uri
-    env = os.environ.get("MLFLOW_TRACKING_URI")
-    if env:
-        return env
-    return "sqlite:///" + str(Path.cwd().resolve() / DEFAULT_TRACKING_DB)
-
-
-def git_commit(start: str | Path | None = None) -> str | None:
-    """Commit of the code being run: ``$DEEPDPM_GIT_COMMIT`` (set in container images)
-    or ``git rev-parse HEAD`` of the checkout this package lives in; None when unknown."""
-    env = os.environ.get("DEEPDPM_GIT_COMMIT")
-    if env:
-        return env
-    where = Path(start) if start is not None else Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    commit = out.stdout.strip()
-    return commit if out.returncode == 0 and len(commit) == 40 else None
-
-
-def gpu_description() -> str:
-    """Name and count of the CUDA devices, or ``"none"``."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            n = torch.cuda.device_count()
-            return f"{n}x {torch.cuda.get_device_name(0)}"
-    except Exception:  # a broken CUDA install must not stop a run from being tagged
-        return "unknown"
-    return "none"
-
-
-def environment_tags(input_path: str | Path | None = None, command: str = "fit") -> dict[str, str]:
-    """Run tags: input path, host, GPU, and MLflow's own source tags (the run's "Source" in
-    the UI: ``deepdpm COMMAND`` and the git commit)."""
-    tags = {
-        "host": platform.node(),
-        "gpu": gpu_description(),
-        "python": platform.python_version(),
-        "mlflow.source.name": f"deepdpm {command}",
-        "mlflow.source.type": "LOCAL",
-    }
-    if input_path is not None:
-        tags["input"] = str(input_path)
-    commit = git_commit()
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
-    return tags
 
 
 def epoch_metrics(record: Mapping[str, Any]) -> dict[str, float]:
@@ -490,143 +411,3 @@ class RunTracker:
             file=sys.stderr,
             flush=True,
         )
-
-
-# -- the seams the commands plug in ---------------------------------------------------------
-
-#: files of a fit output directory logged as artifacts (those that exist)
-FIT_ARTIFACTS = (
-    "config.yaml",
-    "summary.json",
-    "k_over_epochs.png",
-    "cluster_sizes.png",
-    "moves.png",
-    "losses.png",
-    "scores.png",
-    "epoch_time.png",
-    "model.pt",
-    "assignments.parquet",
-)
-
-
-def default_run_name(args: argparse.Namespace) -> str | None:
-    """``--run-name``, else the name of the ``--output`` folder (None without either)."""
-    if args.run_name:
-        return args.run_name
-    output = getattr(args, "output", None) or getattr(args, "resume", None)
-    return Path(output).resolve().name if output else None
-
-
-def tracker_from_args(args: argparse.Namespace, rank: int = 0) -> RunTracker:
-    """A :class:`RunTracker` configured by :func:`add_tracking_arguments` (and
-    :func:`add_registry_arguments`) flags."""
-    return RunTracker(
-        tracking_uri=args.tracking_uri,
-        experiment=args.experiment,
-        enabled=not args.no_tracking,
-        run_name=default_run_name(args),
-        rank=rank,
-        register_model=getattr(args, "register_model", None),
-        model_alias=getattr(args, "model_alias", DEFAULT_MODEL_ALIAS),
-    )
-
-
-def fit_params(
-    flat_config: Mapping[str, Any], n_samples: int, n_features: int, num_workers: int = 1
-) -> dict[str, Any]:
-    """Params of a fit run: the flattened config plus data shape and worker count."""
-    return {
-        **flat_config,
-        "data.n_samples": int(n_samples),
-        "data.n_features": int(n_features),
-        "num_workers": int(num_workers),
-    }
-
-
-def epoch_callback(
-    tracker: RunTracker, config: Any, feature_variance: float | None = None
-) -> Callable[[Mapping[str, Any]], None]:
-    """Per-epoch callback for the estimator: log the record and run the diagnostics
-    (:class:`pipeline.diagnostics.DiagnosticsMonitor`, warnings through ``tracker.warn``).
-
-    ``feature_variance`` (median per-feature variance of X) lets the diagnostics say
-    which way ``prior.sigma_scale`` moves K for these data.
-    """
-    from pipeline.diagnostics import DiagnosticsMonitor
-
-    monitor = DiagnosticsMonitor(config, tracker.warn, feature_variance)
-
-    def on_epoch(record: Mapping[str, Any]) -> None:
-        tracker.log_epoch(record)
-        monitor(record)
-
-    return on_epoch
-
-
-def log_fit_outputs(tracker: RunTracker, out_dir: str | Path) -> None:
-    """Log a finished fit's output directory: :data:`FIT_ARTIFACTS`; from its
-    ``summary.json``, ``fit_seconds`` and the final ``final_nmi``/``final_ari``/``final_acc``;
-    the input as the run's dataset; the fit as the MLflow model ``model``
-    (:mod:`pipeline.mlflow_model`), registered when the tracker has ``register_model``."""
-    out_dir = Path(out_dir)
-    summary_path = out_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    step = int(summary.get("epochs") or 0)
-    if summary:
-        final = {f"final_{k}": v for k, v in (summary.get("metrics") or {}).items()}
-        if summary.get("fit_seconds") is not None:
-            final["fit_seconds"] = summary["fit_seconds"]
-        final["final_n_clusters"] = summary.get("n_clusters", 0)
-        tracker.log_metrics(final, step=step)
-    tracker.log_artifacts(p for name in FIT_ARTIFACTS if (p := out_dir / name).exists())
-    if not (out_dir / "model.pt").exists():
-        return
-    input_path = summary.get("input")
-    name, alias = tracker.register_model, tracker.model_alias
-
-    def log_model(client: Any, run_id: str) -> None:
-        from pipeline.mlflow_model import EXAMPLE_ROWS, log_fit_model, register_fit_model
-        from pipeline.run_dataset import feature_input, input_rows
-
-        example = None
-        if input_path is not None:
-            dataset = feature_input(input_path)
-            if dataset is not None:
-                client.log_inputs(run_id, datasets=[dataset])
-            example = input_rows(input_path, EXAMPLE_ROWS)
-        try:
-            log_fit_model(client, run_id, out_dir, input_example=example, step=step)
-            if name:
-                register_fit_model(client, run_id, name, alias)
-        except Exception as exc:  # the run keeps model.pt and still ends as it should
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            print(f"deepdpm: warning: the fit's MLflow model was not logged "
-                  f"({type(exc).__name__}: {reason[:300]})", file=sys.stderr, flush=True)  # fmt: skip
-
-    tracker.log_with(log_model)
-
-
-__all__ = [
-    "DEFAULT_EXPERIMENT",
-    "DEFAULT_MODEL_ALIAS",
-    "EXPERIMENT_KIND",
-    "EXPERIMENT_KIND_TAG",
-    "FIT_ARTIFACTS",
-    "DEFAULT_TRACKING_DB",
-    "EPOCH_METRICS",
-    "HTTP_ENV_DEFAULTS",
-    "QUIET_ENV_DEFAULTS",
-    "RunTracker",
-    "add_registry_arguments",
-    "add_tracking_arguments",
-    "default_run_name",
-    "environment_tags",
-    "epoch_callback",
-    "epoch_metrics",
-    "fit_params",
-    "git_commit",
-    "gpu_description",
-    "log_fit_outputs",
-    "resolve_tracking_uri",
-    "tracker_from_args",
-]

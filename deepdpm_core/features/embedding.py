@@ -19,7 +19,9 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from deepdpm_core.autoencoder import (
+from deepdpm_core.config import Config
+from deepdpm_core.errors import ConfigError, DataError
+from deepdpm_core.features.autoencoder import (
     AETrainSettings,
     EpochCallback,
     MLPAutoencoder,
@@ -28,8 +30,6 @@ from deepdpm_core.autoencoder import (
     resolve_device,
     train_autoencoder,
 )
-from deepdpm_core.config import Config
-from deepdpm_core.errors import ConfigError, DataError
 from deepdpm_core.validation import is_real_dtype
 
 EmbedMethod = Literal["ae", "umap", "ae-umap", "pca"]
@@ -225,7 +225,7 @@ def embed(
         otherwise. For ``ae-umap`` the AE latent size stays ``ae.latent_dim`` and ``dim``
         must not exceed it.
     on_epoch : callable, optional
-        Per-epoch AE progress (see :func:`deepdpm_core.autoencoder.train_autoencoder`).
+        Per-epoch AE progress (see :func:`deepdpm_core.features.autoencoder.train_autoencoder`).
 
     Returns
     -------

@@ -214,7 +214,7 @@ class DiagnosticsMonitor:
     Parameters
     ----------
     config : Config or nested dict
-    warn : callable taking a message, e.g. :meth:`pipeline.tracking.RunTracker.warn`
+    warn : callable taking a message, e.g. :meth:`pipeline.tracking.run_tracker.RunTracker.warn`
     feature_variance : float, optional
         Median per-feature variance of the data (see :func:`knob_advice`).
     """

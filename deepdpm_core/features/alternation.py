@@ -25,7 +25,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from deepdpm_core.autoencoder import (
+from deepdpm_core.config import Config
+from deepdpm_core.errors import ConfigError, DataError
+from deepdpm_core.features.autoencoder import (
     AETrainSettings,
     EpochCallback,
     MLPAutoencoder,
@@ -33,9 +35,7 @@ from deepdpm_core.autoencoder import (
     resolve_device,
     train_autoencoder,
 )
-from deepdpm_core.config import Config
-from deepdpm_core.embedding import as_feature_matrix, check_dim, pretrain_autoencoder
-from deepdpm_core.errors import ConfigError, DataError
+from deepdpm_core.features.embedding import as_feature_matrix, check_dim, pretrain_autoencoder
 
 
 class FittedClustering(Protocol):

@@ -1,0 +1,125 @@
+"""What the fit commands log to an MLflow run: params, per-epoch records with the K
+diagnostics, and the finished fit's outputs and model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pipeline.tracking.options import DEFAULT_MODEL_ALIAS
+from pipeline.tracking.run_tracker import RunTracker
+
+#: files of a fit output directory logged as artifacts (those that exist)
+FIT_ARTIFACTS = (
+    "config.yaml",
+    "summary.json",
+    "k_over_epochs.png",
+    "cluster_sizes.png",
+    "moves.png",
+    "losses.png",
+    "scores.png",
+    "epoch_time.png",
+    "model.pt",
+    "assignments.parquet",
+)
+
+
+def default_run_name(args: argparse.Namespace) -> str | None:
+    """``--run-name``, else the name of the ``--output`` folder (None without either)."""
+    if args.run_name:
+        return args.run_name
+    output = getattr(args, "output", None) or getattr(args, "resume", None)
+    return Path(output).resolve().name if output else None
+
+
+def tracker_from_args(args: argparse.Namespace, rank: int = 0) -> RunTracker:
+    """A :class:`RunTracker` configured by :func:`add_tracking_arguments` (and
+    :func:`add_registry_arguments`) flags."""
+    return RunTracker(
+        tracking_uri=args.tracking_uri,
+        experiment=args.experiment,
+        enabled=not args.no_tracking,
+        run_name=default_run_name(args),
+        rank=rank,
+        register_model=getattr(args, "register_model", None),
+        model_alias=getattr(args, "model_alias", DEFAULT_MODEL_ALIAS),
+    )
+
+
+def fit_params(
+    flat_config: Mapping[str, Any], n_samples: int, n_features: int, num_workers: int = 1
+) -> dict[str, Any]:
+    """Params of a fit run: the flattened config plus data shape and worker count."""
+    return {
+        **flat_config,
+        "data.n_samples": int(n_samples),
+        "data.n_features": int(n_features),
+        "num_workers": int(num_workers),
+    }
+
+
+def epoch_callback(
+    tracker: RunTracker, config: Any, feature_variance: float | None = None
+) -> Callable[[Mapping[str, Any]], None]:
+    """Per-epoch callback for the estimator: log the record and run the diagnostics
+    (:class:`pipeline.report.diagnostics.DiagnosticsMonitor`, warnings through ``tracker.warn``).
+
+    ``feature_variance`` (median per-feature variance of X) lets the diagnostics say
+    which way ``prior.sigma_scale`` moves K for these data.
+    """
+    from pipeline.report.diagnostics import DiagnosticsMonitor
+
+    monitor = DiagnosticsMonitor(config, tracker.warn, feature_variance)
+
+    def on_epoch(record: Mapping[str, Any]) -> None:
+        tracker.log_epoch(record)
+        monitor(record)
+
+    return on_epoch
+
+
+def log_fit_outputs(tracker: RunTracker, out_dir: str | Path) -> None:
+    """Log a finished fit's output directory: :data:`FIT_ARTIFACTS`; from its
+    ``summary.json``, ``fit_seconds`` and the final ``final_nmi``/``final_ari``/``final_acc``;
+    the input as the run's dataset; the fit as the MLflow model ``model``
+    (:mod:`pipeline.mlflow_model`), registered when the tracker has ``register_model``."""
+    out_dir = Path(out_dir)
+    summary_path = out_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    step = int(summary.get("epochs") or 0)
+    if summary:
+        final = {f"final_{k}": v for k, v in (summary.get("metrics") or {}).items()}
+        if summary.get("fit_seconds") is not None:
+            final["fit_seconds"] = summary["fit_seconds"]
+        final["final_n_clusters"] = summary.get("n_clusters", 0)
+        tracker.log_metrics(final, step=step)
+    tracker.log_artifacts(p for name in FIT_ARTIFACTS if (p := out_dir / name).exists())
+    if not (out_dir / "model.pt").exists():
+        return
+    input_path = summary.get("input")
+    name, alias = tracker.register_model, tracker.model_alias
+
+    def log_model(client: Any, run_id: str) -> None:
+        from pipeline.mlflow_model import EXAMPLE_ROWS, log_fit_model, register_fit_model
+        from pipeline.run_dataset import feature_input, input_rows
+
+        example = None
+        if input_path is not None:
+            dataset = feature_input(input_path)
+            if dataset is not None:
+                client.log_inputs(run_id, datasets=[dataset])
+            example = input_rows(input_path, EXAMPLE_ROWS)
+        try:
+            log_fit_model(client, run_id, out_dir, input_example=example, step=step)
+            if name:
+                register_fit_model(client, run_id, name, alias)
+        except Exception as exc:  # the run keeps model.pt and still ends as it should
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            print(f"deepdpm: warning: the fit's MLflow model was not logged "
+                  f"({type(exc).__name__}: {reason[:300]})", file=sys.stderr, flush=True)  # fmt: skip
+
+    tracker.log_with(log_model)
