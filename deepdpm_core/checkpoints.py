@@ -122,8 +122,11 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:  # a failed write leaves no temporary file behind
+        tmp.unlink(missing_ok=True)
 
 
 def trainer_state(trainer: Trainer) -> dict[str, Any]:

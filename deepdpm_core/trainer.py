@@ -91,14 +91,9 @@ class Trainer:
         The NIW prior and its refit.
     """
 
-    def __init__(
-        self,
-        config: Config,
-        x: Tensor,
-        comm: Communicator | None = None,
-        wrap: Callable[[nn.Module], nn.Module] | None = None,
-        callbacks: list[EpochCallback] | None = None,
-    ) -> None:
+    def __init__(self, config: Config, x: Tensor, comm: Communicator | None = None,
+                 wrap: Callable[[nn.Module], nn.Module] | None = None,
+                 callbacks: list[EpochCallback] | None = None) -> None:
         self.config = config
         self.comm = comm or LocalCommunicator()
         self.wrap = wrap or (lambda m: m)
@@ -151,9 +146,9 @@ class Trainer:
         z, n_init = initial_clusters(self.x, cfg.init, self.n_total, self.rank_rows, self.comm, self.rng,
                                      init_labels)
         # float64 GEMMs: the initial mixture is the same to round-off on any number of ranks
-        stats = self._reduce_stats(grouped_stats(
-            self.x, torch.arange(z.shape[0], device=self.device), z,
-            torch.ones_like(z, dtype=torch.float64), n_init, dtype=torch.float64))
+        local = grouped_stats(self.x, torch.arange(z.shape[0], device=self.device), z,
+                              torch.ones_like(z, dtype=torch.float64), n_init, dtype=torch.float64)
+        stats = SuffStats.from_flat(self.comm.all_reduce(local.flat()), n_init, self.dim)
         keep = torch.nonzero(stats.n > 0).squeeze(1)
         stats = stats.rows(keep)
         self.anchors = new_row_of(keep, n_init)[z]
@@ -180,13 +175,11 @@ class Trainer:
         o = self.config.optim
         return scaled_lr(base, self.batch_size * self.comm.world_size, o.base_batch_size, o.lr_scaling)
 
-    def _rewrap(self) -> None:
-        self.cluster_model = self.wrap(self.nets.cluster)
-        self.sub_model = self.wrap(self.nets.sub)
+    def _rewrap(self) -> None:  # after the nets are built or reshaped
+        self.cluster_model, self.sub_model = self.wrap(self.nets.cluster), self.wrap(self.nets.sub)
 
-    def _refresh_mixture(self) -> None:
-        self.mixture = self.state.mixture()
-        self._sub_means32 = self.state.sub_means.to(torch.float32)
+    def _refresh_mixture(self) -> None:  # after the parameters change
+        self.mixture, self._sub_means32 = self.state.mixture(), self.state.sub_means.to(torch.float32)
 
     @property
     def n_clusters(self) -> int:
@@ -194,10 +187,6 @@ class Trainer:
         return self.state.n_clusters
 
     # ------------------------------------------------------------------ epochs
-    def _reduce_stats(self, stats: SuffStats) -> SuffStats:
-        flat = self.comm.all_reduce(stats.flat())
-        return SuffStats.from_flat(flat, stats.n_rows, stats.dim)
-
     def n_steps(self) -> tuple[int, int]:
         """:func:`~deepdpm_core.batching.epoch_steps` of this fit (collective)."""
         return epoch_steps(self.x.shape[0], self.batch_size, self.config.optim.min_steps_per_epoch,
@@ -375,12 +364,17 @@ class Trainer:
         """No move accepted for ``patience`` rounds (and at least ``min_epochs`` done)."""
         return self.schedule.converged(self.epoch)
 
+    @property
+    def finished(self) -> bool:
+        """The schedule stops the fit here (``max_epochs`` reached, or converged)."""
+        return self.schedule.finished(self.epoch)
+
     def fit(self, init_labels: Tensor | None = None) -> None:
         """Initialise if needed (from ``init_labels`` when given), then run epochs until
         the schedule stops the fit."""
         if not hasattr(self, "nets"):
             self.initialize(init_labels)
-        while not self.schedule.finished(self.epoch):
+        while not self.finished:
             self.step_epoch()
 
     def check_consistency(self, rtol: float = 1e-9) -> None:

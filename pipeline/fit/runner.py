@@ -2,7 +2,7 @@
 
 :func:`run_epochs` drives a :class:`~deepdpm_core.trainer.Trainer` through its public
 API: ``initialize`` (unless it was restored from a checkpoint), then ``step_epoch``
-until ``converged`` or ``schedule.max_epochs``, as :meth:`Trainer.fit` does. What a mode
+until the trainer's schedule says it is ``finished``, as :meth:`Trainer.fit` does. What a mode
 adds comes in as :class:`FitHooks`:
 
 - ``on_epoch``: per-epoch callbacks on the epoch record, in order: the label scores
@@ -89,16 +89,15 @@ def run_epochs(trainer: Trainer, hooks: FitHooks, init_labels: torch.Tensor | No
     """
     if not restored:
         trainer.initialize(init_labels)
-    max_epochs = trainer.config.schedule.max_epochs
     with hooks.progress(trainer) if hooks.progress else contextlib.nullcontext() as show:
         added = [*hooks.on_epoch, *([show] if show is not None else [])]
         trainer.callbacks.extend(added)
         try:
-            while trainer.epoch < max_epochs and not trainer.converged:
+            while not trainer.finished:
                 if hooks.fault is not None:
                     hooks.fault(trainer.epoch, hooks.rank)
                 trainer.step_epoch()
-                if trainer.epoch >= max_epochs or trainer.converged:
+                if trainer.finished:
                     break
                 if hooks.consistency_every and trainer.epoch % hooks.consistency_every == 0:
                     trainer.check_consistency()
