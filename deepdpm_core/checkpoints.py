@@ -17,6 +17,7 @@ import os
 import pickle
 import pickletools
 import re
+import secrets
 import warnings
 import zipfile
 from pathlib import Path
@@ -117,13 +118,23 @@ def _collect_globals(stream, names: list[str]) -> None:
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
-    """``torch.save(state, path)`` atomically: into a temporary file beside ``path``, then
-    renamed over it, so a reader never sees half a file. The file gets the umask's mode."""
+    """``torch.save(state, path)`` atomically: into a new temporary file beside ``path``,
+    then renamed over it, so a reader never sees half a file and a crash leaves the old
+    one. The file gets the mode ``open(path, "w")`` would give (the umask's).
+
+    Raises
+    ------
+    IsADirectoryError
+        ``path`` is a folder (before anything is written).
+    """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"output {path} is a folder; expected a file path")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        torch.save(state, tmp)
+        with open(tmp, "xb") as fh:  # a new file, as open() makes one: the umask's mode
+            torch.save(state, fh)
         os.replace(tmp, path)
     finally:  # a failed write leaves no temporary file behind
         tmp.unlink(missing_ok=True)

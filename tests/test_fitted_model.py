@@ -52,3 +52,27 @@ def test_a_fitted_and_a_loaded_model_hold_no_training_data(tmp_path):
     _assert_holds_no_training_data(loaded)
     assert len(loaded.history_) == len(est.history_) and loaded.n_clusters_ == est.n_clusters_
     np.testing.assert_array_equal(loaded.predict(x), est.predict(x))
+
+
+def test_checkpoints_are_written_atomically_with_the_umask_mode(tmp_path):
+    import os
+    import stat
+
+    import pytest
+
+    from deepdpm_core.checkpoints import safe_load, save_checkpoint
+
+    path = tmp_path / "deep" / "model.pt"
+    old = os.umask(0o027)
+    try:
+        save_checkpoint({"w": torch.ones(3)}, path)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    # a write that fails keeps the old file and leaves no temporary file
+    with pytest.raises(TypeError, match="pickle"):  # a generator cannot be pickled
+        save_checkpoint({"w": (i for i in range(3))}, path)
+    assert torch.equal(safe_load(path)["w"], torch.ones(3))
+    assert [p.name for p in path.parent.iterdir()] == ["model.pt"]
+    with pytest.raises(IsADirectoryError):
+        save_checkpoint({}, tmp_path)

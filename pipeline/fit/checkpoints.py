@@ -1,8 +1,8 @@
 """Every file a fit keeps to resume or to reuse, read through the one safe loader.
 
-Three kinds, each written atomically and read by
-:func:`deepdpm_core.checkpoints.safe_load` (``torch.load(weights_only=True)``; a pickle
-that would run code is refused):
+Three kinds, each written by :func:`deepdpm_core.checkpoints.save_checkpoint` (atomic)
+and read by :func:`deepdpm_core.checkpoints.safe_load` (``torch.load(weights_only=True)``;
+a pickle that would run code is refused):
 
 ``OUT/checkpoints/epoch_EEEEEE.pt``
     the checkpoints of a fit in this process (``--checkpoint-every N``), the newest
@@ -27,14 +27,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from deepdpm_core.checkpoints import safe_load
+from deepdpm_core.checkpoints import safe_load, save_checkpoint
 from deepdpm_core.config import Config
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.estimator import FORMAT
 from deepdpm_core.trainer import Trainer
-from pipeline.atomic_files import atomic_path
 
 CHECKPOINT_DIR = "checkpoints"
 #: checkpoints kept (older ones are removed once a newer one is written), as on Ray
@@ -65,8 +62,7 @@ def trainer_state(path: str | Path) -> dict[str, Any]:
 
 def write_trainer_state(trainer: Trainer, path: str | Path) -> Path:
     """Write the trainer's state (model file format) to ``path`` atomically."""
-    with atomic_path(path) as tmp:
-        torch.save({"format": FORMAT, **trainer.state_dict()}, tmp)
+    save_checkpoint({"format": FORMAT, **trainer.state_dict()}, path)
     return Path(path)
 
 
@@ -172,8 +168,7 @@ def save_autoencoder(model: Any, config: Config, path: str | Path) -> None:
         "state_dict": model.state_dict(),
         "config": config.to_dict(),
     }
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    save_checkpoint(payload, path)
 
 
 def load_autoencoder(path: str | Path):
