@@ -360,11 +360,6 @@ class Trainer:
         return record
 
     @property
-    def converged(self) -> bool:
-        """No move accepted for ``patience`` rounds (and at least ``min_epochs`` done)."""
-        return self.schedule.converged(self.epoch)
-
-    @property
     def finished(self) -> bool:
         """The schedule stops the fit here (``max_epochs`` reached, or converged)."""
         return self.schedule.finished(self.epoch)

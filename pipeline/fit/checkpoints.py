@@ -44,7 +44,7 @@ AE_FORMAT = "deepdpm-autoencoder-v1"
 _NAME = re.compile(r"epoch_(\d+)\.pt")
 
 
-def trainer_state(path: str | Path) -> dict[str, Any]:
+def read_trainer_state(path: str | Path) -> dict[str, Any]:
     """A trainer state written by :func:`write_trainer_state`.
 
     Raises
@@ -90,7 +90,7 @@ def remove_checkpoints(out: str | Path) -> None:
 def latest_state(out: str | Path) -> dict[str, Any] | None:
     """The newest local checkpoint's trainer state; None when there is none yet."""
     paths = checkpoint_paths(out)
-    return trainer_state(paths[-1]) if paths else None
+    return read_trainer_state(paths[-1]) if paths else None
 
 
 def write_checkpoint(trainer: Trainer, out: str | Path) -> Path:
@@ -121,7 +121,7 @@ def load_ray_checkpoint(checkpoint: Any) -> dict[str, Any]:
     """
     with checkpoint.as_directory() as path:
         try:
-            return trainer_state(Path(path) / CHECKPOINT_FILE)
+            return read_trainer_state(Path(path) / CHECKPOINT_FILE)
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint {path} has no {CHECKPOINT_FILE}") from None
 
@@ -193,5 +193,5 @@ def load_autoencoder(path: str | Path):
 __all__ = ["AE_FORMAT", "CHECKPOINTS_KEPT", "CHECKPOINT_DIR", "CHECKPOINT_FILE", "TRAIN_DIR",
            "checkpoint_dir_names", "checkpoint_paths", "has_local_checkpoints",
            "has_ray_checkpoints", "latest_state", "load_autoencoder", "load_ray_checkpoint",
-           "prune_checkpoints", "remove_checkpoints", "save_autoencoder", "trainer_state",
+           "prune_checkpoints", "remove_checkpoints", "save_autoencoder", "read_trainer_state",
            "write_checkpoint", "write_trainer_state"]
