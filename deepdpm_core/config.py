@@ -405,13 +405,39 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         raise ConfigError(str(exc)) from exc
 
 
+def _nested(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with dotted keys (``{"prior.alpha": 1.0}``, as ``--set`` names them) as
+    nested mappings (``{"prior": {"alpha": 1.0}}``); a key given twice is an error."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        *sections, leaf = str(key).split(".")
+        node = out
+        for i, name in enumerate(sections):
+            node = node.setdefault(name, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"config key '{'.'.join(sections[:i + 1])}' is given as a "
+                                  f"value and as a section")
+        if isinstance(value, dict):
+            value = _nested(value)
+            if isinstance(node.get(leaf), dict):
+                clash = set(node[leaf]) & set(value)
+                if clash:
+                    raise ConfigError(f"config key '{key}.{sorted(clash)[0]}' is given twice")
+                value = {**node[leaf], **value}
+        elif leaf in node:
+            raise ConfigError(f"config key '{key}' is given twice")
+        node[leaf] = value
+    return out
+
+
 def from_dict(data: dict[str, Any] | None) -> Config:
-    """Build a :class:`Config` from a nested mapping, rejecting unknown keys."""
+    """Build a :class:`Config` from a mapping, nested or with dotted keys
+    (``{"prior.alpha": 1.0}``), rejecting unknown keys."""
     if data is None:
         return Config()
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a mapping, got {type(data).__name__}")
-    return _build(Config, data)
+    return _build(Config, _nested(data))
 
 
 __all__ = [

@@ -38,11 +38,23 @@ def test_every_shipped_config_loads(path):
         ({"embed": {"min_dist": 5.0}}, "'embed.min_dist' must be <= 1, got 5.0"),
         ({"embed": {"n_neighbors": 1}}, "'embed.n_neighbors' must be >= 2, got 1"),
         ({"seed": 2**40}, "'seed' must be in [0, 2**31)"),
+        ({"schedule.max_epoch": 3}, "unknown config key 'schedule.max_epoch' (did you mean "
+                                    "schedule.max_epochs?)"),
+        ({"schedule.max_epochs": 3, "schedule": {"max_epochs": 4}},
+         "config key 'schedule.max_epochs' is given twice"),
+        ({"seed": 1, "seed.x": 2}, "config key 'seed' is given as a value and as a section"),
     ],
 )
 def test_bad_configs_name_the_key(data, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         from_dict(data)
+
+
+def test_dotted_keys_in_a_mapping_are_sections():
+    """``{"prior.alpha": 1}`` is ``{"prior": {"alpha": 1}}``, as ``--set`` names keys."""
+    cfg = from_dict({"schedule.max_epochs": 3, "prior": {"alpha": 2.0}, "prior.nu": None})
+    assert cfg.schedule.max_epochs == 3 and cfg.prior.alpha == 2.0 and cfg.prior.nu is None
+    assert cfg == from_dict({"schedule": {"max_epochs": 3}, "prior": {"alpha": 2.0, "nu": None}})
 
 
 def test_overrides_and_yaml_scalars(tmp_path):
