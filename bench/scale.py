@@ -72,13 +72,8 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 
     init_s = device_clock(dev) - t
     m = top_m(cfg.estep, trainer.n_clusters)
     t = device_clock(dev)
-    if m:
-        _, log_resp = trainer.mixture.sparse_log_responsibilities(trainer.x, m, anchors=trainer.anchors)
-        support = float(torch.isfinite(log_resp).sum()) / len(log_resp)
-    else:
-        for s in range(0, trainer.x.shape[0], trainer.batch_size):
-            trainer.mixture.log_responsibilities(trainer.x[s : s + trainer.batch_size])
-        support = float(k)
+    _, log_resp = trainer.mixture.sparse_log_responsibilities(trainer.x, m, anchors=trainer.anchors)
+    support = float(torch.isfinite(log_resp).sum()) / len(log_resp)
     estep_s = device_clock(dev) - t
     t = device_clock(dev)
     record = trainer.step_epoch()
@@ -95,7 +90,7 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 
             "epoch_phase_seconds": {k.removeprefix("seconds_"): v for k, v in record.items()
                                     if k.startswith("seconds_")},
             "device": str(dev), "precision": trainer.precision, "k_epoch": trainer.n_clusters,
-            "top_m": m or 0, "batch_size": trainer.batch_size, "steps": trainer.n_steps()[1],
+            "top_m": m, "batch_size": trainer.batch_size, "steps": trainer.n_steps()[1],
             "estep_support_per_point": support}
 
 
@@ -239,7 +234,7 @@ def main() -> None:
         out["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / (1 << 20)
     print(f"data: {args.n} x {args.d}, K = {args.k}, DeepDPM on {out['device']} "
           f"({out['precision']} nets), {out['threads']} CPU threads, "
-          f"batch {out['batch_size']}, E-step {'sparse' if out['top_m'] else 'dense'} "
+          f"batch {out['batch_size']}, E-step support at most {out['top_m']} of {out['k_epoch']} clusters "
           f"(clusters per point with r^E above float32 eps: {out['estep_support_per_point']:.2f})")
     print(f"{'what':36s} {'seconds':>9s} {'/ k-means iter':>15s}")
     rows = [("FAISS k-means, one iteration", out["kmeans_iter_seconds"]),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from deepdpm_core.communicator import Communicator
-from deepdpm_core.stats import SuffStats, TripleBuffer
+from deepdpm_core.stats import SuffStats, TripleBuffer, grouped_stats
 
 Tensor = torch.Tensor
 #: responsibilities below float32's resolution of 1 (a point's total mass) are left out
@@ -26,8 +26,8 @@ class EpochStats:
         D.
     pass_rows : int
         Local rows of the one statistics pass.
-    m : int or None
-        Slots per point of the sparse E-step, None: dense (the slots are all K clusters).
+    m : int
+        Slots per point (the most clusters in a point's E-step support).
     device : torch.device
     """
 
@@ -39,37 +39,40 @@ class EpochStats:
         self.flat = torch.zeros(sum(self.sizes), dtype=torch.float64, device=device)
         self.soft = SuffStats.from_flat(self.flat[: self.sizes[0]], k, d)
         self.sub = SuffStats.from_flat(self.flat[self.sizes[0] : -3], 2 * k, d)
-        self.soft_buf = TripleBuffer(pass_rows * m, device) if m else None
+        # below K slots (K > estep.dense_max_k) the triples wait for one reduction per epoch;
+        # with all K (K small) each batch is reduced at once, with no O(N·K) buffer
+        self.soft_buf = TripleBuffer(pass_rows * m, device) if m < k else None
         self.sub_buf = TripleBuffer(pass_rows, device)
 
     @torch.no_grad()
-    def add(self, x: Tensor, idx: Tensor, slots: Tensor, target: Tensor, log_r_slots: Tensor,
-            sub_rows: Tensor, sum_cl: Tensor, sum_sub: Tensor) -> None:
+    def add(self, x: Tensor, idx: Tensor, logits: Tensor, slots: Tensor, target: Tensor,
+            log_r_slots: Tensor, sub_rows: Tensor, sum_cl: Tensor, sum_sub: Tensor) -> None:
         """One batch.
 
         Parameters
         ----------
         x : Tensor of shape (B, D)
             The batch's rows; ``idx`` (B,) their local row numbers.
-        slots, target, log_r_slots : Tensor of shape (B, m) or (B, K)
+        logits : Tensor of shape (B, K)
+            The clustering net's output.
+        slots, target, log_r_slots : Tensor of shape (B, m)
             The slots' clusters, their E-step targets r^E and the net's ln r on them.
         sub_rows : Tensor of shape (B,), int64
             Each point's hard subcluster row, 2·z + j.
         sum_cl, sum_sub : Tensor
             The batch's summed cluster and subcluster losses.
         """
-        if self.m:  # the net's responsibilities on the support of the point's target r^E
-            # (where the KL puts the net's mass; not renormalised), less those below
-            # float32 resolution of its unit mass
+        # the net's responsibilities less those below float32 resolution of a point's unit
+        # mass: a trained net puts one or two clusters above it, not K
+        if self.soft_buf is not None:  # on the support of the point's target r^E (where
+            # the KL puts the net's mass; not renormalised), reduced once per epoch
             r = log_r_slots.exp()
             point, j = ((r >= R_FLOOR) & (target > 0)).nonzero(as_tuple=True)
             self.soft_buf.add(idx.index_select(0, point), slots[point, j], r[point, j])
-        else:  # the slots are all K clusters, in order
-            k, d, soft = self.k, self.d, self.soft
-            r, x64 = log_r_slots.exp().to(torch.float64), x.to(torch.float64)
-            soft.n.add_(r.sum(0))
-            soft.s1.addmm_(r.T, x64)
-            soft.s2.view(k, d * d).addmm_(r.T, (x64[:, :, None] * x64[:, None, :]).reshape(-1, d * d))
+        else:  # on all K clusters (K ≤ estep.dense_max_k): one small GEMM per cluster
+            r = torch.softmax(logits.detach().float(), dim=1)
+            point, j = (r >= R_FLOOR).nonzero(as_tuple=True)
+            grouped_stats(x, point, j, r[point, j], self.k, out=self.soft)
         self.sub_buf.add(idx, sub_rows, torch.ones_like(sub_rows, dtype=torch.float32))
         self.flat[-3:] += torch.stack([sum_cl.detach().double(), sum_sub.detach().double(),
                                        torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device)])
@@ -77,7 +80,7 @@ class EpochStats:
     def reduce(self, x_local: Tensor, comm: Communicator) -> tuple[SuffStats, SuffStats, dict[str, float]]:
         """The statistics over all ranks: soft cluster (K rows), hard subcluster (2K rows) and
         the mean losses. ``x_local`` (N_local, D) are the rows the buffers index."""
-        if self.m:
+        if self.soft_buf is not None:
             self.soft_buf.stats(x_local, self.k, out=self.soft)
         self.sub_buf.stats(x_local, 2 * self.k, out=self.sub)
         flat = comm.all_reduce(self.flat)

@@ -1,7 +1,8 @@
 """The clustering net's loss: KL(r^E ‖ r) with r = softmax(logits) (paper Eqs. 5–6).
 
 The E-step target r^E of a point is non-zero on a few clusters only (its *slots*: every
-cluster when the E-step is dense, the sparse E-step's support otherwise), so
+cluster the E-step's bound could not rule out, at most ``estep.top_m`` above
+``estep.dense_max_k`` clusters), so
 
     KL(r^E ‖ r) = Σ_c p_c (ln p_c − logit_c + lse),   lse = ln Σ_k exp(logit_k),
 

@@ -212,7 +212,10 @@ class Trainer:
             extra = torch.randint(n_local, ((n_steps - one_pass) * bsz,), generator=gen).to(self.device)
             perm = torch.cat([perm, extra])
         m = top_m(self.config.estep, k)
-        candidates, resp, self.anchors = estep_targets(self.mixture, self.x, m, self.anchors)
+        # with every cluster allowed (m = K) the search starts from the mixture alone, so the
+        # targets are a function of the checkpointed state and a resumed fit repeats them
+        anchors = self.anchors if m < k else None
+        candidates, resp, self.anchors = estep_targets(self.mixture, self.x, m, anchors)
         t_estep = device_clock(self.device)
         self.cluster_model.train(train)
         self.sub_model.train(train)
@@ -228,7 +231,8 @@ class Trainer:
             slots, target = slot_targets(candidates, resp, idx)
             with torch.set_grad_enabled(train), net_precision(self.precision, self.device):
                 # KL(r^E || r) also yields the hard clusters z and ln r on the slots
-                sum_cl, z, log_r_slots = slot_kl(self.cluster_model(x), slots, target)
+                logits = self.cluster_model(x)
+                sum_cl, z, log_r_slots = slot_kl(logits, slots, target)
                 sub_logits = self.sub_model(x, z)
                 sub_r = torch.softmax(sub_logits, dim=1)
                 dist2 = (x[:, None, :] - self._sub_means32.index_select(0, z)).square().sum(-1)
@@ -248,8 +252,8 @@ class Trainer:
                 self.nets.opt_cluster.step()
                 self.nets.opt_sub.step()
             if step < one_pass:
-                stats.add(x, idx, slots, target, log_r_slots, 2 * z + sub_logits.detach().argmax(1),
-                          sum_cl, sum_sub)
+                stats.add(x, idx, logits, slots, target, log_r_slots,
+                          2 * z + sub_logits.detach().argmax(1), sum_cl, sum_sub)
         t_train = device_clock(self.device)
         soft, sub, losses = stats.reduce(self.x, self.comm)
         if seconds is not None:
