@@ -1,6 +1,8 @@
 """ln p(X, z) of a partition against a brute-force chain rule, and what it is for."""
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,6 +10,7 @@ import torch
 from scipy import stats
 from sklearn.datasets import make_blobs
 
+from deepdpm_core import DeepDPM
 from deepdpm_core.communicator import LocalCommunicator
 from deepdpm_core.config import Config
 from deepdpm_core.coordinates import fit_coordinates
@@ -90,3 +93,16 @@ def test_the_true_partition_of_separated_blobs_scores_above_merged_and_split_one
 def test_labels_must_be_one_per_row():
     with pytest.raises(DataError, match=r"labels has shape \(3,\); expected one per row of X, \(4,\)"):
         partition_evidence(np.zeros((4, 2)), np.zeros(3))
+
+
+def test_readme_snippet_scores_a_fit_against_known_labels():
+    """README's "Is K the model's answer" snippet, as written: on separated blobs the fit
+    finds the classes, so the two partitions score the same."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"\*\*Is K the model's answer.*?```python\n(.*?)```", readme, re.S).group(1)
+    X, y = make_blobs(400, centers=3, n_features=4, center_box=(-20, 20), random_state=3)
+    model = DeepDPM(random_state=0, optim__min_steps_per_epoch=8).fit(X)
+    namespace = {"X": X, "model": model, "my_labels": y}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the project's own README
+    assert model.n_clusters_ == 3
+    assert namespace["gap"] == pytest.approx(0.0, abs=1e-6)
