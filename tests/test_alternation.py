@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -202,6 +203,7 @@ def test_fit_alternate_command_writes_outputs_and_nested_mlflow_runs(
     mlflow_server,  # noqa: F811
     mlflow_env,  # noqa: F811
     capsys,
+    monkeypatch,
 ):
     import json
 
@@ -265,6 +267,15 @@ def test_fit_alternate_command_writes_outputs_and_nested_mlflow_runs(
     assert {"autoencoder.pt", "model.pt", "summary.json"} <= artifacts
     ae_history = client.get_metric_history(children[0].info.run_id, "ae_loss")
     assert len(ae_history) == 8  # one point per pretraining epoch
+    # the MLflow model takes raw rows: its input example is the first flattened images
+    import mlflow.artifacts
+    import mlflow.pyfunc
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    local = Path(mlflow.artifacts.download_artifacts(f"runs:/{parent.info.run_id}/model"))
+    meta = mlflow.pyfunc.load_model(str(local)).metadata
+    np.testing.assert_allclose(np.asarray(meta.load_input_example(str(local)), dtype=np.float32),
+                               X[:5].astype(np.float32))
 
 
 def test_fit_bad_arguments_are_one_line_errors(tmp_path, capsys):

@@ -172,7 +172,7 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
                                             request.input, extra=extra, more_outputs=write_encoder)
         if summary["metrics"]:
             parent.log_metrics(summary["metrics"], step=len(result.steps) - 1)
-        log_fit_outputs(parent, out)
+        log_fit_outputs(parent, out, example_rows=X)
         parent.log_artifacts([out / "autoencoder.pt"])
     return outputs.FitResult(summary, str(out), parent.run_id,
                              outputs.FIT_FILES + outputs.ALTERNATING_FILES)

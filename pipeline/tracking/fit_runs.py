@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pipeline.tracking.options import DEFAULT_MODEL_ALIAS
 from pipeline.tracking.run_tracker import RunTracker
 
@@ -82,11 +84,14 @@ def epoch_callback(
     return on_epoch
 
 
-def log_fit_outputs(tracker: RunTracker, out_dir: str | Path) -> None:
+def log_fit_outputs(tracker: RunTracker, out_dir: str | Path, example_rows: np.ndarray | None = None) -> None:
     """Log a finished fit's output directory: :data:`FIT_ARTIFACTS`; from its
     ``summary.json``, ``fit_seconds`` and the final ``final_nmi``/``final_ari``/``final_acc``;
     the input as the run's dataset; the fit as the MLflow model ``model``
-    (:mod:`pipeline.mlflow_model`), registered when the tracker has ``register_model``."""
+    (:mod:`pipeline.mlflow_model`), registered when the tracker has ``register_model``.
+
+    ``example_rows`` (n, D) are the model's input example when the input file is not an
+    [N, D] table (images that ``--alternate`` flattens); else its first rows are."""
     out_dir = Path(out_dir)
     summary_path = out_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
@@ -113,6 +118,8 @@ def log_fit_outputs(tracker: RunTracker, out_dir: str | Path) -> None:
             if dataset is not None:
                 client.log_inputs(run_id, datasets=[dataset])
             example = input_rows(input_path, EXAMPLE_ROWS)
+        if example is None and example_rows is not None:
+            example = np.ascontiguousarray(example_rows[:EXAMPLE_ROWS], dtype=np.float32)
         try:
             log_fit_model(client, run_id, out_dir, input_example=example, step=step)
             if name:
