@@ -31,9 +31,9 @@ class EpochStats:
     device : torch.device
     """
 
-    def __init__(self, n_clusters: int, dim: int, pass_rows: int, m: int | None, device: torch.device) -> None:
+    def __init__(self, n_clusters: int, dim: int, pass_rows: int, m: int, device: torch.device) -> None:
         k, d = n_clusters, dim
-        self.k, self.d, self.m = k, d, m
+        self.k, self.d = k, d
         self.sizes = [SuffStats.numel(k, d), SuffStats.numel(2 * k, d), 3]
         # soft cluster and hard subcluster statistics and the loss sums: views of one buffer
         self.flat = torch.zeros(sum(self.sizes), dtype=torch.float64, device=device)

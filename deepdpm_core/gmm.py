@@ -81,7 +81,7 @@ class GaussianMixture(SparseSupport):
         ).to(self.compute_dtype)
         self._prec_chol = prec_chol  # (K, D, D), float64
         self._whitened_means = torch.einsum("kd,kde->ke", self.means, prec_chol)  # (K, D): Pᵀμ
-        self._dense = None  # the dense E-step's layout, built on first use
+        self._dense = None  # weighted_log_prob's all-components layout, built on first use
         self._lam_max = None  # largest eigenvalue of each Σ_k, for the sparse E-step's bound
         # per-component factors for the grouped top-m path, (K, D) and (K, D, D), in the
         # dtype of the data (float32: its GEMMs are ~8x faster than float64 on CPU)
@@ -118,11 +118,6 @@ class GaussianMixture(SparseSupport):
         y = x.to(self.compute_dtype) @ prec_chol - shifted_means
         maha = y.view(x.shape[0], self.n_components, self.dim).square().sum(-1)
         return self._log_norm - 0.5 * maha
-
-    def log_responsibilities(self, x: Tensor) -> Tensor:
-        """ln r^E_ik, the E-step posterior (paper Eq. 5), shape (B, K)."""
-        lp = self.weighted_log_prob(x)
-        return lp - torch.logsumexp(lp, dim=1, keepdim=True)
 
     def candidates(self, x: Tensor, m: int, chunk_elems: int = 1 << 22) -> Tensor:
         """The m most likely components of each point under the isotropic proxy.
