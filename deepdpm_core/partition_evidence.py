@@ -31,6 +31,7 @@ from deepdpm_core.errors import DataError
 from deepdpm_core.niw import log_marginal_likelihood
 from deepdpm_core.prior_fit import PriorFit
 from deepdpm_core.stats import grouped_stats
+from deepdpm_core.validation import check_features
 
 #: most rounds of refitting the prior to the same groups (each round refits s, then ν0)
 MAX_PRIOR_ROUNDS = 50
@@ -89,9 +90,11 @@ def partition_evidence(X: np.ndarray, labels: np.ndarray, config: Config | None 
     Raises
     ------
     DataError
-        ``labels`` is not one label per row.
+        ``X`` is not a finite (N, D) array (:func:`~deepdpm_core.validation.check_features`),
+        or ``labels`` is not one label per row.
     """
     config = config or Config()
+    check_features(X)  # the fit's checks; the score itself is taken in float64
     x = torch.as_tensor(np.asarray(X), dtype=torch.float64)
     labels = np.asarray(labels)
     if labels.shape != (x.shape[0],):

@@ -90,9 +90,14 @@ def test_the_true_partition_of_separated_blobs_scores_above_merged_and_split_one
     assert truth > max(merged, halves, random)
 
 
-def test_labels_must_be_one_per_row():
+def test_labels_must_be_one_per_row_and_rows_finite():
     with pytest.raises(DataError, match=r"labels has shape \(3,\); expected one per row of X, \(4,\)"):
         partition_evidence(np.zeros((4, 2)), np.zeros(3))
+    X = np.ones((5, 2))
+    X[2, 1] = np.nan
+    with pytest.raises(DataError, match="NaN") as err:
+        partition_evidence(X, np.arange(5) % 2)
+    assert "\n" not in str(err.value)
 
 
 def test_readme_snippet_scores_a_fit_against_known_labels():
