@@ -55,6 +55,16 @@ class PriorConfig:
     with few points per dimension (10 clusters of 600 points in 128-D are found; at
     ν0 = D + 2 the fit stays at K = 2–3); clusters of varied shapes keep it at D + 2.
     ``nu: null`` is the paper's D + 2 (3 when diagonal).
+    ``covariance_floor`` ε treats every value as known to a variance of ε times its
+    feature's variance over the data (the mean per-feature variance for a constant
+    feature): each cluster's scatter gains n·ε·diag(v), so constant, duplicated, binary or
+    collinear features and clusters of a few rows keep a positive-definite posterior.
+    ``coarsening`` c judges each split or merge by the coarsened posterior (Miller &
+    Dunson 2019) with the likelihood raised to ζ = c / (c + n), n the points the move
+    touches (:func:`deepdpm_core.moves.coarsened`): clusters that are not quite Gaussian
+    (curved, heavy-tailed, as real embeddings are) are not split further as N grows.
+    ``null`` is the exact DP posterior of the paper, under which K grows with N on such
+    clusters.
     ``covariance_type: diag`` uses diagonal covariances (one
     Normal-Inverse-Gamma model per feature, as the reference code's NIG prior); ``auto``
     takes, at every M-step, the one of full and diag whose evidence Σ_k ln f(X_k) given
@@ -70,6 +80,8 @@ class PriorConfig:
     psi: Literal["identity", "data_std"] = "identity"
     covariance_type: Literal["full", "diag", "auto"] = "full"
     weight_pseudocount: float = 1.0
+    covariance_floor: float = 1.0e-4
+    coarsening: float | None = 150.0
 
 
 @dataclass(frozen=True)
@@ -246,6 +258,7 @@ def _positive(cfg: Config) -> dict[str, float]:
         "prior.alpha": cfg.prior.alpha,
         "prior.kappa": 1.0 if cfg.prior.kappa == "auto" else cfg.prior.kappa,
         "prior.sigma_scale": cfg.prior.sigma_scale if isinstance(cfg.prior.sigma_scale, float) else 1.0,
+        "prior.coarsening": 1.0 if cfg.prior.coarsening is None else cfg.prior.coarsening,
         "optim.lr_cluster": cfg.optim.lr_cluster,
         "optim.lr_subcluster": cfg.optim.lr_subcluster,
         "optim.batch_size": 1 if cfg.optim.batch_size == "auto" else cfg.optim.batch_size,
@@ -282,6 +295,7 @@ def _validate(cfg: Config) -> None:
         "schedule.freeze_epochs": cfg.schedule.freeze_epochs,
         "schedule.min_epochs": cfg.schedule.min_epochs,
         "prior.weight_pseudocount": cfg.prior.weight_pseudocount,
+        "prior.covariance_floor": cfg.prior.covariance_floor,
         "moves.min_subcluster_size": cfg.moves.min_subcluster_size,
         "ae.weight_decay": cfg.ae.weight_decay,
         "ae.pretrain_epochs": cfg.ae.pretrain_epochs,

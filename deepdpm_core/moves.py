@@ -18,6 +18,8 @@ from deepdpm_core.config import MovesConfig
 from deepdpm_core.niw import NIWPrior, log_merge_hastings, log_split_hastings
 from deepdpm_core.stats import SuffStats
 
+Tensor = torch.Tensor
+
 
 @dataclass(frozen=True)
 class MovePlan:
@@ -64,12 +66,40 @@ def _accept(log_h: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         return np.log(u) < log_h
 
 
+def coarsened(stats: SuffStats, union_n: Tensor, coarsening: float | None) -> SuffStats:
+    """The statistics a move's Hastings ratio sees under the coarsened posterior.
+
+    Miller & Dunson (JASA 2019, "Robust Bayesian inference via coarsening") raise the
+    likelihood to ζ = c / (c + n): the posterior of a model that need only match the data
+    to within a discrepancy of about 1/c nats per point. Here ζ is taken per move, with n
+    the points of the cluster the move splits or creates (``union_n``), and the whole
+    complete-data likelihood (cluster labels and points) is tempered, which for the NIW
+    model is the same formula on statistics scaled by ζ. A split of n ≫ c points then
+    needs a gain of more than its penalty at c points, ~1/c nats per point, whatever n: a
+    Gaussian cluster that is not quite Gaussian is not split further as N grows, while
+    clusters that are apart gain several nats per point. Both sides of a ratio see the
+    same ζ, so the units still cancel; n ≪ c is the exact DP posterior.
+
+    Parameters
+    ----------
+    stats : SuffStats with R rows
+    union_n : Tensor of shape (R,)
+        n of the union each row belongs to.
+    coarsening : float or None
+        c (``prior.coarsening``); None is ζ = 1.
+    """
+    if coarsening is None:
+        return stats
+    return stats.scaled(coarsening / (coarsening + union_n))
+
+
 def propose_splits(
     prior: NIWPrior,
     alpha: float,
     sub_stats: SuffStats,
     rng: np.random.Generator,
     min_subcluster_size: float,
+    coarsening: float | None = None,
 ) -> tuple[list[int], np.ndarray]:
     """Propose every cluster's split in parallel (paper §3.2).
 
@@ -79,6 +109,8 @@ def propose_splits(
         Hard subcluster statistics (row 2k + j is subcluster j of cluster k).
     min_subcluster_size : float
         Splits whose smaller subcluster has fewer points are not proposed.
+    coarsening : float, optional
+        c of :func:`coarsened`.
 
     Returns
     -------
@@ -86,8 +118,10 @@ def propose_splits(
     log_h : ndarray of shape (K,)
         ln H_s per cluster (−inf where not proposed).
     """
+    union_n = sub_stats.n.view(-1, 2).sum(1).repeat_interleave(2)
+    tempered = coarsened(sub_stats, union_n, coarsening)
     log_h = np.concatenate([
-        log_split_hastings(prior, alpha, sub_stats.rows(torch.arange(2 * s, 2 * e))).cpu().numpy()
+        log_split_hastings(prior, alpha, tempered.rows(torch.arange(2 * s, 2 * e))).cpu().numpy()
         for s, e in hastings_chunks(sub_stats.n_rows // 2, sub_stats.dim)
     ])
     small = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() < max(min_subcluster_size, 1.0)
@@ -127,6 +161,7 @@ def propose_merges(
     means: torch.Tensor,
     rng: np.random.Generator,
     n_neighbours: int,
+    coarsening: float | None = None,
 ) -> list[tuple[int, int]]:
     """Sequential merge proposals over nearest-neighbour pairs (Supmat "Merge Proposals").
 
@@ -138,6 +173,8 @@ def propose_merges(
     cluster_stats : SuffStats with K rows
         Hard cluster statistics.
     means : Tensor of shape (K, D)
+    coarsening : float, optional
+        c of :func:`coarsened`.
 
     Returns
     -------
@@ -149,8 +186,11 @@ def propose_merges(
         return []
     a_idx = [a for a, _ in pairs]
     b_idx = [b for _, b in pairs]
+    union_n = cluster_stats.n[a_idx] + cluster_stats.n[b_idx]
+    stats_a = coarsened(cluster_stats.rows(a_idx), union_n, coarsening)
+    stats_b = coarsened(cluster_stats.rows(b_idx), union_n, coarsening)
     log_h = np.concatenate([
-        log_merge_hastings(prior, alpha, cluster_stats.rows(a_idx[s:e]), cluster_stats.rows(b_idx[s:e])).cpu().numpy()
+        log_merge_hastings(prior, alpha, stats_a.rows(range(s, e)), stats_b.rows(range(s, e))).cpu().numpy()
         for s, e in hastings_chunks(len(pairs), cluster_stats.dim)
     ])
     coins = _accept(log_h, rng)
@@ -164,7 +204,8 @@ def propose_merges(
 
 
 def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWPrior,
-               config: MovesConfig, alpha: float, rng: np.random.Generator) -> MovePlan:
+               config: MovesConfig, alpha: float, rng: np.random.Generator,
+               coarsening: float | None = None) -> MovePlan:
     """One move round's plan: prunes of empty clusters, then the accepted splits or merges.
 
     Parameters
@@ -179,6 +220,8 @@ def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWP
         DP concentration.
     rng : numpy.random.Generator
         The Hastings coins.
+    coarsening : float, optional
+        c of :func:`coarsened` (``prior.coarsening``).
     """
     hard = sub_stats.pair_sums()
     k = hard.n.shape[0]
@@ -188,9 +231,11 @@ def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWP
         prunes = prunes[1:]
     splits, merges = [], []
     if kind == "split":
-        accepted, _ = propose_splits(prior, alpha, sub_stats, rng, config.min_subcluster_size)
+        accepted, _ = propose_splits(prior, alpha, sub_stats, rng, config.min_subcluster_size,
+                                     coarsening)
         splits = [c for c in accepted if c not in prunes]
     else:
-        merges = [(a, b) for a, b in propose_merges(prior, alpha, hard, means, rng, config.merge_neighbours)
+        merges = [(a, b) for a, b in propose_merges(prior, alpha, hard, means, rng, config.merge_neighbours,
+                                                      coarsening)
                   if a not in prunes and b not in prunes]
     return MovePlan(splits=splits, merges=merges, prunes=prunes)

@@ -11,7 +11,12 @@ Eqs. NIWposteriorUpdates 1–4, also with soft weights)::
     κn = κ0 + n
     mn = (κ0 m0 + s1) / κn
     νn = ν0 + n
-    Λn = Λ0 + κ0 m0 m0ᵀ + s2 − κn mn mnᵀ
+    Λn = Λ0 + κ0 m0 m0ᵀ + s2 + n·diag(δ) − κn mn mnᵀ
+
+δ is the prior's covariance floor: every value is taken as known only to a variance δ_j
+(the expected statistics of the points plus independent N(0, diag(δ)) noise), so a
+cluster whose points share a value, or lie on a line, still has a positive-definite Λn
+and a finite evidence. δ = 0 is the paper's model.
 
 Log marginal likelihood (Supmat Eq. LL_post)::
 
@@ -64,6 +69,8 @@ class NIWPrior:
         Λ0 = ν0 Ψ0, symmetric positive definite (diagonal when ``diagonal``).
     diagonal : bool
         Diagonal covariances: D independent one-dimensional NIW models (module docstring).
+    floor : Tensor of shape (D,), float64, optional
+        δ, the covariance floor (module docstring); None is δ = 0.
     """
 
     m0: Tensor
@@ -71,6 +78,7 @@ class NIWPrior:
     nu: float
     scale: Tensor
     diagonal: bool = False
+    floor: Tensor | None = None
 
     @property
     def dim(self) -> int:
@@ -84,6 +92,7 @@ class NIWPrior:
         nu: float | None,
         sigma_scale: float,
         diagonal: bool = False,
+        floor: Tensor | None = None,
     ) -> NIWPrior:
         """The paper's weak prior Λ0 = ν0·s·P for a diagonal shape P.
 
@@ -97,25 +106,29 @@ class NIWPrior:
             ν0; None means D + 2 (paper default), or 3 (= 1 + 2) per feature when diagonal.
         sigma_scale : float
             s, in the units of the data squared.
+        floor : Tensor of shape (D,), optional
+            δ, the covariance floor.
         """
         d = mean.shape[0]
         nu0 = float((1 if diagonal else d) + 2) if nu is None else float(nu)
-        floor = 0 if diagonal else d - 1
-        if nu0 <= floor:
+        nu_floor = 0 if diagonal else d - 1
+        if nu0 <= nu_floor:
             kind = "0 for diagonal covariances" if diagonal else f"D - 1 = {d - 1} for {d}-dimensional data"
             raise ConfigError(f"prior.nu must exceed {kind}, got {nu0}")
         scale = torch.diag(shape.to(torch.float64) * sigma_scale * nu0)
-        return NIWPrior(mean.to(torch.float64), float(kappa), nu0, scale, diagonal)
+        floor = None if floor is None else floor.to(torch.float64)
+        return NIWPrior(mean.to(torch.float64), float(kappa), nu0, scale, diagonal, floor)
 
     def with_scale(self, shape: Tensor, sigma_scale: float, kappa: float, nu: float | None = None) -> NIWPrior:
         """The same m0 and kind with Λ0 = ν0·s·diag(``shape``), κ0 = ``kappa`` and ν0 =
         ``nu`` (None: this prior's)."""
         nu0 = self.nu if nu is None else float(nu)
         scale = torch.diag(shape.to(self.scale) * (sigma_scale * nu0))
-        return NIWPrior(self.m0, float(kappa), nu0, scale, self.diagonal)
+        return NIWPrior(self.m0, float(kappa), nu0, scale, self.diagonal, self.floor)
 
     def to(self, device: torch.device | str) -> NIWPrior:
-        return NIWPrior(self.m0.to(device), self.kappa, self.nu, self.scale.to(device), self.diagonal)
+        floor = None if self.floor is None else self.floor.to(device)
+        return NIWPrior(self.m0.to(device), self.kappa, self.nu, self.scale.to(device), self.diagonal, floor)
 
 
 @dataclass(frozen=True)
@@ -137,6 +150,8 @@ def posterior(prior: NIWPrior, stats: SuffStats) -> NIWPosterior:
     # one (R, D, D) buffer (at R = 3000, D = 128 it is 0.4 GB). Symmetric when s2 is: the
     # outer product is a_i a_j with a = √κn mn on both sides, so no symmetrising pass
     scale = stats.s2 + (prior.scale.to(stats.s2) + prior.kappa * torch.outer(m0, m0))
+    if prior.floor is not None:  # + n·diag(δ)
+        scale.diagonal(dim1=-2, dim2=-1).add_(stats.n[:, None] * prior.floor.to(stats.s2)[None, :])
     a = kn.sqrt()[:, None] * mn
     scale.baddbmm_(a[:, :, None], a[:, None, :], alpha=-1.0)  # − κn mn mnᵀ
     return NIWPosterior(kn, mn, nun, scale)
@@ -196,8 +211,8 @@ def map_estimate(prior: NIWPrior, stats: SuffStats) -> tuple[Tensor, Tensor]:
 def _scale_spectrum(prior: NIWPrior, stats: SuffStats, shape: Tensor, diagonal: bool) -> Tensor:
     """What the evidence's dependence on the prior's scale s sees of each row.
 
-    With Λ0 = ν0·s·P and t = ν0·s, Λn = t·P + B with B = s2 + κ0 m0 m0ᵀ − κn mn mnᵀ
-    independent of s. The terms of ln f(X_r) that depend on s are
+    With Λ0 = ν0·s·P and t = ν0·s, Λn = t·P + B with B = s2 + n·diag(δ) + κ0 m0 m0ᵀ −
+    κn mn mnᵀ independent of s. The terms of ln f(X_r) that depend on s are
     (ν0 D/2) ln t − (νn,r/2) Σ_i ln(t + β_ri), β_r the eigenvalues of P^(−1/2) B_r P^(−1/2)
     (its diagonal entries when ``diagonal``: each feature a model of dimension 1).
 

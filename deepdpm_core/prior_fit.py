@@ -45,6 +45,10 @@ class PriorFit:
     ----------
     shape : Tensor of shape (D,), float64
         P on x̃: Ψ0 = s·diag(shape).
+    floor : Tensor of shape (D,), float64
+        δ on x̃ (:class:`~deepdpm_core.niw.NIWPrior`): ``prior.covariance_floor`` times
+        each feature's variance over the data, or times the mean one (1 on x̃) for a
+        constant feature.
     sigma_scale : float
         s, in the features' units squared; a fitted one starts at the data's mean
         per-feature variance (the first fit, at initialisation, replaces it).
@@ -64,11 +68,14 @@ class PriorFit:
         self.shape = torch.full((d,), 1.0 / unit2, **f64) if config.psi == "identity" else \
             torch.where(std > 0, std, torch.ones(d, **f64)) / unit2
         self.sigma_scale = float(config.sigma_scale) if isinstance(config.sigma_scale, float) else unit2
+        # δ = ε·v on x̃, v the per-feature variance (mean 1 on x̃; 1 for a constant feature)
+        variance = (std / coords.unit).square()
+        self.floor = config.covariance_floor * torch.where(variance > 0, variance, torch.ones(d, **f64))
         kinds = ("full", "diag") if config.covariance_type == "auto" else (config.covariance_type,)
         self.priors = [
             NIWPrior.from_shape(torch.zeros(d, **f64), self.shape, self.kappa(self.sigma_scale),
                                 None if config.nu == "auto" else config.nu,
-                                self.sigma_scale, diagonal=kind == "diag").to(device)
+                                self.sigma_scale, diagonal=kind == "diag", floor=self.floor).to(device)
             for kind in kinds
         ]
         self.prior = self.priors[0]

@@ -6,12 +6,15 @@ e when e ≥ ``warmup_epochs``, (e − warmup) is a multiple of ``move_every``, 
 parameters are not frozen; rounds alternate over the enabled kinds (split, merge). An
 accepted move freezes the M-step (and the next moves) for ``freeze_epochs`` epochs, so the
 nets can learn the new clusters first (paper §3.2). The fit stops after ``max_epochs``,
-or once ``patience`` move rounds in a row accepted nothing (and ``min_epochs`` are done).
+or once K has settled (and ``min_epochs`` are done): ``patience`` move rounds in a row
+accepted nothing, or K after each of the last 2·``patience`` + 1 rounds stayed within one
+value of itself (a split and a merge of the same cluster taking turns: another round
+would only repeat them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from deepdpm_core.config import MovesConfig, ScheduleConfig
@@ -32,6 +35,8 @@ class MoveSchedule:
         Move rounds in a row that accepted nothing.
     frozen_until : int
         The M-step and moves wait until after this epoch (1-based).
+    round_k : list of int
+        K after each move round so far.
     """
 
     schedule: ScheduleConfig
@@ -39,6 +44,7 @@ class MoveSchedule:
     move_round: int = 0
     rounds_without_move: int = 0
     frozen_until: int | None = None
+    round_k: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.frozen_until is None:  # the warm-up: the nets first learn the initial clusters
@@ -56,9 +62,11 @@ class MoveSchedule:
         kinds = [k for k, on in (("split", self.moves.split), ("merge", self.moves.merge)) if on]
         return kinds[self.move_round % len(kinds)] if kinds else None
 
-    def moved(self, epoch: int, accepted: int) -> None:
-        """Record the round that ended epoch ``epoch`` (1-based): ``accepted`` moves."""
+    def moved(self, epoch: int, accepted: int, n_clusters: int) -> None:
+        """Record the round that ended epoch ``epoch`` (1-based): ``accepted`` moves, after
+        which the fit has ``n_clusters`` clusters."""
         self.move_round += 1
+        self.round_k.append(int(n_clusters))
         if accepted:
             self.rounds_without_move = 0
             self.frozen_until = epoch + self.schedule.freeze_epochs
@@ -66,9 +74,11 @@ class MoveSchedule:
             self.rounds_without_move += 1
 
     def converged(self, epochs_done: int) -> bool:
-        """No move accepted for ``patience`` rounds, and at least ``min_epochs`` done."""
+        """K has settled (module docstring), and at least ``min_epochs`` are done."""
         sch = self.schedule
-        return self.rounds_without_move >= sch.patience and epochs_done >= sch.min_epochs
+        window = self.round_k[-(2 * sch.patience + 1):]
+        cycling = len(window) == 2 * sch.patience + 1 and max(window) - min(window) <= 1
+        return (self.rounds_without_move >= sch.patience or cycling) and epochs_done >= sch.min_epochs
 
     def finished(self, epochs_done: int) -> bool:
         """Whether the fit stops after ``epochs_done`` epochs."""
@@ -77,22 +87,24 @@ class MoveSchedule:
     def counters(self) -> dict[str, int]:
         """The counters, for a checkpoint."""
         return {"move_round": self.move_round, "rounds_without_move": self.rounds_without_move,
-                "frozen_until": int(self.frozen_until)}
+                "frozen_until": int(self.frozen_until), "round_k": list(self.round_k)}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Set the counters from :meth:`counters` output (other keys are ignored)."""
         self.move_round = int(state["move_round"])
         self.rounds_without_move = int(state["rounds_without_move"])
         self.frozen_until = int(state["frozen_until"])
+        self.round_k = [int(k) for k in state["round_k"]]
 
     def replay(self, history: list[dict[str, Any]]) -> list[str | None]:
-        """The move that ended each epoch of ``history`` (records with ``splits_accepted``
-        and ``merges_accepted``, oldest first), advancing the counters as the fit did."""
+        """The move that ended each epoch of ``history`` (records with ``splits_accepted``,
+        ``merges_accepted`` and ``n_clusters``, oldest first), advancing the counters as
+        the fit did."""
         kinds = []
         for index, record in enumerate(history):
             kind = self.move_at(index + 1)
             if kind is not None:
                 self.moved(index + 1, int(record.get("splits_accepted") or 0)
-                           + int(record.get("merges_accepted") or 0))
+                           + int(record.get("merges_accepted") or 0), int(record["n_clusters"]))
             kinds.append(kind)
         return kinds

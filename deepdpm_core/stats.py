@@ -69,6 +69,12 @@ class SuffStats:
         index = torch.as_tensor(index, dtype=torch.long, device=self.n.device)
         return SuffStats(self.n[index], self.s1[index], self.s2[index])
 
+    def scaled(self, factor: Tensor) -> SuffStats:
+        """Every row's statistics times its ``factor`` (R,): the statistics of its points
+        each weighted by that factor."""
+        f = factor.to(self.n)
+        return SuffStats(self.n * f, self.s1 * f[:, None], self.s2 * f[:, None, None])
+
     def pair_sums(self) -> SuffStats:
         """Sum consecutive row pairs (2k, 2k+1) -> row k: subcluster stats -> cluster stats."""
         r = self.n_rows // 2

@@ -282,7 +282,7 @@ class Trainer:
         if self.comm.rank == 0:
             try:
                 plan = plan_moves(kind, sub, self.state.means, self.prior_fit.prior, self.config.moves,
-                                  self.config.prior.alpha, self.rng)
+                                  self.config.prior.alpha, self.rng, self.config.prior.coarsening)
             except torch.linalg.LinAlgError:
                 plan = self.prior_fit.numerical_failure(self.epoch)
         plan = self.comm.broadcast_object(plan, src=0)
@@ -334,7 +334,7 @@ class Trainer:
             plan = self._decide(move, sub)
             self.apply_plan(plan, soft)
             splits, merges = len(plan.splits), len(plan.merges)
-            self.schedule.moved(epoch, splits + merges)
+            self.schedule.moved(epoch, splits + merges, self.n_clusters)
         if self.schedule.finished(epoch):
             self.prune_unused(self.hard_counts())  # last epoch: K = clusters that own points
         t_end = device_clock(self.device)

@@ -67,15 +67,15 @@ def test_fixed_paper_prior_is_in_feature_units():
 def test_small_data_are_not_collapsed_to_one_cluster():
     """Standardised wine (178 x 13, 3 cultivars), from one initial cluster: the paper's
     fixed prior (s = 0.005, κ0 = 1e-4, ν0 = D + 2) gives K = 1; the prior fitted by the
-    evidence of the full model (``sigma_scale: evidence``, κ0 auto) finds the three, as
-    well as k-means given K = 3 does. (The default prior gives K = 2 from one cluster and
-    5 from the default start: docs/benchmarks.md.)"""
+    evidence of the full model (``sigma_scale: evidence``, κ0 auto, the exact posterior)
+    finds the three, as well as k-means given K = 3 does. (The defaults: docs/benchmarks.md.)"""
     X, y = load_wine(return_X_y=True)
     X = StandardScaler().fit_transform(X)
     paper = DeepDPM(random_state=0, prior__sigma_scale=0.005, prior__kappa=1e-4, prior__nu=None,
                     prior__covariance_type="full", init__n_clusters=1).fit(X)
     assert paper.n_clusters_ == 1
-    model = DeepDPM(random_state=0, prior__sigma_scale="evidence", init__n_clusters=1).fit(X)
+    model = DeepDPM(random_state=0, prior__sigma_scale="evidence", prior__coarsening=None,
+                    init__n_clusters=1).fit(X)
     nmi = clustering_scores(y, model.labels_)["nmi"]
     km = clustering_scores(y, KMeans(3, n_init=10, random_state=0).fit_predict(X))["nmi"]
     assert model.n_clusters_ == 3

@@ -18,7 +18,7 @@ def test_rounds_start_after_the_warm_up_and_alternate():
         kind = sched.move_at(epoch)
         if kind:
             kinds[epoch] = kind
-            sched.moved(epoch, 0)
+            sched.moved(epoch, 0, 3)
     # the parameters are frozen through the warm-up, so the first round ends epoch 10
     assert kinds == {10: "split", 15: "merge", 20: "split"}
     assert sched.frozen(5) and not sched.frozen(6)
@@ -31,7 +31,7 @@ def test_an_accepted_move_freezes_and_the_alternation_waits():
         kind = sched.move_at(epoch)
         if kind:
             ran.append((epoch, kind))
-            sched.moved(epoch, 2 if epoch == 6 else 0)
+            sched.moved(epoch, 2 if epoch == 6 else 0, 5)
     # the split at epoch 6 was accepted: epochs 7 and 8 are frozen, then merge, split
     assert ran == [(6, "split"), (9, "merge"), (10, "split")]
     only_split = MoveSchedule(ScheduleConfig(warmup_epochs=0, move_every=1, freeze_epochs=0),
@@ -42,15 +42,28 @@ def test_an_accepted_move_freezes_and_the_alternation_waits():
 
 def test_the_stop_rule():
     sched = MoveSchedule(ScheduleConfig(max_epochs=50, patience=2, min_epochs=20), MovesConfig())
-    sched.moved(10, 0)
-    sched.moved(14, 0)
+    sched.moved(10, 0, 4)
+    sched.moved(14, 0, 4)
     assert sched.rounds_without_move == 2 and not sched.finished(15)  # min_epochs not reached
     assert sched.finished(20) and sched.converged(20)
-    sched.moved(22, 1)  # an accepted move resets the count
+    sched.moved(22, 1, 5)  # an accepted move resets the count
     assert not sched.finished(30) and sched.finished(50)
     again = MoveSchedule(ScheduleConfig(), MovesConfig())
     again.restore({**sched.counters(), "epoch": 3})
     assert again.counters() == sched.counters()
+
+
+def test_a_split_and_a_merge_taking_turns_stop_the_fit():
+    sched = MoveSchedule(ScheduleConfig(max_epochs=200, patience=2), MovesConfig())
+    for epoch, k in zip(range(10, 38, 4), [8, 10, 11, 12, 11, 12, 11], strict=True):
+        assert not sched.finished(epoch - 1)
+        sched.moved(epoch, 1, k)  # every round accepts a move
+    # the last 2·patience + 1 = 5 rounds left K at 11 or 12: settled
+    assert sched.converged(34) and sched.finished(34)
+    climbing = MoveSchedule(ScheduleConfig(max_epochs=200, patience=2), MovesConfig())
+    for epoch, k in zip(range(10, 30, 4), [10, 11, 11, 12, 12], strict=True):
+        climbing.moved(epoch, 1, k)
+    assert not climbing.finished(30)  # K still grows: 10 -> 12 over the window
 
 
 def test_a_fit_names_the_moves_its_schedule_ran_and_stops_by_its_rule():

@@ -175,7 +175,8 @@ def diagnose(
     for epoch, (kind, record) in enumerate(zip(kinds, history, strict=True), start=1):
         if kind is None:
             continue
-        rounds.moved(epoch, int(record.get("splits_accepted") or 0) + int(record.get("merges_accepted") or 0))
+        rounds.moved(epoch, int(record.get("splits_accepted") or 0) + int(record.get("merges_accepted") or 0),
+                     int(record["n_clusters"]))
         if kind == "split":
             stalled = 0 if int(record.get("splits_accepted") or 0) else stalled + 1
     converged = rounds.converged(len(history))  # the fit's own stop rule

@@ -1,0 +1,216 @@
+"""K against N: DeepDPM's defaults on non-Gaussian clusters at growing N, beside peers.
+
+Real embeddings (UMAP, t-SNE, contrastive features) have clusters that are not Gaussian:
+curved, heavy-tailed, skewed. Under a Gaussian DP mixture the evidence for splitting such a
+cluster grows with its number of points, so the exact posterior's K grows with N. Each
+family below is one fixed distribution of 10 clusters, drawn at every N of ``--n``, so K
+should not move with N:
+
+* ``student``: 10 clusters in 10-D, each an affine map of Student-t noise (3 degrees of
+  freedom): heavy tails.
+* ``curved``: 10 banana-shaped clusters in 10-D (a Gaussian bent along a random plane).
+* ``umap``: scikit-learn's digits embedded by UMAP in 10-D (n_neighbors 20, min_dist 0,
+  as n2d), each class resampled to N by a smooth kernel density (Gaussian kernels of half
+  Scott's bandwidth): a real UMAP layout at any N.
+* ``sphere``: 10 clusters on the unit sphere of R^64 with anisotropic spread, rows
+  L2-normalised (like contrastive features).
+
+For each (family, N, seed), in one process on the same data: ``DeepDPM(random_state=seed)``
+(plus any ``--set``), ``KMeans`` given the true K (``n_init=3``) and scikit-learn's
+``BayesianGaussianMixture`` (Dirichlet process, full covariances, 20 components) where N ≤
+``--bgm-max-n``. Targets (DeepDPM rows): K within ±10 % of 10 at every seed and mean NMI ≥
+k-means' − 0.02.
+
+    OMP_NUM_THREADS=1 python bench/k_vs_n.py --json bench/results/k_vs_n.json > /tmp/k_vs_n.md
+    python bench/k_vs_n.py --families student --n 2000 --seeds 0     # a quick look
+
+The Markdown table goes to stdout, progress to stderr; ``--json FILE`` writes every run and
+the command line (rewritten after each one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.cluster import KMeans
+from sklearn.datasets import load_digits
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.mixture import BayesianGaussianMixture
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from deepdpm_core import DeepDPM  # noqa: E402
+from deepdpm_core.config import Config  # noqa: E402
+from deepdpm_core.config_loading import parse_overrides  # noqa: E402
+from deepdpm_core.errors import ConfigError  # noqa: E402
+from deepdpm_core.features.embedding import embed  # noqa: E402
+from deepdpm_core.metrics import clustering_scores  # noqa: E402
+from pipeline.atomic_files import write_json_atomic  # noqa: E402
+
+N_CLUSTERS = 10
+DEFAULT_N = (2000, 20000, 70000)
+
+
+def _centres(rng: np.random.Generator, dim: int, min_gap: float) -> np.ndarray:
+    """10 centres uniform in [-8, 8]^dim, re-drawn until every pair is ``min_gap`` apart."""
+    while True:
+        centres = rng.uniform(-8.0, 8.0, size=(N_CLUSTERS, dim))
+        gaps = np.linalg.norm(centres[:, None] - centres[None], axis=-1)
+        if gaps[np.triu_indices(N_CLUSTERS, 1)].min() >= min_gap:
+            return centres
+
+
+def student(n: int, seed: int, dim: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """Affine maps of Student-t (3 dof) noise around centres >= 7 apart; (n, 10), (n,)."""
+    rng = np.random.default_rng(seed)
+    centres = _centres(rng, dim, 7.0)
+    y = rng.integers(N_CLUSTERS, size=n)
+    maps = rng.normal(size=(N_CLUSTERS, dim, dim)) * (0.8 / np.sqrt(dim)) + 0.5 * np.eye(dim)
+    noise = 0.7 * rng.standard_t(3.0, size=(n, dim))
+    return (centres[y] + np.einsum("nij,nj->ni", maps[y], noise)).astype(np.float32), y
+
+
+def curved(n: int, seed: int, dim: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """Bananas: u ~ N(0, diag(1.6², 0.4², ...)), u1 += 0.6 (u0² − 1.6²), rotated at random
+    around centres >= 8 apart; (n, 10), (n,)."""
+    rng = np.random.default_rng(seed)
+    centres = _centres(rng, dim, 8.0)
+    y = rng.integers(N_CLUSTERS, size=n)
+    rotations = np.linalg.qr(rng.normal(size=(N_CLUSTERS, dim, dim)))[0]
+    u = rng.normal(size=(n, dim)) * np.r_[1.6, np.full(dim - 1, 0.4)]
+    u[:, 1] += 0.6 * (u[:, 0] ** 2 - 1.6**2)
+    return (centres[y] + np.einsum("nij,nj->ni", rotations[y], u)).astype(np.float32), y
+
+
+def umap_digits(n: int, seed: int, cache: dict = {}) -> tuple[np.ndarray, np.ndarray]:  # noqa: B006
+    """digits -> UMAP-10 (embedded once per seed), each class resampled to n rows in all
+    by Gaussian kernels of covariance h²·cov(class), h half of Scott's factor; (n, 10), (n,)."""
+    if seed not in cache:
+        X, y = load_digits(return_X_y=True)
+        config = Config().with_overrides({"seed": seed, "embed.n_neighbors": 20, "embed.min_dist": 0.0})
+        layout = embed((X / 16.0).astype(np.float32), "umap", config, dim=10).embedding
+        cache[seed] = (np.asarray(layout, dtype=np.float64), y)
+    layout, labels = cache[seed]
+    rng = np.random.default_rng(seed + 100)
+    pick = rng.integers(len(layout), size=n)
+    X, y = layout[pick].copy(), labels[pick]
+    dim = layout.shape[1]
+    for c in np.unique(labels):
+        members = layout[labels == c]
+        h = 0.5 * len(members) ** (-1.0 / (dim + 4))
+        chol = np.linalg.cholesky(np.cov(members.T) * h * h + 1e-9 * np.eye(dim))
+        rows = y == c
+        X[rows] += rng.normal(size=(int(rows.sum()), dim)) @ chol.T
+    return X.astype(np.float32), y
+
+
+def sphere(n: int, seed: int, dim: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Unit centres plus noise of per-direction scale 0.08 + 0.25·U⁴, rows L2-normalised;
+    (n, 64), (n,)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(N_CLUSTERS, dim))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    y = rng.integers(N_CLUSTERS, size=n)
+    scales = 0.08 + 0.25 * rng.random(size=(N_CLUSTERS, dim)) ** 4
+    X = centres[y] + rng.normal(size=(n, dim)) * scales[y]
+    return (X / np.linalg.norm(X, axis=1, keepdims=True)).astype(np.float32), y
+
+
+FAMILIES: dict[str, Callable[[int, int], tuple[np.ndarray, np.ndarray]]] = {
+    "student": student, "curved": curved, "umap": umap_digits, "sphere": sphere}
+
+
+def run_one(X: np.ndarray, y: np.ndarray, seed: int, overrides: dict, bgm: bool) -> list[dict]:
+    """DeepDPM, k-means given K and (if ``bgm``) BGM on (X, y): one record per method."""
+    fits: dict[str, Callable[[], np.ndarray]] = {
+        "DeepDPM": lambda: DeepDPM(random_state=seed, **overrides).fit(X).labels_,
+        "k-means (true K)": lambda: KMeans(N_CLUSTERS, n_init=3, random_state=seed).fit_predict(X),
+    }
+    if bgm:
+        fits["BGM-DP"] = lambda: BayesianGaussianMixture(
+            n_components=20, weight_concentration_prior_type="dirichlet_process",
+            covariance_type="full", max_iter=500, random_state=seed).fit(X).predict(X)
+    out = []
+    for method, fit in fits.items():
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            labels = np.asarray(fit())
+        seconds = time.perf_counter() - start
+        scores = clustering_scores(y, labels)
+        out.append({"method": method, "k": len(np.unique(labels)), "nmi": scores["nmi"],
+                    "ari": scores["ari"], "seconds": seconds})
+    return out
+
+
+def table(records: list[dict]) -> str:
+    """One row per (family, N, method): K per seed, mean NMI, mean seconds, DeepDPM's targets."""
+    lines = ["| family | N | method | K (per seed) | NMI | seconds | DeepDPM targets |",
+             "|---|---:|---|---|---:|---:|---|"]
+    keys = list(dict.fromkeys((r["family"], r["n"]) for r in records))
+    passed = 0
+    for family, n in keys:
+        rows = [r for r in records if r["family"] == family and r["n"] == n]
+        methods = list(dict.fromkeys(r["method"] for r in rows))
+        mean = {m: float(np.mean([r["nmi"] for r in rows if r["method"] == m])) for m in methods}
+        ks = [r["k"] for r in rows if r["method"] == "DeepDPM"]
+        k_ok = all(abs(k - N_CLUSTERS) <= 0.1 * N_CLUSTERS for k in ks)
+        margin = mean["DeepDPM"] - mean["k-means (true K)"]
+        ok = k_ok and margin >= -0.02
+        passed += ok
+        verdict = (f"{'yes' if ok else 'NO'}: K ±10 % {'ok' if k_ok else 'FAIL'}; "
+                   f"NMI vs k-means {margin:+.3f}")
+        for m in methods:
+            rs = [r for r in rows if r["method"] == m]
+            lines.append(f"| {family} | {n} | {m} | {'/'.join(str(r['k']) for r in rs)} | {mean[m]:.3f} "
+                         f"| {np.mean([r['seconds'] for r in rs]):.1f} | {verdict if m == 'DeepDPM' else ''} |")
+    lines.append(f"\nDeepDPM's targets hold on {passed} of {len(keys)} (family, N) rows.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    parser.add_argument("--n", nargs="+", type=int, default=list(DEFAULT_N))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--bgm-max-n", type=int, default=20000,
+                        help="run BGM only up to this N (its time grows fastest)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="config overrides for DeepDPM only, e.g. prior.coarsening=null")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
+    try:
+        overrides = parse_overrides(args.set)
+        DeepDPM(**overrides).get_config()
+    except ConfigError as exc:
+        parser.error(f"--set: {exc}")
+    report = {"command": shlex.join(["python", *(sys.argv if argv is None else [__file__, *argv])]),
+              "threads": torch.get_num_threads(), "overrides": overrides, "records": []}
+    for family in args.families:
+        for n in args.n:
+            for seed in args.seeds:
+                X, y = FAMILIES[family](n, seed)
+                for rec in run_one(X, y, seed, overrides, n <= args.bgm_max_n):
+                    report["records"].append({"family": family, "n": n, "seed": seed, **rec})
+                    print(f"{family} N {n} seed {seed} {rec['method']:17s} K {rec['k']:3d} "
+                          f"NMI {rec['nmi']:.3f} {rec['seconds']:6.1f} s", file=sys.stderr, flush=True)
+                if args.json:
+                    write_json_atomic(report, args.json)
+    print(f"DeepDPM defaults{' with ' + ' '.join(args.set) if args.set else ''}; "
+          f"{torch.get_num_threads()} torch thread(s)\n")
+    print(table(report["records"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
