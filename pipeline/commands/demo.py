@@ -48,11 +48,15 @@ def _step(name: str, path: Path | str, t0: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from deepdpm_core.config_loading import load_config
+
+    # before torch and scikit-learn load, so that a wrong --config is answered at once
+    cfg = load_config(args.config).with_overrides({"seed": args.seed})
+
     import numpy as np
     from sklearn.datasets import load_digits
 
     from deepdpm_core import DeepDPM
-    from deepdpm_core.config_loading import load_config
     from deepdpm_core.features.embedding import embed
     from deepdpm_core.init import rows_needed
     from deepdpm_core.metrics import clustering_scores
@@ -74,7 +78,6 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.tracking.fit_runs import fit_params, log_fit_outputs
     from pipeline.tracking.run_tracker import RunTracker
 
-    cfg = load_config(args.config).with_overrides({"seed": args.seed})  # fail before any work
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     tracking_uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
