@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
 from deepdpm_core.errors import DeepDPMError
@@ -40,12 +41,21 @@ def _available() -> dict[str, object]:
     return modules
 
 
+def _version() -> str:
+    """The installed distribution's version (a source tree on ``PYTHONPATH`` has none)."""
+    try:
+        return importlib.metadata.version("deepdpm")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (subcommands that exist in this install)."""
     parser = argparse.ArgumentParser(
         prog="deepdpm",
         description="DeepDPM clustering with an unknown number of clusters.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     # not required: a bare ``deepdpm`` prints the help (the list of commands) instead
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in _available().items():

@@ -288,6 +288,13 @@ def test_bare_deepdpm_prints_its_commands(tmp_path):
     assert "required" not in done.stderr  # not argparse's bare "arguments are required"
 
 
+def test_version_prints_the_installed_version(tmp_path):
+    from importlib.metadata import version
+
+    done = _deepdpm("--version", cwd=tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"deepdpm {version('deepdpm')}\n", "")
+
+
 def test_unknown_config_keys_suggest_the_closest(tmp_path, blobs, capsys):
     from deepdpm_core import DeepDPM
     from deepdpm_core.config import Config, from_dict
