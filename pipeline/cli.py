@@ -4,8 +4,11 @@ Each subcommand module exposes ``HELP`` (one line), ``add_arguments(parser)`` an
 ``run(args) -> int``. Modules are imported lazily so ``deepdpm --help`` stays fast and
 a subcommand's heavy imports (Ray, MLflow) cost nothing to the others. Every error a
 user can cause (:class:`deepdpm_core.errors.DeepDPMError`, missing files) is printed
-as one line and exits with code 2, without a traceback. A command that writes an
-output holds that output's lock while it runs (:mod:`pipeline.locks`).
+as one line and exits with code 2, without a traceback; each command checks its arguments
+and input paths before its heavy imports, so such an error comes at once. A command that
+writes an output holds that output's lock while it runs (:mod:`pipeline.locks`). Idle
+OpenMP and numba threads of the command (and of the Ray workers it starts) sleep instead
+of spinning (:mod:`deepdpm_core.idle_threads`), unless the environment says otherwise.
 """
 
 from __future__ import annotations
@@ -15,8 +18,14 @@ import importlib
 import importlib.metadata
 import sys
 
-from deepdpm_core.errors import DeepDPMError
-from pipeline.locks import command_lock
+# before torch, numpy, scikit-learn or numba load (each reads these once, when loaded):
+# idle threads sleep instead of spinning; a value the user has set is kept
+from deepdpm_core.idle_threads import NUMBA_PASSIVE, OPENMP_PASSIVE, set_defaults
+
+set_defaults({**OPENMP_PASSIVE, **NUMBA_PASSIVE})
+
+from deepdpm_core.errors import DeepDPMError  # noqa: E402
+from pipeline.locks import command_lock  # noqa: E402
 
 #: subcommand name -> module implementing it (order = order in ``--help``)
 COMMANDS: dict[str, str] = {
