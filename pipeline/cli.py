@@ -58,9 +58,16 @@ def _version() -> str:
         return "(not installed)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's errors as every other error of the command: one line, exit code 2."""
+
+    def error(self, message: str) -> None:  # argparse's hook; it must not return
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (subcommands that exist in this install)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="deepdpm",
         description="DeepDPM clustering with an unknown number of clusters.",
     )
@@ -70,14 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module in _available().items():
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _parser=p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``deepdpm`` with ``argv``; returns the process exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command's parser: "deepdpm fit: error: ..."
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:  # a usage error, as argparse's own: the help on stderr, exit 2
         parser.print_help(sys.stderr)
         return 2

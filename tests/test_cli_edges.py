@@ -346,7 +346,7 @@ def test_a_wrong_input_path_is_answered_at_once_in_one_line(tmp_path, blobs):
                            "(did you mean prior.alpha?)\n")
     assert seconds < ANSWER_AT_ONCE_S, f"{seconds:.2f} s"
 
-    # every command checks its paths before its heavy imports and its first write
+    # every command checks its arguments and paths before its heavy imports and first write
     for argv, message in [
         (["embed", "--input", "nope.npy", "--output", "e.parquet", "--method", "pca"],
          "input not found: nope.npy"),
@@ -361,6 +361,10 @@ def test_a_wrong_input_path_is_answered_at_once_in_one_line(tmp_path, blobs):
         (["report", "nope"], "'nope' is neither a fit output directory nor an MLflow run id"),
         (["demo", "--config", "nope.yaml", "--output", "d"],
          "cannot read config nope.yaml: No such file or directory"),
+        (["fit", "--input", str(blobs), "--output", "o", "--bogus"],
+         "unrecognized arguments: --bogus (see deepdpm fit --help)"),
+        (["embed", "--input", str(blobs), "--output", "e.parquet"],
+         "the following arguments are required: --method (see deepdpm embed --help)"),
     ]:
         done = _deepdpm(*argv, cwd=tmp_path)
         assert (done.returncode, done.stderr) == (2, f"deepdpm {argv[0]}: error: {message}\n")
