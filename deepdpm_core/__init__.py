@@ -3,9 +3,16 @@
 The method only: pure, single-process, no Ray and no MLflow. See :class:`DeepDPM`.
 """
 
-from deepdpm_core.config import Config
-from deepdpm_core.config_loading import load_config
-from deepdpm_core.errors import CheckpointError, ConfigError, DataError, DeepDPMError
+# First, before anything loads an OpenMP runtime: idle threads sleep instead of spinning
+# (deepdpm_core.idle_threads). This only helps where deepdpm_core is imported before
+# torch, numpy or scikit-learn; the deepdpm command does so.
+from deepdpm_core.idle_threads import OPENMP_PASSIVE, set_defaults
+
+set_defaults(OPENMP_PASSIVE)
+
+from deepdpm_core.config import Config  # noqa: E402
+from deepdpm_core.config_loading import load_config  # noqa: E402
+from deepdpm_core.errors import CheckpointError, ConfigError, DataError, DeepDPMError  # noqa: E402
 
 __all__ = [
     "CheckpointError",

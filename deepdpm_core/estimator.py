@@ -124,7 +124,8 @@ class DeepDPM(ClusterMixin, BaseEstimator):
     config : Config, dict, str or Path, optional
         A config object, a nested mapping or a YAML file; defaults follow the paper.
     random_state : int, optional
-        Overrides ``config.seed``; equal seeds give identical fits.
+        Overrides ``config.seed``; equal seeds give identical fits. Given with a
+        different ``seed=`` keyword, ``fit`` raises a ``ConfigError``.
     **overrides
         Config keys, e.g. ``DeepDPM(alpha=1.0, prior__sigma_scale=0.01)`` or
         ``DeepDPM(init={"n_clusters": 3})``; :meth:`get_params` lists them as
@@ -195,7 +196,8 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         Raises
         ------
         ConfigError
-            An unknown key, a bad value, an unreadable file or a bad ``random_state``.
+            An unknown key, a bad value, an unreadable file, a bad ``random_state``, or
+            ``seed`` and ``random_state`` both given with different values.
         """
         cfg = resolve_config(self.config, self._overrides)
         if self.random_state is None:
@@ -203,6 +205,10 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         seed = self.random_state
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise ConfigError(f"random_state must be an integer seed or None, got {seed!r}")
+        if "seed" in self._overrides and cfg.seed != seed:
+            # both name the seed: neither silently wins
+            raise ConfigError(f"seed={self._overrides['seed']!r} and random_state={seed!r} both "
+                              "set the seed: give one of them")
         return cfg.with_overrides({"seed": int(seed)})
 
     def __sklearn_tags__(self):

@@ -4,18 +4,28 @@ Each subcommand module exposes ``HELP`` (one line), ``add_arguments(parser)`` an
 ``run(args) -> int``. Modules are imported lazily so ``deepdpm --help`` stays fast and
 a subcommand's heavy imports (Ray, MLflow) cost nothing to the others. Every error a
 user can cause (:class:`deepdpm_core.errors.DeepDPMError`, missing files) is printed
-as one line and exits with code 2, without a traceback. A command that writes an
-output holds that output's lock while it runs (:mod:`pipeline.locks`).
+as one line and exits with code 2, without a traceback; each command checks its arguments
+and input paths before its heavy imports, so such an error comes at once. A command that
+writes an output holds that output's lock while it runs (:mod:`pipeline.locks`). Idle
+OpenMP and numba threads of the command (and of the Ray workers it starts) sleep instead
+of spinning (:mod:`deepdpm_core.idle_threads`), unless the environment says otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
-from deepdpm_core.errors import DeepDPMError
-from pipeline.locks import command_lock
+# before torch, numpy, scikit-learn or numba load (each reads these once, when loaded):
+# idle threads sleep instead of spinning; a value the user has set is kept
+from deepdpm_core.idle_threads import NUMBA_PASSIVE, OPENMP_PASSIVE, set_defaults
+
+set_defaults({**OPENMP_PASSIVE, **NUMBA_PASSIVE})
+
+from deepdpm_core.errors import DeepDPMError  # noqa: E402
+from pipeline.locks import command_lock  # noqa: E402
 
 #: subcommand name -> module implementing it (order = order in ``--help``)
 COMMANDS: dict[str, str] = {
@@ -40,25 +50,43 @@ def _available() -> dict[str, object]:
     return modules
 
 
+def _version() -> str:
+    """The installed distribution's version (a source tree on ``PYTHONPATH`` has none)."""
+    try:
+        return importlib.metadata.version("deepdpm")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's errors as every other error of the command: one line, exit code 2."""
+
+    def error(self, message: str) -> None:  # argparse's hook; it must not return
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (subcommands that exist in this install)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="deepdpm",
         description="DeepDPM clustering with an unknown number of clusters.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     # not required: a bare ``deepdpm`` prints the help (the list of commands) instead
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in _available().items():
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _parser=p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``deepdpm`` with ``argv``; returns the process exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command's parser: "deepdpm fit: error: ..."
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:  # a usage error, as argparse's own: the help on stderr, exit 2
         parser.print_help(sys.stderr)
         return 2

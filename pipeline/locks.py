@@ -49,14 +49,21 @@ def lock_path(output: str | Path) -> Path:
 def output_lock(output: str | Path, command: str) -> Iterator[Path]:
     """Hold the lock of ``output`` for ``command`` (e.g. ``"fit"``) while the block runs.
 
+    The folders the lock file needs are created, and removed again at the end where the
+    command left them empty (e.g. it refused its arguments).
+
     Raises
     ------
     OutputLockedError
         Another live process holds it; the message names that process.
     """
     path = lock_path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = _acquire(path, output)
+    created = _make_folders(path.parent)
+    try:
+        fd = _acquire(path, output)
+    except BaseException:
+        _remove_if_empty(created)
+        raise
     try:
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         os.ftruncate(fd, 0)
@@ -69,6 +76,30 @@ def output_lock(output: str | Path, command: str) -> Iterator[Path]:
         # path after its flock succeeds (see _acquire) and retries on the new one
         path.unlink(missing_ok=True)
         os.close(fd)
+        # a command refused after the lock was taken leaves no empty folder behind
+        _remove_if_empty(created)
+
+
+def _make_folders(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; returns those it created, deepest first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for created in reversed(missing):
+        created.mkdir(exist_ok=True)
+    return missing
+
+
+def _remove_if_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) that are empty; one that is not stops the walk up."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:  # not empty: the command wrote into it
+            return
 
 
 def _acquire(path: Path, output: str | Path) -> int:

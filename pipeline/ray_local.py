@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from deepdpm_core.idle_threads import NUMBA_PASSIVE, OPENMP_PASSIVE, set_defaults
+
 #: the module whose log lines announce token auth on a new local cluster (Ray 2.60)
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 #: the guard of the cluster this process started and the write end of its pipe (see
@@ -31,14 +33,22 @@ _guard: tuple[subprocess.Popen, int] | None = None
 
 
 def init_local_ray(**kwargs: Any) -> None:
-    """``ray.init(address="local", **kwargs)`` without Ray's token-auth announcements."""
+    """``ray.init(address="local", **kwargs)`` without Ray's token-auth announcements.
+
+    The workers share this machine with the command: their idle OpenMP and numba threads
+    sleep instead of spinning (:mod:`deepdpm_core.idle_threads`; the values of this
+    process, so a user's own setting reaches them), added to ``runtime_env["env_vars"]``.
+    """
     import ray
 
+    runtime_env = dict(kwargs.pop("runtime_env", None) or {})
+    runtime_env["env_vars"] = {**set_defaults({**OPENMP_PASSIVE, **NUMBA_PASSIVE}),
+                               **runtime_env.get("env_vars", {})}
     announcer = logging.getLogger(AUTH_LOGGER)
     level = announcer.level
     announcer.setLevel(logging.ERROR)  # errors (e.g. an unwritable token file) still show
     try:
-        ray.init(address="local", **kwargs)
+        ray.init(address="local", runtime_env=runtime_env, **kwargs)
     finally:
         announcer.setLevel(level)
     if sys.platform.startswith("linux"):

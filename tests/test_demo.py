@@ -6,8 +6,10 @@ import re
 import stat
 
 import pytest
+import yaml
 
 from pipeline.cli import main
+from pipeline.commands.demo import N2D_RECIPE, DemoStages
 
 
 @pytest.mark.slow
@@ -58,3 +60,48 @@ def test_demo_with_a_missing_config_fails_before_any_work(tmp_path, capsys):
     assert main(["demo", "--no-ray", "--output", str(out), "--config", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot read config" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_second_demo_in_the_same_folder_reuses_the_embedding_and_overwrite_redoes_it(
+        tmp_path, capsys):
+    recipe = yaml.safe_load(N2D_RECIPE.read_text())
+    recipe.setdefault("schedule", {})["max_epochs"] = 3  # the fit is not what is tested
+    config = tmp_path / "short.yaml"
+    config.write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "demo"
+    argv = ["demo", "--no-ray", "--no-tracking", "--json", "--output", str(out), "--config", str(config)]
+
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["reused"] == []
+    embedded = (out / "embedding.parquet").stat().st_mtime_ns
+
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    second = json.loads(captured.out)
+    assert second["reused"] == ["embedding"]
+    assert f"reused the embedding of an earlier demo in {out} (--overwrite redoes them)" in captured.err
+    assert (out / "embedding.parquet").stat().st_mtime_ns == embedded
+    assert (second["n_clusters"], second["metrics"]) == (first["n_clusters"], first["metrics"])
+
+    assert main([*argv, "--overwrite"]) == 0
+    assert json.loads(capsys.readouterr().out)["reused"] == []
+    assert (out / "embedding.parquet").stat().st_mtime_ns > embedded
+
+
+def test_a_stage_is_reused_only_where_it_finished_with_the_same_key(tmp_path):
+    output = tmp_path / "shards"
+    output.mkdir()
+    stages = DemoStages(tmp_path, fresh=False)
+    assert not stages.reusable("shards", {"size": 500}, output)
+    stages.finished("shards", {"size": 500})
+    assert DemoStages(tmp_path, fresh=False).reusable("shards", {"size": 500}, output)
+    assert not DemoStages(tmp_path, fresh=False).reusable("shards", {"size": 100}, output)
+    # redone with the other key but killed before it finished: not reusable with either key
+    assert not DemoStages(tmp_path, fresh=False).reusable("shards", {"size": 500}, output)
+    stages = DemoStages(tmp_path, fresh=False)
+    stages.finished("shards", {"size": 500})
+    assert not DemoStages(tmp_path, fresh=True).reusable("shards", {"size": 500}, output)
+    output.rmdir()  # finished once, but its output is gone
+    assert not DemoStages(tmp_path, fresh=False).reusable("shards", {"size": 500}, output)

@@ -95,6 +95,13 @@ def test_overrides_are_checked():
         DeepDPM(alpah=2.0)
 
 
+def test_seed_and_random_state_must_agree():
+    assert DeepDPM(seed=3).get_config().seed == 3
+    assert DeepDPM(seed=3, random_state=3).get_config().seed == 3
+    with pytest.raises(ConfigError, match=r"^seed=1 and random_state=2 both set the seed: give one of them$"):
+        DeepDPM(seed=1, random_state=2).fit(np.zeros((50, 2)))
+
+
 @pytest.mark.parametrize(
     ("X", "message"),
     [

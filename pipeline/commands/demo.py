@@ -4,14 +4,21 @@ scikit-learn's digits rendered as PNGs → webdataset shards → ``extract`` (pi
 Data) → ``embed`` (UMAP, the paper's n2d features) → ``fit`` (K unknown) → ``predict`` →
 ``report`` (``DIR/report.html``, with sample images per cluster), the fit tracked as an
 MLflow run in ``DIR/mlflow.db`` (``mlflow ui --backend-store-uri sqlite:///DIR/mlflow.db``).
+
+A rerun in the same folder reuses the data stages (images, shards, features, embedding)
+that an earlier demo finished with the same settings (``DIR/demo_stages.json``) and fits
+again, as a new MLflow run; ``--overwrite`` redoes every stage.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from pipeline.results import add_json_argument
 
@@ -40,20 +47,75 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the image stages (shards/extract): embed the digits array directly")
     parser.add_argument("--no-tracking", action="store_true",
                         help="no MLflow run (default: one in OUTPUT/mlflow.db)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="redo every stage (default: reuse the images, shards, features and "
+                             "embedding an earlier demo in OUTPUT finished with the same settings)")
     add_json_argument(parser)
 
 
-def _step(name: str, path: Path | str, t0: float) -> None:
-    print(f"[{time.perf_counter() - t0:6.1f}s] {name:8s} -> {path}", file=sys.stderr)
+def _step(name: str, path: Path | str, t0: float, reused: bool = False) -> None:
+    note = " (reused)" if reused else ""
+    print(f"[{time.perf_counter() - t0:6.1f}s] {name:8s} -> {path}{note}", file=sys.stderr)
+
+
+class DemoStages:
+    """The data stages earlier demos finished in one folder, each with the settings it ran
+    with (its key), in ``OUTPUT/demo_stages.json``.
+
+    A stage's key holds the key of the stage before it, so a stage redone with other
+    settings is never followed by a reused stage built from its old output.
+
+    Parameters
+    ----------
+    out : Path
+        The demo's folder.
+    fresh : bool
+        Forget every finished stage (``--overwrite``).
+    """
+
+    FILE = "demo_stages.json"
+
+    def __init__(self, out: Path, fresh: bool) -> None:
+        self.path = out / self.FILE
+        self.done: dict[str, Any] = {}
+        if not fresh and self.path.is_file():
+            try:
+                self.done = json.loads(self.path.read_text())
+            except ValueError:  # unreadable: every stage is redone, and the file rewritten
+                self.done = {}
+        self.reused: list[str] = []
+
+    def reusable(self, name: str, key: dict, output: Path) -> bool:
+        """True when ``name`` finished with ``key`` and its ``output`` is still there; else
+        the stage is forgotten until :meth:`finished` (a rerun killed mid-stage redoes it)."""
+        if self.done.get(name) == key and output.exists():
+            self.reused.append(name)
+            return True
+        if self.done.pop(name, None) is not None:
+            self._write()
+        return False
+
+    def finished(self, name: str, key: dict) -> None:
+        """Record that ``name`` has written all its output with ``key``."""
+        self.done[name] = key
+        self._write()
+
+    def _write(self) -> None:
+        from pipeline.atomic_files import write_json_atomic
+
+        write_json_atomic(self.done, self.path)
 
 
 def run(args: argparse.Namespace) -> int:
+    from deepdpm_core.config_loading import load_config
+
+    # before torch and scikit-learn load, so that a wrong --config is answered at once
+    cfg = load_config(args.config).with_overrides({"seed": args.seed})
+
     import numpy as np
     from sklearn.datasets import load_digits
 
     from deepdpm_core import DeepDPM
-    from deepdpm_core.config_loading import load_config
-    from deepdpm_core.features.embedding import embed
     from deepdpm_core.init import rows_needed
     from deepdpm_core.metrics import clustering_scores
     from deepdpm_core.trainer import Trainer
@@ -74,34 +136,73 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.tracking.fit_runs import fit_params, log_fit_outputs
     from pipeline.tracking.run_tracker import RunTracker
 
-    cfg = load_config(args.config).with_overrides({"seed": args.seed})  # fail before any work
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     tracking_uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
     t0 = time.perf_counter()
+    stages = DemoStages(out, fresh=args.overwrite)
     shards = None
     if args.no_ray:
-        digits = load_digits()
-        table = FeatureTable(digits.data.astype(np.float32) / 16.0, digits.target.astype(np.int64),
-                             np.array([f"digit_{i:04d}" for i in range(len(digits.target))], dtype=object))
+        source = {"digits": "load_digits().data / 16"}
+        features = None
     else:
-        from pipeline.extract.ray_pipeline import extract_features
-        from pipeline.extract.shards import digits_image_folder, write_shards
+        images, shards, features = out / "images", out / "shards", out / "features"
+        images_key = {"digits": "load_digits() as PNGs", "scale": 4}
+        reused = stages.reusable("images", images_key, images)
+        if not reused:
+            from pipeline.extract.shards import digits_image_folder
 
-        images = digits_image_folder(out / "images")
-        _step("images", images, t0)
-        shards = out / "shards"
-        write_shards(images, shards, shard_size=500, progress=False)
-        _step("shards", shards, t0)
-        features = out / "features"
-        extract_features(shards, features, encoder="pixels", num_workers=1, progress=False)
-        _step("extract", features, t0)
-        table = read_features(features)
-    emb = embed(table.X, "umap", cfg, dim=10).embedding
+            digits_image_folder(images, scale=4)
+            stages.finished("images", images_key)
+        _step("images", images, t0, reused)
+        shards_key = {"images": images_key, "shard_size": 500}
+        reused = stages.reusable("shards", shards_key, shards)
+        if not reused:
+            from pipeline.extract.shards import write_shards
+
+            write_shards(images, shards, shard_size=500, overwrite=True, progress=False)
+            stages.finished("shards", shards_key)
+        _step("shards", shards, t0, reused)
+        source = {"shards": shards_key, "encoder": "pixels"}
+        reused = stages.reusable("features", source, features)
+        if not reused:
+            from pipeline.extract.ray_pipeline import extract_features
+
+            # extract reuses the files of a folder by their encoder alone: they may be of
+            # other shards
+            shutil.rmtree(features, ignore_errors=True)
+            extract_features(shards, features, encoder="pixels", num_workers=1, progress=False)
+            stages.finished("features", source)
+        _step("extract", features, t0, reused)
     emb_path = out / "embedding.parquet"
-    write_parquet_atomic(features_table(emb, table.keys, table.labels), emb_path)
-    _step("embed", emb_path, t0)
-    emb_table = FeatureTable(emb, table.labels, table.keys)
+    emb_key = {"input": source, "method": "umap", "dim": 10, "embed": cfg.to_dict()["embed"],
+               "seed": cfg.seed}
+    reused = stages.reusable("embedding", emb_key, emb_path)
+    if reused:
+        emb_table = read_features(emb_path)
+    else:
+        if features is None:
+            digits = load_digits()
+            table = FeatureTable(digits.data.astype(np.float32) / 16.0,
+                                 digits.target.astype(np.int64),
+                                 np.array([f"digit_{i:04d}" for i in range(len(digits.target))],
+                                          dtype=object))
+        else:
+            table = read_features(features)
+        from deepdpm_core.features.embedding import embed
+
+        emb_table = FeatureTable(embed(table.X, "umap", cfg, dim=10).embedding, table.labels,
+                                 table.keys)
+        write_parquet_atomic(features_table(emb_table.X, emb_table.keys, emb_table.labels),
+                             emb_path)
+        stages.finished("embedding", emb_key)
+    _step("embed", emb_path, t0, reused)
+    if stages.reused:
+        *rest, last = stages.reused
+        names = f"{', '.join(rest)} and {last}" if rest else last
+        print(f"reused the {names} of an earlier demo in {out} (--overwrite redoes them)",
+              file=sys.stderr)
+    emb = emb_table.X
     with RunTracker(tracking_uri, "deepdpm-demo", enabled=not args.no_tracking,
                     run_name=out.resolve().name,
                     artifact_location=(out / "mlartifacts").resolve().as_uri()) as tracker:
@@ -111,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         t_fit = time.perf_counter()
         rows = check_features(emb, min_rows=rows_needed(cfg.init.n_clusters))
         trainer = Trainer(cfg, readonly_tensor(rows))
-        scores_cb = EpochLabelScores.for_labels(emb, table.labels, seed=cfg.seed)
+        scores_cb = EpochLabelScores.for_labels(emb, emb_table.labels, seed=cfg.seed)
         run_epochs(trainer, FitHooks(on_epoch=epoch_callbacks(trainer, tracker, scores_cb),
                                      progress=console_progress(True)))
         model = DeepDPM.from_trainer(trainer)
@@ -126,8 +227,8 @@ def run(args: argparse.Namespace) -> int:
         log_fit_outputs(tracker, out / "fit")
         tracker.log_artifacts([report])
     run_id = None if args.no_tracking else tracker.run_id
-    scores = clustering_scores(table.labels, pred)
-    true_k = len(np.unique(table.labels))
+    scores = clustering_scores(emb_table.labels, pred)
+    true_k = len(np.unique(emb_table.labels))
     lines = [
         f"digits: {len(pred)} images, K found = {summary['n_clusters']} (true K = {true_k}), "
         f"NMI={scores['nmi']:.3f} ARI={scores['ari']:.3f} ACC={scores['acc']:.3f}, "
@@ -142,6 +243,6 @@ def run(args: argparse.Namespace) -> int:
         "output": str(out), "n_clusters": summary["n_clusters"], "true_k": true_k,
         "metrics": scores, "fit_seconds": round(fit_seconds, 3), "report": str(report),
         "fit": str(out / "fit"), "mlflow_tracking_uri": tracking_uri if run_id else None,
-        "mlflow_run_id": run_id,
+        "mlflow_run_id": run_id, "reused": stages.reused,
     })  # fmt: skip
     return 0

@@ -55,14 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from deepdpm_core.errors import DataError
-    from deepdpm_core.features.embedding import as_feature_matrix, embed
-    from deepdpm_core.progress import progress_bar
-    from pipeline.fit.checkpoints import save_autoencoder
     from pipeline.fit.request import config_from_args
-    from pipeline.io import features_table, read_features, write_parquet_atomic
-    from pipeline.results import print_result
 
+    # the arguments and the input first: a mistake is answered before torch loads
     config = config_from_args(args.config, args.overrides, args.seed)
+    if not args.input.exists():
+        raise FileNotFoundError(f"input not found: {args.input}")
     if args.output.suffix.lower() != ".parquet":
         raise DataError(f"--output must be a .parquet file, got '{args.output}'")
     if args.output.resolve() == args.input.resolve():
@@ -73,6 +71,13 @@ def run(args: argparse.Namespace) -> int:
         raise DataError(
             f"--save-model needs an autoencoder method (ae, ae-umap), not '{args.method}'"
         )
+
+    from deepdpm_core.features.embedding import as_feature_matrix, embed
+    from deepdpm_core.progress import progress_bar
+    from pipeline.fit.checkpoints import save_autoencoder
+    from pipeline.io import features_table, read_features, write_parquet_atomic
+    from pipeline.results import print_result
+
     table = read_features(args.input)
     X = as_feature_matrix(table.X, name=str(args.input))
 

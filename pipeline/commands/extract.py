@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from pathlib import Path
 
 from pipeline.extract.encoder_choices import ENCODERS, PRECISIONS, RESNET_ARCHS
 
 HELP = "embed the images of webdataset shards (MoCo/torchvision ResNet or pixels) into Parquet"
-
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +88,14 @@ TRACKED_OPTIONS = (
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.extract.shard_inputs import resolve_shards
+
+    # the inputs first: a mistake is answered before torch and Ray load and no MLflow run
+    # is started for it
+    resolve_shards(args.shards)
+    if args.weights and not Path(args.weights).is_file():
+        raise FileNotFoundError(f"weights not found: {args.weights}")
+
     from pipeline.extract.ray_pipeline import extract_features
     from pipeline.results import print_result
     from pipeline.tracking.environment import environment_tags

@@ -96,7 +96,7 @@ def _new_request(args: argparse.Namespace) -> FitRequest:
     """The request of a new fit (stored for ``--resume`` when it keeps checkpoints)."""
     from pipeline.fit.request import FitRequest, config_from_args
     from pipeline.tracking.environment import resolve_tracking_uri
-    from pipeline.tracking.fit_runs import default_run_name
+    from pipeline.tracking.options import default_run_name
 
     distributed = _distributed(args)
     mode = "ray" if distributed else "alternating" if args.alternate is not None else "local"
@@ -142,7 +142,14 @@ def request_from_args(args: argparse.Namespace) -> FitRequest:
     Raises
     ------
     ConfigError
-        Flags that do not go together, or an output that holds an earlier fit.
+        Flags that do not go together, a bad config, or an output that holds an earlier fit.
+    FileNotFoundError
+        ``--input`` does not exist.
+
+    Notes
+    -----
+    Nothing heavy (torch, scikit-learn, MLflow, Ray) is imported here, so a bad flag,
+    path or config key is answered at once.
     """
     from deepdpm_core.errors import ConfigError
 
@@ -166,6 +173,8 @@ def request_from_args(args: argparse.Namespace) -> FitRequest:
         return _resumed_request(args)
     if not args.input or not args.output:
         raise ConfigError("--input and --output are required (unless --resume DIR)")
+    if not Path(args.input).exists():  # here, not when the fit reads it after loading torch
+        raise FileNotFoundError(f"input not found: {args.input}")
     return _new_request(args)
 
 

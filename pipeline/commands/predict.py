@@ -44,10 +44,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def model_file(model: str) -> Path:
     """The local model file that ``--model`` names (every path predicts with this one);
-    an MLflow URI is downloaded (:func:`pipeline.model_uri.local_model_path`)."""
+    an MLflow URI is downloaded (:func:`pipeline.model_uri.local_model_path`).
+
+    Raises
+    ------
+    FileNotFoundError
+        ``model`` is a path that does not exist.
+    """
     from pipeline.model_uri import local_model_path
 
-    return local_model_path(model)
+    path = local_model_path(model)
+    if not path.exists():
+        raise FileNotFoundError(f"model not found: {model}")
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,25 +66,32 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_file(args: argparse.Namespace) -> int:
+    from deepdpm_core.errors import ConfigError, DataError
+
+    # the arguments, the input and the model's path first: a mistake is answered before
+    # torch loads
+    if args.num_workers != 1 or args.ray_address:
+        raise ConfigError("--num-workers and --ray-address apply to a folder --input; "
+                          f"{args.input} is a file (predicted in this process)")
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if not Path(args.input).exists():
+        raise FileNotFoundError(f"input not found: {args.input}")
+    path = model_file(args.model)
+
     import contextlib
     import itertools
 
     import numpy as np
     import pyarrow.parquet as pq
 
-    from deepdpm_core.errors import ConfigError, DataError
     from deepdpm_core.fitted_model import ClusterAssigner
     from deepdpm_core.metrics import ContingencyCounts, contingency_scores
     from pipeline.atomic_files import atomic_path
     from pipeline.io import assignments_table, feature_batches
     from pipeline.results import print_result, scores_text
 
-    if args.num_workers != 1 or args.ray_address:
-        raise ConfigError("--num-workers and --ray-address apply to a folder --input; "
-                          f"{args.input} is a file (predicted in this process)")
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
-    model = ClusterAssigner.load(model_file(args.model))
+    model = ClusterAssigner.load(path)
     # what the result reports, counted batch by batch: the input is never held whole
     used = np.zeros(model.n_clusters, dtype=bool)
     counts = ContingencyCounts()

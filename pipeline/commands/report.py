@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from pipeline.results import add_json_argument
 
@@ -32,12 +33,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from deepdpm_core.errors import ConfigError
+    from pipeline.report import run_source
+
+    # checked before matplotlib loads, so that a mistake is answered at once
+    if args.max_clusters < 1 or args.per_cluster < 1:
+        raise ConfigError("--max-clusters and --per-cluster must be >= 1")
+    run_source(args.run)
+    if args.images and not Path(args.images).exists():
+        raise FileNotFoundError(f"--images not found: {args.images}")
+
     from pipeline.report.html_report import load_run, render_report, write_report
     from pipeline.results import print_result
     from pipeline.tracking.environment import resolve_tracking_uri
 
-    if args.max_clusters < 1 or args.per_cluster < 1:
-        raise ConfigError("--max-clusters and --per-cluster must be >= 1")
     data = load_run(args.run, resolve_tracking_uri(args.tracking_uri))
     text = render_report(data, args.images, args.max_clusters, args.per_cluster)
     path = write_report(text, args.output)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from pipeline.results import add_json_argument
 
@@ -27,6 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # checked before PIL and webdataset load, so that a wrong path is answered at once
+    if not Path(args.input).is_dir():
+        raise FileNotFoundError(f"input folder not found: {args.input}")
+
     from pipeline.extract.shards import CLASS_INDEX_NAME, MANIFEST_NAME, write_shards
     from pipeline.results import print_result
 

@@ -14,9 +14,13 @@ a pickle that would run code is refused):
     the autoencoder of an alternating fit (:func:`save_autoencoder`).
 
 The first two hold a trainer's state (:meth:`deepdpm_core.trainer.Trainer.state_dict`)
-in the model file format (:data:`deepdpm_core.estimator.FORMAT`: nets, optimisers, NIW
+in the model file format (:data:`deepdpm_core.fitted_model.FORMAT`: nets, optimisers, NIW
 parameters, K, epoch, history, the numpy and torch generator states, config), so a
 resumed fit runs its remaining epochs exactly as the uninterrupted fit would have.
+
+The readers and writers import torch on use: ``deepdpm fit`` asks whether an output holds
+checkpoints (:func:`has_local_checkpoints`, :func:`has_ray_checkpoints`) while it checks
+its arguments, before anything heavy is loaded.
 """
 
 from __future__ import annotations
@@ -25,13 +29,13 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from deepdpm_core.checkpoints import safe_load, save_checkpoint
-from deepdpm_core.config import Config
 from deepdpm_core.errors import CheckpointError
-from deepdpm_core.estimator import FORMAT
-from deepdpm_core.trainer import Trainer
+
+if TYPE_CHECKING:
+    from deepdpm_core.config import Config
+    from deepdpm_core.trainer import Trainer
 
 CHECKPOINT_DIR = "checkpoints"
 #: checkpoints kept (older ones are removed once a newer one is written), as on Ray
@@ -54,6 +58,9 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
     CheckpointError
         The file is unreadable, unsafe or not a DeepDPM checkpoint.
     """
+    from deepdpm_core.checkpoints import safe_load
+    from deepdpm_core.fitted_model import FORMAT
+
     state = safe_load(path)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a DeepDPM checkpoint ({FORMAT})")
@@ -62,6 +69,9 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
 
 def write_trainer_state(trainer: Trainer, path: str | Path) -> Path:
     """Write the trainer's state (model file format) to ``path`` atomically."""
+    from deepdpm_core.checkpoints import save_checkpoint
+    from deepdpm_core.fitted_model import FORMAT
+
     save_checkpoint({"format": FORMAT, **trainer.state_dict()}, path)
     return Path(path)
 
@@ -162,6 +172,8 @@ def prune_checkpoints(out: str | Path) -> list[Path]:
 def save_autoencoder(model: Any, config: Config, path: str | Path) -> None:
     """Write an :class:`~deepdpm_core.features.autoencoder.MLPAutoencoder` (architecture, weights,
     input scaling) and its config atomically."""
+    from deepdpm_core.checkpoints import save_checkpoint
+
     payload = {
         "format": AE_FORMAT,
         "architecture": model.architecture(),
@@ -179,6 +191,7 @@ def load_autoencoder(path: str | Path):
     CheckpointError
         The file is unsafe or not a deepdpm autoencoder.
     """
+    from deepdpm_core.checkpoints import safe_load
     from deepdpm_core.features.autoencoder import MLPAutoencoder
 
     payload = safe_load(path, "autoencoder")

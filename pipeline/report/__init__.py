@@ -1,1 +1,31 @@
-"""What a fit shows its user: the HTML report, the plots, and the warnings about K."""
+"""What a fit shows its user: the HTML report, the plots, and the warnings about K.
+
+:func:`run_source` is here, apart from the report's heavy modules (matplotlib, PIL), so
+that ``deepdpm report`` refuses a wrong source before they load.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from deepdpm_core.errors import DataError
+
+#: an MLflow run id
+RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
+
+
+def run_source(source: str) -> Literal["folder", "run_id"]:
+    """What ``source`` names: a fit output folder or an MLflow run id (32 hex digits).
+
+    Raises
+    ------
+    DataError
+        ``source`` is neither.
+    """
+    if Path(source).is_dir():
+        return "folder"
+    if RUN_ID_PATTERN.match(source):
+        return "run_id"
+    raise DataError(f"'{source}' is neither a fit output directory nor an MLflow run id")

@@ -17,7 +17,6 @@ import base64
 import html
 import io
 import json
-import re
 import tarfile
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -34,11 +33,10 @@ from tqdm import tqdm
 
 from deepdpm_core.errors import DataError
 from pipeline.atomic_files import atomic_path
-from pipeline.report import plots
+from pipeline.report import plots, run_source
 from pipeline.report.diagnostics import diagnose
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".ppm", ".gif", ".tif", ".tiff")
-RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclass
@@ -120,12 +118,9 @@ def load_mlflow_run(run_id: str, tracking_uri: str) -> RunData:
 
 def load_run(source: str, tracking_uri: str) -> RunData:
     """A fit output directory, or an MLflow run id (32 hex digits) at ``tracking_uri``."""
-    path = Path(source)
-    if path.is_dir():
-        return load_run_dir(path)
-    if RUN_ID_PATTERN.match(source):
-        return load_mlflow_run(source, tracking_uri)
-    raise DataError(f"'{source}' is neither a fit output directory nor an MLflow run id")
+    if run_source(source) == "folder":
+        return load_run_dir(Path(source))
+    return load_mlflow_run(source, tracking_uri)
 
 
 # -- clusters ----------------------------------------------------------------------------

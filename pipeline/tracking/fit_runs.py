@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.tracking.options import DEFAULT_MODEL_ALIAS
+from pipeline.tracking.options import DEFAULT_MODEL_ALIAS, default_run_name
 from pipeline.tracking.run_tracker import RunTracker
 
 #: files of a fit output directory logged as artifacts (those that exist)
@@ -28,14 +28,6 @@ FIT_ARTIFACTS = (
     "model.pt",
     "assignments.parquet",
 )
-
-
-def default_run_name(args: argparse.Namespace) -> str | None:
-    """``--run-name``, else the name of the ``--output`` folder (None without either)."""
-    if args.run_name:
-        return args.run_name
-    output = getattr(args, "output", None) or getattr(args, "resume", None)
-    return Path(output).resolve().name if output else None
 
 
 def tracker_from_args(args: argparse.Namespace, rank: int = 0) -> RunTracker:

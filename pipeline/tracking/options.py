@@ -8,6 +8,7 @@ its own process (the driver of a folder ``predict``) stays without it.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 DEFAULT_EXPERIMENT = "deepdpm"
 #: alias that ``--register-model NAME`` points at the new version (``models:/NAME@champion``;
@@ -28,6 +29,14 @@ def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
 
 
+def default_run_name(args: argparse.Namespace) -> str | None:
+    """``--run-name``, else the name of the ``--output`` folder (None without either)."""
+    if args.run_name:
+        return args.run_name
+    output = getattr(args, "output", None) or getattr(args, "resume", None)
+    return Path(output).resolve().name if output else None
+
+
 def add_registry_arguments(parser: argparse.ArgumentParser) -> None:
     """``--register-model NAME``, ``--model-alias ALIAS``."""
     group = parser.add_argument_group("MLflow model registry")
@@ -45,4 +54,4 @@ def add_registry_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 __all__ = ["DEFAULT_EXPERIMENT", "DEFAULT_MODEL_ALIAS", "add_registry_arguments",
-           "add_tracking_arguments"]
+           "add_tracking_arguments", "default_run_name"]

@@ -143,7 +143,7 @@ class RunTracker:
         False (``--no-tracking``) makes every method a no-op except :meth:`warn`.
     run_name : str or None
         MLflow run name (MLflow picks one when None; the commands pass
-        :func:`default_run_name`).
+        :func:`~pipeline.tracking.options.default_run_name`).
     rank : int
         Distributed rank of the caller; only rank 0 logs or prints.
     queue_size : int
