@@ -81,7 +81,7 @@ class PriorConfig:
     covariance_type: Literal["full", "diag", "auto"] = "full"
     weight_pseudocount: float = 1.0
     covariance_floor: float = 1.0e-4
-    coarsening: float | None = 150.0
+    coarsening: float | None = 500.0
 
 
 @dataclass(frozen=True)
