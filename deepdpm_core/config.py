@@ -24,15 +24,17 @@ from deepdpm_core.errors import ConfigError
 class DataConfig:
     """Input transform applied to every row before the fit and at prediction time.
 
-    ``none`` (default): the features as given (the fit is invariant to their units
-    anyway: see ``docs/design.md``, section Invariances); ``normalize``: each row
-    divided by its L2 norm (the
-    reference code's default, scikit-learn ``Normalizer``); ``standard``: each feature
-    centred and divided by its standard deviation; ``min_max``: each feature mapped to
-    [0, 1]. The last two are fitted on the training data and stored with the model.
+    ``none``: the features as given (the fit is invariant to their common unit: see
+    ``docs/design.md``, section Invariances); ``normalize``: each row divided by its L2
+    norm (the reference code's default, scikit-learn ``Normalizer``); ``standard``: each
+    feature centred and divided by its standard deviation; ``min_max``: each feature
+    mapped to [0, 1]. The last two are fitted on the training data and stored with the
+    model. ``auto`` (default) is ``standard`` for features in different units, else
+    ``none`` (:func:`deepdpm_core.coordinates.resolve_transform`); the choice is stored
+    with the model.
     """
 
-    transform: Literal["none", "normalize", "standard", "min_max"] = "none"
+    transform: Literal["auto", "none", "normalize", "standard", "min_max"] = "auto"
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,8 @@ class PriorFit:
         fixes = "standardise the features (data.transform=standard)"
         if isinstance(sigma_scale, float):
             fixes += f" or let the prior follow the data (prior.sigma_scale=auto, not {sigma_scale:g})"
+        if not self.config.covariance_floor > 0:
+            fixes += ", or keep the covariance floor (prior.covariance_floor=1e-4)"
         return DataError(
             f"the fit failed numerically at epoch {epoch}: a cluster covariance is not "
             "positive-definite, the clusters are degenerate at the prior's scale (duplicate "

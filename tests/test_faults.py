@@ -444,17 +444,20 @@ def test_pickles_that_would_run_code_are_refused_naming_the_global(mixture, tmp_
 
 # ------------------------------------------------------ data errors are errors, not retries
 #: local.yaml's fixed prior Ψ = 0.005·I (in the features' units) and a short schedule
-DEGENERATE_FIT = [
+LOCAL_SHORT = [
     "--config", str(REPO / "cluster_configs" / "local.yaml"), "--seed", "0",
     "--set", "init.n_clusters=3", "--set", "schedule.warmup_epochs=2",
     "--set", "schedule.move_every=2", "--set", "schedule.max_epochs=12", "--quiet",
 ]
+#: the same without the covariance floor (the paper's model): degenerate clusters fail
+DEGENERATE_FIT = [*LOCAL_SHORT, "--set", "prior.covariance_floor=0"]
 
 
 @pytest.fixture(scope="module")
 def degenerate(tmp_path_factory) -> Path:
     """4 rows repeated 150 times each (one copy of each moved by 0.5), times 1e25: at the
-    prior's fixed scale every cluster is degenerate and a covariance factorisation fails."""
+    prior's fixed scale and without the covariance floor every cluster is degenerate and a
+    covariance factorisation fails."""
     rng = np.random.default_rng(0)
     X = np.repeat(rng.normal(size=(4, 6)) * 6, 150, axis=0)
     X[::150] += 0.5
@@ -484,6 +487,12 @@ def test_a_numerical_failure_caused_by_the_data_is_one_data_error(degenerate, tm
                  *DEGENERATE_FIT, "--no-tracking"]) == 2
     err = capsys.readouterr().err
     assert _one_data_error(err) and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "prior.covariance_floor=1e-4" in err
+    # at the defaults (the prior fitted to the clusters, the covariance floor) the same rows
+    # fit, into their 4 groups
+    assert main(["fit", "--input", str(degenerate), "--output", str(tmp_path / "floored"),
+                 "--seed", "0", "--quiet", "--no-tracking", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_clusters"] == 4
     # the advice works: standardised features fit
     assert main(["fit", "--input", str(degenerate), "--output", str(tmp_path / "standard"),
                  *DEGENERATE_FIT, "--no-tracking", "--set", "data.transform=standard"]) == 0

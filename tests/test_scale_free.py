@@ -45,6 +45,22 @@ def test_standard_transform_removes_per_feature_units():
     np.testing.assert_array_equal(other.predict(X[:50] * units + 3.0), base.predict(X[:50]))
 
 
+def test_per_feature_units_do_not_decide_k_at_the_defaults():
+    """Features in different units are standardised by ``data.transform: auto`` (the same
+    fit as the same features standardised); features in one unit are left as they are."""
+    X, _ = _data()
+    units = np.array([1e-3, 1.0, 50.0, 7.0, 1e4])
+    standard = DeepDPM(random_state=2, data__transform="standard", **QUICK).fit(X)
+    mixed = DeepDPM(random_state=2, **QUICK).fit(X * units + 3.0)
+    assert mixed.model_.coords.kind == "standard"
+    np.testing.assert_array_equal(mixed.labels_, standard.labels_)
+    np.testing.assert_array_equal(mixed.predict(X[:50] * units + 3.0), standard.predict(X[:50]))
+    one_unit = DeepDPM(random_state=2, **QUICK).fit(X * 1e3)
+    assert one_unit.model_.coords.kind == "none"
+    np.testing.assert_array_equal(one_unit.labels_, DeepDPM(random_state=2, data__transform="none", **QUICK)
+                                  .fit(X).labels_)
+
+
 @pytest.mark.parametrize("transform", ["normalize", "min_max"])
 def test_reference_transforms_are_applied_at_predict_time(transform):
     X, _ = _data()
