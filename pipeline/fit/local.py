@@ -27,8 +27,8 @@ from pipeline.fit.runner import (
     FaultHook,
     FitHooks,
     console_progress,
+    data_variance_summary,
     epoch_callbacks,
-    median_feature_variance,
     run_epochs,
 )
 
@@ -89,7 +89,7 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
         run_epochs(trainer, hooks, restored=state is not None)
         fit_seconds = before + time.perf_counter() - t0
         extra = {"num_workers": 1, "resumed_from_epoch": resumed_from,
-                 "median_feature_variance": median_feature_variance(trainer)}
+                 **data_variance_summary(trainer)}
         # looked up in the module at call time: tests/fault_harness.py replaces it
         summary = outputs.write_fit_outputs(out, DeepDPM.from_trainer(trainer), table, fit_seconds,
                                             request.input, extra=extra)

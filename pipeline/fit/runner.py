@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from deepdpm_core.diagnostics import variance_summary
 from deepdpm_core.fitted_model import FittedModel
 from deepdpm_core.progress import epoch_updater, progress_bar
 from deepdpm_core.trainer import Trainer
@@ -111,12 +112,14 @@ def run_epochs(trainer: Trainer, hooks: FitHooks, init_labels: torch.Tensor | No
         trainer.check_consistency()  # the last epoch pruned clusters that own no point
 
 
-def median_feature_variance(trainer: Trainer) -> float:
-    """Median per-feature variance of the data being fitted (what the diagnostics
-    compare ``prior.sigma_scale`` with), from the trainer's global moments: the same on
-    every rank of a distributed fit, in the (transformed) features' units the prior
-    is given in."""
-    return float(np.median(trainer.feature_variance.cpu().numpy()))
+def data_variance_summary(trainer: Trainer) -> dict[str, float]:
+    """``median_feature_variance`` (what the diagnostics compare ``prior.sigma_scale``
+    with) and ``feature_variance_ratio`` (largest over median: features in different
+    units) of the data being fitted (:func:`deepdpm_core.diagnostics.variance_summary`),
+    from the trainer's global moments: the same on every rank of a distributed fit, in
+    the (transformed) features' units the prior is given in. Kept in ``summary.json``
+    for the report's diagnostics."""
+    return variance_summary(trainer.feature_variance.cpu().numpy())
 
 
 class TrainerModel:
@@ -150,7 +153,9 @@ def epoch_callbacks(trainer: Trainer, tracker: Any, scores: Any = None) -> list[
     if scores is not None:
         scores.bind(TrainerModel(trainer))
         callbacks.append(scores)
-    callbacks.append(epoch_callback(tracker, trainer.config, median_feature_variance(trainer)))
+    variances = data_variance_summary(trainer)
+    callbacks.append(epoch_callback(tracker, trainer.config, variances["median_feature_variance"],
+                                    variances["feature_variance_ratio"]))
     return callbacks
 
 
@@ -170,5 +175,5 @@ def console_progress(enabled: bool) -> ProgressFactory | None:
 
 
 __all__ = ["CONSISTENCY_EVERY", "EpochCallback", "FaultHook", "FitHooks", "ProgressFactory",
-           "TrainerModel", "console_progress", "epoch_callbacks", "median_feature_variance",
+           "TrainerModel", "console_progress", "data_variance_summary", "epoch_callbacks",
            "run_epochs"]
