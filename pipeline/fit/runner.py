@@ -13,6 +13,9 @@ adds comes in as :class:`FitHooks`:
 - ``consistency_every``: the cross-rank model checksum
   (:meth:`Trainer.check_consistency`) of a data-parallel fit;
 - ``progress``: a bar, drawn where the mode can draw one;
+- ``stop``: a Ctrl-C's request to stop (:mod:`pipeline.interrupts`), honoured at the end
+  of an epoch by raising :class:`~pipeline.interrupts.FitInterrupted`, so the trainer is
+  left whole for a checkpoint;
 - ``fault``: test-only crash injection, ``fault(epoch, rank)`` before each epoch. The
   pipeline never sets it; tests pass one in (for Ray it travels to the workers).
 """
@@ -32,6 +35,7 @@ from deepdpm_core.diagnostics import variance_summary
 from deepdpm_core.fitted_model import FittedModel
 from deepdpm_core.progress import epoch_updater, progress_bar
 from deepdpm_core.trainer import Trainer
+from pipeline.interrupts import FitInterrupted, StopRequest
 
 #: a per-epoch callback on the epoch record (it may add keys to it)
 EpochCallback = Callable[[dict], None]
@@ -62,6 +66,9 @@ class FitHooks:
         ``progress(trainer)``: a context manager yielding a per-epoch callback or None.
     fault : callable, optional
         Test-only crash injection, ``fault(epoch, rank)`` before each epoch.
+    stop : StopRequest, optional
+        Checked after each epoch: once ``requested``, :func:`run_epochs` raises
+        :class:`~pipeline.interrupts.FitInterrupted`.
     rank : int
         This process's rank (what ``fault`` is told).
     """
@@ -72,6 +79,7 @@ class FitHooks:
     consistency_every: int = 0
     progress: ProgressFactory | None = None
     fault: FaultHook | None = None
+    stop: StopRequest | None = None
     rank: int = 0
 
 
@@ -87,6 +95,11 @@ def run_epochs(trainer: Trainer, hooks: FitHooks, init_labels: torch.Tensor | No
         Warm start for :meth:`Trainer.initialize` (the alternation's previous clusters).
     restored : bool
         The trainer comes from a checkpoint (:meth:`Trainer.from_state`): it continues.
+
+    Raises
+    ------
+    FitInterrupted
+        ``hooks.stop`` was requested: the trainer stands at the end of an epoch.
     """
     if not restored:
         trainer.initialize(init_labels)
@@ -98,6 +111,9 @@ def run_epochs(trainer: Trainer, hooks: FitHooks, init_labels: torch.Tensor | No
                 if hooks.fault is not None:
                     hooks.fault(trainer.epoch, hooks.rank)
                 trainer.step_epoch()
+                if hooks.stop is not None and hooks.stop.requested:
+                    hooks.stop.honoured = True
+                    raise FitInterrupted
                 if trainer.finished:
                     break
                 if hooks.consistency_every and trainer.epoch % hooks.consistency_every == 0:
