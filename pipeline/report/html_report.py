@@ -357,7 +357,8 @@ def render_report(
             figures.append(("Cluster sizes", sizes))
         figures.append(("Losses", plots.plot_losses(history, tmp_dir / "losses.png")))
         if plots.has_phases(history):
-            figures.append(("Where the epochs went", plots.plot_epoch_time(history, tmp_dir / "time.png")))
+            figures.append(("Where the epochs went", plots.plot_epoch_time(history, tmp_dir / "time.png",
+                                                                       summary.get("fit_seconds"))))
         if plots.has_scores(history):
             scores = plots.plot_scores(history, tmp_dir / "scores.png")
             figures.append(("NMI / ARI / ACC over epochs", scores))
@@ -382,6 +383,9 @@ def _overview(summary: dict[str, Any]) -> str:
         ("clusters found (K)", summary.get("n_clusters")),
         ("epochs", summary.get("epochs")),
         ("fit time (s)", summary.get("fit_seconds")),
+        # what the epoch-time plot adds up; the fit time also counts the initialisation
+        ("of which epochs (s)", sum(r.get("seconds") or 0.0 for r in summary.get("history") or [])
+         if summary.get("history") else None),
         ("points (N)", summary.get("n_samples")),
         ("features (D)", summary.get("n_features")),
         ("input", summary.get("input")),

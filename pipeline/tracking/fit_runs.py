@@ -80,7 +80,8 @@ def epoch_callback(
 
 def log_fit_outputs(tracker: RunTracker, out_dir: str | Path, example_rows: np.ndarray | None = None) -> None:
     """Log a finished fit's output directory: :data:`FIT_ARTIFACTS`; from its
-    ``summary.json``, ``fit_seconds`` and the final ``final_nmi``/``final_ari``/``final_acc``;
+    ``summary.json``, ``fit_seconds``, the final ``final_nmi``/``final_ari``/``final_acc``
+    and the run's totals of accepted moves ``splits_accepted_total``/``merges_accepted_total``;
     the input as the run's dataset; the fit as the MLflow model ``model``
     (:mod:`pipeline.mlflow_model`), registered when the tracker has ``register_model``.
 
@@ -95,6 +96,9 @@ def log_fit_outputs(tracker: RunTracker, out_dir: str | Path, example_rows: np.n
         if summary.get("fit_seconds") is not None:
             final["fit_seconds"] = summary["fit_seconds"]
         final["final_n_clusters"] = summary.get("n_clusters", 0)
+        # the per-epoch metrics' last values are 0 on most epochs: the overview shows these
+        for move in ("splits_accepted", "merges_accepted"):
+            final[f"{move}_total"] = sum(int(r.get(move) or 0) for r in summary.get("history") or [])
         tracker.log_metrics(final, step=step)
     tracker.log_artifacts(p for name in FIT_ARTIFACTS if (p := out_dir / name).exists())
     if not (out_dir / "model.pt").exists():
