@@ -1,4 +1,4 @@
-"""Which way each prior knob moves K (the directions :mod:`pipeline.report.diagnostics` gives).
+"""Which way each prior knob moves K (the directions :mod:`deepdpm_core.diagnostics` gives).
 
 One knob at a time from the defaults, on three data sets the method did not make up:
 6 well-separated and 12 overlapping Gaussian blobs (8-D) and sklearn's digits (PCA-16).

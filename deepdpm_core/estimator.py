@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import numbers
 import typing
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from deepdpm_core.config import Config, from_dict
 from deepdpm_core.config_loading import load_config
+from deepdpm_core.diagnostics import diagnose, variance_summary
 from deepdpm_core.errors import ConfigError
 from deepdpm_core.fitted_model import FORMAT, FittedModel
 from deepdpm_core.init import rows_needed
@@ -232,6 +234,15 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         init_labels : array of shape (N,), int, optional
             Warm start: initial hard clusters (any non-negative ids; empty ids are
             dropped) instead of k-means with ``init.n_clusters``.
+
+        Warns
+        -----
+        UserWarning
+            K collapsed to 1 or 2, or no split was accepted for several rounds
+            (:func:`deepdpm_core.diagnostics.diagnose`; one warning per fit): the
+            message names the remedy,
+            ``data.transform=standard`` for features in different units, else the
+            prior knobs.
         """
         config = self.get_config()
         X = check_features(X, min_rows=rows_needed(config.init.n_clusters))
@@ -249,6 +260,13 @@ class DeepDPM(ClusterMixin, BaseEstimator):
                 cbs.append(epoch_updater(bar))
             trainer = Trainer(config, readonly_tensor(X), callbacks=cbs)
             trainer.fit(start_labels)
+        variances = variance_summary(trainer.feature_variance.cpu().numpy())
+        found = {d.kind: d.message for d in diagnose(
+            trainer.history, config, variances["median_feature_variance"],
+            variances["feature_variance_ratio"])}
+        if found:  # one warning: a collapse says more than the idle split rounds that led to it
+            # stacklevel 2: the warning points at the caller's fit
+            warnings.warn(found.get("collapsed", found.get("no_split")), UserWarning, stacklevel=2)
         # only the model stays: the trainer (its copy of X, its optimisers) is freed on return
         self.model_ = FittedModel.from_trainer(trainer).freeze()
         self.labels_ = self.predict(X)

@@ -96,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DeepDPMError, OSError) as exc:  # bad input, or a path that cannot be read or written
         print(f"deepdpm {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"deepdpm {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # a fit's says how to resume it
+        print(f"deepdpm {args.command}: interrupted" + (f" {exc}" if str(exc) else ""),
+              file=sys.stderr)
         return 130
 
 

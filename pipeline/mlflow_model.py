@@ -80,19 +80,19 @@ class DeepDPMModel(mlflow.pyfunc.PythonModel):
 
 
 def model_signature(n_features: int) -> Any:
-    """Input: D unnamed numeric columns (an [N, D] array of any float dtype, or a DataFrame
-    whose columns are taken in order); output: ``cluster`` long, ``confidence`` double;
+    """Input: D unnamed float32 columns (an [N, D] float32 array, or a DataFrame whose
+    columns are taken in order); output: ``cluster`` long, ``confidence`` double;
     param ``batch_size``.
 
-    Columns rather than one float32 tensor: MLflow casts columns to the signature's type
-    but requires a tensor's dtype to match exactly, which would refuse NumPy's and
-    pandas' default float64.
+    float32 because the fit reads every input as float32 and the model computes in it;
+    MLflow refuses float64 rows for it (a lossy cast), while JSON rows sent to a served
+    model are read as the signature says.
     """
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
     return ModelSignature(
-        inputs=Schema([ColSpec("double") for _ in range(int(n_features))]),
+        inputs=Schema([ColSpec("float") for _ in range(int(n_features))]),
         outputs=Schema([ColSpec("long", "cluster"), ColSpec("double", "confidence")]),
         params=ParamSchema([ParamSpec("batch_size", "long", 65536)]),
     )

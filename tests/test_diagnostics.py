@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+import warnings
+
+import pytest
+from sklearn.datasets import load_wine
+from sklearn.preprocessing import StandardScaler
+
+from deepdpm_core import DeepDPM
 from deepdpm_core.config import Config
-from pipeline.report.diagnostics import DiagnosticsMonitor, diagnose, knob_advice, move_kinds
+from deepdpm_core.diagnostics import (
+    UNITS_RATIO,
+    DiagnosticsMonitor,
+    diagnose,
+    knob_advice,
+    move_kinds,
+    variance_summary,
+)
 
 
 def _record(epoch: int, k: int, splits: int = 0, merges: int = 0) -> dict:
@@ -109,3 +123,34 @@ def test_fitted_prior_scale_is_named_when_it_is_fitted():
     (warning,) = diagnose(history, Config().with_overrides({"prior.sigma_scale": "evidence"}))
     assert "prior.sigma_scale is fitted to the clusters (last fitted s = 0.0123)" in warning.message
     assert "prior.covariance_type=diag" in warning.message
+
+
+def test_features_in_different_units_are_named_before_the_prior_knobs():
+    # wine's proline (variance ~1e5) against its other 12 features (median ~0.7)
+    summary = variance_summary([1e5, 0.7, 0.5, 0.0])
+    assert summary["feature_variance_ratio"] == pytest.approx(1e5 / 0.7)  # constant column ignored
+    assert variance_summary([0.0, 0.0])["feature_variance_ratio"] == 1.0
+    history = [_record(e, 8) for e in range(10)] + [_record(10, 1, merges=7)]
+    (units,) = diagnose(history, Config(), 0.6, summary["feature_variance_ratio"])
+    assert units.message.startswith("K collapsed to 1 (largest K so far: 8).")
+    assert "data.transform=standard" in units.message and "prior.nu" not in units.message
+    # one unit: the prior knobs
+    (knobs,) = diagnose(history, Config(), 1.0, UNITS_RATIO / 2)
+    assert "data.transform" not in knobs.message and "lower prior.nu" in knobs.message
+
+
+def test_a_fit_that_collapses_on_raw_units_warns_to_standardise():
+    X = load_wine().data
+    with pytest.warns(UserWarning, match=r"data\.transform=standard") as caught:
+        model = DeepDPM(random_state=0).fit(X)
+    assert model.n_clusters_ == 1
+    (warning,) = caught  # one warning per fit, pointing at the caller's line
+    assert warning.filename == __file__
+    assert "K collapsed to 1" in str(warning.message)
+    assert "standardise the features (data.transform=standard)" in str(warning.message)
+    # standardised, the same data find clusters and no warning names the transform
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = DeepDPM(random_state=0).fit(StandardScaler().fit_transform(X))
+    assert model.n_clusters_ > 2
+    assert not any("data.transform" in str(w.message) for w in caught)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import secrets
 import shutil
 import signal
@@ -325,6 +326,49 @@ def test_a_single_process_fit_killed_mid_fit_resumes_to_the_uninterrupted_result
     assert "holds a fit that ran in one process" in capsys.readouterr().err
     assert main(["fit", "--input", str(mixture), "--output", str(run), *RESUMABLE_FIT]) == 2
     assert f"holds checkpoints of an earlier fit: continue it with --resume {run}" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_a_fit_at_an_epoch_end_resumably_and_resume_gives_the_same_labels(
+        mixture, tmp_path):
+    # a .npy without labels: the fit keeps no checkpoints of its own (no --checkpoint-every)
+    X = pq.read_table(mixture).column("embedding").to_numpy(zero_copy_only=False)
+    data = tmp_path / "mixture.npy"
+    np.save(data, np.stack(X).astype(np.float32))
+    whole, run = tmp_path / "whole", tmp_path / "run"
+    shown = [arg for arg in RESUMABLE_FIT if arg != "--quiet"]  # the bar tells the epochs
+    assert main(["fit", "--input", str(data), "--output", str(whole), *RESUMABLE_FIT]) == 0
+    err_path = tmp_path / "stderr.txt"
+    with err_path.open("w") as err:
+        fit = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "fit", "--input", str(data),
+                                "--output", str(run), *shown],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=err)
+        deadline = time.monotonic() + 300
+        while not re.search(r"\| *[3-9]/30", err_path.read_text()):  # 3 epochs done
+            assert fit.poll() is None, err_path.read_text()
+            assert time.monotonic() < deadline, "no third epoch after 300 s"
+            time.sleep(0.02)
+        fit.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        out, _ = fit.communicate(timeout=60)
+        seconds = time.monotonic() - t0
+    print(f"SIGINT to exit: {seconds:.2f} s")
+    assert fit.returncode == 130 and out == b""
+    lines = [s for s in re.split(r"[\r\n]", err_path.read_text()) if s.strip()]
+    interrupted = [s for s in lines if "interrupted" in s]
+    assert len(interrupted) == 1 and lines[-1] == interrupted[0]
+    stopped_at = int(re.fullmatch(
+        rf"deepdpm fit: interrupted after epoch (\d+): deepdpm fit --resume {re.escape(str(run))} "
+        "continues it", interrupted[0]).group(1))
+    assert 3 <= stopped_at < len(_history(whole))
+    # a checkpoint of the epoch it stopped at, the request, nothing else; no staging folder
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "fit_request.json"]
+    assert [p.name for p in (run / "checkpoints").iterdir()] == [f"epoch_{stopped_at:06d}.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mixture.npy", "run", "stderr.txt", "whole"]
+
+    assert main(["fit", "--resume", str(run), "--quiet"]) == 0
+    assert _history(run) == _history(whole)
+    assert pq.read_table(run / "assignments.parquet").equals(pq.read_table(whole / "assignments.parquet"))
+    assert json.loads((run / "summary.json").read_text())["resumed_from_epoch"] == stopped_at
 
 
 # ------------------------------------------------- small hostile inputs stay small

@@ -30,6 +30,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from deepdpm_core import DeepDPM
 from pipeline.cli import main
@@ -120,13 +121,16 @@ def test_pyfunc_model_predicts_what_deepdpm_load_does(example, mlflow_server, mo
     labels, confidence = _labels_of_the_file(out, X)
     assert len(np.unique(labels)) > 1
     model = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
-    for data in (X, X.astype(np.float64), pd.DataFrame(X, columns=list("abcd"))):
+    for data in (X, pd.DataFrame(X, columns=list("abcd"))):
         got = model.predict(data, params={"batch_size": 64})
         assert list(got.columns) == ["cluster", "confidence"]
         np.testing.assert_array_equal(got["cluster"].to_numpy(), labels)
         np.testing.assert_allclose(got["confidence"].to_numpy(), confidence, rtol=1e-6)
+    # the rows are float32, as the fit read them; MLflow refuses float64 (a lossy cast)
     signature = model.metadata.signature
-    assert [s.type.name for s in signature.inputs.inputs] == ["double"] * 4
+    assert [s.type.name for s in signature.inputs.inputs] == ["float"] * 4
+    with pytest.raises(MlflowException, match="Can not safely convert float64 to float32"):
+        model.predict(X.astype(np.float64))
     assert signature.outputs.input_names() == ["cluster", "confidence"]
     local = Path(mlflow.artifacts.download_artifacts(f"runs:/{run.info.run_id}/model"))
     example_rows = model.metadata.load_input_example(str(local))

@@ -28,8 +28,8 @@ from PIL import Image
 
 from deepdpm_core import DeepDPM
 from deepdpm_core.config import Config
+from deepdpm_core.diagnostics import move_kinds
 from pipeline.cli import main
-from pipeline.report.diagnostics import move_kinds
 from pipeline.tracking.run_tracker import EPOCH_METRICS as TRACKING_EPOCH_METRICS
 from pipeline.tracking.run_tracker import HTTP_ENV_DEFAULTS
 from tests.conftest_mlflow import MlflowServer, mlflow_server  # noqa: F401
@@ -139,7 +139,8 @@ def test_fit_run_metric_histories_follow_the_fit(fit_run, mlflow_server):  # noq
     epochs = summary["epochs"]
     assert epochs == len(history) == 25
     client = MlflowClient(mlflow_server.uri)
-    final = {"fit_seconds", "final_n_clusters", "final_nmi", "final_ari", "final_acc"}
+    final = {"fit_seconds", "final_n_clusters", "final_nmi", "final_ari", "final_acc",
+             "splits_accepted_total", "merges_accepted_total"}
     assert set(run.data.metrics) == EPOCH_METRICS | LABEL_METRICS | final
 
     record_key = {name: key for key, name in TRACKING_EPOCH_METRICS.items()}
@@ -156,6 +157,10 @@ def test_fit_run_metric_histories_follow_the_fit(fit_run, mlflow_server):  # noq
     for name in LABEL_METRICS:
         assert run.data.metrics[f"final_{name}"] == pytest.approx(summary["metrics"][name])
     assert run.data.metrics["fit_seconds"] == pytest.approx(summary["fit_seconds"])
+    # the run's totals of accepted moves, in the overview beside the per-epoch counts
+    for move in ("splits_accepted", "merges_accepted"):
+        assert run.data.metrics[f"{move}_total"] == sum(r[move] for r in history)
+    assert run.data.metrics["splits_accepted_total"] >= summary["n_clusters"] - 1  # from K = 1
     # per-epoch scores (on <= 10k rows: all 2000 here) end where the full-data ones do
     assert history[-1]["nmi"] == pytest.approx(summary["metrics"]["nmi"], abs=1e-9)
     assert summary["metrics"]["nmi"] > 0.8

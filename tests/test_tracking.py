@@ -276,6 +276,7 @@ def test_fit_output_directory_and_diagnostics_logged(
     assert run.data.params["num_workers"] == "2"
     assert run.data.metrics["final_nmi"] == 0.0
     assert run.data.metrics["fit_seconds"] == 3.5
+    assert run.data.metrics["splits_accepted_total"] == run.data.metrics["merges_accepted_total"] == 0
     names = {a.path for a in client.list_artifacts(tracker.run_id)}
     assert names == {
         "config.yaml", "summary.json", "k_over_epochs.png", "cluster_sizes.png",

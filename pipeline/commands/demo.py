@@ -125,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.fit.runner import (
         FitHooks,
         console_progress,
+        data_variance_summary,
         epoch_callbacks,
-        median_feature_variance,
         run_epochs,
     )
     from pipeline.io import FeatureTable, features_table, read_features, write_parquet_atomic
@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         model = DeepDPM.from_trainer(trainer)
         fit_seconds = time.perf_counter() - t_fit
         summary = write_fit_outputs(out / "fit", model, emb_table, fit_seconds, emb_path,
-                                    extra={"median_feature_variance": median_feature_variance(trainer)})
+                                    extra=data_variance_summary(trainer))
         _step("fit", out / "fit", t0)
         pred = model.predict(emb)
         _step("predict", out / "fit" / "assignments.parquet", t0)

@@ -41,8 +41,8 @@ from pipeline.fit.runner import (
     FaultHook,
     FitHooks,
     console_progress,
+    data_variance_summary,
     epoch_callbacks,
-    median_feature_variance,
     run_epochs,
 )
 from pipeline.io import FeatureTable, features_table, write_parquet_atomic
@@ -182,7 +182,7 @@ def _cluster(config: Config, Z: np.ndarray, labels: np.ndarray | None,
              init_labels: np.ndarray | None, tracker: Any, progress: bool,
              fault: FaultHook | None, variance: dict[str, float]) -> DeepDPM:
     """One clustering of the alternation, as the estimator's ``fit`` would make it, with
-    the per-epoch callbacks of every fit; ``variance`` keeps its median feature variance."""
+    the per-epoch callbacks of every fit; ``variance`` keeps its :func:`~pipeline.fit.runner.data_variance_summary`."""
     from pipeline.epoch_scores import EpochLabelScores
 
     Z = check_features(Z, min_rows=rows_needed(config.init.n_clusters))
@@ -192,7 +192,7 @@ def _cluster(config: Config, Z: np.ndarray, labels: np.ndarray | None,
     hooks = FitHooks(on_epoch=epoch_callbacks(trainer, tracker, scores),
                      progress=console_progress(progress), fault=fault)
     run_epochs(trainer, hooks, init_labels=start)
-    variance["median_feature_variance"] = median_feature_variance(trainer)
+    variance.update(data_variance_summary(trainer))
     model = DeepDPM.from_trainer(trainer)
     model.labels_ = model.predict(Z)  # what the alternation reads, as after DeepDPM.fit
     return model

@@ -10,6 +10,10 @@ the latest one and runs the remaining epochs exactly as the uninterrupted fit wo
 have: every random draw of an epoch comes from the stored generators or from seeds
 fixed by (seed, epoch), so K, the losses, the moves, the per-epoch scores and the
 labels are the same (tested by killing a real ``deepdpm fit`` with SIGKILL).
+
+Ctrl-C (SIGINT) lets the current epoch end (:mod:`pipeline.interrupts`), then writes a
+checkpoint, with the request, whether or not the fit keeps checkpoints, and stops with
+:class:`~pipeline.interrupts.FitInterrupted`, whose message names ``--resume DIR``.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ from pipeline.fit.runner import (
     FaultHook,
     FitHooks,
     console_progress,
+    data_variance_summary,
     epoch_callbacks,
-    median_feature_variance,
     run_epochs,
 )
+from pipeline.interrupts import FitInterrupted, stop_between_epochs
 
 
 def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> outputs.FitResult:
@@ -79,22 +84,66 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
         trainer = Trainer.from_state(state, x, config=config) if state is not None \
             else Trainer(config, x)
         before = sum(record["seconds"] for record in trainer.history)
-        hooks = FitHooks(
-            on_epoch=epoch_callbacks(trainer, tracker, scores),
-            checkpoint=(lambda t: checkpoints.write_checkpoint(t, out)) if request.resumable else None,
-            checkpoint_every=request.checkpoint_every,
-            progress=console_progress(not request.quiet),
-            fault=fault,
-        )
-        run_epochs(trainer, hooks, restored=state is not None)
-        fit_seconds = before + time.perf_counter() - t0
-        extra = {"num_workers": 1, "resumed_from_epoch": resumed_from,
-                 "median_feature_variance": median_feature_variance(trainer)}
-        # looked up in the module at call time: tests/fault_harness.py replaces it
-        summary = outputs.write_fit_outputs(out, DeepDPM.from_trainer(trainer), table, fit_seconds,
-                                            request.input, extra=extra)
+        try:
+            with stop_between_epochs(lambda: trainer.epoch + 1) as stop:
+                hooks = FitHooks(
+                    on_epoch=epoch_callbacks(trainer, tracker, scores),
+                    checkpoint=(lambda t: checkpoints.write_checkpoint(t, out))
+                    if request.resumable else None,
+                    checkpoint_every=request.checkpoint_every,
+                    progress=console_progress(not request.quiet),
+                    fault=fault,
+                    stop=stop,
+                )
+                run_epochs(trainer, hooks, restored=state is not None)
+            fit_seconds = before + time.perf_counter() - t0
+            extra = {"num_workers": 1, "resumed_from_epoch": resumed_from,
+                     **data_variance_summary(trainer)}
+            # looked up in the module at call time: tests/fault_harness.py replaces it
+            summary = outputs.write_fit_outputs(out, DeepDPM.from_trainer(trainer), table,
+                                                fit_seconds, request.input, extra=extra)
+        except KeyboardInterrupt as exc:
+            # at an epoch's end (or with every epoch done, while the outputs were written)
+            # the trainer is whole; a second Ctrl-C mid-epoch left it half-updated
+            whole = isinstance(exc, FitInterrupted) or trainer.finished
+            raise _interrupted(request, trainer, out, whole) from None
         log_fit_outputs(tracker, out)  # + final_nmi/ari/acc over all labelled rows
     return outputs.FitResult(summary, str(out), tracker.run_id)
+
+
+def _interrupted(request: FitRequest, trainer: Trainer, out: Path, whole: bool) -> FitInterrupted:
+    """Keep what a Ctrl-C'd fit can be resumed from; the error saying how.
+
+    Parameters
+    ----------
+    request : FitRequest
+    trainer : Trainer
+    out : Path
+        The output folder.
+    whole : bool
+        The trainer stands at the end of an epoch: it is checkpointed (a fit without
+        checkpoints becomes resumable: its request is stored, and checkpoints an earlier
+        fit left in ``out`` under ``--overwrite`` are dropped first).
+
+    Returns
+    -------
+    FitInterrupted
+    """
+    if whole:
+        if not request.resumable:
+            checkpoints.remove_checkpoints(out)
+            out.mkdir(parents=True, exist_ok=True)
+            request.with_(resumable=True).save()
+        checkpoints.write_checkpoint(trainer, out)
+        return FitInterrupted(f"after epoch {trainer.epoch}: deepdpm fit --resume {out} "
+                              "continues it")
+    kept = checkpoints.checkpoint_paths(out) if request.resumable else []
+    if kept:
+        stored = int(kept[-1].stem.split("_")[1])
+        return FitInterrupted(f"in epoch {trainer.epoch + 1}: deepdpm fit --resume {out} "
+                              f"continues from epoch {stored}")
+    return FitInterrupted(f"in epoch {trainer.epoch + 1}, before any checkpoint: nothing "
+                          "to resume")
 
 
 __all__ = ["run_local_fit"]

@@ -156,7 +156,7 @@ def write_into(
         tmp.write_text(yaml.safe_dump(model.config.to_dict(), sort_keys=False))
     model.save(staging / "model.pt")
     write_parquet_atomic(assignments_table(table, labels, confidence), staging / "assignments.parquet")
-    write_fit_plots(model.history_, summary["cluster_sizes"], staging)
+    write_fit_plots(model.history_, summary["cluster_sizes"], staging, summary["fit_seconds"])
     if more_outputs is not None:
         more_outputs(staging)
     write_json_atomic(summary, staging / "summary.json")

@@ -66,8 +66,8 @@ from pipeline.fit.runner import (
     CONSISTENCY_EVERY,
     FaultHook,
     FitHooks,
+    data_variance_summary,
     epoch_callbacks,
-    median_feature_variance,
     run_epochs,
 )
 from pipeline.ray_local import connect_ray
@@ -294,7 +294,7 @@ def _train_worker(loop: dict[str, Any]) -> None:
             _write_outputs(trainer, req, Path(loop["staging"]), before + time.perf_counter() - t0,
                            tracker,
                            {"num_workers": world, "resumed_from_epoch": resumed_from,
-                            "median_feature_variance": median_feature_variance(trainer)})
+                            **data_variance_summary(trainer)})
 
 
 def _rank0_scores(req: FitRequest, seed: int):

@@ -13,6 +13,9 @@ adds comes in as :class:`FitHooks`:
 - ``consistency_every``: the cross-rank model checksum
   (:meth:`Trainer.check_consistency`) of a data-parallel fit;
 - ``progress``: a bar, drawn where the mode can draw one;
+- ``stop``: a Ctrl-C's request to stop (:mod:`pipeline.interrupts`), honoured at the end
+  of an epoch by raising :class:`~pipeline.interrupts.FitInterrupted`, so the trainer is
+  left whole for a checkpoint;
 - ``fault``: test-only crash injection, ``fault(epoch, rank)`` before each epoch. The
   pipeline never sets it; tests pass one in (for Ray it travels to the workers).
 """
@@ -28,9 +31,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from deepdpm_core.diagnostics import variance_summary
 from deepdpm_core.fitted_model import FittedModel
 from deepdpm_core.progress import epoch_updater, progress_bar
 from deepdpm_core.trainer import Trainer
+from pipeline.interrupts import FitInterrupted, StopRequest
 
 #: a per-epoch callback on the epoch record (it may add keys to it)
 EpochCallback = Callable[[dict], None]
@@ -61,6 +66,9 @@ class FitHooks:
         ``progress(trainer)``: a context manager yielding a per-epoch callback or None.
     fault : callable, optional
         Test-only crash injection, ``fault(epoch, rank)`` before each epoch.
+    stop : StopRequest, optional
+        Checked after each epoch: once ``requested``, :func:`run_epochs` raises
+        :class:`~pipeline.interrupts.FitInterrupted`.
     rank : int
         This process's rank (what ``fault`` is told).
     """
@@ -71,6 +79,7 @@ class FitHooks:
     consistency_every: int = 0
     progress: ProgressFactory | None = None
     fault: FaultHook | None = None
+    stop: StopRequest | None = None
     rank: int = 0
 
 
@@ -86,6 +95,11 @@ def run_epochs(trainer: Trainer, hooks: FitHooks, init_labels: torch.Tensor | No
         Warm start for :meth:`Trainer.initialize` (the alternation's previous clusters).
     restored : bool
         The trainer comes from a checkpoint (:meth:`Trainer.from_state`): it continues.
+
+    Raises
+    ------
+    FitInterrupted
+        ``hooks.stop`` was requested: the trainer stands at the end of an epoch.
     """
     if not restored:
         trainer.initialize(init_labels)
@@ -97,6 +111,9 @@ def run_epochs(trainer: Trainer, hooks: FitHooks, init_labels: torch.Tensor | No
                 if hooks.fault is not None:
                     hooks.fault(trainer.epoch, hooks.rank)
                 trainer.step_epoch()
+                if hooks.stop is not None and hooks.stop.requested:
+                    hooks.stop.honoured = True
+                    raise FitInterrupted
                 if trainer.finished:
                     break
                 if hooks.consistency_every and trainer.epoch % hooks.consistency_every == 0:
@@ -111,12 +128,14 @@ def run_epochs(trainer: Trainer, hooks: FitHooks, init_labels: torch.Tensor | No
         trainer.check_consistency()  # the last epoch pruned clusters that own no point
 
 
-def median_feature_variance(trainer: Trainer) -> float:
-    """Median per-feature variance of the data being fitted (what the diagnostics
-    compare ``prior.sigma_scale`` with), from the trainer's global moments: the same on
-    every rank of a distributed fit, in the (transformed) features' units the prior
-    is given in."""
-    return float(np.median(trainer.feature_variance.cpu().numpy()))
+def data_variance_summary(trainer: Trainer) -> dict[str, float]:
+    """``median_feature_variance`` (what the diagnostics compare ``prior.sigma_scale``
+    with) and ``feature_variance_ratio`` (largest over median: features in different
+    units) of the data being fitted (:func:`deepdpm_core.diagnostics.variance_summary`),
+    from the trainer's global moments: the same on every rank of a distributed fit, in
+    the (transformed) features' units the prior is given in. Kept in ``summary.json``
+    for the report's diagnostics."""
+    return variance_summary(trainer.feature_variance.cpu().numpy())
 
 
 class TrainerModel:
@@ -150,7 +169,9 @@ def epoch_callbacks(trainer: Trainer, tracker: Any, scores: Any = None) -> list[
     if scores is not None:
         scores.bind(TrainerModel(trainer))
         callbacks.append(scores)
-    callbacks.append(epoch_callback(tracker, trainer.config, median_feature_variance(trainer)))
+    variances = data_variance_summary(trainer)
+    callbacks.append(epoch_callback(tracker, trainer.config, variances["median_feature_variance"],
+                                    variances["feature_variance_ratio"]))
     return callbacks
 
 
@@ -170,5 +191,5 @@ def console_progress(enabled: bool) -> ProgressFactory | None:
 
 
 __all__ = ["CONSISTENCY_EVERY", "EpochCallback", "FaultHook", "FitHooks", "ProgressFactory",
-           "TrainerModel", "console_progress", "epoch_callbacks", "median_feature_variance",
+           "TrainerModel", "console_progress", "data_variance_summary", "epoch_callbacks",
            "run_epochs"]

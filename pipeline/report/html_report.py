@@ -3,7 +3,7 @@
 The report is one HTML file with every image inlined as a base64 PNG data URI, so it
 can be mailed, attached to a ticket or opened offline. It shows K over epochs,
 split/merge acceptance, the losses, the cluster-size histogram, the final metrics,
-the diagnostics of :mod:`pipeline.report.diagnostics`, a table of the largest clusters and,
+the diagnostics of :mod:`deepdpm_core.diagnostics`, a table of the largest clusters and,
 when the clustered features came from images, a strip of sample images per cluster
 (the paper's Fig. 3 style): the most confident members of each cluster.
 
@@ -31,10 +31,10 @@ import yaml
 from PIL import Image, UnidentifiedImageError
 from tqdm import tqdm
 
+from deepdpm_core.diagnostics import diagnose
 from deepdpm_core.errors import DataError
 from pipeline.atomic_files import atomic_path
 from pipeline.report import plots, run_source
-from pipeline.report.diagnostics import diagnose
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".ppm", ".gif", ".tif", ".tiff")
 
@@ -341,7 +341,8 @@ def render_report(
         f'<p class="source">{html.escape(run.source)}</p>',
         _overview(summary),
     ]
-    for diagnostic in diagnose(history, config, summary.get("median_feature_variance")):
+    for diagnostic in diagnose(history, config, summary.get("median_feature_variance"),
+                               summary.get("feature_variance_ratio")):
         parts.append(f'<div class="warn">{html.escape(diagnostic.message)}</div>')
 
     with tempfile.TemporaryDirectory(prefix="deepdpm-report-") as tmp:
@@ -356,7 +357,8 @@ def render_report(
             figures.append(("Cluster sizes", sizes))
         figures.append(("Losses", plots.plot_losses(history, tmp_dir / "losses.png")))
         if plots.has_phases(history):
-            figures.append(("Where the epochs went", plots.plot_epoch_time(history, tmp_dir / "time.png")))
+            figures.append(("Where the epochs went", plots.plot_epoch_time(history, tmp_dir / "time.png",
+                                                                       summary.get("fit_seconds"))))
         if plots.has_scores(history):
             scores = plots.plot_scores(history, tmp_dir / "scores.png")
             figures.append(("NMI / ARI / ACC over epochs", scores))
@@ -381,6 +383,9 @@ def _overview(summary: dict[str, Any]) -> str:
         ("clusters found (K)", summary.get("n_clusters")),
         ("epochs", summary.get("epochs")),
         ("fit time (s)", summary.get("fit_seconds")),
+        # what the epoch-time plot adds up; the fit time also counts the initialisation
+        ("of which epochs (s)", sum(r.get("seconds") or 0.0 for r in summary.get("history") or [])
+         if summary.get("history") else None),
         ("points (N)", summary.get("n_samples")),
         ("features (D)", summary.get("n_features")),
         ("input", summary.get("input")),

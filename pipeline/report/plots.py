@@ -141,13 +141,17 @@ def has_phases(history: Sequence[Mapping[str, Any]]) -> bool:
     return any(r.get("seconds_train") is not None for r in history)
 
 
-def plot_epoch_time(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+def plot_epoch_time(history: Sequence[Mapping[str, Any]], path: str | Path,
+                    fit_seconds: float | None = None) -> Path:
     """Seconds of each epoch, stacked by phase (:data:`EPOCH_PHASES`), with K.
 
     Parameters
     ----------
     history : sequence of epoch records (``epoch``, ``seconds_<phase>``, ``n_clusters``)
     path : destination PNG
+    fit_seconds : float, optional
+        The fit's time (``summary.json``), named beside the epochs' total: it also counts
+        the initialisation before the first epoch.
     """
     epochs = _column(history, "epoch")
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -164,7 +168,9 @@ def plot_epoch_time(history: Sequence[Mapping[str, Any]], path: str | Path) -> P
     twin.step(epochs, _column(history, "n_clusters"), where="mid", color="black", lw=1, ls="--")
     twin.set_ylabel("K (dashed)")
     _count_range(twin, _column(history, "n_clusters"))
-    ax.set_title(f"Where the epochs went ({bottom.sum():.1f} s in all)")
+    total = f"{bottom.sum():.1f} s in all" if fit_seconds is None else (
+        f"{bottom.sum():.1f} s of the fit's {fit_seconds:.1f} s; the rest: initialisation")
+    ax.set_title(f"Where the epochs went\n({total})")
     _integer_axes(ax)
     ax.grid(alpha=0.3, axis="y")
     # below the axes: inside, the legend hides the first (often tallest) bars
@@ -242,12 +248,13 @@ def plot_cluster_sizes(
 
 
 def write_fit_plots(
-    history: Sequence[Mapping[str, Any]], counts: Sequence[int] | np.ndarray, out_dir: str | Path
+    history: Sequence[Mapping[str, Any]], counts: Sequence[int] | np.ndarray, out_dir: str | Path,
+    fit_seconds: float | None = None,
 ) -> list[Path]:
     """The plots a fit leaves beside ``summary.json``: ``k_over_epochs.png``,
     ``cluster_sizes.png``, ``moves.png``, ``losses.png``, ``epoch_time.png`` (when the
-    records have their phase seconds) and, when the epoch records carry label scores,
-    ``scores.png``. Returns their paths."""
+    records have their phase seconds; ``fit_seconds`` named beside the epochs' total)
+    and, when the epoch records carry label scores, ``scores.png``. Returns their paths."""
     out = Path(out_dir)
     paths = [
         plot_k_over_epochs(history, out / "k_over_epochs.png"),
@@ -256,7 +263,7 @@ def write_fit_plots(
         plot_losses(history, out / "losses.png"),
     ]
     if has_phases(history):
-        paths.append(plot_epoch_time(history, out / "epoch_time.png"))
+        paths.append(plot_epoch_time(history, out / "epoch_time.png", fit_seconds))
     if has_scores(history):
         paths.append(plot_scores(history, out / "scores.png"))
     return paths

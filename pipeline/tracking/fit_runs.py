@@ -57,17 +57,19 @@ def fit_params(
 
 
 def epoch_callback(
-    tracker: RunTracker, config: Any, feature_variance: float | None = None
+    tracker: RunTracker, config: Any, feature_variance: float | None = None,
+    variance_ratio: float | None = None,
 ) -> Callable[[Mapping[str, Any]], None]:
     """Per-epoch callback for the estimator: log the record and run the diagnostics
-    (:class:`pipeline.report.diagnostics.DiagnosticsMonitor`, warnings through ``tracker.warn``).
+    (:class:`deepdpm_core.diagnostics.DiagnosticsMonitor`, warnings through ``tracker.warn``).
 
     ``feature_variance`` (median per-feature variance of X) lets the diagnostics say
-    which way ``prior.sigma_scale`` moves K for these data.
+    which way ``prior.sigma_scale`` moves K for these data, ``variance_ratio`` (largest
+    per-feature variance over the median) whether to standardise them instead.
     """
-    from pipeline.report.diagnostics import DiagnosticsMonitor
+    from deepdpm_core.diagnostics import DiagnosticsMonitor
 
-    monitor = DiagnosticsMonitor(config, tracker.warn, feature_variance)
+    monitor = DiagnosticsMonitor(config, tracker.warn, feature_variance, variance_ratio)
 
     def on_epoch(record: Mapping[str, Any]) -> None:
         tracker.log_epoch(record)
@@ -78,7 +80,8 @@ def epoch_callback(
 
 def log_fit_outputs(tracker: RunTracker, out_dir: str | Path, example_rows: np.ndarray | None = None) -> None:
     """Log a finished fit's output directory: :data:`FIT_ARTIFACTS`; from its
-    ``summary.json``, ``fit_seconds`` and the final ``final_nmi``/``final_ari``/``final_acc``;
+    ``summary.json``, ``fit_seconds``, the final ``final_nmi``/``final_ari``/``final_acc``
+    and the run's totals of accepted moves ``splits_accepted_total``/``merges_accepted_total``;
     the input as the run's dataset; the fit as the MLflow model ``model``
     (:mod:`pipeline.mlflow_model`), registered when the tracker has ``register_model``.
 
@@ -93,6 +96,9 @@ def log_fit_outputs(tracker: RunTracker, out_dir: str | Path, example_rows: np.n
         if summary.get("fit_seconds") is not None:
             final["fit_seconds"] = summary["fit_seconds"]
         final["final_n_clusters"] = summary.get("n_clusters", 0)
+        # the per-epoch metrics' last values are 0 on most epochs: the overview shows these
+        for move in ("splits_accepted", "merges_accepted"):
+            final[f"{move}_total"] = sum(int(r.get(move) or 0) for r in summary.get("history") or [])
         tracker.log_metrics(final, step=step)
     tracker.log_artifacts(p for name in FIT_ARTIFACTS if (p := out_dir / name).exists())
     if not (out_dir / "model.pt").exists():

@@ -5,7 +5,14 @@ K"): the DP concentration α, and the NIW scale Ψ = s·I (``prior.sigma_scale``
 to the clusters by default) and pseudo-count ν (``prior.nu``). Users of the reference code get no hint when the
 split/merge moves have stalled; :func:`diagnose` looks at the epoch records of
 ``DeepDPM.history_`` and says what to turn and which way. :class:`DiagnosticsMonitor`
-applies it live, once per kind of warning, as a per-epoch callback.
+applies it live, once per kind of warning, as a per-epoch callback (the CLI);
+``DeepDPM.fit`` runs it once on the finished fit and issues a ``UserWarning`` for each.
+
+Before the prior, the units: the fit divides all features by one global scale, so a
+feature whose variance is orders of magnitude above the others' (wine's proline,
+breast cancer's areas in raw units) is nearly all the fit sees, and K collapses to 1
+whatever the prior. When the largest per-feature variance is :data:`UNITS_RATIO` times
+the median or more, the warnings name ``data.transform=standard`` instead of the knobs.
 
 What moves K was measured with this project's core (``deepdpm_core``, 3 data sets:
 6 and 12 Gaussian blobs in 8-D, sklearn digits PCA-16; one knob at a time from the
@@ -28,6 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from deepdpm_core.config import MovesConfig, ScheduleConfig
 from deepdpm_core.schedule import MoveSchedule
 
@@ -46,6 +55,9 @@ COLLAPSED_K = 2
 #: or at least one when the fit has converged (stopped for ``patience``). A fit that
 #: starts at a small K (``init.n_clusters``) and is still splitting is growing, not stuck
 STUCK_SPLIT_ROUNDS = 2
+#: largest per-feature variance over the median from which the features are taken to be
+#: in different units (digits' pixels: 2.3, iris: 4.9; raw wine: 1.5e5, breast cancer: 6e7)
+UNITS_RATIO = 100.0
 
 
 @dataclass(frozen=True)
@@ -136,10 +148,45 @@ def knob_advice(prior: Any, feature_variance: float | None = None,
     )
 
 
+def variance_summary(variances: Any) -> dict[str, float]:
+    """What the diagnostics need to know of the data, from its per-feature variances.
+
+    Parameters
+    ----------
+    variances : array-like of shape (D,)
+        Per-feature variances of the features being fitted (after ``data.transform``).
+
+    Returns
+    -------
+    dict
+        ``median_feature_variance`` (decides the direction of a fixed
+        ``prior.sigma_scale``, see :func:`knob_advice`) and ``feature_variance_ratio``:
+        the largest variance over the median of the non-zero ones (constant columns do
+        not count; 1.0 when all are constant).
+    """
+    v = np.asarray(variances, dtype=np.float64).ravel()
+    positive = v[v > 0]
+    ratio = float(positive.max() / np.median(positive)) if positive.size else 1.0
+    return {"median_feature_variance": float(np.median(v)), "feature_variance_ratio": ratio}
+
+
+def remedy(prior: Any, feature_variance: float | None = None, fitted_scale: float | None = None,
+           variance_ratio: float | None = None) -> str:
+    """What to change for more clusters: the features' units when one feature's variance
+    dwarfs the others' (``variance_ratio`` >= :data:`UNITS_RATIO`), else the prior knobs
+    (:func:`knob_advice`)."""
+    if variance_ratio is not None and variance_ratio >= UNITS_RATIO:
+        return (f"the largest per-feature variance is {variance_ratio:.2g} × the median, so "
+                "a few features in large units are nearly all the fit sees: standardise the "
+                "features (data.transform=standard)")
+    return knob_advice(prior, feature_variance, fitted_scale)
+
+
 def diagnose(
     history: Sequence[Mapping[str, Any]],
     config: Any = None,
     feature_variance: float | None = None,
+    variance_ratio: float | None = None,
 ) -> list[Diagnostic]:
     """Warnings about a fit's K from its epoch records so far.
 
@@ -152,6 +199,9 @@ def diagnose(
         and the move schedule (defaults when None).
     feature_variance : float, optional
         Median per-feature variance of the data (see :func:`knob_advice`).
+    variance_ratio : float, optional
+        Largest per-feature variance over the median (:func:`variance_summary`); from
+        :data:`UNITS_RATIO` on, the warnings advise ``data.transform=standard``.
 
     Returns
     -------
@@ -185,7 +235,7 @@ def diagnose(
             Diagnostic(
                 "no_split",
                 f"no split accepted in the last {stalled} split rounds (K = {k_now}). "
-                f"If you expect more clusters: {knob_advice(prior, feature_variance, fitted)}",
+                f"If you expect more clusters: {remedy(prior, feature_variance, fitted, variance_ratio)}",
             )
         )
 
@@ -203,7 +253,7 @@ def diagnose(
                 Diagnostic(
                     "collapsed",
                     f"{what}. If the data have more clusters: "
-                    f"{knob_advice(prior, feature_variance, fitted)}",
+                    f"{remedy(prior, feature_variance, fitted, variance_ratio)}",
                 )
             )
     return out
@@ -218,21 +268,26 @@ class DiagnosticsMonitor:
     warn : callable taking a message, e.g. :meth:`pipeline.tracking.run_tracker.RunTracker.warn`
     feature_variance : float, optional
         Median per-feature variance of the data (see :func:`knob_advice`).
+    variance_ratio : float, optional
+        Largest per-feature variance over the median (see :func:`diagnose`).
     """
 
     def __init__(
-        self, config: Any, warn: Callable[[str], None], feature_variance: float | None = None
+        self, config: Any, warn: Callable[[str], None], feature_variance: float | None = None,
+        variance_ratio: float | None = None,
     ) -> None:
         self.config = config
         self.warn = warn
         self.feature_variance = feature_variance
+        self.variance_ratio = variance_ratio
         self.history: list[Mapping[str, Any]] = []
         self.reported: list[Diagnostic] = []
 
     def __call__(self, record: Mapping[str, Any]) -> None:
         self.history.append(dict(record))
         seen = {d.kind for d in self.reported}
-        for diagnostic in diagnose(self.history, self.config, self.feature_variance):
+        for diagnostic in diagnose(self.history, self.config, self.feature_variance,
+                                   self.variance_ratio):
             if diagnostic.kind not in seen:
                 self.reported.append(diagnostic)
                 self.warn(diagnostic.message)
@@ -243,9 +298,12 @@ __all__ = [
     "SIGMA_PIVOT",
     "STALL_SPLIT_ROUNDS",
     "STUCK_SPLIT_ROUNDS",
+    "UNITS_RATIO",
     "Diagnostic",
     "DiagnosticsMonitor",
     "diagnose",
     "knob_advice",
     "move_kinds",
+    "remedy",
+    "variance_summary",
 ]
