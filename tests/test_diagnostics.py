@@ -140,17 +140,19 @@ def test_features_in_different_units_are_named_before_the_prior_knobs():
 
 
 def test_a_fit_that_collapses_on_raw_units_warns_to_standardise():
-    X = load_wine().data
+    X = load_wine().data  # data.transform: auto would standardise it; none keeps the units
     with pytest.warns(UserWarning, match=r"data\.transform=standard") as caught:
-        model = DeepDPM(random_state=0).fit(X)
+        model = DeepDPM(random_state=0, data__transform="none").fit(X)
     assert model.n_clusters_ == 1
     (warning,) = caught  # one warning per fit, pointing at the caller's line
     assert warning.filename == __file__
     assert "K collapsed to 1" in str(warning.message)
     assert "standardise the features (data.transform=standard)" in str(warning.message)
-    # standardised, the same data find clusters and no warning names the transform
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = DeepDPM(random_state=0).fit(StandardScaler().fit_transform(X))
-    assert model.n_clusters_ > 2
-    assert not any("data.transform" in str(w.message) for w in caught)
+    # standardised, by hand or by the default transform, the same data find clusters and
+    # no warning names the transform
+    for data, kwargs in ((StandardScaler().fit_transform(X), {"data__transform": "none"}), (X, {})):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = DeepDPM(random_state=0, **kwargs).fit(data)
+        assert model.n_clusters_ > 2
+        assert not any("data.transform" in str(w.message) for w in caught)
