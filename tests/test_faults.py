@@ -395,6 +395,7 @@ def test_a_yaml_alias_bomb_fails_fast_in_one_short_line(tmp_path, capsys):
 
     with pytest.raises(ConfigError, match="through its aliases"):
         parse_overrides(["seed=[" + ", ".join(_alias_bomb()) + "]"])
+    np.save(tmp_path / "x.npy", np.zeros((20, 2), dtype=np.float32))  # paths are checked first
     assert main(["fit", "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "out"),
                  "--config", str(bomb), "--no-tracking"]) == 2
     err_text = capsys.readouterr().err
