@@ -6,9 +6,14 @@ Usage: python bench/busy_machine.py [--cases iris blobs5k blobs70k demo] [--thre
 Each measurement runs ``DeepDPM(random_state=0).fit(X)`` in a fresh Python process, so
 the thread settings apply as they do for a user: ``OMP_NUM_THREADS`` = ``--threads`` and
 
-* **before**: ``OMP_WAIT_POLICY=ACTIVE`` in the environment (idle OpenMP threads spin; the
-  library only fills unset values, so this one is honoured), ``KMP_BLOCKTIME`` and
-  ``NUMBA_THREADING_LAYER`` unset: what deepdpm did before it set them;
+* **before**: what deepdpm did before it set them: ``OMP_WAIT_POLICY``, ``KMP_BLOCKTIME``
+  and ``NUMBA_THREADING_LAYER`` unset, and the fit process loads torch, numpy,
+  scikit-learn and faiss (and numba for ``demo``) before ``deepdpm_core``, so their
+  runtimes start with their own defaults (libgomp: idle threads spin a while, then
+  sleep) before the library's defaults are set. (``OMP_WAIT_POLICY=ACTIVE``, spinning
+  without end, is no stand-in for that: with 2 threads on 2 cores shared with other
+  jobs an iris fit ran over 4 minutes with it and no neighbour, against 13-29 s with the
+  old default in docs/benchmarks.md, "Idle threads");
 * **after**: the defaults (none of the three set by the caller; ``deepdpm_core`` sets
   the OpenMP ones when it loads, and the ``demo`` case gets the ``deepdpm`` command's
   ``NUMBA_THREADING_LAYER=workqueue``).
@@ -52,10 +57,18 @@ IDLE_VARIABLES = ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", "NUMBA_THREADING_LAYER")
 
 
 # ------------------------------------------------------------------------- the fit process
-def _child(case: str, max_epochs: int | None) -> None:
+def _child(case: str, mode: str, max_epochs: int | None) -> None:
     """Load ``case``, fit it and print one JSON line: seconds, K and epochs."""
-    # deepdpm first, as a user's program imports it: its thread defaults apply before
-    # torch, numpy and scikit-learn load their runtimes
+    if mode == "before":  # the runtimes load before deepdpm_core can set their defaults
+        import faiss  # noqa: F401
+        import numpy  # noqa: F401
+        import sklearn.cluster  # noqa: F401
+        import torch  # noqa: F401
+
+        if case == "demo":
+            import umap  # noqa: F401
+    # "after": deepdpm first, as a user's program imports it: its thread defaults apply
+    # before torch, numpy and scikit-learn load their runtimes
     from deepdpm_core import DeepDPM
 
     params = {} if max_epochs is None else {"schedule__max_epochs": max_epochs}
@@ -99,6 +112,7 @@ def fit_environment(mode: str, case: str, threads: int) -> dict[str, str]:
     Parameters
     ----------
     mode : str
+        "before" leaves the three variables unset, "after" too, as a user does.
     case : str
         ``demo`` runs as the ``deepdpm`` command does, which also sets the numba layer.
     threads : int
@@ -110,9 +124,7 @@ def fit_environment(mode: str, case: str, threads: int) -> dict[str, str]:
     """
     env = {k: v for k, v in os.environ.items() if k not in IDLE_VARIABLES}
     env.update(OMP_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT))
-    if mode == "before":
-        env["OMP_WAIT_POLICY"] = "ACTIVE"
-    elif case == "demo":
+    if mode == "after" and case == "demo":
         env["NUMBA_THREADING_LAYER"] = "workqueue"
     return env
 
@@ -135,7 +147,7 @@ def busy_neighbours(count: int) -> Iterator[list[subprocess.Popen]]:
 def time_fit(case: str, mode: str, threads: int, timeout: float,
              max_epochs: int | None) -> dict:
     """One fit in a new process: its JSON line, or ``{"timed_out": True}`` past ``timeout``."""
-    argv = [sys.executable, str(Path(__file__).resolve()), "--child", case]
+    argv = [sys.executable, str(Path(__file__).resolve()), "--child", case, "--modes", mode]
     if max_epochs is not None:
         argv += ["--max-epochs", str(max_epochs)]
     try:
@@ -195,7 +207,7 @@ def main() -> None:
     ap.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        _child(args.child, args.max_epochs)
+        _child(args.child, args.modes[0], args.max_epochs)
         return
     if args.quick:
         args.cases, args.threads, args.max_epochs = ["iris"], 1, 3
