@@ -245,9 +245,9 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         # while the bar is open, lines written to stderr (warnings) go above it
         with progress_bar(progress, total=config.schedule.max_epochs, desc="deepdpm fit",
                           unit="epoch") as bar:
-            if bar is not None:
-                cbs.append(epoch_updater(bar))
             trainer = Trainer(config, readonly_tensor(X), callbacks=cbs)
+            if bar is not None:
+                trainer.callbacks.append(epoch_updater(bar, trainer.schedule))
             trainer.fit(start_labels)
         # only the model stays: the trainer (its copy of X, its optimisers) is freed on return
         self.model_ = FittedModel.from_trainer(trainer).freeze()
