@@ -29,7 +29,7 @@ The table gives the fit's seconds alone and busy, busy/alone, and that ratio ove
 slowdown a fair share of the cores gives: with n neighbours, t fit threads and c cores
 each runnable thread gets c / (n + t) of a core, a slowdown of max(1, (n + t) / c). The
 target (issue 33): busy/alone within 2x of that fair slowdown. A run past ``--timeout``
-seconds is stopped and shown as "> timeout". The machine may be shared with other work:
+seconds is stopped and shown as "> timeout" (no ratio when the fit alone was stopped). The machine may be shared with other work:
 compare the ratios, not the seconds across runs.
 """
 
@@ -181,11 +181,13 @@ def table(rows: list[dict]) -> str:
              "|---|---|---:|---|---|---:|---:|---:|---|"]
     for r in rows:
         bound = ">" if any(x["timed_out"] for x in r["busy"]) else ""
-        ks = "/".join(str(x.get("k", "?")) for x in (*r["alone"], *r["busy"]))
+        ratio, over_fair = (("–", "–") if r["busy_over_alone"] is None else
+                            (f"{bound}{r['busy_over_alone']:.2f}", f"{bound}{r['over_fair']:.2f}"))
+        ks = "/".join(str(x.get("k", "–")) for x in (*r["alone"], *r["busy"]))
         lines.append(
             f"| {r['case']} | {r['mode']} | {r['threads']} | {_seconds(r['alone'], r['timeout'])} | "
-            f"{_seconds(r['busy'], r['timeout'])} | {bound}{r['busy_over_alone']:.2f} | "
-            f"{r['fair_slowdown']:.2f} | {bound}{r['over_fair']:.2f} | {ks} |")
+            f"{_seconds(r['busy'], r['timeout'])} | {ratio} | {r['fair_slowdown']:.2f} | "
+            f"{over_fair} | {ks} |")
     return "\n".join(lines)
 
 
@@ -224,11 +226,13 @@ def main() -> None:
                 with busy_neighbours(args.neighbours):
                     runs["busy"].append(time_fit(case, mode, args.threads, args.timeout,
                                                  args.max_epochs))
-            ratio = summarise(runs["busy"], args.timeout) / summarise(runs["alone"], args.timeout)
+            ratio = None  # unknown when the fit alone ran past the timeout
+            if not any(run["timed_out"] for run in runs["alone"]):
+                ratio = summarise(runs["busy"], args.timeout) / summarise(runs["alone"], args.timeout)
             rows.append({"case": case, "mode": mode, "threads": args.threads, **runs,
                          "timeout": args.timeout, "busy_over_alone": ratio,
-                         "fair_slowdown": fair, "over_fair": ratio / fair})
-            print(f"{case} {mode}: busy/alone {ratio:.2f}", file=sys.stderr, flush=True)
+                         "fair_slowdown": fair, "over_fair": None if ratio is None else ratio / fair})
+            print(f"{case} {mode}: busy/alone {ratio}", file=sys.stderr, flush=True)
             if args.json not in (None, "-"):  # the rows so far survive a run stopped later
                 Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     print(f"{cores} cores, {args.neighbours} busy neighbours, OMP_NUM_THREADS={args.threads}; "
