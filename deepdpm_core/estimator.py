@@ -256,9 +256,9 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         # while the bar is open, lines written to stderr (warnings) go above it
         with progress_bar(progress, total=config.schedule.max_epochs, desc="deepdpm fit",
                           unit="epoch") as bar:
-            if bar is not None:
-                cbs.append(epoch_updater(bar))
             trainer = Trainer(config, readonly_tensor(X), callbacks=cbs)
+            if bar is not None:
+                trainer.callbacks.append(epoch_updater(bar, trainer.schedule))
             trainer.fit(start_labels)
         variances = variance_summary(trainer.feature_variance.cpu().numpy())
         found = {d.kind: d.message for d in diagnose(

@@ -13,7 +13,10 @@ import contextlib
 import logging
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deepdpm_core.schedule import MoveSchedule
 
 
 def _stderr_handlers(stream: Any) -> list[logging.StreamHandler]:
@@ -62,17 +65,43 @@ def progress_bar(enabled: bool = True, **kwargs: Any) -> Iterator[Any]:
         bar.close()
 
 
-__all__ = ["progress_bar"]
-
-
-def epoch_updater(bar: Any) -> Callable[[dict], None]:
+def epoch_updater(bar: Any, schedule: MoveSchedule) -> Callable[[dict], None]:
     """A fit callback that advances ``bar`` one epoch and shows K and the two losses of
-    the epoch record."""
+    the epoch record; after the last epoch it finishes the bar (:func:`finish_bar`).
+
+    Parameters
+    ----------
+    bar : tqdm.tqdm
+    schedule : MoveSchedule
+        The fit's schedule, asked after each epoch whether (and why) the fit stops.
+    """
 
     def show(record: dict) -> None:
         bar.update(1)
         bar.set_postfix(K=record["n_clusters"], cl=f"{record['loss_cluster']:.3f}",
                         sub=f"{record['loss_subcluster']:.3g}")
+        reason = schedule.stop_reason(record["epoch"] + 1)  # the record's epoch counts from 0
+        if reason is not None:
+            finish_bar(bar, reason)
 
     return show
 
+
+def finish_bar(bar: Any, reason: str) -> None:
+    """Show a fit's bar as complete at the epochs it ran, and why it stopped.
+
+    A fit that stops early would otherwise leave its bar at e.g. ``16% 33/200``, as if
+    it had been cut short.
+
+    Parameters
+    ----------
+    bar : tqdm.tqdm
+    reason : str
+        :meth:`~deepdpm_core.schedule.MoveSchedule.stop_reason`, shown after the postfix.
+    """
+    bar.total = bar.n
+    bar.set_postfix_str(f"{bar.postfix}, stopped: {reason}" if bar.postfix else f"stopped: {reason}",
+                        refresh=True)
+
+
+__all__ = ["epoch_updater", "finish_bar", "progress_bar"]

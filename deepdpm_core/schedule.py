@@ -75,14 +75,37 @@ class MoveSchedule:
 
     def converged(self, epochs_done: int) -> bool:
         """K has settled (module docstring), and at least ``min_epochs`` are done."""
+        return self._settled() is not None and epochs_done >= self.schedule.min_epochs
+
+    def _settled(self) -> str | None:
+        """How K has settled (module docstring), or None while it has not."""
         sch = self.schedule
+        if self.rounds_without_move >= sch.patience:
+            return f"{sch.patience} move rounds in a row accepted nothing"
         window = self.round_k[-(2 * sch.patience + 1):]
-        cycling = len(window) == 2 * sch.patience + 1 and max(window) - min(window) <= 1
-        return (self.rounds_without_move >= sch.patience or cycling) and epochs_done >= sch.min_epochs
+        if len(window) == 2 * sch.patience + 1 and max(window) - min(window) <= 1:
+            return f"K alternated between {min(window)} and {max(window)} over {len(window)} move rounds"
+        return None
 
     def finished(self, epochs_done: int) -> bool:
         """Whether the fit stops after ``epochs_done`` epochs."""
-        return epochs_done >= self.schedule.max_epochs or self.converged(epochs_done)
+        return self.stop_reason(epochs_done) is not None
+
+    def stop_reason(self, epochs_done: int) -> str | None:
+        """Why the fit stops after ``epochs_done`` epochs, in words; None when it goes on.
+
+        Returns
+        -------
+        str or None
+            ``"K settled after 33 epochs (3 move rounds in a row accepted nothing)"``,
+            ``"K settled after 57 epochs (K alternated between 4 and 5 over 7 move
+            rounds)"`` or ``"max_epochs (200) reached"``.
+        """
+        if self.converged(epochs_done):
+            return f"K settled after {epochs_done} epochs ({self._settled()})"
+        if epochs_done >= self.schedule.max_epochs:
+            return f"max_epochs ({self.schedule.max_epochs}) reached"
+        return None
 
     def counters(self) -> dict[str, int]:
         """The counters, for a checkpoint."""

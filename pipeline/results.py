@@ -1,7 +1,11 @@
 """What a command prints: its result on stdout, everything else on stderr.
 
+Every path a command prints (result lines, ``--json``, step logs) is absolute and
+resolved (:func:`shown_path`), whether it was given relative or not, so that a line
+names the same file wherever it is read.
+
 A command that produces something prints a short human line (or a few) on stdout, e.g.
-``K=8 epochs=40 time=12.3s nmi=0.912 -> runs/x``; progress bars, warnings and step logs
+``K=8 epochs=40 time=12.3s nmi=0.912 -> /home/me/runs/x``; progress bars, warnings and step logs
 go to stderr. With ``--json`` stdout holds exactly one JSON object instead (strict JSON,
 one line), for scripts: ``deepdpm fit ... --json | jq .n_clusters``.
 """
@@ -9,8 +13,10 @@ one line), for scripts: ``deepdpm fit ... --json | jq .n_clusters``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 
@@ -33,9 +39,24 @@ def print_result(args: argparse.Namespace, human: str | list[str], data: Mapping
     print(text, file=sys.stdout, flush=True)
 
 
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """``path`` as a command prints it: absolute, with ``~``, ``..`` and links resolved.
+
+    Parameters
+    ----------
+    path : str or path-like
+        Relative to the working directory, or absolute.
+
+    Returns
+    -------
+    str
+    """
+    return str(Path(path).expanduser().resolve())
+
+
 def scores_text(metrics: Mapping[str, float]) -> str:
     """``nmi=0.912 ari=0.871 acc=0.930`` (empty without labels)."""
     return " ".join(f"{k}={v:.3f}" for k, v in metrics.items())
 
 
-__all__ = ["add_json_argument", "print_result", "scores_text"]
+__all__ = ["add_json_argument", "print_result", "scores_text", "shown_path"]

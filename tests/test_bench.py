@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -66,3 +68,35 @@ def test_distributed_bench_counts_the_traffic_of_two_gloo_ranks():
     # DDP sends every float32 gradient of both nets once per step; one process sends none
     params = (dim * hidden + hidden + hidden * k + k) + k * (dim * hidden + hidden + 2 * hidden + 2)
     assert one["grad_bytes"] == 0 and two["grad_bytes"] == 4 * params * two["steps"]
+
+
+def test_busy_machine_bench_times_fits_alone_and_beside_spinning_neighbours():
+    out = _run_json("busy_machine.py", "--quick")
+    assert out["threads"] == 1 and out["neighbours"] == os.cpu_count() and out["max_epochs"] == 3
+    assert [(r["case"], r["mode"]) for r in out["rows"]] == [("iris", "before"), ("iris", "after")]
+    for row in out["rows"]:
+        for run in (*row["alone"], *row["busy"]):
+            assert not run["timed_out"] and run["seconds"] > 0 and run["epochs"] == 3
+        assert row["busy_over_alone"] == row["busy"][0]["seconds"] / row["alone"][0]["seconds"]
+        assert row["fair_slowdown"] == max(1.0, (out["neighbours"] + 1) / os.cpu_count())
+        assert math.isclose(row["over_fair"], row["busy_over_alone"] / row["fair_slowdown"])
+
+
+def test_busy_machine_bench_sets_the_old_and_the_new_thread_settings_and_kills_neighbours(
+        monkeypatch):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import busy_machine
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    monkeypatch.setenv("KMP_BLOCKTIME", "0")  # inherited settings never reach a fit
+    before = busy_machine.fit_environment("before", "demo", 2)
+    assert before["OMP_NUM_THREADS"] == "2"
+    assert not set(busy_machine.IDLE_VARIABLES) & set(before)  # the runtimes' own defaults
+    after = busy_machine.fit_environment("after", "demo", 2)
+    assert "OMP_WAIT_POLICY" not in after and "KMP_BLOCKTIME" not in after  # the library's
+    assert after["NUMBA_THREADING_LAYER"] == "workqueue"  # as the deepdpm command sets it
+    assert "NUMBA_THREADING_LAYER" not in busy_machine.fit_environment("after", "iris", 2)
+    with pytest.raises(KeyboardInterrupt), busy_machine.busy_neighbours(2) as procs:
+        raise KeyboardInterrupt  # Ctrl-C mid-run
+    assert len(procs) == 2 and all(proc.poll() is not None for proc in procs)

@@ -162,7 +162,9 @@ def test_fit_prints_its_result_on_stdout_and_logs_on_stderr(tmp_path, blobs):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 1, done.stdout
-    assert re.fullmatch(r"K=\d+ epochs=6 time=[\d.]+s nmi=[\d.]+ ari=[-\d.]+ acc=[\d.]+ -> run",
+    # the output as an absolute path, though given relative to the working directory
+    run = re.escape(str((tmp_path / "run").resolve()))
+    assert re.fullmatch(rf"K=\d+ epochs=6 time=[\d.]+s nmi=[\d.]+ ari=[-\d.]+ acc=[\d.]+ -> {run}",
                         lines[0]), lines
     assert "deepdpm fit" in done.stderr  # the progress bar
     assert not any(line.startswith("K=") for line in _segments(done.stderr)), done.stderr
@@ -174,17 +176,19 @@ def test_json_prints_one_object_on_stdout(tmp_path, blobs):
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)  # the whole of stdout is one JSON object
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert result["command"] == "fit" and result["output"] == "run"
+    assert result["command"] == "fit" and result["output"] == str((tmp_path / "run").resolve())
     assert result["n_clusters"] == summary["n_clusters"] and result["epochs"] == 6
     assert set(result["metrics"]) == {"nmi", "ari", "acc"} and result["mlflow_run_id"] is None
-    assert all((tmp_path / path).is_file() for path in result["files"].values())
+    assert all(Path(path).is_absolute() and Path(path).is_file() for path in result["files"].values())
 
     done = _deepdpm("predict", "--model", "run/model.pt", "--input", str(blobs),
                     "--output", "pred.parquet", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["command"] == "predict" and result["n_rows"] == 240
-    assert result["n_clusters"] == summary["n_clusters"] and result["output"] == "pred.parquet"
+    assert result["n_clusters"] == summary["n_clusters"]
+    assert result["output"] == str((tmp_path / "pred.parquet").resolve())
+    assert result["model"] == str((tmp_path / "run" / "model.pt").resolve())
     assert "assigned" not in done.stderr and "pred.parquet" not in done.stderr  # stdout only
 
 

@@ -46,8 +46,11 @@ def test_the_stop_rule():
     sched.moved(14, 0, 4)
     assert sched.rounds_without_move == 2 and not sched.finished(15)  # min_epochs not reached
     assert sched.finished(20) and sched.converged(20)
+    assert sched.stop_reason(15) is None
+    assert sched.stop_reason(20) == "K settled after 20 epochs (2 move rounds in a row accepted nothing)"
     sched.moved(22, 1, 5)  # an accepted move resets the count
     assert not sched.finished(30) and sched.finished(50)
+    assert sched.stop_reason(30) is None and sched.stop_reason(50) == "max_epochs (50) reached"
     again = MoveSchedule(ScheduleConfig(), MovesConfig())
     again.restore({**sched.counters(), "epoch": 3})
     assert again.counters() == sched.counters()
@@ -60,6 +63,8 @@ def test_a_split_and_a_merge_taking_turns_stop_the_fit():
         sched.moved(epoch, 1, k)  # every round accepts a move
     # the last 2·patience + 1 = 5 rounds left K at 11 or 12: settled
     assert sched.converged(34) and sched.finished(34)
+    assert sched.stop_reason(34) == ("K settled after 34 epochs (K alternated between 11 and 12 "
+                                     "over 5 move rounds)")
     climbing = MoveSchedule(ScheduleConfig(max_epochs=200, patience=2), MovesConfig())
     for epoch, k in zip(range(10, 30, 4), [10, 11, 11, 12, 12], strict=True):
         climbing.moved(epoch, 1, k)

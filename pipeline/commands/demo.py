@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.results import add_json_argument
+from pipeline.results import add_json_argument, shown_path
 
 
 def bundled_recipe(name: str) -> Path:
@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _step(name: str, path: Path | str, t0: float, reused: bool = False) -> None:
     note = " (reused)" if reused else ""
-    print(f"[{time.perf_counter() - t0:6.1f}s] {name:8s} -> {path}{note}", file=sys.stderr)
+    print(f"[{time.perf_counter() - t0:6.1f}s] {name:8s} -> {shown_path(path)}{note}",
+          file=sys.stderr)
 
 
 class DemoStages:
@@ -200,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     if stages.reused:
         *rest, last = stages.reused
         names = f"{', '.join(rest)} and {last}" if rest else last
-        print(f"reused the {names} of an earlier demo in {out} (--overwrite redoes them)",
+        print(f"reused the {names} of an earlier demo in {shown_path(out)} (--overwrite redoes them)",
               file=sys.stderr)
     emb = emb_table.X
     with RunTracker(tracking_uri, "deepdpm-demo", enabled=not args.no_tracking,
@@ -233,16 +234,16 @@ def run(args: argparse.Namespace) -> int:
         f"digits: {len(pred)} images, K found = {summary['n_clusters']} (true K = {true_k}), "
         f"NMI={scores['nmi']:.3f} ARI={scores['ari']:.3f} ACC={scores['acc']:.3f}, "
         f"fit {fit_seconds:.1f}s, total {time.perf_counter() - t0:.1f}s",
-        f"report:  {report}",
-        f"plots:   {out / 'fit'}/*.png",
+        f"report:  {shown_path(report)}",
+        f"plots:   {shown_path(out / 'fit')}/*.png",
     ]
     if run_id:
         lines.append(f"MLflow:  run {run_id} in {tracking_uri} "
                      f"(to browse: mlflow ui --backend-store-uri {tracking_uri})")
     print_result(args, lines, {
-        "output": str(out), "n_clusters": summary["n_clusters"], "true_k": true_k,
-        "metrics": scores, "fit_seconds": round(fit_seconds, 3), "report": str(report),
-        "fit": str(out / "fit"), "mlflow_tracking_uri": tracking_uri if run_id else None,
+        "output": shown_path(out), "n_clusters": summary["n_clusters"], "true_k": true_k,
+        "metrics": scores, "fit_seconds": round(fit_seconds, 3), "report": shown_path(report),
+        "fit": shown_path(out / "fit"), "mlflow_tracking_uri": tracking_uri if run_id else None,
         "mlflow_run_id": run_id, "reused": stages.reused,
     })  # fmt: skip
     return 0

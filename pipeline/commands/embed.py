@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from deepdpm_core.progress import progress_bar
     from pipeline.fit.checkpoints import save_autoencoder
     from pipeline.io import features_table, read_features, write_parquet_atomic
-    from pipeline.results import print_result
+    from pipeline.results import print_result, shown_path
 
     table = read_features(args.input)
     X = as_feature_matrix(table.X, name=str(args.input))
@@ -104,11 +104,11 @@ def run(args: argparse.Namespace) -> int:
     if losses:
         summary += f" (AE loss {losses[0]:.4g} -> {losses[-1]:.4g})"
     saved = args.save_model is not None and result.autoencoder is not None
-    print_result(args, f"{summary} -> {args.output}", {
-        "output": str(args.output), "method": args.method, "n_rows": int(X.shape[0]),
+    print_result(args, f"{summary} -> {shown_path(args.output)}", {
+        "output": shown_path(args.output), "method": args.method, "n_rows": int(X.shape[0]),
         "input_dim": int(X.shape[1]), "dim": int(result.embedding.shape[1]),
         "seconds": round(seconds, 3), "ae_loss_first": losses[0] if losses else None,
         "ae_loss_last": losses[-1] if losses else None,
-        "autoencoder": str(args.save_model) if saved else None,
+        "autoencoder": shown_path(args.save_model) if saved else None,
     })  # fmt: skip
     return 0

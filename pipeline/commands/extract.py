@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"weights not found: {args.weights}")
 
     from pipeline.extract.ray_pipeline import extract_features
-    from pipeline.results import print_result
+    from pipeline.results import print_result, shown_path
     from pipeline.tracking.environment import environment_tags
     from pipeline.tracking.fit_runs import tracker_from_args
 
@@ -135,10 +135,12 @@ def run(args: argparse.Namespace) -> int:
         f"embedded {report.images_embedded}/{report.images_read} images of {report.shards_done} "
         f"shards ({report.shards_reused} already done) in {report.seconds:.1f} s "
         f"({report.images_per_s:.1f} images/s); dim {report.dim}",
-        f"features:  {report.output_dir} ({totals['embedded']} rows in {totals['shards']} files, "
-        f"{totals['skipped']} images skipped)",
-        f"manifest:  {report.manifest}",
-    ], {"output": report.output_dir, "mlflow_run_id": tracker.run_id, **report.to_dict()})
+        f"features:  {shown_path(report.output_dir)} ({totals['embedded']} rows in "
+        f"{totals['shards']} files, {totals['skipped']} images skipped)",
+        f"manifest:  {shown_path(report.manifest)}",
+    ], {**report.to_dict(), "output": shown_path(report.output_dir),
+        "output_dir": shown_path(report.output_dir), "manifest": shown_path(report.manifest),
+        "mlflow_run_id": tracker.run_id})
     for failed in report.shards_failed:
         print(f"error: shard not extracted: {failed['shard']}: {failed['reason']}", file=sys.stderr)
     return 1 if report.shards_failed else 0

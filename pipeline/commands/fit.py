@@ -178,20 +178,18 @@ def request_from_args(args: argparse.Namespace) -> FitRequest:
     return _new_request(args)
 
 
-def _print_summary(args: argparse.Namespace, request: FitRequest, result: FitResult) -> None:
+def _print_summary(args: argparse.Namespace, result: FitResult) -> None:
     """The result: one line on stdout (``--json``: one JSON object)."""
-    from pipeline.results import print_result, scores_text
+    from pipeline.results import print_result, scores_text, shown_path
 
-    summary, output = result.summary, result.output
-    if args.output and not args.resume and not request.resumable:
-        output = args.output  # as the user gave it (a resumable fit names its absolute folder)
+    summary, output = result.summary, shown_path(result.output)
     steps = (f"alternations={len(summary['alternation']) - 1}" if "alternation" in summary
              else f"epochs={summary['epochs']}")
     human = (f"K={summary['n_clusters']} {steps} time={summary['fit_seconds']:.1f}s "
              f"{scores_text(summary['metrics'])}".rstrip() + f" -> {output}")
     out = Path(output)
     data = {
-        "output": str(output),
+        "output": output,
         **{key: summary.get(key) for key in ("n_clusters", "n_clusters_nonempty", "epochs",
                                              "fit_seconds", "n_samples", "n_features", "metrics")},
         "files": {name: str(out / name) for name in result.files},
@@ -225,6 +223,5 @@ def run(args: argparse.Namespace) -> int:
     """``deepdpm fit``: build the request from the flags and run it in its mode."""
     from pipeline.fit import run_fit
 
-    request = request_from_args(args)
-    _print_summary(args, request, run_fit(request))
+    _print_summary(args, run_fit(request_from_args(args)))
     return 0

@@ -89,7 +89,7 @@ def _run_file(args: argparse.Namespace) -> int:
     from deepdpm_core.metrics import ContingencyCounts, contingency_scores
     from pipeline.atomic_files import atomic_path
     from pipeline.io import assignments_table, feature_batches
-    from pipeline.results import print_result, scores_text
+    from pipeline.results import print_result, scores_text, shown_path
 
     model = ClusterAssigner.load(path)
     # what the result reports, counted batch by batch: the input is never held whole
@@ -116,8 +116,8 @@ def _run_file(args: argparse.Namespace) -> int:
     table = counts.table()
     scores = contingency_scores(table) if table.size else {}
     human = f"assigned {rows} rows to {model.n_clusters} clusters {scores_text(scores)}"
-    print_result(args, f"{human.rstrip()} -> {args.output}", {
-        "output": str(args.output), "model": str(args.model), "n_rows": rows,
+    print_result(args, f"{human.rstrip()} -> {shown_path(args.output)}", {
+        "output": shown_path(args.output), "model": shown_path(path), "n_rows": rows,
         "n_clusters": model.n_clusters, "n_clusters_used": int(used.sum()), "metrics": scores,
     })  # fmt: skip
     return 0
@@ -125,7 +125,7 @@ def _run_file(args: argparse.Namespace) -> int:
 
 def _run_folder(args: argparse.Namespace) -> int:
     from pipeline.predict.folder import predict_folder
-    from pipeline.results import print_result
+    from pipeline.results import print_result, shown_path
 
     done = predict_folder(
         model_file(args.model), args.input, args.output, batch_size=args.batch_size,
@@ -136,9 +136,10 @@ def _run_folder(args: argparse.Namespace) -> int:
     print_result(args, (
         f"assigned {done.rows} rows of {len(done.predicted)} files to {done.n_clusters} clusters "
         f"({len(done.skipped)} of {n_files} files done already) in {done.seconds:.1f} s "
-        f"-> {args.output}"
+        f"-> {shown_path(args.output)}"
     ), {
-        "output": str(args.output), "model": str(args.model), "n_files": n_files,
+        "output": shown_path(args.output), "model": shown_path(model_file(args.model)),
+        "n_files": n_files,
         "files_predicted": done.predicted, "files_skipped": done.skipped,
         "n_rows": done.rows, "n_clusters": done.n_clusters, "seconds": round(done.seconds, 3),
     })  # fmt: skip

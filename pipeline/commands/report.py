@@ -43,14 +43,14 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--images not found: {args.images}")
 
     from pipeline.report.html_report import load_run, render_report, write_report
-    from pipeline.results import print_result
+    from pipeline.results import print_result, shown_path
     from pipeline.tracking.environment import resolve_tracking_uri
 
     data = load_run(args.run, resolve_tracking_uri(args.tracking_uri))
     text = render_report(data, args.images, args.max_clusters, args.per_cluster)
-    path = write_report(text, args.output)
+    path = shown_path(write_report(text, args.output))
     print_result(args, f"report written to {path}", {
-        "output": str(path), "source": data.source,
+        "output": path, "source": data.source,
         "n_clusters": data.summary.get("n_clusters"), "metrics": data.summary.get("metrics") or {},
     })  # fmt: skip
     return 0

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"input folder not found: {args.input}")
 
     from pipeline.extract.shards import CLASS_INDEX_NAME, MANIFEST_NAME, write_shards
-    from pipeline.results import print_result
+    from pipeline.results import print_result, shown_path
 
     report = write_shards(
         args.input,
@@ -44,12 +44,13 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     labeled = f"{len(report.classes)} classes" if report.classes else "unlabeled"
+    out = shown_path(report.output_dir)
     print_result(args, [
         f"wrote {report.images_written} images ({labeled}) into {len(report.shards)} shards "
-        f"in {report.output_dir} ({report.seconds:.1f} s)",
-        f"class index: {report.output_dir}/{CLASS_INDEX_NAME}",
-        f"manifest:    {report.output_dir}/{MANIFEST_NAME}",
-    ], {"output": str(report.output_dir), **report.to_dict()})
+        f"in {out} ({report.seconds:.1f} s)",
+        f"class index: {out}/{CLASS_INDEX_NAME}",
+        f"manifest:    {out}/{MANIFEST_NAME}",
+    ], {**report.to_dict(), "output": out, "output_dir": out})
     if report.skipped:
         print(
             f"warning: skipped {len(report.skipped)} unreadable files (listed in the manifest), "

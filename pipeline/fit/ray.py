@@ -132,6 +132,7 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
         if not request.resume:
             request.save()
         prune_checkpoints(out)
+        whole_counts_in_ray_bars()
         _torch_trainer(request, staging, fault).fit()
     except Exception as exc:
         shutil.rmtree(staging, ignore_errors=True)
@@ -151,6 +152,24 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
     publish_run(staging, out, RUN_OUTPUTS)
     prune_checkpoints(out)
     return FitResult(json.loads((out / "summary.json").read_text()), str(out))
+
+
+def whole_counts_in_ray_bars() -> None:
+    """Make this driver draw the workers' progress bars with whole counts (``7/200``).
+
+    Ray's driver draws each bar a worker reports (``ray.experimental.tqdm_ray``) as a
+    ``tqdm.auto`` bar with ``unit_scale=True``, which shows 7 epochs as ``7.00/200``; its
+    module attribute ``real_tqdm`` is the one place to change that.
+    """
+    import types
+
+    from ray.experimental import tqdm_ray
+    from tqdm import auto
+
+    def whole(*args: Any, **kwargs: Any) -> Any:
+        return auto.tqdm(*args, **{**kwargs, "unit_scale": False})
+
+    tqdm_ray.real_tqdm = types.SimpleNamespace(tqdm=whole)
 
 
 def check_resources(num_workers: int, use_gpu: bool, wait_s: float = 0.0) -> None:
@@ -336,13 +355,21 @@ def _first_error(comm: Communicator, error: str) -> str:
 
 @contextlib.contextmanager
 def _ray_progress(trainer: Trainer) -> Iterator[Callable[[dict], None]]:
-    """Rank 0's progress bar, drawn by the Ray driver (``ray.experimental.tqdm_ray``)."""
+    """Rank 0's progress bar, drawn by the Ray driver (``ray.experimental.tqdm_ray``, which
+    carries a count and a description only: K, and at the end why the fit stopped, go in
+    the description)."""
     from ray.experimental import tqdm_ray
 
     bar = tqdm_ray.tqdm(total=trainer.config.schedule.max_epochs, desc="deepdpm fit", unit="epoch")
+    bar.n = trainer.epoch  # a resumed fit goes on counting from its checkpoint
 
     def show(record: dict) -> None:
-        bar.set_description(f"deepdpm fit K={record['n_clusters']}")
+        description = f"deepdpm fit K={record['n_clusters']}"
+        reason = trainer.schedule.stop_reason(record["epoch"] + 1)  # the record's epoch counts from 0
+        if reason is not None:  # complete at the epochs run, not e.g. 33/200
+            bar.total = bar.n + 1
+            description += f" stopped: {reason}"
+        bar.set_description(description)
         bar.update(1)
 
     try:
@@ -366,4 +393,4 @@ def _write_outputs(trainer: Trainer, req: FitRequest, staging: Path, fit_seconds
     log_fit_outputs(tracker, staging)  # + final_nmi/ari/acc over all labelled rows
 
 
-__all__ = ["ERROR_FILE", "check_resources", "run_ray_fit"]
+__all__ = ["ERROR_FILE", "check_resources", "run_ray_fit", "whole_counts_in_ray_bars"]

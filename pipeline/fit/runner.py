@@ -185,7 +185,7 @@ def console_progress(enabled: bool) -> ProgressFactory | None:
         # while the bar is open, lines written to stderr (warnings) go above it
         with progress_bar(True, total=trainer.config.schedule.max_epochs, initial=trainer.epoch,
                           desc="deepdpm fit", unit="epoch") as shown:
-            yield epoch_updater(shown) if shown is not None else None
+            yield epoch_updater(shown, trainer.schedule) if shown is not None else None
 
     return bar
 

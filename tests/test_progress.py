@@ -1,0 +1,52 @@
+"""A fit's progress bar ends complete at the epochs the fit ran and says why it stopped,
+in this process and as Ray's driver draws it."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from deepdpm_core import DeepDPM
+
+
+def _last_bar(err: str) -> str:
+    """The bar as the terminal shows it last (each ``\\r`` redraws it)."""
+    return [s for s in re.split(r"[\r\n]", err) if s.startswith("deepdpm fit")][-1]
+
+
+def test_a_fit_that_stops_early_completes_its_bar_and_says_why(capsys):
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(c, 0.3, (80, 4)) for c in (0.0, 3.0, 6.0)])
+    model = DeepDPM(random_state=0, max_epochs=200).fit(X, progress=True)
+    epochs = len(model.history_)
+    assert epochs < 200  # K settled
+    bar = _last_bar(capsys.readouterr().err)
+    assert "100%" in bar and f" {epochs}/{epochs} " in bar, bar
+    assert f"stopped: K settled after {epochs} epochs (" in bar, bar
+    assert f"K={model.n_clusters_}" in bar, bar
+
+
+def test_a_fit_that_runs_out_of_epochs_says_so(capsys):
+    X = np.random.default_rng(0).normal(size=(200, 3))
+    DeepDPM(random_state=0, max_epochs=4).fit(X, progress=True)
+    bar = _last_bar(capsys.readouterr().err)
+    assert "100%" in bar and " 4/4 " in bar and bar.endswith("stopped: max_epochs (4) reached]"), bar
+
+
+def test_rays_driver_draws_a_whole_epoch_count(monkeypatch, capsys):
+    from ray.experimental import tqdm_ray
+
+    from pipeline.fit.ray import whole_counts_in_ray_bars
+
+    monkeypatch.setattr(tqdm_ray, "real_tqdm", tqdm_ray.real_tqdm)  # put back after the test
+    state = {"x": 7, "pos": 0, "desc": "deepdpm fit K=3", "total": 200, "unit": "epoch",
+             "ip": "", "pid": 0, "uuid": "a", "closed": False}
+    assert "7.00/200" in str(tqdm_ray._Bar(dict(state), 0).bar)  # Ray's own drawing
+    whole_counts_in_ray_bars()
+    drawn = tqdm_ray._Bar(dict(state), 0)
+    assert " 7/200 " in str(drawn.bar), str(drawn.bar)
+    drawn.update({**state, "x": 33, "total": 33, "desc": "deepdpm fit K=3 stopped: K settled"})
+    assert "100%" in str(drawn.bar) and " 33/33 " in str(drawn.bar), str(drawn.bar)
+    drawn.close()
+    capsys.readouterr()
