@@ -238,11 +238,11 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         Warns
         -----
         UserWarning
-            K collapsed to 1 or 2, or no split was accepted for several rounds
-            (:func:`deepdpm_core.diagnostics.diagnose`; one warning per fit): the
-            message names the remedy,
-            ``data.transform=standard`` for features in different units, else the
-            prior knobs.
+            The fit ended with one cluster, fallen from more or with its split rounds
+            idle (:func:`deepdpm_core.diagnostics.diagnose`): the message names the
+            remedy, ``data.transform=standard`` for features in different units, else
+            the prior knobs. Fewer clusters than the initial k-means ones, or a fit that
+            only merged, are a normal end and do not warn (the CLI reports them).
         """
         config = self.get_config()
         X = check_features(X, min_rows=rows_needed(config.init.n_clusters))
@@ -264,9 +264,11 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         found = {d.kind: d.message for d in diagnose(
             trainer.history, config, variances["median_feature_variance"],
             variances["feature_variance_ratio"])}
-        if found:  # one warning: a collapse says more than the idle split rounds that led to it
+        # K = 1 is the silent failure worth a warning; merging the initial k-means clusters
+        # down to 2 or more, with no split needed, is how a fit on few clusters ends
+        if "collapsed" in found and trainer.n_clusters == 1:
             # stacklevel 2: the warning points at the caller's fit
-            warnings.warn(found.get("collapsed", found.get("no_split")), UserWarning, stacklevel=2)
+            warnings.warn(found["collapsed"], UserWarning, stacklevel=2)
         # only the model stays: the trainer (its copy of X, its optimisers) is freed on return
         self.model_ = FittedModel.from_trainer(trainer).freeze()
         self.labels_ = self.predict(X)
