@@ -119,11 +119,13 @@ def propose_splits(
         ln H_s per cluster (−inf where not proposed).
     """
     union_n = sub_stats.n.view(-1, 2).sum(1).repeat_interleave(2)
-    tempered = coarsened(sub_stats, union_n, coarsening)
-    log_h = np.concatenate([
-        log_split_hastings(prior, alpha, tempered.rows(torch.arange(2 * s, 2 * e))).cpu().numpy()
-        for s, e in hastings_chunks(sub_stats.n_rows // 2, sub_stats.dim)
-    ])
+
+    def chunk(s: int, e: int) -> np.ndarray:  # rows [2s, 2e): scaled a chunk at a time (memory)
+        rows = torch.arange(2 * s, 2 * e, device=sub_stats.n.device)
+        return log_split_hastings(prior, alpha, coarsened(sub_stats.rows(rows), union_n[rows],
+                                                          coarsening)).cpu().numpy()
+
+    log_h = np.concatenate([chunk(s, e) for s, e in hastings_chunks(sub_stats.n_rows // 2, sub_stats.dim)])
     small = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() < max(min_subcluster_size, 1.0)
     log_h[small] = -np.inf
     coins = _accept(log_h, rng)
@@ -187,12 +189,12 @@ def propose_merges(
     a_idx = [a for a, _ in pairs]
     b_idx = [b for _, b in pairs]
     union_n = cluster_stats.n[a_idx] + cluster_stats.n[b_idx]
-    stats_a = coarsened(cluster_stats.rows(a_idx), union_n, coarsening)
-    stats_b = coarsened(cluster_stats.rows(b_idx), union_n, coarsening)
-    log_h = np.concatenate([
-        log_merge_hastings(prior, alpha, stats_a.rows(range(s, e)), stats_b.rows(range(s, e))).cpu().numpy()
-        for s, e in hastings_chunks(len(pairs), cluster_stats.dim)
-    ])
+
+    def chunk(s: int, e: int) -> np.ndarray:  # pairs [s, e), scaled a chunk at a time (memory)
+        return log_merge_hastings(prior, alpha, coarsened(cluster_stats.rows(a_idx[s:e]), union_n[s:e], coarsening),
+                                  coarsened(cluster_stats.rows(b_idx[s:e]), union_n[s:e], coarsening)).cpu().numpy()
+
+    log_h = np.concatenate([chunk(s, e) for s, e in hastings_chunks(len(pairs), cluster_stats.dim)])
     coins = _accept(log_h, rng)
     used: set[int] = set()
     accepted = []

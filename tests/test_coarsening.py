@@ -1,0 +1,89 @@
+"""The coarsened Hastings ratios: what they equal, what they keep, and what they bound."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from deepdpm_core.moves import coarsened, propose_merges, propose_splits
+from deepdpm_core.niw import NIWPrior, log_marginal_likelihood, log_split_hastings
+from deepdpm_core.stats import SuffStats, grouped_stats
+
+ALPHA = 10.0
+
+
+def _prior(d: int, scale: float = 1.0) -> NIWPrior:
+    return NIWPrior.from_shape(torch.zeros(d), torch.ones(d), 0.05, None, 0.3 * scale * scale)
+
+
+def _pair_stats(x: np.ndarray, half: np.ndarray) -> SuffStats:
+    """Hard statistics of the two halves of one cluster, rows (k, 1), (k, 2)."""
+    xt = torch.as_tensor(x, dtype=torch.float64)
+    return grouped_stats(xt, torch.arange(len(xt)), torch.as_tensor(half, dtype=torch.long),
+                         torch.ones(len(xt), dtype=torch.float64), 2)
+
+
+def _banana(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """One curved (non-Gaussian) cluster and its split at the bend's middle."""
+    rng = np.random.default_rng(seed)
+    u = rng.normal(size=(n, 3)) * np.array([1.6, 0.4, 0.4])
+    u[:, 1] += 0.6 * u[:, 0] ** 2
+    return u, (u[:, 0] > 0).astype(int)
+
+
+def test_the_ratio_is_the_chain_rule_of_points_weighted_by_zeta():
+    """ln H on scaled statistics is ln H of the same points each weighted by ζ = c/(c + n):
+    ln Γ and ln f of the ζ-weighted groups, written out here."""
+    x, half = _banana(400, 0)
+    stats = _pair_stats(x, half)
+    c, n = 150.0, float(len(x))
+    zeta = c / (c + n)
+    weighted = grouped_stats(torch.as_tensor(x), torch.arange(len(x)), torch.as_tensor(half),
+                             torch.full((len(x),), zeta, dtype=torch.float64), 2)
+    prior = _prior(3)
+    by_hand = (math.log(ALPHA) + sum(math.lgamma(zeta * float((half == j).sum())) for j in (0, 1))
+               - math.lgamma(zeta * n) + float(log_marginal_likelihood(prior, weighted).sum())
+               - float(log_marginal_likelihood(prior, weighted.pair_sums())[0]))
+    union = stats.n.sum().repeat(2)
+    got = float(log_split_hastings(prior, ALPHA, coarsened(stats, union, c))[0])
+    assert got == pytest.approx(by_hand, rel=1e-10)
+    assert coarsened(stats, union, None) is stats  # null: the exact posterior
+
+
+def test_the_coarsened_ratio_is_free_of_units():
+    x, half = _banana(600, 1)
+    union = torch.tensor([600.0, 600.0], dtype=torch.float64)
+    ref = log_split_hastings(_prior(3), ALPHA, coarsened(_pair_stats(x, half), union, 150.0))
+    # the prior scales with the data, as the fit's own coordinates make it
+    big = log_split_hastings(_prior(3, 1e3), ALPHA, coarsened(_pair_stats(1e3 * x, half), union, 150.0))
+    # ln f gains the Jacobian −n' D ln(1e3) on both sides of the ratio: it cancels
+    assert float(big[0]) == pytest.approx(float(ref[0]), rel=1e-8, abs=1e-6)
+
+
+def test_the_evidence_for_cutting_a_curved_cluster_is_bounded_in_n():
+    """Exact: ln H of cutting one banana grows about linearly with n. Coarsened: it levels
+    off, so a bigger sample of the same cluster is not cut where a smaller one was not."""
+    prior = _prior(3)
+    exact, coarse = [], []
+    for n in (2_000, 20_000, 200_000):
+        x, half = _banana(n, 2)
+        stats = _pair_stats(x, half)
+        union = stats.n.sum().repeat(2)
+        exact.append(float(log_split_hastings(prior, ALPHA, stats)[0]))
+        coarse.append(float(log_split_hastings(prior, ALPHA, coarsened(stats, union, 150.0))[0]))
+    assert exact[2] > 50 * max(exact[0], 1.0)  # the exact posterior cuts it ever more surely
+    assert abs(coarse[2] - coarse[1]) < 0.05 * abs(coarse[1]) + 1.0  # settled
+    assert coarse[2] < exact[2] / 100
+
+
+def test_two_apart_clusters_are_still_split_and_never_merged():
+    rng = np.random.default_rng(3)
+    for n in (1_000, 100_000):
+        x = np.concatenate([rng.normal(size=(n // 2, 3)), rng.normal(size=(n // 2, 3)) + 6.0])
+        half = np.repeat([0, 1], n // 2)
+        stats = _pair_stats(x, half)
+        accepted, log_h = propose_splits(_prior(3), ALPHA, stats, np.random.default_rng(0), 5, 150.0)
+        assert accepted == [0] and log_h[0] > 50
+        means = torch.stack([stats.s1[0] / stats.n[0], stats.s1[1] / stats.n[1]])
+        assert propose_merges(_prior(3), ALPHA, stats, means, np.random.default_rng(0), 1, 150.0) == []
