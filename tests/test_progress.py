@@ -35,11 +35,14 @@ def test_a_fit_that_runs_out_of_epochs_says_so(capsys):
 
 
 def test_rays_driver_draws_a_whole_epoch_count(monkeypatch, capsys):
+    import tqdm.auto
     from ray.experimental import tqdm_ray
 
     from pipeline.fit.ray import whole_counts_in_ray_bars
 
-    monkeypatch.setattr(tqdm_ray, "real_tqdm", tqdm_ray.real_tqdm)  # put back after the test
+    # Ray's own drawing (an earlier Ray fit in this process may have replaced it already);
+    # monkeypatch puts back whatever was there after the test
+    monkeypatch.setattr(tqdm_ray, "real_tqdm", tqdm.auto)
     state = {"x": 7, "pos": 0, "desc": "deepdpm fit K=3", "total": 200, "unit": "epoch",
              "ip": "", "pid": 0, "uuid": "a", "closed": False}
     assert "7.00/200" in str(tqdm_ray._Bar(dict(state), 0).bar)  # Ray's own drawing
