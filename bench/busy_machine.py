@@ -235,7 +235,10 @@ def main() -> None:
                          "fair_slowdown": fair, "over_fair": None if ratio is None else ratio / fair})
             print(f"{case} {mode}: busy/alone {ratio}", file=sys.stderr, flush=True)
             if args.json not in (None, "-"):  # the rows so far survive a run stopped later
-                Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+                # imported here: it loads numpy, which a --child run must load after its settings
+                from pipeline.atomic_files import write_json_atomic
+
+                write_json_atomic(report, args.json)
     print(f"{cores} cores, {args.neighbours} busy neighbours, OMP_NUM_THREADS={args.threads}; "
           "seconds of each fit; target: busy/alone ÷ fair <= 2\n")
     print(table(rows))
