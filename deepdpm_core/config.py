@@ -31,10 +31,15 @@ class DataConfig:
     mapped to [0, 1]. The last two are fitted on the training data and stored with the
     model. ``auto`` (default) is ``standard`` for features in different units, else
     ``none`` (:func:`deepdpm_core.coordinates.resolve_transform`); the choice is stored
-    with the model.
+    with the model: ``standard`` where the participation ratio (Σv)²/Σv² of the
+    per-feature variances v is below ``auto_max_participation`` (one or two features carry
+    the variance) and the features' standard deviations span more than
+    ``auto_min_std_ratio``.
     """
 
     transform: Literal["auto", "none", "normalize", "standard", "min_max"] = "auto"
+    auto_max_participation: float = 2.0
+    auto_min_std_ratio: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -257,6 +262,8 @@ class Config:
 
 def _positive(cfg: Config) -> dict[str, float]:
     return {
+        "data.auto_max_participation": cfg.data.auto_max_participation,
+        "data.auto_min_std_ratio": cfg.data.auto_min_std_ratio,
         "prior.alpha": cfg.prior.alpha,
         "prior.kappa": 1.0 if cfg.prior.kappa == "auto" else cfg.prior.kappa,
         "prior.sigma_scale": cfg.prior.sigma_scale if isinstance(cfg.prior.sigma_scale, float) else 1.0,

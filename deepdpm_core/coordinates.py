@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from deepdpm_core.communicator import Communicator
+from deepdpm_core.config import DataConfig
 from deepdpm_core.errors import DataError
 
 Tensor = torch.Tensor
@@ -109,39 +110,34 @@ def _moments(x: Tensor, normalize_rows: bool, comm: Communicator, device: torch.
     return int(n.item()), [int(v) for v in tot[1 + 2 * d :].tolist()], mean, var, -extremes[d:], extremes[:d]
 
 
-#: ``auto`` standardises when fewer than this many features carry the variance (its
-#: participation ratio (Σ v)² / Σ v², v the per-feature variances) ...
-MIXED_UNITS_PARTICIPATION = 2.0
-#: ... and the features' standard deviations span more than this factor
-MIXED_UNITS_STD_RATIO = 30.0
-
-
-def resolve_transform(kind: str, variance: Tensor) -> str:
+def resolve_transform(data: DataConfig, variance: Tensor) -> str:
     """The transform ``data.transform: auto`` stands for, from the per-feature variances (D,).
 
     Features in different units (a table of grams, metres and counts) leave the one or two
     features of the largest units in charge of every distance and of the prior's single
     scale: ``standard`` then. Features that share one unit (image embeddings, UMAP or PCA
     coordinates, pixels) spread their variance over many features, or have scales within
-    a factor of 30 of each other: ``none``, so their relative scales, which carry the
-    clusters, are kept. Both tests must hold: one dominant feature alone (PCA scores) or
-    a few dead features beside many live ones (embeddings) do not standardise.
-    Sklearn's wine (participation 1.0, scales 2500 apart) and breast cancer (1.7, 2·10⁵)
-    are standardised; iris in centimetres (2.0, 4), digit pixels (39, 277), UMAP and PCA
-    coordinates are not. Every other ``kind`` is returned as it is.
+    a factor of ``data.auto_min_std_ratio`` (30) of each other: ``none``, so their relative
+    scales, which carry the clusters, are kept. Both tests must hold (the participation
+    ratio (Σv)²/Σv² below ``data.auto_max_participation``, 2, and the scales spread): one
+    dominant feature alone (PCA scores) or a few dead features beside many live ones
+    (embeddings) do not standardise. Sklearn's wine (participation 1.0, scales 2500 apart)
+    and breast cancer (1.7, 2·10⁵) are standardised; iris in centimetres (2.0, 4), digit
+    pixels (39, 277), UMAP and PCA coordinates are not. Every other transform is returned
+    as it is.
     """
-    if kind != "auto":
-        return kind
+    if data.transform != "auto":
+        return data.transform
     live = variance[variance > 0]
     if live.numel() < 3:
         return "none"
     participation = float(live.sum() ** 2 / live.square().sum())
     std_ratio = float((live.max() / live.min()).sqrt())
-    mixed = participation < MIXED_UNITS_PARTICIPATION and std_ratio > MIXED_UNITS_STD_RATIO
+    mixed = participation < data.auto_max_participation and std_ratio > data.auto_min_std_ratio
     return "standard" if mixed else "none"
 
 
-def fit_coordinates(x: Tensor, kind: str, comm: Communicator, device: torch.device
+def fit_coordinates(x: Tensor, data: DataConfig, comm: Communicator, device: torch.device
                     ) -> tuple[FeatureCoordinates, int, list[int]]:
     """Build the coordinates of all ranks' rows (one all-reduce of moments, one of extremes).
 
@@ -149,9 +145,9 @@ def fit_coordinates(x: Tensor, kind: str, comm: Communicator, device: torch.devi
     ----------
     x : Tensor of shape (N_local, D)
         This rank's raw rows.
-    kind : {"auto", "none", "normalize", "standard", "min_max"}
-        ``auto`` is resolved from the moments (:func:`resolve_transform`); the
-        coordinates record the transform it stood for.
+    data : DataConfig
+        Its ``transform``; ``auto`` is resolved from the moments
+        (:func:`resolve_transform`) and the coordinates record the transform it stood for.
 
     Returns
     -------
@@ -166,11 +162,11 @@ def fit_coordinates(x: Tensor, kind: str, comm: Communicator, device: torch.devi
     DataError
         ``normalize`` and every row is zero.
     """
-    normalize = kind == "normalize"
+    normalize = data.transform == "normalize"
     n, rank_rows, mean, var, lo, hi = _moments(x, normalize, comm, device)
     if normalize and n and bool(((hi == 0) & (lo == 0)).all()):
         raise DataError("data.transform=normalize: every row is zero")
-    kind = resolve_transform(kind, var)
+    kind = resolve_transform(data, var)
     std = var.sqrt()
     if kind == "standard":
         a = torch.where(std > 0, 1.0 / std.clamp_min(1e-300), torch.ones_like(std))

@@ -102,7 +102,7 @@ def partition_evidence(X: np.ndarray, labels: np.ndarray, config: Config | None 
     _, group = np.unique(labels, return_inverse=True)
     counts = np.bincount(group)
     cpu = torch.device("cpu")
-    coords, _, _ = fit_coordinates(x, config.data.transform, LocalCommunicator(), cpu)
+    coords, _, _ = fit_coordinates(x, config.data, LocalCommunicator(), cpu)
     xt = coords.apply(x)
     rows = torch.as_tensor(group, dtype=torch.long)
     stats = grouped_stats(xt, torch.arange(len(rows)), rows, torch.ones(len(rows), dtype=torch.float64),

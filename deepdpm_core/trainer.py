@@ -121,7 +121,7 @@ class Trainer:
         """
         n_local, d, chunk = x.shape[0], self.dim, 1 << 16
         self.coords, self.n_total, self.rank_rows = fit_coordinates(
-            x, self.config.data.transform, self.comm, self.device)
+            x, self.config.data, self.comm, self.device)
         #: per-feature variance (D,) of the (transformed) features, float64, for diagnostics
         self.feature_variance = self.coords.feature_std.square()
         self.prior_fit = PriorFit(self.config.prior, self.coords, self.device)

@@ -12,7 +12,7 @@ from sklearn.datasets import make_blobs
 
 from deepdpm_core import DeepDPM
 from deepdpm_core.communicator import LocalCommunicator
-from deepdpm_core.config import Config
+from deepdpm_core.config import Config, DataConfig
 from deepdpm_core.coordinates import fit_coordinates
 from deepdpm_core.errors import DataError
 from deepdpm_core.partition_evidence import log_crp, partition_evidence
@@ -42,7 +42,7 @@ def test_joint_equals_the_chain_rule_of_seating_and_student_t_predictives():
     x = rng.normal(size=(14, 3)) * 2.0 + 5.0
     z = rng.integers(0, 3, size=14)
     config = _fixed_prior_config()
-    coords, _, _ = fit_coordinates(torch.as_tensor(x), "none", LocalCommunicator(), torch.device("cpu"))
+    coords, _, _ = fit_coordinates(torch.as_tensor(x), DataConfig(transform="none"), LocalCommunicator(), torch.device("cpu"))
     xt = coords.apply(torch.as_tensor(x)).numpy()
     prior = PriorFit(config.prior, coords, torch.device("cpu")).prior
     m0, k0, nu0, lam0 = prior.m0.numpy(), prior.kappa, prior.nu, prior.scale.numpy()
