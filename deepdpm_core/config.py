@@ -137,6 +137,28 @@ class ScheduleConfig:
 
 
 @dataclass(frozen=True)
+class SmallDataConfig:
+    """Fits of at most ``max_rows`` rows (over all ranks) search by exact EM.
+
+    Each epoch's M-step takes the E-step responsibilities r^E themselves (paper Eq. 5;
+    what the clustering net learns to output) and the subclusters are hard 2-way EM
+    steps within each cluster (what the subclustering nets' loss, Eq. 7, trains them
+    towards); the moves, the prior and the stop rule are the same. Without nets to wait
+    for, moves come every ``move_every`` epochs after ``warmup_epochs``, with no freeze.
+    Once K has settled, the clustering net is fitted to the final responsibilities
+    (full batch, Adam at ``distil_lr``) until its argmax agrees with theirs on
+    ``distil_agreement`` of the rows, or stops improving, or ``distil_max_steps``.
+    """
+
+    max_rows: int = 10_000
+    warmup_epochs: int = 1
+    move_every: int = 2
+    distil_lr: float = 0.02
+    distil_agreement: float = 0.99
+    distil_max_steps: int = 1000
+
+
+@dataclass(frozen=True)
 class MovesConfig:
     """Split/merge proposals (paper §3.2, Supmat 'Merge Proposals')."""
 
@@ -205,7 +227,7 @@ class EmbedConfig:
 class Config:
     """The whole run configuration.
 
-    Sections: ``data`` (input transform), ``prior``, ``init``, ``model``, ``optim``, ``schedule``, ``moves``, ``estep``, ``ae``
+    Sections: ``data`` (input transform), ``prior``, ``init``, ``model``, ``optim``, ``schedule``, ``moves``, ``estep``, ``small_data``, ``ae``
     (autoencoder, alternation), ``embed`` (UMAP);
     plus ``seed`` (all randomness of a fit derives from it) and ``device``.
     """
@@ -220,6 +242,7 @@ class Config:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     moves: MovesConfig = field(default_factory=MovesConfig)
     estep: EStepConfig = field(default_factory=EStepConfig)
+    small_data: SmallDataConfig = field(default_factory=SmallDataConfig)
     ae: AEConfig = field(default_factory=AEConfig)
     embed: EmbedConfig = field(default_factory=EmbedConfig)
 
@@ -281,6 +304,9 @@ def _positive(cfg: Config) -> dict[str, float]:
         "model.hidden": cfg.model.hidden,
         "model.sub_hidden": cfg.model.sub_hidden,
         "schedule.max_epochs": cfg.schedule.max_epochs,
+        "small_data.move_every": cfg.small_data.move_every,
+        "small_data.distil_lr": cfg.small_data.distil_lr,
+        "small_data.distil_agreement": cfg.small_data.distil_agreement,
         "schedule.move_every": cfg.schedule.move_every,
         "schedule.patience": cfg.schedule.patience,
         "moves.merge_neighbours": cfg.moves.merge_neighbours,
@@ -303,6 +329,9 @@ def _validate(cfg: Config) -> None:
         "schedule.warmup_epochs": cfg.schedule.warmup_epochs,
         "schedule.freeze_epochs": cfg.schedule.freeze_epochs,
         "schedule.min_epochs": cfg.schedule.min_epochs,
+        "small_data.max_rows": cfg.small_data.max_rows,
+        "small_data.warmup_epochs": cfg.small_data.warmup_epochs,
+        "small_data.distil_max_steps": cfg.small_data.distil_max_steps,
         "prior.weight_pseudocount": cfg.prior.weight_pseudocount,
         "prior.covariance_floor": cfg.prior.covariance_floor,
         "moves.min_subcluster_size": cfg.moves.min_subcluster_size,
@@ -315,6 +344,9 @@ def _validate(cfg: Config) -> None:
     }.items():
         if value < 0:
             raise ConfigError(f"config key '{key}' must be >= 0, got {_shown(value)}")
+    if cfg.small_data.distil_agreement > 1.0:
+        raise ConfigError("config key 'small_data.distil_agreement' must be <= 1, "
+                          f"got {_shown(cfg.small_data.distil_agreement)}")
     if cfg.embed.min_dist > 1.0:  # UMAP needs min_dist <= spread, which it leaves at 1
         raise ConfigError(f"config key 'embed.min_dist' must be <= 1, got {_shown(cfg.embed.min_dist)}")
     if cfg.embed.n_neighbors < 2:
@@ -476,6 +508,7 @@ __all__ = [
     "OptimConfig",
     "PriorConfig",
     "ScheduleConfig",
+    "SmallDataConfig",
     "from_dict",
     "replace",
 ]

@@ -20,6 +20,7 @@ sums stay accurate, and scaled to unit mean variance, so nothing depends on the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,7 @@ from deepdpm_core.niw import map_estimate
 from deepdpm_core.precision import flush_denormals, net_precision, resolve_precision
 from deepdpm_core.prior_fit import PriorFit
 from deepdpm_core.schedule import MoveSchedule
+from deepdpm_core.small_data import distil, exact_statistics
 from deepdpm_core.stats import SuffStats, grouped_stats
 from deepdpm_core.surgery import Nets, apply_plan, reset_subclusters
 
@@ -104,12 +106,18 @@ class Trainer:
         self.rng = np.random.default_rng(config.seed)  # move decisions (rank 0) and init
         self.torch_gen = torch.Generator().manual_seed(config.seed)  # net initialisation
         self.epoch = 0
-        self.schedule = MoveSchedule(config.schedule, config.moves)
         self.history: list[dict[str, Any]] = []
         #: each local row's best cluster (its initial cluster, then the last E-step's best),
         #: the sparse E-step's anchors; kept through surgery; None: not known (a resumed fit)
         self.anchors: Tensor | None = None
         self._init_data(x)
+        #: the search runs exact EM epochs (:mod:`deepdpm_core.small_data`)
+        self.small = self.n_total <= config.small_data.max_rows
+        sched = config.schedule
+        if self.small:  # no nets to wait for: no freeze, moves more often
+            sched = dataclasses.replace(sched, warmup_epochs=config.small_data.warmup_epochs,
+                                        move_every=config.small_data.move_every, freeze_epochs=0)
+        self.schedule = MoveSchedule(sched, config.moves)
 
     # ------------------------------------------------------------------ set-up
     def _init_data(self, x: Tensor) -> None:
@@ -200,8 +208,10 @@ class Trainer:
         With ``train=False`` the nets are not updated (a pure statistics pass). When
         ``seconds`` is given, the durations of the E-step targets (``estep``), the
         minibatch steps (``train``) and the statistics with their all-reduce (``stats``)
-        are written into it.
+        are written into it. Small data (:attr:`small`) run :meth:`em_epoch` instead.
         """
+        if self.small:
+            return self.em_epoch(train, seconds)
         t_start = device_clock(self.device)
         k, bsz = self.n_clusters, self.batch_size
         n_local = self.x.shape[0]
@@ -259,6 +269,55 @@ class Trainer:
         if seconds is not None:
             seconds.update(estep=t_estep - t_start, train=t_train - t_estep, stats=device_clock(self.device) - t_train)
         return soft, sub, losses
+
+    def em_epoch(self, train: bool = True, seconds: dict[str, float] | None = None
+                 ) -> tuple[SuffStats, SuffStats, dict[str, float]]:
+        """One exact EM epoch (:func:`~deepdpm_core.small_data.exact_statistics`): soft
+        statistics from r^E, hard 2-way subclusters; returns what :meth:`run_epoch` does.
+
+        The clustering net takes one full-batch step on KL(r^E ‖ r) (with ``train``), so it
+        follows the clusters through the moves and its loss is reported; it is fitted for
+        good once K has settled (:meth:`distil`).
+        """
+        t_start = device_clock(self.device)
+        k, n_local = self.n_clusters, self.x.shape[0]
+        m = top_m(self.config.estep, k)
+        anchors = self.anchors if m < k else None  # as in run_epoch
+        candidates, resp, self.anchors = estep_targets(self.mixture, self.x, m, anchors)
+        t_estep = device_clock(self.device)
+        self.cluster_model.train(train)
+        with torch.set_grad_enabled(train), net_precision(self.precision, self.device):
+            sum_cl, _, _ = slot_kl(self.cluster_model(self.x), candidates, resp)
+        if train:
+            self.nets.opt_cluster.zero_grad(set_to_none=True)
+            with net_precision(self.precision, self.device, backward=True):
+                (sum_cl / (max(self.n_total, 1) / self.comm.world_size)).backward()
+            self.nets.opt_cluster.step()
+        t_train = device_clock(self.device)
+        soft, sub, sum_sub = exact_statistics(self.x, self.state, candidates, resp, self.anchors)
+        sums = torch.stack([sum_cl.detach().double(), sum_sub,
+                            torch.tensor(float(n_local), dtype=torch.float64, device=self.device)])
+        flat = self.comm.all_reduce(torch.cat([soft.flat(), sub.flat(), sums]))
+        a, b = SuffStats.numel(k, self.dim), SuffStats.numel(3 * k, self.dim)
+        soft, sub = SuffStats.from_flat(flat[:a], k, self.dim), SuffStats.from_flat(flat[a:b], 2 * k, self.dim)
+        n = float(flat[-1].clamp_min(1))
+        if seconds is not None:
+            seconds.update(estep=t_estep - t_start, train=t_train - t_estep, stats=device_clock(self.device) - t_train)
+        return soft, sub, {"loss_cluster": float(flat[-3]) / n, "loss_subcluster": float(flat[-2]) / n}
+
+    def distil(self) -> dict[str, float]:
+        """Fit the clustering net to the E-step of the final mixture
+        (:func:`~deepdpm_core.small_data.distil`); returns ``distil_steps`` and
+        ``distil_agreement`` for the history record."""
+        k = self.n_clusters
+        m = top_m(self.config.estep, k)
+        candidates, resp, self.anchors = estep_targets(self.mixture, self.x, m,
+                                                       self.anchors if m < k else None)
+        sd = self.config.small_data
+        with net_precision(self.precision, self.device):
+            steps, agreement = distil(self.cluster_model, self.x, candidates, resp, self.n_total, self.comm,
+                                      sd.distil_lr, sd.distil_agreement, sd.distil_max_steps)
+        return {"distil_steps": steps, "distil_agreement": agreement}
 
     def m_step(self, soft: SuffStats, sub: SuffStats) -> None:
         """Bayesian M-step from the net's responsibilities (paper §3.1) and subclusters."""
@@ -335,7 +394,10 @@ class Trainer:
             self.apply_plan(plan, soft)
             splits, merges = len(plan.splits), len(plan.merges)
             self.schedule.moved(epoch, splits + merges, self.n_clusters)
+        distilled = {}
         if self.schedule.finished(epoch):
+            if self.small:  # the net learns the clusters the search found
+                distilled = self.distil()
             self.prune_unused(self.hard_counts())  # last epoch: K = clusters that own points
         t_end = device_clock(self.device)
         prior = self.prior_fit.prior
@@ -356,6 +418,7 @@ class Trainer:
             **{f"seconds_{name}": seconds for name, seconds in phases.items()},
             "seconds_mstep": t_moves - t_mstep,
             "seconds_moves": t_end - t_moves,
+            **distilled,
         }
         self.history.append(record)
         self.epoch += 1

@@ -32,7 +32,8 @@ def test_learning_rate_rules(rule, factor):
 def _trainer(n, **overrides):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(n, 3)) + 6 * rng.integers(0, 3, size=(n, 1))
-    cfg = Config().with_overrides({"seed": 0, "init.n_clusters": 3, **overrides})
+    # the net search's epochs (small data search by exact EM otherwise)
+    cfg = Config().with_overrides({"seed": 0, "init.n_clusters": 3, "small_data.max_rows": 0, **overrides})
     trainer = Trainer(cfg, torch.as_tensor(x, dtype=torch.float32))
     trainer.initialize()
     return trainer

@@ -32,6 +32,7 @@ def _config(**overrides) -> Config:
         "init": {"n_clusters": 4, "max_points": 700},  # k-means sees a sample of the 1000 rows
         "optim": {"batch_size": 64},
         "schedule": {"max_epochs": 12, "warmup_epochs": 2, "move_every": 2, "freeze_epochs": 1},
+        "small_data": {"max_rows": 0},  # the net search (test_small_data_fit_is_the_same_on_two_ranks: EM)
     }
     return from_dict(base).with_overrides(overrides)
 
@@ -171,6 +172,22 @@ def test_an_empty_rank_follows_the_single_process_fit_exactly(tmp_path):
     assert drop(hist0) == drop(hist1) == drop(single.history)
     assert sum0 == sum1 == pytest.approx(single.checksum(), rel=1e-12)
     assert any(r["splits_accepted"] or r["merges_accepted"] for r in single.history)
+
+
+def test_small_data_fit_is_the_same_on_two_ranks(tmp_path):
+    # exact EM (small_data): no minibatch order to differ, the E-step is per row and the
+    # statistics are all-reduced, so two ranks take the one process's moves, and the net
+    # fitted at the end labels the rows alike
+    x = _mixture()
+    config = _config(**{"small_data.max_rows": 10_000, "schedule.max_epochs": 40, "init.n_clusters": 8})
+    single = Trainer(config, torch.from_numpy(x))
+    single.fit()
+    (hist0, _), (hist1, _) = run_ranks(tmp_path, _fit, [x[:500], x[500:]], config)
+    keep = ("epoch", "n_clusters", "move", "splits_accepted", "merges_accepted")
+    path = lambda h: [tuple(r[k] for k in keep) for r in h]  # noqa: E731
+    assert path(hist0) == path(hist1) == path(single.history)
+    assert any(r["merges_accepted"] for r in single.history)
+    assert hist0[-1]["distil_agreement"] == pytest.approx(single.history[-1]["distil_agreement"], abs=0.01)
 
 
 def test_diverged_ranks_fail_loudly(tmp_path):

@@ -75,7 +75,7 @@ def test_a_fit_names_the_moves_its_schedule_ran_and_stops_by_its_rule():
     x, _ = make_mixture(900, 4, 4, random_state=0)
     cfg = Config().with_overrides({"seed": 0, "init.n_clusters": 1, "schedule.warmup_epochs": 2,
                                    "schedule.move_every": 2, "schedule.max_epochs": 40,
-                                   "optim.min_steps_per_epoch": 8})
+                                   "optim.min_steps_per_epoch": 8, "small_data.max_rows": 0})
     trainer = Trainer(cfg, torch.from_numpy(x))
     trainer.fit()
     history = trainer.history

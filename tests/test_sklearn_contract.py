@@ -129,9 +129,10 @@ def test_pipeline_and_grid_search_over_config_keys(blobs):
     np.testing.assert_array_equal(pipe.predict(X), labels)
     assert pipe.get_params()["dpm__prior__sigma_scale"] == "auto"
 
-    # 4 epochs do not split: K stays at init.n_clusters; the net follows the k-means clusters
-    # in 4 epochs at the larger learning rate only, so ARI picks both
-    quick = {**TINY, "schedule__max_epochs": 4, "optim__min_steps_per_epoch": 16}
+    # the net search (small_data.max_rows 0): 4 epochs do not split, so K stays at
+    # init.n_clusters; the net follows the k-means clusters in 4 epochs at the larger
+    # learning rate only, so ARI picks both
+    quick = {**TINY, "schedule__max_epochs": 4, "optim__min_steps_per_epoch": 16, "small_data__max_rows": 0}
     pipe.set_params(**{f"dpm__{k}": v for k, v in quick.items()})
     search = GridSearchCV(pipe, {"dpm__init__n_clusters": [1, 3], "dpm__optim__lr_cluster": [5e-4, 5e-3]},
                           scoring="adjusted_rand_score", cv=3).fit(X, y)

@@ -1,0 +1,97 @@
+"""Small data: exact EM epochs against brute force, the net fitted to the result, and the
+switch between the two searches."""
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import make_blobs
+
+from deepdpm_core.communicator import LocalCommunicator
+from deepdpm_core.config import Config
+from deepdpm_core.gmm import GaussianMixture
+from deepdpm_core.mixture_state import MixtureState
+from deepdpm_core.nets import ClusterNet
+from deepdpm_core.small_data import distil, exact_statistics
+from deepdpm_core.trainer import Trainer
+
+
+def _state(rng, k, d):
+    means = torch.tensor(rng.normal(0, 3, (k, d)))
+    a = torch.tensor(rng.normal(size=(k, d, d)))
+    covs = a @ a.transpose(1, 2) + torch.eye(d)
+    logw = torch.log_softmax(torch.tensor(rng.normal(size=k)), 0)
+    sub_means = means[:, None, :] + torch.tensor(rng.normal(0, 1, (k, 2, d)))
+    return MixtureState(means, covs, logw, sub_means, covs[:, None].repeat(1, 2, 1, 1),
+                        torch.full((k, 2), -np.log(2.0), dtype=torch.float64))
+
+
+def test_exact_statistics_match_brute_force():
+    rng = np.random.default_rng(0)
+    k, d, n = 4, 3, 300
+    state = _state(rng, k, d)
+    x = torch.tensor(rng.normal(0, 4, (n, d)), dtype=torch.float32)
+    # the dense E-step: every cluster on every row's support
+    log_p = GaussianMixture(state.means, state.covariances, state.log_weights).weighted_log_prob(x).double()
+    resp = torch.softmax(log_p, 1)
+    candidates = torch.arange(k).expand(n, k)
+    z = resp.argmax(1)
+    soft, sub, sum_sub = exact_statistics(x, state, candidates, resp.float(), z)
+    xd, r = x.double().numpy(), resp.numpy()
+    r = np.where(r >= np.finfo(np.float32).eps, r, 0.0)  # what the statistics leave out
+    np.testing.assert_allclose(soft.n.numpy(), r.sum(0), rtol=1e-6)
+    np.testing.assert_allclose(soft.s1.numpy(), r.T @ xd, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(soft.s2.numpy(), np.einsum("nk,nd,ne->kde", r, xd, xd), rtol=1e-5, atol=1e-3)
+    # subclusters: the nearer of the row's cluster's two subcluster means (Eq. 7's minimiser)
+    sm = state.sub_means.numpy()
+    dist = ((xd[:, None, :] - sm[z.numpy()]) ** 2).sum(-1)
+    rows = 2 * z.numpy() + dist.argmin(1)
+    np.testing.assert_array_equal(sub.n.numpy(), np.bincount(rows, minlength=2 * k))
+    for row in range(2 * k):
+        np.testing.assert_allclose(sub.s1[row].numpy(), xd[rows == row].sum(0), rtol=1e-5, atol=1e-4)
+    assert float(sum_sub) == pytest.approx(dist.min(1).sum(), rel=1e-5)
+
+
+def test_distil_fits_the_net_to_the_targets_and_stops_when_it_does():
+    x, y = make_blobs(400, centers=5, n_features=3, cluster_std=0.5, random_state=0)
+    x = torch.tensor((x - x.mean(0)) / x.std(), dtype=torch.float32)
+    resp = torch.nn.functional.one_hot(torch.tensor(y), 5).float()
+    candidates = torch.arange(5).expand(400, 5)
+    net = ClusterNet(3, 50, 5, torch.Generator().manual_seed(0))
+    steps, agreement = distil(net, x, candidates, resp, 400, LocalCommunicator(), 0.02, 0.99, 1000)
+    assert agreement >= 0.99 and steps < 1000
+    assert (net(x).argmax(1) == torch.tensor(y)).float().mean() >= 0.99
+    # an agreement it cannot reach (random targets): stops once the checks bring no gain
+    noise = torch.nn.functional.one_hot(torch.randint(5, (400,), generator=torch.Generator().manual_seed(1)), 5)
+    steps, agreement = distil(net, x, candidates, noise.float(), 400, LocalCommunicator(), 0.02, 1.0, 5000)
+    assert agreement < 1.0 and steps < 5000
+
+
+@pytest.mark.parametrize("max_rows, small", [(10_000, True), (0, False)])
+def test_the_search_is_exact_em_up_to_max_rows(max_rows, small):
+    x, _ = make_blobs(600, centers=4, n_features=2, cluster_std=0.4, random_state=2)
+    config = Config().with_overrides({"small_data.max_rows": max_rows, "schedule.max_epochs": 60})
+    trainer = Trainer(config, torch.tensor(x, dtype=torch.float32))
+    assert trainer.small is small
+    assert trainer.schedule.schedule.move_every == (2 if small else 4)
+    trainer.fit()
+    assert trainer.n_clusters == 4
+    last = trainer.history[-1]
+    assert ("distil_steps" in last) is small
+    if small:  # the net learned the clusters the search found
+        assert last["distil_agreement"] >= 0.99
+
+
+def test_an_em_epoch_is_an_m_step_of_em():
+    """From a mixture, one EM epoch's statistics give the MAP M-step of the exact
+    responsibilities: the means move to the responsibility-weighted means (up to the prior)."""
+    x, _ = make_blobs(900, centers=3, n_features=2, cluster_std=0.5, random_state=3)
+    config = Config().with_overrides({"init.n_clusters": 3})
+    trainer = Trainer(config, torch.tensor(x, dtype=torch.float32))
+    trainer.initialize()
+    soft, _, losses = trainer.em_epoch(train=False)
+    log_p = trainer.mixture.weighted_log_prob(trainer.x).double()
+    resp = torch.softmax(log_p, 1)
+    np.testing.assert_allclose(soft.n.numpy(), resp.sum(0).numpy(), rtol=1e-5)
+    np.testing.assert_allclose((soft.s1 / soft.n[:, None]).numpy(),
+                               ((resp.T @ trainer.x.double()) / resp.sum(0)[:, None]).numpy(), atol=1e-5)
+    assert losses["loss_subcluster"] > 0
