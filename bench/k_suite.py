@@ -11,12 +11,23 @@ Data sets (``--datasets`` takes these names or globs such as ``'blobs16*'``):
 * ``digits-pca10``, ``digits-umap10``, ``digits-aeumap10``: scikit-learn digits (pixels
   scaled to [0, 1]) -> PCA-10, UMAP-10 (n_neighbors 20, min_dist 0, as n2d) and
   autoencoder -> UMAP-10 (n2d; the paper's 500-500-2000-10 AE, ``--ae-epochs`` epochs).
-* ``wine-std``, ``breast-cancer-std``, ``iris-std``: scikit-learn's sets, standardised.
+* ``wine-std``, ``breast-cancer-std``, ``iris-std``: scikit-learn's sets, standardised;
+  ``wine-raw``, ``breast-cancer-raw``, ``digits-raw``: in their raw units (features spanning
+  0.001 .. 1000; raw pixels, some constant).
 * ``blobs16`` (7 unequal blobs in 16-D, centres >= 30 apart, std 1), ``sphere128`` (10
   clusters on the unit sphere of R^128, like contrastive features), ``imbalanced128``
   (10 full-covariance Gaussians in 128-D, N = 20000, Dirichlet(0.5) weights floored at
   0.5 %) and ``blobs512`` (5 blobs in 512-D, 400 points each: fewer points than
-  dimensions), each also times 1e-3 (``@1e-3``) and 1e3 (``@1e3``). ``--quick`` shrinks them.
+  dimensions), each also times 1e-3 (``@1e-3``) and 1e3 (``@1e3``).
+* Sets of the kinds DeepDPM's defaults fail on (each builder's docstring says why):
+  ``blobs2d-dense`` (15 blobs of 40 in 2-D, 8 crowding a dense centre), ``blobs2d-overlap``
+  (15 overlapping blobs, 5000 x 2), ``blobs2d-unequal`` (7 blobs of 30 .. 220 points,
+  anisotropic), ``blobs2d-100`` (100 blobs on a jittered grid, 100,000 x 2),
+  ``table-degenerate`` (2000 x 13: a constant column, binary columns, 10 % duplicate rows,
+  a class of 3 rows) and ``table-mixed-units`` (4 clusters in 13-D, features x 0.1 .. 1000).
+
+``--quick`` shrinks the large generated sets (sphere128, imbalanced128, blobs512, blobs16,
+blobs2d-overlap to 2000 rows, blobs2d-100 to 20,000); the others are small already.
 
 The seed drives everything random in a row: the methods, the UMAP / AE embeddings of the
 digits and the draw of the generated sets (seed s gives another draw of the same
@@ -80,7 +91,10 @@ Dataset = tuple[np.ndarray, np.ndarray, str]
 METHODS = ("DeepDPM", "BGM-DP", "k-means (true K)")
 SCALES = {"1e-3": 1e-3, "1e3": 1e3}
 GENERATED = ("blobs16", "sphere128", "imbalanced128", "blobs512")
+HARD = ("blobs2d-dense", "blobs2d-overlap", "blobs2d-unequal", "blobs2d-100", "table-degenerate",
+        "table-mixed-units")
 BLOB_SIZES = (30, 120, 250, 360, 600, 800, 1000)
+UNEQUAL_SIZES = (30, 50, 80, 110, 140, 170, 220)
 QUICK_BLOB_SIZES = (20, 40, 60, 80, 100, 120, 140)
 UMAP_SETS = ("digits-umap10", "digits-aeumap10")
 DEFAULT_AE_EPOCHS = 40
@@ -154,6 +168,150 @@ def sphere128(seed: int, quick: bool = False) -> Dataset:
     return X.astype(np.float32), y, "unit centres + N(0, 0.01 I), rows L2-normalised"
 
 
+def raw(seed: int, loader: Callable, name: str) -> Dataset:
+    """A scikit-learn toy set in its raw units (``seed`` is unused: fixed data).
+
+    Hard because one global scale fits no feature: wine's features span 0.1 .. 1000,
+    breast cancer's 0.001 .. 1000, and digits' raw pixels (0 .. 16) include constant columns.
+    """
+    del seed
+    X, y = loader(return_X_y=True)
+    return X.astype(np.float64), y, f"sklearn {name}, raw units"
+
+
+def _spread(rng: np.random.Generator, n: int, inner: float, outer: float, gap: float) -> np.ndarray:
+    """``n`` points uniform in the 2-D annulus ``inner`` <= r <= ``outer``, each >= ``gap`` from
+    the others (drawn one at a time; starts over after 1000 rejections in a row)."""
+    points: list[np.ndarray] = []
+    misses = 0
+    while len(points) < n:
+        r, angle = np.sqrt(rng.uniform(inner**2, outer**2)), rng.uniform(0.0, 2 * np.pi)
+        p = np.array([r * np.cos(angle), r * np.sin(angle)])
+        if all(np.linalg.norm(p - q) >= gap for q in points):
+            points.append(p)
+            misses = 0
+        elif (misses := misses + 1) > 1000:
+            points, misses = [], 0
+    return np.stack(points)
+
+
+def blobs2d_dense(seed: int, quick: bool = False) -> Dataset:
+    """15 isotropic blobs of 40 points in 2-D (std 0.3), 8 of them crowding a dense centre.
+
+    8 centres in the disc r <= 3, >= 1.8 apart (6 std); 7 in the ring 10 <= r <= 25, >= 8
+    apart. The blobs are distinct (k-means given K: NMI 0.997 .. 1.0 at seeds 0 .. 3), but
+    the crowd is small against the data's spread, so a prior sized to the whole set sees
+    one cluster there. Already small: ``quick`` keeps it.
+    """
+    del quick
+    rng = np.random.default_rng(seed)
+    centres = np.concatenate([_spread(rng, 8, 0.0, 3.0, 1.8), _spread(rng, 7, 10.0, 25.0, 8.0)])
+    y = np.repeat(np.arange(15), 40)
+    X = centres[y] + rng.normal(0.0, 0.3, size=(len(y), 2))
+    return X.astype(np.float32), y, "15 x 40 points, 8 centres in r <= 3 (>= 1.8 apart), 7 in 10..25; std 0.3"
+
+
+def blobs2d_overlap(seed: int, quick: bool = False) -> Dataset:
+    """15 overlapping blobs in 2-D: ``make_blobs`` with centres in [-10, 10]^2, std 1, N = 5000.
+
+    Many centres lie within 2 std of another, so neighbours merge into one bump: K is barely
+    identifiable and every method trades K against fit. ``quick``: N = 2000.
+    """
+    n = 2000 if quick else 5000
+    X, y = make_blobs(n_samples=n, centers=15, n_features=2, center_box=(-10.0, 10.0),
+                      cluster_std=1.0, random_state=seed)
+    return X.astype(np.float32), y, f"make_blobs {n} points, 15 centres in [-10, 10]^2, std 1"
+
+
+def blobs2d_unequal(seed: int, quick: bool = False) -> Dataset:
+    """7 blobs in 2-D of unequal size (30 .. 220 points, N = 800) and shape: axis stds drawn
+    in 0.3 .. 2, turned by a random angle (anisotropic full covariances).
+
+    Centres re-drawn in [-25, 25]^2 until each pair is >= 4 (largest std of each) apart, so
+    k-means given K separates them (NMI 1.0); a single prior scale fits neither the thin nor
+    the wide blobs. Already small: ``quick`` keeps it.
+    """
+    del quick
+    rng = np.random.default_rng(seed)
+    k = len(UNEQUAL_SIZES)
+    stds = rng.uniform(0.3, 2.0, size=(k, 2))
+    angle = rng.uniform(0.0, np.pi, size=k)
+    turn = np.stack([np.stack([np.cos(angle), -np.sin(angle)], -1),
+                     np.stack([np.sin(angle), np.cos(angle)], -1)], 1)  # (k, 2, 2)
+    reach = stds.max(axis=1)
+    pairs = np.triu_indices(k, 1)
+    while True:
+        centres = rng.uniform(-25.0, 25.0, size=(k, 2))
+        gaps = np.linalg.norm(centres[:, None] - centres[None], axis=-1)
+        if (gaps >= 4.0 * (reach[:, None] + reach[None]))[pairs].all():
+            break
+    y = np.repeat(np.arange(k), UNEQUAL_SIZES)
+    X = centres[y] + np.einsum("nij,nj->ni", turn[y], rng.normal(size=(len(y), 2)) * stds[y])
+    return (X.astype(np.float32), y,
+            f"sizes {'/'.join(map(str, UNEQUAL_SIZES))}, axis stds 0.3..2, random rotations")
+
+
+def blobs2d_100(seed: int, quick: bool = False) -> Dataset:
+    """100 isotropic blobs (std 1) in 2-D, 1000 points each (N = 100,000; ``quick``: 200
+    each, N = 20,000), centres on a 10 x 10 grid of pitch 10 jittered by up to 1.5 per axis.
+
+    Neighbouring centres are >= 7 std apart, so the blobs are separable (k-means given K:
+    NMI 0.9999 at the quick size); the hard part is K = 100 itself, and N.
+    """
+    rng = np.random.default_rng(seed)
+    per = 200 if quick else 1000
+    grid = np.stack(np.meshgrid(np.arange(10.0), np.arange(10.0)), -1).reshape(-1, 2) * 10.0
+    centres = grid + rng.uniform(-1.5, 1.5, size=grid.shape)
+    y = np.repeat(np.arange(100), per)
+    X = centres[y] + rng.normal(0.0, 1.0, size=(len(y), 2))
+    return X.astype(np.float32), y, f"100 x {per} points, jittered 10 x 10 grid (pitch 10), std 1"
+
+
+def table_degenerate(seed: int, quick: bool = False) -> Dataset:
+    """A real-looking table, N = 2000 x 13, with the defects of real data.
+
+    ``make_blobs`` in 10-D (centres in [-8, 8]^10, std 1), classes of 800, 550, 400, 247 and
+    **3** rows; then a constant column (7.0), a binary column (class parity, 10 % flipped),
+    a near-binary one (1 for 97 % of rows, else 0, plus N(0, 0.01^2)), and 10 % duplicate
+    rows (200 rows of the four large classes overwritten by copies of 200 others). A
+    constant feature has no spread to scale by, duplicates make zero-variance groups, and
+    the 3-row class is below any sensible cluster size. Already small: ``quick`` keeps it.
+    """
+    del quick
+    rng = np.random.default_rng(seed)
+    sizes = [800, 550, 400, 247, 3]
+    blobs, y = make_blobs(n_samples=sizes, n_features=10, centers=None, center_box=(-8.0, 8.0),
+                          cluster_std=1.0, random_state=int(rng.integers(2**31)))
+    n = len(y)
+    parity = (y % 2 == 0).astype(np.float64)
+    binary = np.where(rng.random(n) < 0.1, 1.0 - parity, parity)
+    near = (rng.random(n) < 0.97) + rng.normal(0.0, 0.01, size=n)
+    X = np.column_stack([blobs, np.full(n, 7.0), binary, near])
+    large = np.flatnonzero(y != len(sizes) - 1)
+    source = rng.choice(large, n // 10, replace=False)
+    target = rng.choice(np.setdiff1d(large, source), n // 10, replace=False)
+    X[target], y[target] = X[source], y[source]
+    return (X.astype(np.float32), y, f"10-d blobs + constant, binary, near-binary columns; "
+            f"{n // 10} duplicate rows; class sizes {'/'.join(map(str, np.bincount(y)))}")
+
+
+def table_mixed_units(seed: int, quick: bool = False) -> Dataset:
+    """4 isotropic blobs in 13-D (``make_blobs``, centres in [-4, 4]^13, std 1; 400, 300,
+    200 and 100 rows), each feature then multiplied by one of 10^(-1 .. 3) (13 factors
+    spaced evenly in log, shuffled): like scikit-learn's wine in raw units.
+
+    Standardised, k-means given K separates the clusters (NMI 1.0); in these units the
+    x1000 features drown the rest (k-means NMI 0.56 .. 0.73). Already small: ``quick`` keeps it.
+    """
+    del quick
+    rng = np.random.default_rng(seed)
+    X, y = make_blobs(n_samples=[400, 300, 200, 100], n_features=13, centers=None,
+                      center_box=(-4.0, 4.0), cluster_std=1.0, random_state=int(rng.integers(2**31)))
+    factors = np.logspace(-1.0, 3.0, 13)
+    rng.shuffle(factors)
+    return (X * factors).astype(np.float32), y, "13-d blobs, features x 0.1 .. 1000 (log-spaced, shuffled)"
+
+
 def rescaled(seed: int, base: Callable[[int], Dataset], factor: float, label: str) -> Dataset:
     """``base(seed)`` with X multiplied by ``factor`` (same dtype)."""
     X, y, description = base(seed)
@@ -174,6 +332,9 @@ def make_datasets(quick: bool = False,
         "wine-std": partial(standardised, loader=load_wine, name="wine"),
         "breast-cancer-std": partial(standardised, loader=load_breast_cancer, name="breast_cancer"),
         "iris-std": partial(standardised, loader=load_iris, name="iris"),
+        "wine-raw": partial(raw, loader=load_wine, name="wine"),
+        "breast-cancer-raw": partial(raw, loader=load_breast_cancer, name="breast_cancer"),
+        "digits-raw": partial(raw, loader=load_digits, name="digits"),
     }
     generators = {"blobs16": blobs16, "imbalanced128": imbalanced128, "sphere128": sphere128,
                   "blobs512": blobs512}
@@ -181,6 +342,11 @@ def make_datasets(quick: bool = False,
         out[name] = partial(generators[name], quick=quick)
         for label, factor in SCALES.items():
             out[f"{name}@{label}"] = partial(rescaled, base=out[name], factor=factor, label=label)
+    hard = {"blobs2d-dense": blobs2d_dense, "blobs2d-overlap": blobs2d_overlap,
+            "blobs2d-unequal": blobs2d_unequal, "blobs2d-100": blobs2d_100,
+            "table-degenerate": table_degenerate, "table-mixed-units": table_mixed_units}
+    for name in HARD:
+        out[name] = partial(hard[name], quick=quick)
     return out
 
 

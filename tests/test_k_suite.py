@@ -43,7 +43,11 @@ def test_the_suite_names_every_data_set_at_three_scales():
                          "breast-cancer-std", "iris-std"]
     for base in ("blobs16", "imbalanced128", "sphere128", "blobs512"):
         assert {base, f"{base}@1e-3", f"{base}@1e3"} <= set(names)
-    assert len(names) == 18
+    assert names[6:9] == ["wine-raw", "breast-cancer-raw", "digits-raw"]
+    assert names[-6:] == list(suite.HARD) == [
+        "blobs2d-dense", "blobs2d-overlap", "blobs2d-unequal", "blobs2d-100", "table-degenerate",
+        "table-mixed-units"]
+    assert len(names) == 27
     assert suite.select(suite.DATASETS, ["blobs16*", "iris-std"]) == [
         "iris-std", "blobs16", "blobs16@1e-3", "blobs16@1e3"]
     with pytest.raises(SystemExit, match="no data set matches nope"):
@@ -75,6 +79,32 @@ def test_generated_sets_have_the_stated_shape_and_geometry():
     assert X.shape == (4000, 128) and np.bincount(y).min() / len(y) < 0.01
     X, y, _ = suite.make_datasets(quick=True)["blobs512"](0)
     assert X.shape == (1000, 512) and len(np.unique(y)) == 5
+
+
+def test_the_hard_sets_have_their_stated_defects():
+    quick = suite.make_datasets(quick=True)
+    X, y, _ = quick["blobs2d-dense"](0)
+    assert X.shape == (600, 2) and list(np.bincount(y)) == [40] * 15
+    centres = np.stack([X[y == k].mean(0) for k in range(15)])
+    radius = np.linalg.norm(centres, axis=1)
+    assert (radius < 3.3).sum() == 8 and (radius > 9.5).sum() == 7  # a dense centre, a ring
+    gaps = np.linalg.norm(centres[:, None] - centres[None], axis=-1)[np.triu_indices(15, 1)]
+    assert gaps.min() > 1.5 and 0.27 < (X - centres[y]).std() < 0.33  # >= 5 std apart
+    assert not np.array_equal(quick["blobs2d-dense"](1)[0], X)  # the seed draws another set
+
+    X, y, _ = quick["table-degenerate"](0)
+    assert X.shape == (2000, 13) and len(np.unique(y)) == 5 and np.bincount(y).min() == 3
+    assert (X.std(axis=0) == 0).sum() == 1  # one constant feature
+    assert set(np.unique(X[:, 11])) == {0.0, 1.0} and np.abs(X[:, 12] - np.round(X[:, 12])).max() < 0.1
+    assert len(np.unique(X, axis=0)) == 1800  # 10 % duplicate rows
+
+    X, y, _ = quick["table-mixed-units"](0)
+    spread = X.std(axis=0)
+    assert X.shape == (1000, 13) and spread.max() / spread.min() > 1000
+    assert quick["blobs2d-100"](0)[0].shape == (20_000, 2)
+    assert quick["blobs2d-overlap"](0)[0].shape == (2000, 2)
+    X, y, _ = suite.DATASETS["wine-raw"](0)
+    assert X.shape == (178, 13) and X.max() > 1000  # proline, unscaled
 
 
 def test_a_quick_run_reports_every_data_set_method_and_seed(tmp_path):
