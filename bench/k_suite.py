@@ -508,7 +508,8 @@ def targets(name: str, true_k: int, rows: dict[str, list[dict]]) -> tuple[bool, 
         failures = [r for r in ours if r.get("log_joint_vs_best", 0.0) < -TIE_NATS]
         if failures:
             text += "; search failure: " + ", ".join(
-                f"{r['best_partition']} {-r['log_joint_vs_best']:+.0f} at seed {r['seed']}" for r in failures)
+                f"{r['best_partition']}'s scores {-r['log_joint_vs_best']:.0f} higher at seed {r['seed']}"
+                for r in failures)
         else:
             text += "; the model prefers DeepDPM's answer to the classes' and every peer's"
     return ok, f"{'yes' if ok else 'NO'}: {text}"

@@ -213,7 +213,7 @@ def test_the_verdict_names_a_search_failure_or_the_model_s_preference():
     rows = {m: [r for r in fails if r["method"] == m] for m in suite.METHODS}
     ok, verdict = suite.targets("blobs2d-100", 100, rows)
     assert not ok and "K 90..110 FAIL" in verdict
-    assert "search failure: k-means (true K) +8 at seed 0" in verdict and "seed 1" not in verdict
+    assert "search failure: k-means (true K)'s scores 8 higher at seed 0" in verdict and "seed 1" not in verdict
     prefers = _records("blobs2d-100", {"DeepDPM": [5.0], "BGM-DP": [-20.0],
                                        "k-means (true K)": [3.0], "HDBSCAN": [5.0]})
     rows = {m: [r for r in prefers if r["method"] == m] for m in suite.METHODS}
