@@ -508,8 +508,9 @@ def targets(name: str, true_k: int, rows: dict[str, list[dict]]) -> tuple[bool, 
         failures = [r for r in ours if r.get("log_joint_vs_best", 0.0) < -TIE_NATS]
         if failures:
             text += "; search failure: " + ", ".join(
-                f"{r['best_partition']}'s scores {-r['log_joint_vs_best']:.0f} higher at seed {r['seed']}"
-                for r in failures)
+                ("the classes score" if r["best_partition"] == "classes" else
+                 f"{r['best_partition']}'s partition scores")
+                + f" {-r['log_joint_vs_best']:.0f} higher at seed {r['seed']}" for r in failures)
         else:
             text += "; the model prefers DeepDPM's answer to the classes' and every peer's"
     return ok, f"{'yes' if ok else 'NO'}: {text}"
@@ -532,6 +533,8 @@ def seconds_ratio(datasets: list[dict], records: list[dict], max_n: int = 10_000
         for r in records if r["dataset"] == d["name"] and r["method"] == "BGM-DP")]
     total = {m: sum(r["seconds"] for r in records if r["dataset"] in names and r["method"] == m)
              for m in ("DeepDPM", "BGM-DP")}
+    if not names:
+        return f"No data set with N <= {max_n:,} and BGM-DP at every seed: no seconds to compare."
     ratio = f"{total['DeepDPM'] / total['BGM-DP']:.2f}" if total["BGM-DP"] > 0 else "n/a"
     return (f"Seconds over the {len(names)} data sets with N <= {max_n:,} (all seeds): DeepDPM "
             f"{total['DeepDPM']:.1f}, BGM-DP {total['BGM-DP']:.1f}; DeepDPM / BGM-DP = {ratio}.")

@@ -213,12 +213,16 @@ def test_the_verdict_names_a_search_failure_or_the_model_s_preference():
     rows = {m: [r for r in fails if r["method"] == m] for m in suite.METHODS}
     ok, verdict = suite.targets("blobs2d-100", 100, rows)
     assert not ok and "K 90..110 FAIL" in verdict
-    assert "search failure: k-means (true K)'s scores 8 higher at seed 0" in verdict and "seed 1" not in verdict
+    assert "search failure: k-means (true K)'s partition scores 8 higher at seed 0" in verdict and "seed 1" not in verdict
     prefers = _records("blobs2d-100", {"DeepDPM": [5.0], "BGM-DP": [-20.0],
                                        "k-means (true K)": [3.0], "HDBSCAN": [5.0]})
     rows = {m: [r for r in prefers if r["method"] == m] for m in suite.METHODS}
     ok, verdict = suite.targets("blobs2d-100", 100, rows)
     assert not ok and "the model prefers DeepDPM's answer" in verdict and "search" not in verdict
+    classes = _records("blobs2d-100", {"DeepDPM": [-5.0], "BGM-DP": [-20.0],
+                                       "k-means (true K)": [-9.0], "HDBSCAN": [None]})
+    rows = {m: [r for r in classes if r["method"] == m] for m in suite.METHODS}
+    assert "search failure: the classes score 5 higher at seed 0" in suite.targets("blobs2d-100", 100, rows)[1]
     ok, verdict = suite.targets("blobs2d-dense", 15, rows)  # K 15 of 15: the targets hold
     assert ok and verdict == "yes: K 14..16 ok; NMI vs best peer +0.000 ok"
 
@@ -245,6 +249,7 @@ def test_the_table_marks_skipped_and_failed_peers_and_compares_seconds():
     assert "15 (15) + noise 10.0 %" in lines["big", "HDBSCAN"]
     assert ("Seconds over the 1 data sets with N <= 10,000 (all seeds): DeepDPM 3.0, BGM-DP 1.0; "
             "DeepDPM / BGM-DP = 3.00.") in text
+    assert "no seconds to compare" in suite.seconds_ratio(datasets[1:], big)
 
 
 def test_hdbscan_counts_clusters_without_its_noise_and_scores_the_noise_as_one_cluster():
@@ -272,6 +277,7 @@ def test_a_peer_that_fails_or_is_too_big_is_recorded_and_the_run_goes_on(monkeyp
         raise ValueError("singular")
 
     X, y, _ = suite.make_datasets(quick=True)["blobs2d-dense"](0)
+    X, y = X[::4], y[::4]  # 10 rows a blob: a short DeepDPM fit
     monkeypatch.setattr(suite, "PEER_MAX_N", {"too big": 100})
     peers = {"broken": broken, "too big": lambda: y, "truth": lambda: y}
     records = {r["method"]: r for r in suite.run_methods(
