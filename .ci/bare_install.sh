@@ -2,12 +2,16 @@
 # The bare install works: in a fresh virtual environment, `pip install .` (no extras) gives
 # the estimator and `deepdpm fit` on a .npy file, leaves Ray and MLflow out, and a path
 # that needs Ray says in one line (exit code 2) which extra to install.
-# torch and its CUDA libraries take 5 GB (a minute to delete from a slow disk): where
-# memory allows, TMPDIR=/dev/shm bash .ci/bare_install.sh; BARE_INSTALL_TORCH picks another
-# torch (e.g. a CPU build).
+# torch and its CUDA libraries take 5 GB, a minute to delete from a slow disk: without a
+# TMPDIR, the venv goes to /dev/shm where 12 GB of memory are available.
+# BARE_INSTALL_TORCH picks another torch (e.g. a CPU build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
+if [[ -z "${TMPDIR:-}" && -d /dev/shm ]] \
+    && awk '/^MemAvailable:/ { exit !($2 > 12 * 1024 * 1024) }' /proc/meminfo 2>/dev/null; then
+    export TMPDIR=/dev/shm
+fi
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 export PIP_DISABLE_PIP_VERSION_CHECK=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
