@@ -3,7 +3,7 @@
 The paper's comparison with classical methods clusters n2d features (McConville et al.,
 ICPR 2021): an MLP autoencoder trained on the raw data, whose embedding is then
 transformed by UMAP (``n_neighbors=20, min_dist=0``). ``umap-learn`` is an optional
-dependency (``pip install 'deepdpm[umap]'``) imported only when a UMAP method runs.
+dependency (``pip install "deepdpm[umap]"``) imported only when a UMAP method runs.
 UMAP is not scalable to ImageNet-size N; use ``ae`` or ``pca`` there.
 
 Pure computation, no I/O.
@@ -176,7 +176,7 @@ def umap_embed(
         umap = importlib.import_module("umap")
     except ImportError as exc:
         raise ConfigError(
-            "the UMAP methods need the optional package umap-learn: pip install 'deepdpm[umap]'"
+            'the UMAP methods need the optional package umap-learn: pip install "deepdpm[umap]"'
         ) from exc
     try:
         reducer = umap.UMAP(

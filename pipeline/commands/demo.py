@@ -109,8 +109,14 @@ class DemoStages:
 
 def run(args: argparse.Namespace) -> int:
     from deepdpm_core.config_loading import load_config
+    from pipeline.extras import require
 
-    # before torch and scikit-learn load, so that a wrong --config is answered at once
+    # before torch and scikit-learn load, so that a missing extra or a wrong --config is
+    # answered at once
+    require("the demo", "umap", *([] if args.no_ray else ["extract"]),
+            *([] if args.no_tracking else ["mlflow"]),
+            note=None if args.no_ray and args.no_tracking
+            else 'with --no-ray --no-tracking: pip install "deepdpm[umap]"')
     cfg = load_config(args.config).with_overrides({"seed": args.seed})
 
     import numpy as np

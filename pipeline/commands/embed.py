@@ -55,10 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from deepdpm_core.errors import DataError
+    from pipeline.extras import require
     from pipeline.fit.request import config_from_args
 
     # the arguments and the input first: a mistake is answered before torch loads
     config = config_from_args(args.config, args.overrides, args.seed)
+    if "umap" in args.method:
+        require(f"--method {args.method}", "umap")
     if not args.input.exists():
         raise FileNotFoundError(f"input not found: {args.input}")
     if args.output.suffix.lower() != ".parquet":

@@ -89,9 +89,13 @@ TRACKED_OPTIONS = (
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.extract.shard_inputs import resolve_shards
+    from pipeline.extras import require
+    from pipeline.tracking.options import tracking_on
 
-    # the inputs first: a mistake is answered before torch and Ray load and no MLflow run
-    # is started for it
+    # the extras and the inputs first: a mistake is answered before torch and Ray load and
+    # no MLflow run is started for it
+    require("extracting image features", "extract")
+    tracking_on(args)
     resolve_shards(args.shards)
     if args.weights and not Path(args.weights).is_file():
         raise FileNotFoundError(f"weights not found: {args.weights}")

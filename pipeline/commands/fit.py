@@ -71,6 +71,7 @@ def _distributed(args: argparse.Namespace) -> bool:
 def _resumed_request(args: argparse.Namespace) -> FitRequest:
     """The stored request of ``--resume DIR`` with this command's flags applied."""
     from deepdpm_core.errors import ConfigError
+    from pipeline.extras import require
     from pipeline.fit.request import FitRequest
 
     if args.input or args.config or args.overrides or args.seed is not None:
@@ -89,6 +90,10 @@ def _resumed_request(args: argparse.Namespace) -> FitRequest:
         changes["use_gpu"] = True
     if args.checkpoint_every is not None:
         changes["checkpoint_every"] = args.checkpoint_every
+    if args.no_tracking:
+        changes["tracking"] = False
+    elif request.tracking:
+        require("resuming a tracked fit", "mlflow", note="or pass --no-tracking")
     return request.with_(**changes)
 
 
@@ -96,11 +101,12 @@ def _new_request(args: argparse.Namespace) -> FitRequest:
     """The request of a new fit (stored for ``--resume`` when it keeps checkpoints)."""
     from pipeline.fit.request import FitRequest, config_from_args
     from pipeline.tracking.environment import resolve_tracking_uri
-    from pipeline.tracking.options import default_run_name
+    from pipeline.tracking.options import default_run_name, tracking_on
 
     distributed = _distributed(args)
     mode = "ray" if distributed else "alternating" if args.alternate is not None else "local"
     config = config_from_args(args.config, args.overrides, args.seed)
+    tracking = tracking_on(args)
     return FitRequest(
         input=str(Path(args.input).resolve()),
         output=str(Path(args.output).resolve()),
@@ -112,9 +118,9 @@ def _new_request(args: argparse.Namespace) -> FitRequest:
         else args.checkpoint_every,
         resumable=distributed or args.checkpoint_every is not None,
         max_failures=args.max_failures,
-        tracking=not args.no_tracking,
+        tracking=tracking,
         # resolved here: the workers' (or a resumed run's) working directory may be another
-        tracking_uri=None if args.no_tracking else resolve_tracking_uri(args.tracking_uri),
+        tracking_uri=resolve_tracking_uri(args.tracking_uri) if tracking else None,
         experiment=args.experiment,
         run_name=default_run_name(args),
         register_model=args.register_model,
@@ -143,15 +149,19 @@ def request_from_args(args: argparse.Namespace) -> FitRequest:
     ------
     ConfigError
         Flags that do not go together, a bad config, or an output that holds an earlier fit.
+    MissingExtraError
+        Ray (``--num-workers 2``, ``--ray-address``) or MLflow (a tracking flag) asked for
+        and not installed.
     FileNotFoundError
         ``--input`` does not exist.
 
     Notes
     -----
     Nothing heavy (torch, scikit-learn, MLflow, Ray) is imported here, so a bad flag,
-    path or config key is answered at once.
+    path or config key, or a missing extra (:mod:`pipeline.extras`), is answered at once.
     """
     from deepdpm_core.errors import ConfigError
+    from pipeline.extras import require
 
     if args.num_workers is not None and args.num_workers < 0:
         raise ConfigError(f"--num-workers must be >= 0, got {args.num_workers}")
@@ -170,11 +180,17 @@ def request_from_args(args: argparse.Namespace) -> FitRequest:
         if not _distributed(args) and ((args.num_workers or 0) >= 2 or args.ray_address):
             raise ConfigError(f"{args.resume} holds a fit that ran in one process: resume it "
                               "without --num-workers and --ray-address")
+        if _distributed(args):
+            require("resuming a fit that ran on Ray", "ray")
         return _resumed_request(args)
     if not args.input or not args.output:
         raise ConfigError("--input and --output are required (unless --resume DIR)")
     if not Path(args.input).exists():  # here, not when the fit reads it after loading torch
         raise FileNotFoundError(f"input not found: {args.input}")
+    if _distributed(args):
+        flags = " ".join(([f"--num-workers {args.num_workers}"] if args.num_workers else [])
+                         + (["--ray-address"] if args.ray_address else []))
+        require(f"a fit on Ray ({flags})", "ray")
     return _new_request(args)
 
 

@@ -51,8 +51,11 @@ def model_file(model: str) -> Path:
     FileNotFoundError
         ``model`` is a path that does not exist.
     """
-    from pipeline.model_uri import local_model_path
+    from pipeline.extras import require
+    from pipeline.model_uri import is_mlflow_uri, local_model_path
 
+    if is_mlflow_uri(model):
+        require(f"--model {model}", "mlflow")
     path = local_model_path(model)
     if not path.exists():
         raise FileNotFoundError(f"model not found: {model}")
@@ -124,6 +127,9 @@ def _run_file(args: argparse.Namespace) -> int:
 
 
 def _run_folder(args: argparse.Namespace) -> int:
+    from pipeline.extras import require
+
+    require(f"a folder --input ({args.input}, predicted with Ray Data)", "ray")
     from pipeline.predict.folder import predict_folder
     from pipeline.results import print_result, shown_path
 

@@ -38,7 +38,10 @@ def run(args: argparse.Namespace) -> int:
     # checked before matplotlib loads, so that a mistake is answered at once
     if args.max_clusters < 1 or args.per_cluster < 1:
         raise ConfigError("--max-clusters and --per-cluster must be >= 1")
-    run_source(args.run)
+    if run_source(args.run) == "run_id":
+        from pipeline.extras import require
+
+        require(f"an MLflow run id ({args.run})", "mlflow")
     if args.images and not Path(args.images).exists():
         raise FileNotFoundError(f"--images not found: {args.images}")
 

@@ -28,7 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.extras import require
+
     # checked before PIL and webdataset load, so that a wrong path is answered at once
+    require("writing webdataset shards", "extract", modules=("webdataset", "PIL"))
     if not Path(args.input).is_dir():
         raise FileNotFoundError(f"input folder not found: {args.input}")
 

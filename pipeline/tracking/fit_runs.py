@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.tracking.options import DEFAULT_MODEL_ALIAS, default_run_name
+from pipeline.tracking.options import DEFAULT_MODEL_ALIAS, default_run_name, tracking_on
 from pipeline.tracking.run_tracker import RunTracker
 
 #: files of a fit output directory logged as artifacts (those that exist)
@@ -36,7 +36,7 @@ def tracker_from_args(args: argparse.Namespace, rank: int = 0) -> RunTracker:
     return RunTracker(
         tracking_uri=args.tracking_uri,
         experiment=args.experiment,
-        enabled=not args.no_tracking,
+        enabled=tracking_on(args),
         run_name=default_run_name(args),
         rank=rank,
         register_model=getattr(args, "register_model", None),
