@@ -174,19 +174,34 @@ def test_an_empty_rank_follows_the_single_process_fit_exactly(tmp_path):
     assert any(r["splits_accepted"] or r["merges_accepted"] for r in single.history)
 
 
-def test_small_data_fit_is_the_same_on_two_ranks(tmp_path):
+def _unequal_blobs() -> tuple[np.ndarray, int]:
+    """15 blobs of unequal sizes (60..760 rows, 5,418 in all) in 50-D."""
+    from sklearn.datasets import make_blobs
+
+    sizes = [60 + 50 * i for i in range(15)]
+    x, _ = make_blobs(n_samples=sizes, n_features=50, cluster_std=1.0, center_box=(-6, 6), random_state=4)
+    return x.astype(np.float32), 15
+
+
+@pytest.mark.parametrize("data", ["mixture", "unequal 50-D blobs"])
+def test_small_data_fit_is_the_same_on_two_ranks(tmp_path, data):
     # exact EM (small_data): no minibatch order to differ, the E-step is per row and the
     # statistics are all-reduced, so two ranks take the one process's moves, and the net
     # fitted at the end labels the rows alike
-    x = _mixture()
-    config = _config(**{"small_data.max_rows": 10_000, "schedule.max_epochs": 40, "init.n_clusters": 8})
+    x, k = (_mixture(), None) if data == "mixture" else _unequal_blobs()
+    config = _config(**{"small_data.max_rows": 10_000, "schedule.max_epochs": 60,
+                        "init.n_clusters": 8 if k is None else "auto", "init.max_points": 200_000,
+                        "optim.batch_size": "auto"})
     single = Trainer(config, torch.from_numpy(x))
     single.fit()
-    (hist0, _), (hist1, _) = run_ranks(tmp_path, _fit, [x[:500], x[500:]], config)
+    half = len(x) // 2
+    (hist0, _), (hist1, _) = run_ranks(tmp_path, _fit, [x[:half], x[half:]], config)
     keep = ("epoch", "n_clusters", "move", "splits_accepted", "merges_accepted")
     path = lambda h: [tuple(r[k] for k in keep) for r in h]  # noqa: E731
     assert path(hist0) == path(hist1) == path(single.history)
-    assert any(r["merges_accepted"] for r in single.history)
+    assert any(r["splits_accepted"] or r["merges_accepted"] for r in single.history)
+    if k is not None:
+        assert single.n_clusters == k
     assert hist0[-1]["distil_agreement"] == pytest.approx(single.history[-1]["distil_agreement"], abs=0.01)
 
 
