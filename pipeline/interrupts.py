@@ -65,8 +65,8 @@ def stop_between_epochs(epoch: Any = None) -> Iterator[StopRequest]:
         request.requested = True
         if epoch is not None:
             number = epoch()
-            text = (f"deepdpm fit: stopping once {'the epoch under way' if number is None else f'epoch {number}'} "
-                    "ends (Ctrl-C again to stop now, losing it)")
+            which = "the epoch under way" if number is None else f"epoch {number}"
+            text = f"deepdpm fit: stopping once {which} ends (Ctrl-C again to stop now, losing it)"
             stream = sys.stderr  # the progress bar's, while it is drawn
 
             def tell() -> None:

@@ -7,8 +7,9 @@ this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out ..." and, where
 to ...". For a cluster the command starts and shuts down itself these lines are noise:
 :func:`init_local_ray` drops them and changes nothing else (token auth stays on, with
 the token Ray reads or writes), and Ray's other INFO lines of this process ("Started a
-local Ray instance. View the dashboard at ...") with them; Ray's warnings still show. Connecting to a cluster (an address, ``$RAY_ADDRESS``)
-goes through plain ``ray.init`` and keeps every message Ray prints.
+local Ray instance. View the dashboard at ...") with them; Ray's warnings still show.
+Connecting to a cluster (an address, ``$RAY_ADDRESS``) goes through plain ``ray.init``
+and keeps every message Ray prints.
 
 A cluster started here ends with the command, even one killed with ``kill -9``: a guard
 process (:mod:`pipeline.ray_guard`) waits for the command's end and then terminates the

@@ -47,7 +47,7 @@ NOISE = {
     "Ray Train's reports": re.compile(r"Reporting training result|Checkpoint successfully created"),
     "a core worker's log line": re.compile(r"core_worker\.cc|max_restarts"),
     "Ray's INFO lines": re.compile(r"Started a local Ray instance|View the dashboard|INFO"),
-    "a worker's prefix": re.compile(r"\((?:RayTrainWorker|TrainController|PlacementGroupCleaner)?\s*pid="),
+    "a worker's prefix": re.compile(r"\((?:\w+ )?pid="),
     "Ray Train's own Ctrl-C": re.compile(r"Gracefully aborting"),
     "colour codes": re.compile("\x1b\\["),
     "a fractional count": re.compile(r"\d\.\d+/\d+"),
@@ -71,8 +71,9 @@ def _lines(stderr: str) -> list[str]:
 
 def _noise(stderr: str) -> dict[str, list[str]]:
     """The lines of ``stderr`` that are noise, by kind; and any line not the project's."""
-    found = {kind: [s for s in _lines(stderr) if pattern.search(s)] for kind, pattern in NOISE.items()}
-    found["not the project's"] = [s for s in _lines(stderr) if not s.startswith("deepdpm")]
+    lines = _lines(stderr)
+    found = {kind: [s for s in lines if pattern.search(s)] for kind, pattern in NOISE.items()}
+    found["not the project's"] = [s for s in lines if not s.startswith("deepdpm")]
     return {kind: lines[:3] for kind, lines in found.items() if lines}
 
 

@@ -151,8 +151,8 @@ def latest_ray_epoch(out: str | Path) -> int | None:
     that Ray Train's snapshot registered, as its reported metrics say); None when there is
     none or the snapshot cannot be read."""
     try:
-        snapshot = json.loads((Path(out) / TRAIN_DIR / "checkpoint_manager_snapshot.json").read_text())
-        return int(snapshot["latest_checkpoint_result"]["metrics"]["epoch"])
+        path = Path(out) / TRAIN_DIR / "checkpoint_manager_snapshot.json"
+        return int(json.loads(path.read_text())["latest_checkpoint_result"]["metrics"]["epoch"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -216,6 +216,6 @@ def load_autoencoder(path: str | Path):
 
 __all__ = ["AE_FORMAT", "CHECKPOINTS_KEPT", "CHECKPOINT_DIR", "CHECKPOINT_FILE", "TRAIN_DIR",
            "checkpoint_dir_names", "checkpoint_paths", "has_local_checkpoints",
-           "has_ray_checkpoints", "latest_ray_epoch", "latest_state", "load_autoencoder", "load_ray_checkpoint",
-           "prune_checkpoints", "remove_checkpoints", "save_autoencoder", "read_trainer_state",
-           "write_checkpoint", "write_trainer_state"]
+           "has_ray_checkpoints", "latest_ray_epoch", "latest_state", "load_autoencoder",
+           "load_ray_checkpoint", "prune_checkpoints", "remove_checkpoints", "save_autoencoder",
+           "read_trainer_state", "write_checkpoint", "write_trainer_state"]

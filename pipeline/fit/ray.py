@@ -108,7 +108,8 @@ STOP_FILE = "stop_requested"
 #:   put back to WARNING by each worker: :func:`_train_worker`);
 #: - the controller looks at the workers every 0.5 s, not 2 s: each checkpoint's report
 #:   waits for it (the workers go on once it has taken the report), and so does a Ctrl-C.
-RAY_TRAIN_SETTINGS = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+RAY_TRAIN_SETTINGS = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+                      "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 #: Ray Train settings of a fit on a local cluster the command started itself: one node,
 #: which no autoscaler drains, so no preemption watcher (whose creation the controller
 #: announces with a ``core_worker.cc ... E ... max_restarts > 0`` line)
@@ -164,7 +165,8 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
     with _env_defaults({**RAY_TRAIN_SETTINGS, **_plain_log_prefix()}):
         try:
             started_here = connect_ray(request.ray_address)
-            staging = staging_folder(out)  # rank 0 writes the outputs here, the driver publishes them
+            # rank 0 writes the outputs here, the driver publishes them
+            staging = staging_folder(out)
             check_resources(request.num_workers, request.use_gpu,
                             0.0 if started_here == "local" else request.wait_for_workers_s)
             out.mkdir(parents=True, exist_ok=True)
@@ -197,7 +199,8 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
     if stopped_after is not None:
         shutil.rmtree(staging, ignore_errors=True)
         prune_checkpoints(out)
-        raise FitInterrupted(f"after epoch {stopped_after}: deepdpm fit --resume {out} continues it")
+        raise FitInterrupted(f"after epoch {stopped_after}: deepdpm fit --resume {out} "
+                             "continues it")
     error_file = out / ERROR_FILE
     if error_file.exists():
         shutil.rmtree(staging, ignore_errors=True)
@@ -593,5 +596,5 @@ def _write_outputs(trainer: Trainer, req: FitRequest, staging: Path, fit_seconds
     log_fit_outputs(tracker, staging)  # + final_nmi/ari/acc over all labelled rows
 
 
-__all__ = ["ERROR_FILE", "LOCAL_RAY_TRAIN_SETTINGS", "RAY_TRAIN_SETTINGS", "STOP_FILE", "check_resources",
-           "plain_ray_bars", "run_ray_fit"]
+__all__ = ["ERROR_FILE", "LOCAL_RAY_TRAIN_SETTINGS", "RAY_TRAIN_SETTINGS", "STOP_FILE",
+           "check_resources", "plain_ray_bars", "run_ray_fit"]
