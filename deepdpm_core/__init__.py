@@ -10,6 +10,14 @@ from deepdpm_core.idle_threads import OPENMP_PASSIVE, set_defaults
 
 set_defaults(OPENMP_PASSIVE)
 
+import logging  # noqa: E402
+
+# faiss tells at INFO how its import went ("Loading faiss with AVX512 support.", then
+# "No module named 'faiss.swigfaiss_avx512'" for a build without it): routine, but shown
+# wherever INFO records are (a Ray Train worker's root logger). Its warnings still show.
+if logging.getLogger("faiss.loader").level == logging.NOTSET:
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+
 from deepdpm_core.config import Config  # noqa: E402
 from deepdpm_core.config_loading import load_config  # noqa: E402
 from deepdpm_core.errors import CheckpointError, ConfigError, DataError, DeepDPMError  # noqa: E402

@@ -6,6 +6,9 @@ the current epoch instead: the fit then checks :attr:`StopRequest.requested` at 
 epoch's end, writes a checkpoint and raises :class:`FitInterrupted`. An epoch still
 running a second after the Ctrl-C is named on stderr; a second Ctrl-C stops at once
 (``KeyboardInterrupt``, the last epoch's work lost).
+
+A fit on Ray (:mod:`pipeline.fit.ray`) takes the same two steps: its driver holds the
+Ctrl-C and passes the request on to the workers, which stop together at an epoch's end.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ def stop_between_epochs(epoch: Any = None) -> Iterator[StopRequest]:
     ----------
     epoch : callable, optional
         ``epoch()`` -> the epoch under way, named in the notice printed when the epoch
-        has not ended :data:`NOTICE_AFTER_S` after the Ctrl-C.
+        has not ended :data:`NOTICE_AFTER_S` after the Ctrl-C (None: a notice that names
+        none, for a driver that does not know it); without it, no notice.
 
     Notes
     -----
@@ -60,8 +64,9 @@ def stop_between_epochs(epoch: Any = None) -> Iterator[StopRequest]:
             raise KeyboardInterrupt
         request.requested = True
         if epoch is not None:
-            text = (f"deepdpm fit: stopping once epoch {epoch()} ends "
-                    "(Ctrl-C again to stop now, losing it)")
+            number = epoch()
+            which = "the epoch under way" if number is None else f"epoch {number}"
+            text = f"deepdpm fit: stopping once {which} ends (Ctrl-C again to stop now, losing it)"
             stream = sys.stderr  # the progress bar's, while it is drawn
 
             def tell() -> None:

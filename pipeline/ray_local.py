@@ -6,8 +6,10 @@ this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out ..." and, where
 ``~/.ray/auth_token`` does not exist yet, "Generated new authentication token and saved
 to ...". For a cluster the command starts and shuts down itself these lines are noise:
 :func:`init_local_ray` drops them and changes nothing else (token auth stays on, with
-the token Ray reads or writes). Connecting to a cluster (an address, ``$RAY_ADDRESS``)
-goes through plain ``ray.init`` and keeps every message Ray prints.
+the token Ray reads or writes), and Ray's other INFO lines of this process ("Started a
+local Ray instance. View the dashboard at ...") with them; Ray's warnings still show.
+Connecting to a cluster (an address, ``$RAY_ADDRESS``) goes through plain ``ray.init``
+and keeps every message Ray prints.
 
 A cluster started here ends with the command, even one killed with ``kill -9``: a guard
 process (:mod:`pipeline.ray_guard`) waits for the command's end and then terminates the
@@ -38,21 +40,48 @@ def init_local_ray(**kwargs: Any) -> None:
     The workers share this machine with the command: their idle OpenMP and numba threads
     sleep instead of spinning (:mod:`deepdpm_core.idle_threads`; the values of this
     process, so a user's own setting reaches them), added to ``runtime_env["env_vars"]``.
+    Each worker finds its own cluster by ``$RAY_ADDRESS`` (:func:`_own_cluster_address_hook`),
+    even where other Ray clusters run on the machine.
     """
     import ray
 
     runtime_env = dict(kwargs.pop("runtime_env", None) or {})
     runtime_env["env_vars"] = {**set_defaults({**OPENMP_PASSIVE, **NUMBA_PASSIVE}),
                                **runtime_env.get("env_vars", {})}
+    runtime_env.setdefault("worker_process_setup_hook", _own_cluster_address_hook())
     announcer = logging.getLogger(AUTH_LOGGER)
     level = announcer.level
     announcer.setLevel(logging.ERROR)  # errors (e.g. an unwritable token file) still show
+    # the "ray" logger of this process at WARNING: no "Started a local Ray instance. View
+    # the dashboard at ..." (at INFO, in colour codes) for a cluster that is the command's own
+    kwargs.setdefault("logging_level", logging.WARNING)
     try:
         ray.init(address="local", runtime_env=runtime_env, **kwargs)
     finally:
         announcer.setLevel(level)
     if sys.platform.startswith("linux"):
         _guard_cluster()
+
+
+def _own_cluster_address_hook() -> Any:
+    """A ``worker_process_setup_hook`` that sets ``$RAY_ADDRESS`` in each worker of the
+    cluster to that cluster's address.
+
+    Ray's state API, which Ray Train's placement-group cleaner calls in the cluster every
+    second, finds its cluster by ``$RAY_ADDRESS``, else by looking for Ray's processes on
+    the machine: with a second Ray cluster there, it fails ("Found multiple active Ray
+    instances") and the cleaner prints a traceback. Defined here so that Ray pickles it by
+    value: a worker need not import this package to run it.
+    """
+
+    def find_own_cluster() -> None:
+        import os
+
+        import ray
+
+        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+
+    return find_own_cluster
 
 
 def connect_ray(address: str | None, **local_kwargs: Any) -> str | None:

@@ -34,22 +34,26 @@ def test_a_fit_that_runs_out_of_epochs_says_so(capsys):
     assert "100%" in bar and " 4/4 " in bar and bar.endswith("stopped: max_epochs (4) reached]"), bar
 
 
-def test_rays_driver_draws_a_whole_epoch_count(monkeypatch, capsys):
+def test_rays_driver_draws_a_whole_epoch_count_and_no_worker_prefix(monkeypatch, capsys):
     import tqdm.auto
     from ray.experimental import tqdm_ray
 
-    from pipeline.fit.ray import whole_counts_in_ray_bars
+    from pipeline.fit.ray import plain_ray_bars
 
     # Ray's own drawing (an earlier Ray fit in this process may have replaced it already);
     # monkeypatch puts back whatever was there after the test
     monkeypatch.setattr(tqdm_ray, "real_tqdm", tqdm.auto)
-    state = {"x": 7, "pos": 0, "desc": "deepdpm fit K=3", "total": 200, "unit": "epoch",
+    # the description as Ray's driver hands it over: the worker's pid in colour codes first
+    prefix = "\x1b[2m\x1b[36m(pid=4242) \x1b[0m"
+    state = {"x": 7, "pos": 0, "desc": prefix + "deepdpm fit K=3", "total": 200, "unit": "epoch",
              "ip": "", "pid": 0, "uuid": "a", "closed": False}
     assert "7.00/200" in str(tqdm_ray._Bar(dict(state), 0).bar)  # Ray's own drawing
-    whole_counts_in_ray_bars()
+    plain_ray_bars()
     drawn = tqdm_ray._Bar(dict(state), 0)
-    assert " 7/200 " in str(drawn.bar), str(drawn.bar)
-    drawn.update({**state, "x": 33, "total": 33, "desc": "deepdpm fit K=3 stopped: K settled"})
-    assert "100%" in str(drawn.bar) and " 33/33 " in str(drawn.bar), str(drawn.bar)
+    assert str(drawn.bar).startswith("deepdpm fit K=3: ") and " 7/200 " in str(drawn.bar), str(drawn.bar)
+    drawn.update({**state, "x": 33, "total": 33,
+                  "desc": prefix.replace("4242", "4242, ip=10.0.0.2") + "deepdpm fit K=3 stopped: K settled"})
+    shown = str(drawn.bar)
+    assert shown.startswith("deepdpm fit K=3 stopped: K settled: 100%") and " 33/33 " in shown, shown
     drawn.close()
     capsys.readouterr()

@@ -155,7 +155,7 @@ def test_two_workers_find_the_true_k_as_one_process_does(two_worker_run, data, t
     assert workers == [("2",)]
 
 
-def test_crashes_resume_from_the_last_checkpoint(two_worker_run, data, tmp_path):
+def test_crashes_resume_from_the_last_checkpoint(two_worker_run, data, tmp_path, capsys):
     reference = _history(two_worker_run[0])
     assert len(reference) > 11, "the reference fit must outlast the injected crashes"
     out = tmp_path / "crashy"
@@ -166,6 +166,8 @@ def test_crashes_resume_from_the_last_checkpoint(two_worker_run, data, tmp_path)
         _fit_with_fault(fault, "--input", str(data[0]), "--output", str(out), *FIT_SETTINGS,
                         "--num-workers", "2", "--checkpoint-every", str(CHECKPOINT_EVERY),
                         "--max-failures", "1", "--no-tracking")
+    # the crash Ray Train recovered from shows on stderr too (the worker's traceback)
+    assert "RuntimeError: injected failure on rank 1 at epoch 5" in capsys.readouterr().err
     markers = sorted(p.name for p in (out / TRAIN_DIR).glob(".injected_failure_*"))
     assert markers == [".injected_failure_epoch11_rank1", ".injected_failure_epoch5_rank1"]
     assert not (out / "summary.json").exists()

@@ -146,6 +146,17 @@ def checkpoint_dir_names(node: Any) -> list[str]:
     return []
 
 
+def latest_ray_epoch(out: str | Path) -> int | None:
+    """The epoch of the checkpoint a resumed Ray fit in ``out`` starts from (the latest
+    that Ray Train's snapshot registered, as its reported metrics say); None when there is
+    none or the snapshot cannot be read."""
+    try:
+        path = Path(out) / TRAIN_DIR / "checkpoint_manager_snapshot.json"
+        return int(json.loads(path.read_text())["latest_checkpoint_result"]["metrics"]["epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def prune_checkpoints(out: str | Path) -> list[Path]:
     """Remove the checkpoint folders in ``OUT/ray_train`` that Ray Train's snapshot does
     not list; returns them.
@@ -205,6 +216,6 @@ def load_autoencoder(path: str | Path):
 
 __all__ = ["AE_FORMAT", "CHECKPOINTS_KEPT", "CHECKPOINT_DIR", "CHECKPOINT_FILE", "TRAIN_DIR",
            "checkpoint_dir_names", "checkpoint_paths", "has_local_checkpoints",
-           "has_ray_checkpoints", "latest_state", "load_autoencoder", "load_ray_checkpoint",
-           "prune_checkpoints", "remove_checkpoints", "save_autoencoder", "read_trainer_state",
-           "write_checkpoint", "write_trainer_state"]
+           "has_ray_checkpoints", "latest_ray_epoch", "latest_state", "load_autoencoder",
+           "load_ray_checkpoint", "prune_checkpoints", "remove_checkpoints", "save_autoencoder",
+           "read_trainer_state", "write_checkpoint", "write_trainer_state"]

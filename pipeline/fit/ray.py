@@ -23,6 +23,20 @@ the driver publishes them in one step once Ray Train is done with ``OUT/ray_trai
 (:mod:`pipeline.run_folder`), and removes the checkpoints Ray Train's snapshot does not
 list. Only rank 0 scores, logs to MLflow and draws progress.
 
+Ctrl-C (SIGINT) stops the run as it stops a fit in one process
+(:mod:`pipeline.interrupts`): the driver runs Ray Train from a second thread (so Ray
+Train's own SIGINT handler, which aborts the run, is not installed), and on the first
+Ctrl-C writes ``OUT/stop_requested`` (:data:`STOP_FILE`). Rank 0 looks for it after
+each epoch and all ranks agree in one all-reduce; they stop together at that epoch's
+end, rank 0 answering in the same file, and report a checkpoint that
+``deepdpm fit --resume OUT`` continues from exactly as the uninterrupted fit would have
+gone on. The driver then raises :class:`~pipeline.interrupts.FitInterrupted`. A second
+Ctrl-C stops the driver at once; the run's latest checkpoint is kept.
+
+A Ray fit's stderr holds the project's lines and the progress bar, not Ray's routine
+messages (:data:`RAY_TRAIN_SETTINGS`, :data:`LOCAL_RAY_TRAIN_SETTINGS`, :func:`plain_ray_bars`);
+warnings and errors of Ray and of the workers still show.
+
 Tests inject crashes with ``run_ray_fit(request, fault=...)``: the callable travels to
 every worker in the ``train_loop_config`` and is called before each epoch.
 """
@@ -32,8 +46,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
+import os
+import re
 import shutil
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,13 +74,14 @@ from pipeline.fit.checkpoints import (
     CHECKPOINT_FILE,
     TRAIN_DIR,
     has_ray_checkpoints,
+    latest_ray_epoch,
     load_ray_checkpoint,
     prune_checkpoints,
     remove_checkpoints,
     write_trainer_state,
 )
 from pipeline.fit.outputs import RUN_OUTPUTS, FitResult
-from pipeline.fit.request import FitRequest
+from pipeline.fit.request import REQUEST_FILE, FitRequest
 from pipeline.fit.runner import (
     CONSISTENCY_EVERY,
     FaultHook,
@@ -70,11 +90,30 @@ from pipeline.fit.runner import (
     epoch_callbacks,
     run_epochs,
 )
+from pipeline.interrupts import FitInterrupted, stop_between_epochs
 from pipeline.ray_local import connect_ray
 from pipeline.run_folder import publish_run, staging_folder
 
 #: a user error the workers agreed on (bad rows, a checkpoint of other data), for the driver
 ERROR_FILE = "worker_error.json"
+#: the driver's Ctrl-C, for the workers (``{"requested": true}``), and rank 0's answer
+#: once every rank has stopped at an epoch's end (``{"stopped_after_epoch": E}``)
+STOP_FILE = "stop_requested"
+#: Ray Train settings of every Ray fit, passed on to its controller and workers (a value
+#: set in the environment wins):
+#:
+#: - a worker's ``print`` stays Python's own: Ray Train's default sends it through an
+#:   INFO log record, which each update of the progress bar (printed by ``tqdm_ray``)
+#:   ends with an empty line (the workers' root logger, which Ray Train sets to INFO, is
+#:   put back to WARNING by each worker: :func:`_train_worker`);
+#: - the controller looks at the workers every 0.5 s, not 2 s: each checkpoint's report
+#:   waits for it (the workers go on once it has taken the report), and so does a Ctrl-C.
+RAY_TRAIN_SETTINGS = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+                      "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+#: Ray Train settings of a fit on a local cluster the command started itself: one node,
+#: which no autoscaler drains, so no preemption watcher (whose creation the controller
+#: announces with a ``core_worker.cc ... E ... max_restarts > 0`` line)
+LOCAL_RAY_TRAIN_SETTINGS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 
 # --------------------------------------------------------------------------- driver
@@ -122,27 +161,46 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
 
     import ray
 
-    started_here = connect_ray(request.ray_address)
-    staging = staging_folder(out)  # rank 0 writes the outputs here, the driver publishes them
-    try:
-        check_resources(request.num_workers, request.use_gpu,
-                        0.0 if started_here == "local" else request.wait_for_workers_s)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / ERROR_FILE).unlink(missing_ok=True)
-        if not request.resume:
-            request.save()
-        prune_checkpoints(out)
-        whole_counts_in_ray_bars()
-        _torch_trainer(request, staging, fault).fit()
-    except Exception as exc:
+    started_here, staging, fit = None, None, None
+    with _env_defaults({**RAY_TRAIN_SETTINGS, **_plain_log_prefix()}):
+        try:
+            started_here = connect_ray(request.ray_address)
+            # rank 0 writes the outputs here, the driver publishes them
+            staging = staging_folder(out)
+            check_resources(request.num_workers, request.use_gpu,
+                            0.0 if started_here == "local" else request.wait_for_workers_s)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / ERROR_FILE).unlink(missing_ok=True)
+            (out / STOP_FILE).unlink(missing_ok=True)  # a killed driver's
+            if not request.resume:
+                request.save()
+            prune_checkpoints(out)
+            plain_ray_bars()
+            fit = _StoppableFit(_torch_trainer(request, staging, fault), out,
+                                leave_once_saved=started_here == "local")
+            with _env_defaults(LOCAL_RAY_TRAIN_SETTINGS if started_here == "local" else {}):
+                stopped_after = fit.run()
+        except BaseException as exc:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, KeyboardInterrupt):  # a second Ctrl-C, or one before training
+                raise _interrupted(out, training=fit is not None) from None
+            user_error = _worker_user_error(exc)
+            if user_error is not None:
+                raise user_error from None
+            raise
+        finally:
+            if started_here:
+                ray.shutdown()
+            # left for the workers of a cluster this driver was attached to, which go on
+            # until they see it (at the end of the epoch under way)
+            if started_here or fit is None or not fit.running:
+                (out / STOP_FILE).unlink(missing_ok=True)
+    if stopped_after is not None:
         shutil.rmtree(staging, ignore_errors=True)
-        user_error = _worker_user_error(exc)
-        if user_error is not None:
-            raise user_error from None
-        raise
-    finally:
-        if started_here:
-            ray.shutdown()
+        prune_checkpoints(out)
+        raise FitInterrupted(f"after epoch {stopped_after}: deepdpm fit --resume {out} "
+                             "continues it")
     error_file = out / ERROR_FILE
     if error_file.exists():
         shutil.rmtree(staging, ignore_errors=True)
@@ -154,22 +212,132 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
     return FitResult(json.loads((out / "summary.json").read_text()), str(out))
 
 
-def whole_counts_in_ray_bars() -> None:
-    """Make this driver draw the workers' progress bars with whole counts (``7/200``).
+class _StoppableFit:
+    """``trainer.fit()`` in a second thread, while this (main) thread holds Ctrl-C.
+
+    Ray Train installs a SIGINT handler that aborts the run (after a few more epochs and
+    checkpoints) when its ``fit`` runs in the main thread, and none from another thread.
+    Here the first Ctrl-C writes :data:`STOP_FILE` for the workers; the notice of
+    :func:`~pipeline.interrupts.stop_between_epochs` is due until rank 0 answers there.
+    A second Ctrl-C raises ``KeyboardInterrupt`` here at once (the thread is left).
+
+    With ``leave_once_saved`` (a cluster the driver shuts down itself), the driver stops
+    waiting as soon as Ray Train has registered the checkpoint of the epoch the workers
+    stopped after, instead of waiting for Ray Train to wind the run down: a Ctrl-C at a
+    terminal also reaches the cluster's dashboard (it shares the driver's process group),
+    which dies of it, and Ray Train's winding down then waits about 8 s on its state API.
+    """
+
+    def __init__(self, trainer: Any, out: Path, leave_once_saved: bool = False) -> None:
+        self.trainer = trainer
+        self.out = out
+        self.stop_file = out / STOP_FILE
+        self.leave_once_saved = leave_once_saved
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the run goes on (a second Ctrl-C left it)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def run(self) -> int | None:
+        """Fit; returns None, or the epoch after which a Ctrl-C stopped every worker."""
+        self._thread = threading.Thread(target=self._fit, name="deepdpm-ray-fit", daemon=True)
+        asked = False
+        with stop_between_epochs(lambda: None) as stop:
+            self._thread.start()
+            while self._thread.is_alive():
+                self._thread.join(0.1)  # Ctrl-C is handled between the waits
+                if stop.requested and not asked:
+                    write_json_atomic({"requested": True}, self.stop_file)
+                    asked = True
+                if asked and not stop.honoured:
+                    stop.honoured = self._answer() is not None
+                if stop.honoured and self.leave_once_saved \
+                        and latest_ray_epoch(self.out) == self._answer():
+                    return self._answer()
+        if self._error is not None:
+            raise self._error
+        return self._answer() if asked else None
+
+    def _fit(self) -> None:
+        try:
+            self.trainer.fit()
+        except BaseException as exc:  # raised again in the driver's thread
+            self._error = exc
+
+    def _answer(self) -> int | None:
+        """The epoch rank 0 said every worker stopped after; None before it has."""
+        try:
+            return int(json.loads(self.stop_file.read_text())["stopped_after_epoch"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def _interrupted(out: Path, training: bool) -> FitInterrupted:
+    """The error of a fit stopped other than at an epoch's end (``training``: in an epoch,
+    else before training began): what ``--resume`` does then."""
+    when = "mid-epoch" if training else "before training"
+    epoch = latest_ray_epoch(out)
+    if epoch is not None:
+        return FitInterrupted(f"{when}: deepdpm fit --resume {out} continues from epoch {epoch}")
+    if (out / REQUEST_FILE).exists():
+        return FitInterrupted(f"{when}{', before any checkpoint' if training else ''}: "
+                              f"deepdpm fit --resume {out} starts it again")
+    return FitInterrupted(f"{when}: nothing to resume")
+
+
+@contextlib.contextmanager
+def _env_defaults(values: dict[str, str]) -> Iterator[None]:
+    """Set the environment variables in ``values`` that are not set, while the block runs."""
+    added = {key: value for key, value in values.items() if key not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def _plain_log_prefix() -> dict[str, str]:
+    """``RAY_COLOR_PREFIX=0`` (worker lines' ``(pid=N)`` prefix without colour codes)
+    unless stderr is a terminal."""
+    return {} if sys.stderr.isatty() else {"RAY_COLOR_PREFIX": "0"}
+
+
+#: what Ray's driver puts before a worker's bar: ``(pid=N) `` or ``(pid=N, ip=A) ``,
+#: in colour codes
+_RAY_BAR_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)*\(pid=[^)]*\) ?(?:\x1b\[[0-9;]*m)*")
+
+
+def plain_ray_bars() -> None:
+    """Make this driver draw the workers' progress bars as a fit in one process draws
+    its own: whole counts (``7/200``), and the description alone.
 
     Ray's driver draws each bar a worker reports (``ray.experimental.tqdm_ray``) as a
-    ``tqdm.auto`` bar with ``unit_scale=True``, which shows 7 epochs as ``7.00/200``; its
-    module attribute ``real_tqdm`` is the one place to change that.
+    ``tqdm.auto`` bar with ``unit_scale=True``, which shows 7 epochs as ``7.00/200``, and
+    puts the worker's ``(pid=N)`` before its description, in colour codes even where
+    stderr is a file; its module attribute ``real_tqdm`` is the one place to change that.
     """
     import types
 
     from ray.experimental import tqdm_ray
     from tqdm import auto
 
-    def whole(*args: Any, **kwargs: Any) -> Any:
-        return auto.tqdm(*args, **{**kwargs, "unit_scale": False})
+    def plain(desc: Any) -> Any:
+        return _RAY_BAR_PREFIX.sub("", desc) if isinstance(desc, str) else desc
 
-    tqdm_ray.real_tqdm = types.SimpleNamespace(tqdm=whole)
+    class PlainBar(auto.tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if "desc" in kwargs:
+                kwargs["desc"] = plain(kwargs["desc"])
+            super().__init__(*args, **{**kwargs, "unit_scale": False})
+
+        def set_description(self, desc: Any = None, refresh: bool = True) -> None:
+            super().set_description(plain(desc), refresh)
+
+    tqdm_ray.real_tqdm = types.SimpleNamespace(tqdm=PlainBar)
 
 
 def check_resources(num_workers: int, use_gpu: bool, wait_s: float = 0.0) -> None:
@@ -251,6 +419,11 @@ def _train_worker(loop: dict[str, Any]) -> None:
     from pipeline.tracking.environment import environment_tags
     from pipeline.tracking.fit_runs import fit_params
 
+    # Ray Train sets the root logger to INFO on its workers, which shows the INFO records
+    # of every library (and its own "Reporting training result ..." at each report,
+    # whose logger is named by a file path, outside ``ray.train``): back to Python's
+    # WARNING. Ray Train's own records follow RunConfig's LoggingConfig.
+    logging.getLogger().setLevel(logging.WARNING)
     req = FitRequest(**loop["request"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -288,6 +461,7 @@ def _train_worker(loop: dict[str, Any]) -> None:
         tracker.log_params(fit_params(config.flat(), n, dim, num_workers=world))
         tracker.set_tags({**environment_tags(req.input),
                           **({"resumed_from_epoch": resumed_from} if resumed_from is not None else {})})
+        stop_file = Path(req.output) / STOP_FILE
         hooks = FitHooks(
             on_epoch=epoch_callbacks(trainer, tracker, _rank0_scores(req, config.seed))
             if rank == 0 else [],
@@ -296,12 +470,21 @@ def _train_worker(loop: dict[str, Any]) -> None:
             consistency_every=CONSISTENCY_EVERY if world > 1 else 0,
             progress=_ray_progress if rank == 0 and not req.quiet else None,
             fault=loop.get("fault"),
+            stop=_DriverStop(comm, stop_file),
             rank=rank,
         )
         t0 = time.perf_counter()
         before = sum(r["seconds"] for r in trainer.history)
         try:
             run_epochs(trainer, hooks, restored=checkpoint is not None)
+        except FitInterrupted:  # the driver's Ctrl-C: every rank stands at this epoch's end
+            if rank == 0:
+                write_json_atomic({"stopped_after_epoch": trainer.epoch}, stop_file)
+            tracker.close("KILLED")
+            # what --resume continues from; once Ray Train has registered it, the driver
+            # may end the cluster
+            _report(trainer, rank, final=False)
+            return
         except DeepDPMError as exc:
             # a data error meets every rank alike (all-reduced statistics, rank 0's broadcast
             # plan); Ray Train retries whatever a worker raises, so it ends the run here
@@ -314,6 +497,26 @@ def _train_worker(loop: dict[str, Any]) -> None:
                            tracker,
                            {"num_workers": world, "resumed_from_epoch": resumed_from,
                             **data_variance_summary(trainer)})
+
+
+class _DriverStop:
+    """The driver's Ctrl-C (:data:`STOP_FILE`) as every rank sees it, for
+    :attr:`pipeline.fit.runner.FitHooks.stop`.
+
+    Reading :attr:`requested` is a collective: rank 0 looks for the file and one
+    all-reduce tells every rank, so all stop after the same epoch. The runner reads it
+    once per epoch on every rank.
+    """
+
+    def __init__(self, comm: Communicator, path: Path) -> None:
+        self.comm, self.path = comm, path
+        self.honoured = False
+
+    @property
+    def requested(self) -> bool:
+        asked = self.comm.rank == 0 and self.path.exists()
+        flag = torch.tensor([1.0 if asked else 0.0], dtype=torch.float64)
+        return bool(self.comm.all_reduce(flag, op="max").item() > 0)
 
 
 def _rank0_scores(req: FitRequest, seed: int):
@@ -393,4 +596,5 @@ def _write_outputs(trainer: Trainer, req: FitRequest, staging: Path, fit_seconds
     log_fit_outputs(tracker, staging)  # + final_nmi/ari/acc over all labelled rows
 
 
-__all__ = ["ERROR_FILE", "check_resources", "run_ray_fit", "whole_counts_in_ray_bars"]
+__all__ = ["ERROR_FILE", "LOCAL_RAY_TRAIN_SETTINGS", "RAY_TRAIN_SETTINGS", "STOP_FILE",
+           "check_resources", "plain_ray_bars", "run_ray_fit"]
