@@ -141,9 +141,9 @@ class SmallDataConfig:
     """Fits of at most ``max_rows`` rows (over all ranks) search by exact EM.
 
     Each epoch's M-step takes the E-step responsibilities r^E themselves (paper Eq. 5;
-    what the clustering net learns to output) and the subclusters are hard 2-way EM
-    steps within each cluster (what the subclustering nets' loss, Eq. 7, trains them
-    towards); the moves, the prior and the stop rule are the same. Without nets to wait
+    what the clustering net learns to output) and the subclusters are 2-means steps
+    within each cluster (the minimiser of the subclustering nets' loss, Eq. 7, for the
+    current means); the moves, the prior and the stop rule are the same. Without nets to wait
     for, moves come every ``move_every`` epochs after ``warmup_epochs``, with no freeze.
     Once K has settled, the clustering net is fitted to the final responsibilities
     (full batch, Adam at ``distil_lr``) until its argmax agrees with theirs on
