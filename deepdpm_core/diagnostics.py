@@ -90,6 +90,27 @@ def move_kinds(history: Sequence[Mapping[str, Any]], schedule: Any, moves: Any) 
     return MoveSchedule(_typed(ScheduleConfig, schedule), _typed(MovesConfig, moves)).replay(list(history))
 
 
+def stop_reason(history: Sequence[Mapping[str, Any]], config: Any) -> str | None:
+    """Why a finished fit stopped, as its progress bar said: ``"K settled after 33 epochs
+    (3 move rounds in a row accepted nothing)"`` or ``"max_epochs (200) reached"``.
+
+    The move rounds are read from the records (:func:`move_kinds`) and fed to a
+    :class:`~deepdpm_core.schedule.MoveSchedule` built from ``config``'s ``schedule`` and
+    ``moves`` sections (dataclasses, dicts or None); None when those rounds do not end
+    the fit (e.g. records of an interrupted fit).
+    """
+    if not history:
+        return None
+    schedule = MoveSchedule(_typed(ScheduleConfig, _section(config, "schedule")),
+                            _typed(MovesConfig, _section(config, "moves")))
+    for epoch, (kind, record) in enumerate(zip(move_kinds(history, schedule.schedule, schedule.moves),
+                                               history, strict=True), start=1):
+        if kind is not None:
+            schedule.moved(epoch, int(record.get("splits_accepted") or 0)
+                           + int(record.get("merges_accepted") or 0), int(record["n_clusters"]))
+    return schedule.stop_reason(len(history))
+
+
 def _typed(cls: type, section: Any) -> Any:
     """A config section as its dataclass (``cls``), from a dataclass, a dict or None."""
     if isinstance(section, cls):
@@ -305,5 +326,6 @@ __all__ = [
     "knob_advice",
     "move_kinds",
     "remedy",
+    "stop_reason",
     "variance_summary",
 ]

@@ -264,3 +264,39 @@ def test_summaries_are_strict_json_with_null_for_non_finite_numbers(tmp_path):
     with pytest.raises(IsADirectoryError, match=f"output {tmp_path} is a folder"):
         write_json_atomic({}, tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+@pytest.mark.parametrize("size", [(8, 8), (32, 24), (300, 150)])
+def test_sample_thumbnails_fill_their_tiles(size):
+    """Small images grow to the 96 px tile (aspect kept), large ones shrink to it."""
+    from pipeline.report.html_report import image_strip
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, (10, 10, 10)).save(buf, format="PNG")
+    strip = Image.open(io.BytesIO(image_strip([buf.getvalue()] * 2))).convert("RGB")
+    assert strip.size == (2 * 96 + 4, 96)
+    dark = np.argwhere(np.asarray(strip)[:, :96].sum(axis=2) < 100)  # the first tile's image
+    height, width = dark.max(axis=0) - dark.min(axis=0) + 1
+    assert max(width, height) == 96
+    assert width / height == pytest.approx(size[0] / size[1], rel=0.05)
+
+
+def test_report_says_why_the_fit_stopped(tmp_path):
+    fit = tmp_path / "fit"
+    fit.mkdir()
+    # small-data schedule: a move round every other epoch; the last 3 accept nothing
+    history = _history(20)
+    for record in history:
+        record["move"] = ("split", "merge")[record["epoch"] // 2 % 2] if record["epoch"] % 2 else None
+        record["splits_accepted"] = record["merges_accepted"] = 0
+    for index in (1, 5, 9, 13):  # never 3 idle rounds in a row before the end
+        history[index]["splits_accepted"] = 1
+    summary = {"n_clusters": 4, "epochs": 20, "fit_seconds": 1.0, "history": history,
+               "config": {"schedule": {"max_epochs": 200, "patience": 3}}}
+    (fit / "summary.json").write_text(json.dumps(summary))
+    output = tmp_path / "r.html"
+    assert main(["report", str(fit), "-o", str(output)]) == 0
+    parser, _ = _parse(output)
+    text = " ".join(parser.text)
+    assert "stopped" in text
+    assert "K settled after 20 epochs (3 move rounds in a row accepted nothing)" in text

@@ -31,7 +31,7 @@ import yaml
 from PIL import Image, UnidentifiedImageError
 from tqdm import tqdm
 
-from deepdpm_core.diagnostics import diagnose
+from deepdpm_core.diagnostics import diagnose, stop_reason
 from deepdpm_core.errors import DataError
 from pipeline.atomic_files import atomic_path
 from pipeline.report import plots, run_source
@@ -257,7 +257,11 @@ def find_images(images: str | Path, keys: Iterable[str]) -> dict[str, bytes]:
 
 
 def image_strip(encoded: list[bytes], thumb: int = 96) -> bytes | None:
-    """Thumbnails of ``encoded`` images side by side, as PNG bytes (None if none decode)."""
+    """Thumbnails of ``encoded`` images side by side, as PNG bytes (None if none decode).
+
+    Each image is scaled to fit a ``thumb`` x ``thumb`` tile, keeping its aspect ratio:
+    larger ones shrink, smaller ones (e.g. 32 px digits) grow, pixels kept sharp.
+    """
     tiles = []
     for data in encoded:
         try:
@@ -265,6 +269,10 @@ def image_strip(encoded: list[bytes], thumb: int = 96) -> bytes | None:
                 tile = img.convert("RGB")
         except (UnidentifiedImageError, OSError):
             continue  # a corrupt image is left out, not fatal to the report
+        if max(tile.size) < thumb:  # thumbnail() only shrinks
+            scale = thumb / max(tile.size)
+            tile = tile.resize((max(1, round(tile.width * scale)), max(1, round(tile.height * scale))),
+                               Image.Resampling.NEAREST)
         tile.thumbnail((thumb, thumb))
         tiles.append(tile)
     if not tiles:
@@ -382,6 +390,7 @@ def _overview(summary: dict[str, Any]) -> str:
     facts = [
         ("clusters found (K)", summary.get("n_clusters")),
         ("epochs", summary.get("epochs")),
+        ("stopped", stop_reason(summary.get("history") or [], summary.get("config"))),
         ("fit time (s)", summary.get("fit_seconds")),
         # what the epoch-time plot adds up; the fit time also counts the initialisation
         ("of which epochs (s)", sum(r.get("seconds") or 0.0 for r in summary.get("history") or [])
