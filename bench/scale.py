@@ -63,7 +63,9 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 
     and the median of the ``epochs`` − 1 after it (nets trained, anchors from the E-step)."""
     cfg = Config().with_overrides({
         "seed": seed, "device": device, "init.n_clusters": k, "schedule.warmup_epochs": 0,
-        "moves.split": False, "moves.merge": False, "init.kmeans_iters": 5, **overrides,
+        "moves.split": False, "moves.merge": False, "init.kmeans_iters": 5,
+        "small_data.max_rows": 0,  # the nets' epoch at any --n (small data would run exact EM)
+        **overrides,
     })
     trainer = Trainer(cfg, torch.from_numpy(x))
     dev = trainer.device
