@@ -21,14 +21,12 @@ import torch
 from torch import nn
 
 from deepdpm_core.communicator import Communicator
+from deepdpm_core.epoch_stats import R_FLOOR
 from deepdpm_core.losses import slot_kl
 from deepdpm_core.mixture_state import MixtureState
 from deepdpm_core.stats import SuffStats, grouped_stats
 
 Tensor = torch.Tensor
-#: responsibilities below float32's resolution of a point's unit mass are left out of the
-#: soft statistics (as in :mod:`deepdpm_core.epoch_stats`)
-R_FLOOR = float(torch.finfo(torch.float32).eps)
 #: rounds of :func:`distil` between agreement checks, and checks without a gain before it stops
 CHECK_EVERY, PATIENCE = 25, 4
 

@@ -200,6 +200,17 @@ class Trainer:
         return epoch_steps(self.x.shape[0], self.batch_size, self.config.optim.min_steps_per_epoch,
                            self.comm, self.device)
 
+    def _estep_targets(self) -> tuple[Tensor, Tensor]:
+        """:func:`~deepdpm_core.estep.estep_targets` of the local rows under the current
+        mixture (candidates and r^E, (N_local, m) each); the anchors move to each row's best."""
+        k = self.n_clusters
+        m = top_m(self.config.estep, k)
+        # with every cluster allowed (m = K) the search starts from the mixture alone, so the
+        # targets are a function of the checkpointed state and a resumed fit repeats them
+        anchors = self.anchors if m < k else None
+        candidates, resp, self.anchors = estep_targets(self.mixture, self.x, m, anchors)
+        return candidates, resp
+
     def run_epoch(self, train: bool = True, seconds: dict[str, float] | None = None
                   ) -> tuple[SuffStats, SuffStats, dict[str, float]]:
         """One pass over the local rows; returns reduced soft cluster and hard subcluster
@@ -222,10 +233,7 @@ class Trainer:
             extra = torch.randint(n_local, ((n_steps - one_pass) * bsz,), generator=gen).to(self.device)
             perm = torch.cat([perm, extra])
         m = top_m(self.config.estep, k)
-        # with every cluster allowed (m = K) the search starts from the mixture alone, so the
-        # targets are a function of the checkpointed state and a resumed fit repeats them
-        anchors = self.anchors if m < k else None
-        candidates, resp, self.anchors = estep_targets(self.mixture, self.x, m, anchors)
+        candidates, resp = self._estep_targets()
         t_estep = device_clock(self.device)
         self.cluster_model.train(train)
         self.sub_model.train(train)
@@ -281,9 +289,7 @@ class Trainer:
         """
         t_start = device_clock(self.device)
         k, n_local = self.n_clusters, self.x.shape[0]
-        m = top_m(self.config.estep, k)
-        anchors = self.anchors if m < k else None  # as in run_epoch
-        candidates, resp, self.anchors = estep_targets(self.mixture, self.x, m, anchors)
+        candidates, resp = self._estep_targets()
         t_estep = device_clock(self.device)
         self.cluster_model.train(train)
         with torch.set_grad_enabled(train), net_precision(self.precision, self.device):
@@ -309,10 +315,7 @@ class Trainer:
         """Fit the clustering net to the E-step of the final mixture
         (:func:`~deepdpm_core.small_data.distil`); returns ``distil_steps`` and
         ``distil_agreement`` for the history record."""
-        k = self.n_clusters
-        m = top_m(self.config.estep, k)
-        candidates, resp, self.anchors = estep_targets(self.mixture, self.x, m,
-                                                       self.anchors if m < k else None)
+        candidates, resp = self._estep_targets()
         sd = self.config.small_data
         with net_precision(self.precision, self.device):
             steps, agreement = distil(self.cluster_model, self.x, candidates, resp, self.n_total, self.comm,
