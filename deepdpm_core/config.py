@@ -71,7 +71,10 @@ class PriorConfig:
     touches (:func:`deepdpm_core.moves.coarsened`): clusters that are not quite Gaussian
     (curved, heavy-tailed, as real embeddings are) are not split further as N grows.
     ``null`` is the exact DP posterior of the paper, under which K grows with N on such
-    clusters.
+    clusters. ``coarsening_per_parameter`` c_p raises c to c_p·P for clusters with P > c/c_p
+    free parameters (D + D(D + 1)/2, or 2D diagonal; above 10 features at the defaults),
+    so that a split needs about the same gain per point in every dimension
+    (:func:`deepdpm_core.moves.coarsening_constant`); ``null`` keeps c in every dimension.
     ``covariance_type: diag`` uses diagonal covariances (one
     Normal-Inverse-Gamma model per feature, as the reference code's NIG prior); ``auto``
     takes, at every M-step, the one of full and diag whose evidence Σ_k ln f(X_k) given
@@ -89,6 +92,7 @@ class PriorConfig:
     weight_pseudocount: float = 1.0
     covariance_floor: float = 1.0e-4
     coarsening: float | None = 500.0
+    coarsening_per_parameter: float | None = 7.5
 
 
 @dataclass(frozen=True)
@@ -291,6 +295,8 @@ def _positive(cfg: Config) -> dict[str, float]:
         "prior.kappa": 1.0 if cfg.prior.kappa == "auto" else cfg.prior.kappa,
         "prior.sigma_scale": cfg.prior.sigma_scale if isinstance(cfg.prior.sigma_scale, float) else 1.0,
         "prior.coarsening": 1.0 if cfg.prior.coarsening is None else cfg.prior.coarsening,
+        "prior.coarsening_per_parameter": 1.0 if cfg.prior.coarsening_per_parameter is None
+        else cfg.prior.coarsening_per_parameter,
         "optim.lr_cluster": cfg.optim.lr_cluster,
         "optim.lr_subcluster": cfg.optim.lr_subcluster,
         "optim.batch_size": 1 if cfg.optim.batch_size == "auto" else cfg.optim.batch_size,

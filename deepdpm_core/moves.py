@@ -93,6 +93,35 @@ def coarsened(stats: SuffStats, union_n: Tensor, coarsening: float | None) -> Su
     return stats.scaled(coarsening / (coarsening + union_n))
 
 
+def coarsening_constant(coarsening: float | None, per_parameter: float | None, dim: int,
+                        diagonal: bool) -> float | None:
+    """c of :func:`coarsened` for clusters in ``dim`` features: max(c, c_p·P).
+
+    P is a cluster's free parameters (mean and covariance: D + D(D + 1)/2, or 2D when
+    diagonal). A split of n ≫ c points must gain about P·ln(c)/(2c) nats per point
+    (the NIW penalty at c points, spread over them), so a fixed c would ask more of every
+    split as D grows: 0.4 nats per point in 10-D at c = 500, 3 in 30-D, 13 in 64-D, and
+    tables in tens of features would lose clusters that are plainly apart. c_p·P keeps
+    that demand about the same in every dimension; c keeps the low-dimensional end
+    (2-D blobs lose clusters when c falls below ~150).
+
+    Parameters
+    ----------
+    coarsening : float or None
+        c (``prior.coarsening``); None is the exact posterior.
+    per_parameter : float or None
+        c_p (``prior.coarsening_per_parameter``); None is c alone.
+    dim : int
+        D, the fit's features.
+    diagonal : bool
+        Whether the clusters' covariances are diagonal.
+    """
+    if coarsening is None:
+        return None
+    params = 2 * dim if diagonal else dim + dim * (dim + 1) // 2
+    return max(coarsening, per_parameter * params) if per_parameter is not None else coarsening
+
+
 def propose_splits(
     prior: NIWPrior,
     alpha: float,

@@ -43,13 +43,13 @@ from deepdpm_core.gmm import log_weights_from_counts
 from deepdpm_core.init import initial_clusters
 from deepdpm_core.losses import slot_kl
 from deepdpm_core.mixture_state import MixtureState
-from deepdpm_core.moves import MovePlan, plan_moves
+from deepdpm_core.moves import MovePlan, coarsening_constant, plan_moves
 from deepdpm_core.nets import ClusterNet, SubclusterNets, new_row_of
 from deepdpm_core.niw import map_estimate
 from deepdpm_core.precision import flush_denormals, net_precision, resolve_precision
 from deepdpm_core.prior_fit import PriorFit
 from deepdpm_core.schedule import MoveSchedule
-from deepdpm_core.small_data import distil, exact_statistics
+from deepdpm_core.small_data import best_cuts, distil, exact_statistics
 from deepdpm_core.stats import SuffStats, grouped_stats
 from deepdpm_core.surgery import Nets, apply_plan, reset_subclusters
 
@@ -300,12 +300,15 @@ class Trainer:
                 (sum_cl / (max(self.n_total, 1) / self.comm.world_size)).backward()
             self.nets.opt_cluster.step()
         t_train = device_clock(self.device)
-        soft, sub, sum_sub = exact_statistics(self.x, self.state, candidates, resp, self.anchors)
+        soft, sub, cut, sum_sub = exact_statistics(self.x, self.state, candidates, resp, self.anchors)
         sums = torch.stack([sum_cl.detach().double(), sum_sub,
                             torch.tensor(float(n_local), dtype=torch.float64, device=self.device)])
-        flat = self.comm.all_reduce(torch.cat([soft.flat(), sub.flat(), sums]))
-        a, b = SuffStats.numel(k, self.dim), SuffStats.numel(3 * k, self.dim)
-        soft, sub = SuffStats.from_flat(flat[:a], k, self.dim), SuffStats.from_flat(flat[a:b], 2 * k, self.dim)
+        flat = self.comm.all_reduce(torch.cat([soft.flat(), sub.flat(), cut.flat(), sums]))
+        a, b, c = (SuffStats.numel(rows, self.dim) for rows in (k, 3 * k, 5 * k))
+        soft = SuffStats.from_flat(flat[:a], k, self.dim)
+        sub, _ = best_cuts(self.prior_fit.prior, self.config.prior.alpha, self.coarsening(),
+                           SuffStats.from_flat(flat[a:b], 2 * k, self.dim),
+                           SuffStats.from_flat(flat[b:c], 2 * k, self.dim))
         n = float(flat[-1].clamp_min(1))
         if seconds is not None:
             seconds.update(estep=t_estep - t_start, train=t_train - t_estep, stats=device_clock(self.device) - t_train)
@@ -337,6 +340,13 @@ class Trainer:
         reset_subclusters(self.state, self.nets, dead, self.torch_gen)
 
     # ------------------------------------------------------------------- moves
+    def coarsening(self) -> float | None:
+        """c of the coarsened move ratios for the prior in use
+        (:func:`~deepdpm_core.moves.coarsening_constant`)."""
+        prior = self.prior_fit.prior
+        return coarsening_constant(self.config.prior.coarsening, self.config.prior.coarsening_per_parameter,
+                                   prior.dim, prior.diagonal)
+
     def _decide(self, kind: str, sub: SuffStats) -> MovePlan:
         """Rank 0 decides the moves and broadcasts the plan, or the DataError it ran into,
         so that every rank raises it rather than wait for a plan."""
@@ -344,7 +354,7 @@ class Trainer:
         if self.comm.rank == 0:
             try:
                 plan = plan_moves(kind, sub, self.state.means, self.prior_fit.prior, self.config.moves,
-                                  self.config.prior.alpha, self.rng, self.config.prior.coarsening)
+                                  self.config.prior.alpha, self.rng, self.coarsening())
             except torch.linalg.LinAlgError:
                 plan = self.prior_fit.numerical_failure(self.epoch)
         plan = self.comm.broadcast_object(plan, src=0)

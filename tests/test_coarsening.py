@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from deepdpm_core.moves import coarsened, propose_merges, propose_splits
+from deepdpm_core.moves import coarsened, coarsening_constant, propose_merges, propose_splits
 from deepdpm_core.niw import NIWPrior, log_marginal_likelihood, log_split_hastings
 from deepdpm_core.stats import SuffStats, grouped_stats
 
@@ -87,3 +87,30 @@ def test_two_apart_clusters_are_still_split_and_never_merged():
         assert accepted == [0] and log_h[0] > 50
         means = torch.stack([stats.s1[0] / stats.n[0], stats.s1[1] / stats.n[1]])
         assert propose_merges(_prior(3), ALPHA, stats, means, np.random.default_rng(0), 1, 150.0) == []
+
+
+def test_the_coarsening_constant_grows_with_the_parameters_above_its_floor():
+    assert coarsening_constant(None, 7.5, 30, False) is None  # the exact posterior
+    assert coarsening_constant(500.0, None, 30, False) == 500.0  # c in every dimension
+    assert coarsening_constant(500.0, 7.5, 2, False) == 500.0  # P = 5: the floor c
+    assert coarsening_constant(500.0, 7.5, 10, False) == 500.0  # P = 65: 487.5 < c
+    assert coarsening_constant(500.0, 7.5, 30, False) == 7.5 * (30 + 30 * 31 // 2)
+    assert coarsening_constant(500.0, 7.5, 100, True) == 7.5 * 200  # diagonal: P = 2D
+
+
+def test_clusters_plainly_apart_in_many_features_are_split_at_any_n():
+    """Two unit Gaussians 6 apart along one axis of 30-D, 20,000 points: a fixed c = 500
+    asks ~3 nats per point of a split in 30-D and rejects it; c_p·P accepts it, and at
+    the same c the 10-D case is accepted as it was."""
+    rng = np.random.default_rng(0)
+    n = 20_000
+    for d, fixed_accepts in ((10, True), (30, False)):
+        x = rng.normal(size=(n, d))
+        x[n // 2:, 0] += 6.0
+        stats = _pair_stats(x, np.repeat([0, 1], n // 2))
+        union = stats.n.sum().repeat(2)
+        fixed = float(log_split_hastings(_prior(d), ALPHA, coarsened(stats, union, 500.0))[0])
+        scaled = float(log_split_hastings(
+            _prior(d), ALPHA, coarsened(stats, union, coarsening_constant(500.0, 7.5, d, False)))[0])
+        assert (fixed > 0) == fixed_accepts
+        assert scaled > 50
