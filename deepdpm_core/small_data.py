@@ -24,8 +24,6 @@ from deepdpm_core.communicator import Communicator
 from deepdpm_core.epoch_stats import R_FLOOR
 from deepdpm_core.losses import slot_kl
 from deepdpm_core.mixture_state import MixtureState
-from deepdpm_core.moves import coarsened
-from deepdpm_core.niw import NIWPrior, log_split_hastings
 from deepdpm_core.stats import SuffStats, grouped_stats
 
 Tensor = torch.Tensor
@@ -34,7 +32,7 @@ CHECK_EVERY, PATIENCE = 25, 4
 
 
 def exact_statistics(x: Tensor, state: MixtureState, candidates: Tensor, resp: Tensor,
-                     z: Tensor) -> tuple[SuffStats, SuffStats, SuffStats, Tensor]:
+                     z: Tensor) -> tuple[SuffStats, SuffStats, Tensor]:
     """This rank's soft cluster and hard subcluster statistics of one EM epoch.
 
     Parameters
@@ -54,9 +52,6 @@ def exact_statistics(x: Tensor, state: MixtureState, candidates: Tensor, resp: T
         K rows, weights r^E.
     sub : SuffStats
         2K rows (cluster k's subclusters at 2k, 2k + 1), hard counts.
-    cut : SuffStats
-        2K rows: each cluster's points either side of the hyperplane through its mean
-        normal to its covariance's principal axis, hard counts (:func:`best_cuts`).
     sum_sub : Tensor
         Σ_i ‖x_i − μ̃_{z_i j_i}‖², the subcluster loss (Eq. 7) of the hard assignment.
     """
@@ -69,67 +64,8 @@ def exact_statistics(x: Tensor, state: MixtureState, candidates: Tensor, resp: T
     nearest, j = dist2.min(1)
     sub_rows = 2 * z + j
     rows = torch.arange(x.shape[0], device=x.device)
-    ones = torch.ones_like(z, dtype=torch.float32)
-    sub = grouped_stats(x, rows, sub_rows, ones, 2 * k)
-    axes = principal_axes(state.covariances).to(x.dtype)
-    side = ((x - state.means.to(x.dtype).index_select(0, z)) * axes.index_select(0, z)).sum(1) > 0
-    cut = grouped_stats(x, rows, 2 * z + side.long(), ones, 2 * k)
-    return soft, sub, cut, nearest.sum().double()
-
-
-def principal_axes(covariances: Tensor, iterations: int = 30) -> Tensor:
-    """Each covariance's leading eigenvector by power iteration, shape (K, D).
-
-    Deterministic (a fixed start, so every rank gets the same axes) and O(K·D²) per
-    round, where a full eigendecomposition costs O(K·D³) per epoch at 512 features. A
-    near-tie of the two leading eigenvalues leaves a mix of both axes, which is as good
-    a cut for a round shape.
-    """
-    k, d = covariances.shape[:2]
-    v = torch.ones(k, d, 1, dtype=covariances.dtype, device=covariances.device)
-    v[:, ::2] = -1.0  # not orthogonal to an axis along the diagonal, nor to (1, .., 1)
-    for _ in range(iterations):
-        v = covariances @ v
-        v = v / v.norm(dim=1, keepdim=True).clamp_min(1e-300)
-    return v.squeeze(2)
-
-
-def best_cuts(prior: NIWPrior, alpha: float, coarsening: float | None, sub: SuffStats,
-              cut: SuffStats) -> tuple[SuffStats, Tensor]:
-    """Each cluster's better two-way cut: its 2-means subclusters or its principal-axis cut.
-
-    The 2-means step keeps each cluster's subclusters where they were, which may be a
-    poor local optimum: a cluster holding three blobs in a row may keep cutting one blob
-    in half (ln H_s near 0) while a cut between blobs gains tens of nats, and the cluster
-    is never split. The principal-axis cut is a second proposal from the cluster's own
-    shape; the one with the larger (coarsened) ln H_s becomes the subclusters, so the
-    split proposal (Eq. 2) sees it and the next 2-means steps start from it. All inputs
-    are all-reduced: every rank picks the same.
-
-    Parameters
-    ----------
-    prior : NIWPrior
-    alpha : float
-        DP concentration.
-    coarsening : float or None
-        c of :func:`~deepdpm_core.moves.coarsened`.
-    sub, cut : SuffStats with 2K rows
-        The two candidates, cluster k's halves at rows 2k, 2k + 1.
-
-    Returns
-    -------
-    best : SuffStats with 2K rows
-    took_cut : Tensor of shape (K,), bool
-        Where the principal-axis cut won.
-    """
-    union = sub.pair_sums().n.repeat_interleave(2)
-    log_h_sub = log_split_hastings(prior, alpha, coarsened(sub, union, coarsening))
-    log_h_cut = log_split_hastings(prior, alpha, coarsened(cut, union, coarsening))
-    took_cut = log_h_cut > log_h_sub
-    pick = took_cut.repeat_interleave(2)
-    best = SuffStats(torch.where(pick, cut.n, sub.n), torch.where(pick[:, None], cut.s1, sub.s1),
-                     torch.where(pick[:, None, None], cut.s2, sub.s2))
-    return best, took_cut
+    sub = grouped_stats(x, rows, sub_rows, torch.ones_like(z, dtype=torch.float32), 2 * k)
+    return soft, sub, nearest.sum().double()
 
 
 def distil(model: nn.Module, x: Tensor, candidates: Tensor, resp: Tensor, n_total: int,

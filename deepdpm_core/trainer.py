@@ -49,7 +49,7 @@ from deepdpm_core.niw import map_estimate
 from deepdpm_core.precision import flush_denormals, net_precision, resolve_precision
 from deepdpm_core.prior_fit import PriorFit
 from deepdpm_core.schedule import MoveSchedule
-from deepdpm_core.small_data import best_cuts, distil, exact_statistics
+from deepdpm_core.small_data import distil, exact_statistics
 from deepdpm_core.stats import SuffStats, grouped_stats
 from deepdpm_core.surgery import Nets, apply_plan, reset_subclusters
 
@@ -300,15 +300,12 @@ class Trainer:
                 (sum_cl / (max(self.n_total, 1) / self.comm.world_size)).backward()
             self.nets.opt_cluster.step()
         t_train = device_clock(self.device)
-        soft, sub, cut, sum_sub = exact_statistics(self.x, self.state, candidates, resp, self.anchors)
+        soft, sub, sum_sub = exact_statistics(self.x, self.state, candidates, resp, self.anchors)
         sums = torch.stack([sum_cl.detach().double(), sum_sub,
                             torch.tensor(float(n_local), dtype=torch.float64, device=self.device)])
-        flat = self.comm.all_reduce(torch.cat([soft.flat(), sub.flat(), cut.flat(), sums]))
-        a, b, c = (SuffStats.numel(rows, self.dim) for rows in (k, 3 * k, 5 * k))
-        soft = SuffStats.from_flat(flat[:a], k, self.dim)
-        sub, _ = best_cuts(self.prior_fit.prior, self.config.prior.alpha, self.coarsening(),
-                           SuffStats.from_flat(flat[a:b], 2 * k, self.dim),
-                           SuffStats.from_flat(flat[b:c], 2 * k, self.dim))
+        flat = self.comm.all_reduce(torch.cat([soft.flat(), sub.flat(), sums]))
+        a, b = SuffStats.numel(k, self.dim), SuffStats.numel(3 * k, self.dim)
+        soft, sub = SuffStats.from_flat(flat[:a], k, self.dim), SuffStats.from_flat(flat[a:b], 2 * k, self.dim)
         n = float(flat[-1].clamp_min(1))
         if seconds is not None:
             seconds.update(estep=t_estep - t_start, train=t_train - t_estep, stats=device_clock(self.device) - t_train)

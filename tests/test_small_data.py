@@ -11,9 +11,7 @@ from deepdpm_core.config import Config
 from deepdpm_core.gmm import GaussianMixture
 from deepdpm_core.mixture_state import MixtureState
 from deepdpm_core.nets import ClusterNet
-from deepdpm_core.niw import NIWPrior, log_split_hastings
-from deepdpm_core.small_data import best_cuts, distil, exact_statistics, principal_axes
-from deepdpm_core.stats import grouped_stats
+from deepdpm_core.small_data import distil, exact_statistics
 from deepdpm_core.trainer import Trainer
 
 
@@ -37,7 +35,7 @@ def test_exact_statistics_match_brute_force():
     resp = torch.softmax(log_p, 1)
     candidates = torch.arange(k).expand(n, k)
     z = resp.argmax(1)
-    soft, sub, cut, sum_sub = exact_statistics(x, state, candidates, resp.float(), z)
+    soft, sub, sum_sub = exact_statistics(x, state, candidates, resp.float(), z)
     xd, r = x.double().numpy(), resp.numpy()
     r = np.where(r >= np.finfo(np.float32).eps, r, 0.0)  # what the statistics leave out
     np.testing.assert_allclose(soft.n.numpy(), r.sum(0), rtol=1e-6)
@@ -51,45 +49,6 @@ def test_exact_statistics_match_brute_force():
     for row in range(2 * k):
         np.testing.assert_allclose(sub.s1[row].numpy(), xd[rows == row].sum(0), rtol=1e-5, atol=1e-4)
     assert float(sum_sub) == pytest.approx(dist.min(1).sum(), rel=1e-5)
-    # the principal-axis cut: the side of the hyperplane through the cluster's mean normal
-    # to its covariance's leading eigenvector (eigh, up to the vector's sign)
-    axes = np.linalg.eigh(state.covariances.numpy())[1][..., -1]
-    side = ((xd - state.means.numpy()[z.numpy()]) * axes[z.numpy()]).sum(1) > 0
-    cut_n = cut.n.numpy().reshape(k, 2)
-    by_hand = np.stack([np.bincount(z.numpy()[side == s], minlength=k) for s in (False, True)], 1)
-    assert all(sorted(cut_n[c]) == sorted(by_hand[c]) for c in range(k))
-
-
-def test_principal_axes_are_the_leading_eigenvectors():
-    rng = np.random.default_rng(1)
-    a = torch.tensor(rng.normal(size=(6, 20, 20)))
-    covs = a @ a.transpose(1, 2) + 0.1 * torch.eye(20)
-    expected = torch.linalg.eigh(covs).eigenvectors[..., -1]
-    got = principal_axes(covs, iterations=200)
-    np.testing.assert_allclose((got * expected).sum(1).abs().numpy(), 1.0, atol=1e-6)
-
-
-def test_the_better_cut_becomes_the_subclusters():
-    """Two blobs 8 apart along x: the cut across them (by the sign of y) gains nothing,
-    the cut between them (by x) gains hundreds of nats; each cluster keeps the better of
-    its 2-means subclusters and its principal-axis cut."""
-    rng = np.random.default_rng(2)
-    x = torch.tensor(np.concatenate([rng.normal(size=(200, 2)), rng.normal(size=(200, 2)) + [8.0, 0.0]]))
-    across, between = (x[:, 1] > 0).long(), (x[:, 0] > 4).long()
-    points, ones = torch.arange(400).repeat(2), torch.ones(800, dtype=torch.float64)
-    # cluster 0 (rows 0, 1): 2-means across, principal between; cluster 1 (the same points,
-    # rows 2, 3): the reverse
-    sub = grouped_stats(x, points, torch.cat([across, 2 + between]), ones, 4)
-    cut = grouped_stats(x, points, torch.cat([between, 2 + across]), ones, 4)
-    prior = NIWPrior.from_shape(torch.zeros(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64),
-                                0.05, None, 1.0)
-    best, took_cut = best_cuts(prior, 10.0, 500.0, sub, cut)
-    assert took_cut.tolist() == [True, False]
-    clean = grouped_stats(x, torch.arange(400), between, ones[:400], 2)
-    for c in (0, 1):
-        np.testing.assert_allclose(best.rows([2 * c, 2 * c + 1]).n.numpy(), clean.n.numpy())
-    log_h = log_split_hastings(prior, 10.0, best)
-    assert float(log_h.min()) > 100
 
 
 def test_distil_fits_the_net_to_the_targets_and_stops_when_it_does():
