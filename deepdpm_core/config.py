@@ -32,13 +32,13 @@ class DataConfig:
     model. ``auto`` (default) is ``standard`` for features in different units, else
     ``none`` (:func:`deepdpm_core.coordinates.resolve_transform`); the choice is stored
     with the model: ``standard`` where the participation ratio (Σv)²/Σv² of the
-    per-feature variances v is below ``auto_max_participation`` (one or two features carry
+    per-feature variances v is below ``auto_max_participation`` (two or three features carry
     the variance) and the features' standard deviations span more than
     ``auto_min_std_ratio``.
     """
 
     transform: Literal["auto", "none", "normalize", "standard", "min_max"] = "auto"
-    auto_max_participation: float = 2.0
+    auto_max_participation: float = 3.0
     auto_min_std_ratio: float = 30.0
 
 

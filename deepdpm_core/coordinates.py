@@ -119,11 +119,12 @@ def resolve_transform(data: DataConfig, variance: Tensor) -> str:
     coordinates, pixels) spread their variance over many features, or have scales within
     a factor of ``data.auto_min_std_ratio`` (30) of each other: ``none``, so their relative
     scales, which carry the clusters, are kept. Both tests must hold (the participation
-    ratio (Σv)²/Σv² below ``data.auto_max_participation``, 2, and the scales spread): one
+    ratio (Σv)²/Σv² below ``data.auto_max_participation``, 3, and the scales spread): one
     dominant feature alone (PCA scores) or a few dead features beside many live ones
     (embeddings) do not standardise. Sklearn's wine (participation 1.0, scales 2500 apart)
-    and breast cancer (1.7, 2·10⁵) are standardised; iris in centimetres (2.0, 4), digit
-    pixels (39, 277), UMAP and PCA coordinates are not. Every other transform is returned
+    and breast cancer (1.7, 2·10⁵) are standardised, and so is a table whose two
+    largest-unit features are of the same size (2.0, 14,000); iris in centimetres (2.0, 4),
+    digit pixels (39, 277), UMAP and PCA coordinates are not. Every other transform is returned
     as it is.
     """
     if data.transform != "auto":

@@ -3,11 +3,14 @@ fitted to the clusters finds them where the paper's fixed prior collapses to K =
 
 import numpy as np
 import pytest
+import torch
 from sklearn.cluster import KMeans
-from sklearn.datasets import load_wine
+from sklearn.datasets import load_breast_cancer, load_digits, load_iris, load_wine
 from sklearn.preprocessing import StandardScaler
 
 from deepdpm_core import DeepDPM
+from deepdpm_core.config import DataConfig
+from deepdpm_core.coordinates import resolve_transform
 from deepdpm_core.datasets import make_mixture
 from deepdpm_core.metrics import clustering_scores
 
@@ -59,6 +62,37 @@ def test_per_feature_units_do_not_decide_k_at_the_defaults():
     assert one_unit.model_.coords.kind == "none"
     np.testing.assert_array_equal(one_unit.labels_, DeepDPM(random_state=2, data__transform="none", **QUICK)
                                   .fit(X).labels_)
+
+
+def _variance(X: np.ndarray) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(X, dtype=np.float64).var(0))
+
+
+@pytest.mark.parametrize(("name", "X", "expected"), [
+    ("wine, raw units", load_wine().data, "standard"),
+    ("breast cancer, raw units", load_breast_cancer().data, "standard"),
+    # two features of like size in the thousands beside 11 small ones: participation 2.1
+    ("two large features of one size", np.random.default_rng(0).normal(size=(500, 13))
+     * np.r_[1500.0, 1200.0, np.geomspace(0.1, 400.0, 11)], "standard"),
+    ("iris, centimetres", load_iris().data, "none"),
+    ("digit pixels", load_digits().data, "none"),
+    ("PCA scores, one dominant component", np.random.default_rng(1).normal(size=(500, 10))
+     * np.geomspace(5.0, 2.0, 10) ** np.r_[2.0, np.ones(9)], "none"),
+])
+def test_auto_transform_standardises_features_in_different_units(name, X, expected):
+    assert resolve_transform(DataConfig(), _variance(X)) == expected, name
+
+
+def test_a_few_large_features_of_one_size_do_not_decide_k():
+    """A table whose three widest features are of like size (participation ratio 2.6): the
+    defaults standardise it and fit what the standardised features give."""
+    X, _ = _data()
+    units = np.array([1000.0, 1000.0, 600.0, 0.05, 3.0])
+    standard = DeepDPM(random_state=2, data__transform="standard", **QUICK).fit(X)
+    mixed = DeepDPM(random_state=2, **QUICK).fit(X * units)
+    assert mixed.model_.coords.kind == "standard"
+    assert mixed.n_clusters_ == standard.n_clusters_
+    np.testing.assert_array_equal(mixed.labels_, standard.labels_)
 
 
 @pytest.mark.parametrize("transform", ["normalize", "min_max"])
