@@ -38,7 +38,8 @@ class _SlotKL(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_kl: Tensor, _grad_z: Tensor, _grad_log_r: Tensor) -> tuple[Tensor, None, None]:
         exp, total, slots, target = ctx.saved_tensors
-        grad = exp.mul_((target.sum(1) / total)[:, None])  # the saved buffer is not needed again
+        # out of place: a graph kept for a second backward (retain_graph) still needs exp
+        grad = exp * (target.sum(1) / total)[:, None]
         grad.scatter_add_(1, slots, -target)
         return grad.mul_(grad_kl), None, None
 
