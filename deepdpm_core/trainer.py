@@ -337,21 +337,17 @@ class Trainer:
         reset_subclusters(self.state, self.nets, dead, self.torch_gen)
 
     # ------------------------------------------------------------------- moves
-    def coarsening(self) -> float | None:
-        """c of the coarsened move ratios for the prior in use
-        (:func:`~deepdpm_core.moves.coarsening_constant`)."""
-        prior = self.prior_fit.prior
-        return coarsening_constant(self.config.prior.coarsening, self.config.prior.coarsening_per_parameter,
-                                   prior.dim, prior.diagonal)
-
     def _decide(self, kind: str, sub: SuffStats) -> MovePlan:
         """Rank 0 decides the moves and broadcasts the plan, or the DataError it ran into,
         so that every rank raises it rather than wait for a plan."""
         plan: MovePlan | DataError | None = None
         if self.comm.rank == 0:
             try:
-                plan = plan_moves(kind, sub, self.state.means, self.prior_fit.prior, self.config.moves,
-                                  self.config.prior.alpha, self.rng, self.coarsening())
+                prior, p = self.prior_fit.prior, self.config.prior
+                coarsening = coarsening_constant(p.coarsening, p.coarsening_per_parameter, prior.dim,
+                                                 prior.diagonal)
+                plan = plan_moves(kind, sub, self.state.means, prior, self.config.moves, p.alpha, self.rng,
+                                  coarsening)
             except torch.linalg.LinAlgError:
                 plan = self.prior_fit.numerical_failure(self.epoch)
         plan = self.comm.broadcast_object(plan, src=0)
