@@ -171,6 +171,8 @@ class MovesConfig:
     merge_neighbours: int = 3
     min_subcluster_size: int = 5
     prune_empty: bool = True
+    split_valley: float | None = 0.75
+    merge_valley: float | None = 0.9
 
 
 @dataclass(frozen=True)
@@ -353,6 +355,10 @@ def _validate(cfg: Config) -> None:
     if cfg.small_data.distil_agreement > 1.0:
         raise ConfigError("config key 'small_data.distil_agreement' must be <= 1, "
                           f"got {_shown(cfg.small_data.distil_agreement)}")
+    for key in ("split_valley", "merge_valley"):
+        value = getattr(cfg.moves, key)
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise ConfigError(f"config key 'moves.{key}' must be in [0, 1] or null, got {_shown(value)}")
     if cfg.embed.min_dist > 1.0:  # UMAP needs min_dist <= spread, which it leaves at 1
         raise ConfigError(f"config key 'embed.min_dist' must be <= 1, got {_shown(cfg.embed.min_dist)}")
     if cfg.embed.n_neighbors < 2:

@@ -129,6 +129,8 @@ def propose_splits(
     rng: np.random.Generator,
     min_subcluster_size: float,
     coarsening: float | None = None,
+    valleys: np.ndarray | None = None,
+    max_valley: float | None = None,
 ) -> tuple[list[int], np.ndarray]:
     """Propose every cluster's split in parallel (paper §3.2).
 
@@ -140,6 +142,12 @@ def propose_splits(
         Splits whose smaller subcluster has fewer points are not proposed.
     coarsening : float, optional
         c of :func:`coarsened`.
+    valleys : ndarray of shape (K,), optional
+        The deepest density valley along each cluster's split axis, floor / lower peak
+        (:func:`~deepdpm_core.density_valleys.valley_ratios`).
+    max_valley : float, optional
+        Splits whose valley ratio is above it (no valley that deep: one mode) are not
+        proposed (``moves.split_valley``); None proposes them all.
 
     Returns
     -------
@@ -157,6 +165,8 @@ def propose_splits(
     log_h = np.concatenate([chunk(s, e) for s, e in hastings_chunks(sub_stats.n_rows // 2, sub_stats.dim)])
     small = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() < max(min_subcluster_size, 1.0)
     log_h[small] = -np.inf
+    if valleys is not None and max_valley is not None:
+        log_h[np.asarray(valleys) > max_valley] = -np.inf
     coins = _accept(log_h, rng)
     return [int(k) for k in np.flatnonzero(coins)], log_h
 
@@ -193,6 +203,8 @@ def propose_merges(
     rng: np.random.Generator,
     n_neighbours: int,
     coarsening: float | None = None,
+    valleys: dict[tuple[int, int], float] | None = None,
+    max_valley: float | None = None,
 ) -> list[tuple[int, int]]:
     """Sequential merge proposals over nearest-neighbour pairs (Supmat "Merge Proposals").
 
@@ -206,6 +218,14 @@ def propose_merges(
     means : Tensor of shape (K, D)
     coarsening : float, optional
         c of :func:`coarsened`.
+    valleys : dict of (a, b) -> float, optional
+        The deepest density valley of each candidate pair's points along the line between
+        their means (:func:`~deepdpm_core.density_valleys.valley_ratios`).
+    max_valley : float, optional
+        A pair with no valley this deep (one mode: a cluster that a split cut where its
+        density does not dip) is merged whatever its Hastings ratio (``moves.merge_valley``,
+        above ``moves.split_valley`` so that sampling noise in a valley's depth cannot
+        undo a split at the next round).
 
     Returns
     -------
@@ -225,6 +245,8 @@ def propose_merges(
 
     log_h = np.concatenate([chunk(s, e) for s, e in hastings_chunks(len(pairs), cluster_stats.dim)])
     coins = _accept(log_h, rng)
+    if valleys is not None and max_valley is not None:
+        coins = coins | np.array([valleys.get(p, 0.0) > max_valley for p in pairs], dtype=bool)
     used: set[int] = set()
     accepted = []
     for (a, b), ok in zip(pairs, coins, strict=True):
@@ -236,7 +258,8 @@ def propose_merges(
 
 def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWPrior,
                config: MovesConfig, alpha: float, rng: np.random.Generator,
-               coarsening: float | None = None) -> MovePlan:
+               coarsening: float | None = None,
+               valleys: np.ndarray | dict[tuple[int, int], float] | None = None) -> MovePlan:
     """One move round's plan: prunes of empty clusters, then the accepted splits or merges.
 
     Parameters
@@ -253,6 +276,10 @@ def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWP
         The Hastings coins.
     coarsening : float, optional
         c of :func:`coarsened` (``prior.coarsening``).
+    valleys : ndarray of shape (K,) or dict of (a, b) -> float, optional
+        In a split round each cluster's valley ratio along its split axis, judged against
+        ``config.split_valley`` (:func:`propose_splits`); in a merge round each candidate
+        pair's, against ``config.merge_valley`` (:func:`propose_merges`).
     """
     hard = sub_stats.pair_sums()
     k = hard.n.shape[0]
@@ -263,10 +290,10 @@ def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWP
     splits, merges = [], []
     if kind == "split":
         accepted, _ = propose_splits(prior, alpha, sub_stats, rng, config.min_subcluster_size,
-                                     coarsening)
+                                     coarsening, valleys, config.split_valley)
         splits = [c for c in accepted if c not in prunes]
     else:
         merges = [(a, b) for a, b in propose_merges(prior, alpha, hard, means, rng, config.merge_neighbours,
-                                                      coarsening)
+                                                      coarsening, valleys, config.merge_valley)
                   if a not in prunes and b not in prunes]
     return MovePlan(splits=splits, merges=merges, prunes=prunes)

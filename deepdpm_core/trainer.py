@@ -34,6 +34,7 @@ from deepdpm_core.communicator import Communicator, LocalCommunicator
 from deepdpm_core.config import Config, from_dict
 from deepdpm_core.consistency import check_ranks_agree, position_checksum
 from deepdpm_core.coordinates import fit_coordinates
+from deepdpm_core.density_valleys import pair_histograms, projection_histograms, valley_ratios
 from deepdpm_core.devices import device_clock, resolve_device
 from deepdpm_core.epoch_stats import EpochStats
 from deepdpm_core.errors import CheckpointError, DataError
@@ -43,7 +44,7 @@ from deepdpm_core.gmm import log_weights_from_counts
 from deepdpm_core.init import initial_clusters
 from deepdpm_core.losses import slot_kl
 from deepdpm_core.mixture_state import MixtureState
-from deepdpm_core.moves import MovePlan, coarsening_constant, plan_moves
+from deepdpm_core.moves import MovePlan, coarsening_constant, merge_candidates, plan_moves
 from deepdpm_core.nets import ClusterNet, SubclusterNets, new_row_of
 from deepdpm_core.niw import map_estimate
 from deepdpm_core.precision import flush_denormals, net_precision, resolve_precision
@@ -341,19 +342,38 @@ class Trainer:
         """Rank 0 decides the moves and broadcasts the plan, or the DataError it ran into,
         so that every rank raises it rather than wait for a plan."""
         plan: MovePlan | DataError | None = None
+        valleys = self._valleys(kind)
         if self.comm.rank == 0:
             try:
                 prior, p = self.prior_fit.prior, self.config.prior
                 coarsening = coarsening_constant(p.coarsening, p.coarsening_per_parameter, prior.dim,
                                                  prior.diagonal)
                 plan = plan_moves(kind, sub, self.state.means, prior, self.config.moves, p.alpha, self.rng,
-                                  coarsening)
+                                  coarsening, valleys)
             except torch.linalg.LinAlgError:
                 plan = self.prior_fit.numerical_failure(self.epoch)
         plan = self.comm.broadcast_object(plan, src=0)
         if isinstance(plan, DataError):
             raise plan
         return plan
+
+    def _valleys(self, kind: str) -> np.ndarray | dict[tuple[int, int], float] | None:
+        """The density valleys a move round judges (:mod:`deepdpm_core.density_valleys`;
+        collective): a split round's along each cluster's split axis, a merge round's
+        along each candidate pair's axis, from the rows of each row's best cluster summed
+        over ranks. None when the round's rule (``moves.split_valley`` or
+        ``moves.merge_valley``) is off."""
+        mc = self.config.moves
+        if (mc.split_valley if kind == "split" else mc.merge_valley) is None:
+            return None
+        if self.anchors is None:  # a resumed fit: the rows' best clusters, afresh
+            self._estep_targets()
+        if kind == "split":
+            hist = self.comm.all_reduce(projection_histograms(self.x, self.anchors, self.state))
+            return valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size)
+        pairs = merge_candidates(self.state.means, mc.merge_neighbours)
+        hist = self.comm.all_reduce(pair_histograms(self.x, self.anchors, self.state, pairs))
+        return dict(zip(pairs, valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size).tolist(), strict=True))
 
     def apply_plan(self, plan: MovePlan, soft: SuffStats) -> None:
         """Surgery on parameters, nets and optimiser state (identical on every rank)."""
