@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from deepdpm_core.config import MovesConfig
+from deepdpm_core.density_valleys import MIN_POINTS
 from deepdpm_core.niw import NIWPrior, log_merge_hastings, log_split_hastings
 from deepdpm_core.stats import SuffStats
 
@@ -147,7 +148,8 @@ def propose_splits(
         (:func:`~deepdpm_core.density_valleys.valley_ratios`).
     max_valley : float, optional
         Splits whose valley ratio is above it (no valley that deep: one mode) are not
-        proposed (``moves.split_valley``); None proposes them all.
+        proposed (``moves.split_valley``), where both subclusters hold at least
+        :data:`~deepdpm_core.density_valleys.MIN_POINTS`; None proposes them all.
 
     Returns
     -------
@@ -166,7 +168,8 @@ def propose_splits(
     small = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() < max(min_subcluster_size, 1.0)
     log_h[small] = -np.inf
     if valleys is not None and max_valley is not None:
-        log_h[np.asarray(valleys) > max_valley] = -np.inf
+        judged = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() >= MIN_POINTS
+        log_h[judged & (np.asarray(valleys) > max_valley)] = -np.inf
     coins = _accept(log_h, rng)
     return [int(k) for k in np.flatnonzero(coins)], log_h
 
@@ -225,7 +228,8 @@ def propose_merges(
         A pair with no valley this deep (one mode: a cluster that a split cut where its
         density does not dip) is merged whatever its Hastings ratio (``moves.merge_valley``,
         above ``moves.split_valley`` so that sampling noise in a valley's depth cannot
-        undo a split at the next round).
+        undo a split at the next round), where both clusters hold at least
+        :data:`~deepdpm_core.density_valleys.MIN_POINTS`.
 
     Returns
     -------
@@ -246,7 +250,9 @@ def propose_merges(
     log_h = np.concatenate([chunk(s, e) for s, e in hastings_chunks(len(pairs), cluster_stats.dim)])
     coins = _accept(log_h, rng)
     if valleys is not None and max_valley is not None:
-        coins = coins | np.array([valleys.get(p, 0.0) > max_valley for p in pairs], dtype=bool)
+        n = cluster_stats.n.cpu().numpy()
+        coins = coins | np.array([min(n[a], n[b]) >= MIN_POINTS and valleys.get((a, b), 0.0) > max_valley
+                                  for a, b in pairs], dtype=bool)
     used: set[int] = set()
     accepted = []
     for (a, b), ok in zip(pairs, coins, strict=True):

@@ -10,6 +10,7 @@ import torch
 from deepdpm_core import DeepDPM
 from deepdpm_core.density_valleys import (
     BINS,
+    MIN_POINTS,
     SILVERMAN,
     SPAN,
     pair_axes,
@@ -190,6 +191,10 @@ def test_a_split_without_a_valley_is_not_proposed():
                                     np.array([0.9]), 0.75)
     assert on == [0] and log_h[0] > 10
     assert off == [] and log_h_off[0] == -np.inf
+    # halves of fewer than MIN_POINTS: the kernel may fill any valley, the ratio decides
+    few = stats.scaled(torch.full((2,), (MIN_POINTS - 1) / 200, dtype=torch.float64))
+    kept, _ = propose_splits(_prior(2), 10.0, few, np.random.default_rng(0), 5, None, np.array([0.9]), 0.75)
+    assert kept == [0]
 
 
 def test_a_pair_without_a_valley_is_merged_whatever_its_ratio():
@@ -204,6 +209,9 @@ def test_a_pair_without_a_valley_is_merged_whatever_its_ratio():
     assert propose_merges(*args) == []
     assert propose_merges(*args, {(0, 1): 0.8}, 0.9) == []
     assert propose_merges(*args, {(0, 1): 0.95}, 0.9) == [(0, 1)]
+    # clusters of fewer than MIN_POINTS: the ratio decides
+    few = (_prior(2), 10.0, stats.scaled(torch.full((2,), (MIN_POINTS - 1) / 200, dtype=torch.float64)), means, np.random.default_rng(0), 3, None)
+    assert propose_merges(*few, {(0, 1): 0.95}, 0.9) == []
 
 
 def _bananas(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
