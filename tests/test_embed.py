@@ -78,6 +78,19 @@ def test_umap_embedding_is_deterministic_for_a_seed(digits):
     np.testing.assert_array_equal(a.embedding, b.embedding)
 
 
+def test_umap_leaves_the_callers_torch_threads_alone(digits):
+    """UMAP's numba kernels reset the OpenMP pool torch shares to every core: a fit after
+    an embedding would otherwise run on threads the caller never asked for."""
+    X, _ = digits
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        embed(X[:300], "umap", Config(), dim=3)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize(
     ("X", "message"),
     [

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 import numpy as np
+import torch
 
 from deepdpm_core.config import Config
 from deepdpm_core.errors import ConfigError, DataError
@@ -189,6 +190,7 @@ def umap_embed(
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid UMAP settings: {exc}") from exc
+    threads = torch.get_num_threads()
     with warnings.catch_warnings():
         # Expected and harmless with a fixed seed / a small N.
         warnings.filterwarnings("ignore", message=".*n_jobs.*")
@@ -197,6 +199,10 @@ def umap_embed(
             out = reducer.fit_transform(X)
         except ValueError as exc:
             raise ConfigError(f"UMAP failed: {exc}") from exc
+        finally:
+            # UMAP's numba kernels set the OpenMP pool that torch shares to every core
+            # (1 -> 2 on two cores): give the caller back the threads it had
+            torch.set_num_threads(threads)
     return np.ascontiguousarray(out, dtype=np.float32)
 
 
