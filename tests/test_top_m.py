@@ -384,11 +384,13 @@ def test_epochs_with_moves_never_hold_an_n_by_k_tensor(dense_max_k):
     # E-step's (N, m) or a (65536, K) chunk of nearest centres / the net's hard counts; the
     # dense E-step (K <= dense_max_k, by design only for small K) holds the (N, K) targets,
     # which shows the probe sees them
+    # (from 48 of the 64 clusters, so that the split round has real splits to make: the
+    # density-valley rule turns down cuts inside one cluster)
     torch.set_num_threads(1)
-    n, k, m = 200_000, 64, 8
+    n, k, k_init, m = 200_000, 64, 48, 8
     x, _ = make_mixture(n, 4, k, imbalance=1.0, min_weight=0.1 / k, random_state=0)
     cfg = Config().with_overrides({
-        "seed": 0, "init.n_clusters": k, "schedule.warmup_epochs": 1, "schedule.move_every": 1,
+        "seed": 0, "init.n_clusters": k_init, "schedule.warmup_epochs": 1, "schedule.move_every": 1,
         "prior.sigma_scale": 0.1, "estep.top_m": m, "estep.dense_max_k": dense_max_k,
     })
     trainer = Trainer(cfg, torch.as_tensor(x))
@@ -397,7 +399,8 @@ def test_epochs_with_moves_never_hold_an_n_by_k_tensor(dense_max_k):
         trainer.initialize()
         records = [trainer.step_epoch() for _ in range(4)]
     assert sum(r["splits_accepted"] for r in records) > 0  # a move round really ran
-    if dense_max_k < k:
-        assert probe.numel <= max(n * m, 65536 * k) < n * k, probe.where
+    k_max = max(r["n_clusters"] for r in records)
+    if dense_max_k < k_init:
+        assert probe.numel <= max(n * m, 65536 * k_max) < n * k_init, probe.where
     else:
-        assert probe.numel >= n * k, probe.where
+        assert probe.numel >= n * k_init, probe.where
