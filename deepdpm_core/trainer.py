@@ -360,14 +360,12 @@ class Trainer:
     def _valleys(self, kind: str) -> np.ndarray | dict[tuple[int, int], float] | None:
         """The density valleys a move round judges (:mod:`deepdpm_core.density_valleys`;
         collective): a split round's along each cluster's split axis, a merge round's
-        along each candidate pair's axis, from the rows of each row's best cluster summed
-        over ranks. None when the round's rule (``moves.split_valley`` or
-        ``moves.merge_valley``) is off."""
+        along each candidate pair's axis, from the rows of each row's best cluster (the
+        epoch's E-step anchors) summed over ranks. None when the round's rule
+        (``moves.split_valley`` or ``moves.merge_valley``) is off."""
         mc = self.config.moves
         if (mc.split_valley if kind == "split" else mc.merge_valley) is None:
             return None
-        if self.anchors is None:  # a resumed fit: the rows' best clusters, afresh
-            self._estep_targets()
         if kind == "split":
             hist = self.comm.all_reduce(projection_histograms(self.x, self.anchors, self.state))
             return valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size)

@@ -125,14 +125,12 @@ def _ratio_by_hand(counts: np.ndarray, min_side: float) -> float:
     """The deepest valley of a Gaussian kernel density of the bin centres, written out."""
     n = counts.sum()
     width = 2 * SPAN / BINS
-    centres = -SPAN + width * (np.arange(BINS) + 0.5)
     h = SILVERMAN * n ** -0.2
     taps = np.arange(-math.ceil(4 * h / width), math.ceil(4 * h / width) + 1) * width
     kernel = np.exp(-0.5 * (taps / h) ** 2)
     kernel /= kernel.sum()
     f = np.array([sum(counts[j] * kernel[i - j + len(taps) // 2] for j in range(BINS)
                       if 0 <= i - j + len(taps) // 2 < len(taps)) for i in range(BINS)])
-    del centres
     best = 1.0
     for i in range(1, BINS - 1):
         left, right = counts[:i].sum(), counts[i + 1 :].sum()
