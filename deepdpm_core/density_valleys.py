@@ -38,16 +38,6 @@ from deepdpm_core.mixture_state import MixtureState
 #: histogram bins over [−SPAN, SPAN] standard deviations of the cluster along the axis
 BINS = 128
 SPAN = 4.0
-#: the smoothing kernel's width, SILVERMAN·n^(−1/5) standard deviations for n points:
-#: Silverman's rule for one Gaussian mode (0.9); narrower kernels show valleys in one
-#: mode's sampling noise at a few thousand points
-SILVERMAN = 0.9
-#: the valley rules judge a split or merge only when each side holds this many points.
-#: At 25 a side one Gaussian shows no valley below 0.9 in 99 draws of 100, and two
-#: Gaussians 5 standard deviations apart show one below 0.75 in 99 (4 apart: 80, 3.5
-#: apart: 39, pairs whose split the Hastings ratio itself barely takes at that size);
-#: below it the kernel fills valleys, and the moves are left to the Hastings ratio
-MIN_POINTS = 25
 #: a valley counts only if each side holds this share of the cluster's points (and at
 #: least ``moves.min_subcluster_size`` points): a few stray points in a tail are no mode
 MIN_SIDE_SHARE = 0.01
@@ -190,22 +180,22 @@ def pair_histograms(x: Tensor, labels: Tensor, state: MixtureState, pairs: list[
     return counts
 
 
-def smoothed(hist: np.ndarray) -> np.ndarray:
-    """Each row of counts (K, B) smoothed by a Gaussian kernel of Silverman's bandwidth,
-    :data:`SILVERMAN`·n^(−1/5) standard deviations for a row of n points (the axis is in
-    the cluster's standard deviations); shape (K, B)."""
+def smoothed(hist: np.ndarray, bandwidth: float) -> np.ndarray:
+    """Each row of counts (K, B) smoothed by a Gaussian kernel of Silverman's width,
+    ``bandwidth``·n^(−1/5) standard deviations for a row of n points (the axis is in the
+    cluster's standard deviations; ``moves.valley_bandwidth``); shape (K, B)."""
     out = np.empty_like(hist, dtype=np.float64)
     bin_width = 2 * SPAN / hist.shape[1]
     for k, row in enumerate(hist):
         n = float(row.sum())
-        width = SILVERMAN * max(n, 1.0) ** -0.2 / bin_width
+        width = bandwidth * max(n, 1.0) ** -0.2 / bin_width
         half = max(1, math.ceil(4 * width))
         taps = np.exp(-0.5 * (np.arange(-half, half + 1) / width) ** 2)
         out[k] = np.convolve(row, taps / taps.sum(), mode="same")
     return out
 
 
-def valley_ratios(hist: np.ndarray, min_side: float) -> np.ndarray:
+def valley_ratios(hist: np.ndarray, min_side: float, bandwidth: float) -> np.ndarray:
     """The deepest valley of each smoothed projection, as floor / lower side peak.
 
     For a bin i with mass on both sides, the valley ratio is f(i) / min(max f left of i,
@@ -219,13 +209,15 @@ def valley_ratios(hist: np.ndarray, min_side: float) -> np.ndarray:
         Counts along each cluster's split axis (summed over ranks).
     min_side : float
         Fewest points on either side of a valley (``moves.min_subcluster_size``).
+    bandwidth : float
+        The smoothing kernel's width factor (:func:`smoothed`).
 
     Returns
     -------
     ndarray of shape (K,)
         In [0, 1]; 1 where no valley counts.
     """
-    f = smoothed(hist)
+    f = smoothed(hist, bandwidth)
     counts = np.asarray(hist, dtype=np.float64)
     n = counts.sum(1, keepdims=True)
     left_mass = np.cumsum(counts, 1) - counts

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from deepdpm_core.config import MovesConfig
-from deepdpm_core.density_valleys import MIN_POINTS
 from deepdpm_core.niw import NIWPrior, log_merge_hastings, log_split_hastings
 from deepdpm_core.stats import SuffStats
 
@@ -132,6 +131,7 @@ def propose_splits(
     coarsening: float | None = None,
     valleys: np.ndarray | None = None,
     max_valley: float | None = None,
+    valley_min_points: float = 0.0,
 ) -> tuple[list[int], np.ndarray]:
     """Propose every cluster's split in parallel (paper §3.2).
 
@@ -149,7 +149,9 @@ def propose_splits(
     max_valley : float, optional
         Splits whose valley ratio is above it (no valley that deep: one mode) are not
         proposed (``moves.split_valley``), where both subclusters hold at least
-        :data:`~deepdpm_core.density_valleys.MIN_POINTS`; None proposes them all.
+        ``valley_min_points``; None proposes them all.
+    valley_min_points : float
+        Fewest points a side for the valley rule to judge (``moves.valley_min_points``).
 
     Returns
     -------
@@ -168,7 +170,7 @@ def propose_splits(
     small = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() < max(min_subcluster_size, 1.0)
     log_h[small] = -np.inf
     if valleys is not None and max_valley is not None:
-        judged = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() >= MIN_POINTS
+        judged = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() >= valley_min_points
         log_h[judged & (np.asarray(valleys) > max_valley)] = -np.inf
     coins = _accept(log_h, rng)
     return [int(k) for k in np.flatnonzero(coins)], log_h
@@ -208,6 +210,7 @@ def propose_merges(
     coarsening: float | None = None,
     valleys: dict[tuple[int, int], float] | None = None,
     max_valley: float | None = None,
+    valley_min_points: float = 0.0,
 ) -> list[tuple[int, int]]:
     """Sequential merge proposals over nearest-neighbour pairs (Supmat "Merge Proposals").
 
@@ -229,7 +232,9 @@ def propose_merges(
         density does not dip) is merged whatever its Hastings ratio (``moves.merge_valley``,
         above ``moves.split_valley`` so that sampling noise in a valley's depth cannot
         undo a split at the next round), where both clusters hold at least
-        :data:`~deepdpm_core.density_valleys.MIN_POINTS`.
+        ``valley_min_points``.
+    valley_min_points : float
+        Fewest points a side for the valley rule to judge (``moves.valley_min_points``).
 
     Returns
     -------
@@ -251,7 +256,7 @@ def propose_merges(
     coins = _accept(log_h, rng)
     if valleys is not None and max_valley is not None:
         n = cluster_stats.n.cpu().numpy()
-        coins = coins | np.array([min(n[a], n[b]) >= MIN_POINTS and valleys.get((a, b), 0.0) > max_valley
+        coins = coins | np.array([min(n[a], n[b]) >= valley_min_points and valleys.get((a, b), 0.0) > max_valley
                                   for a, b in pairs], dtype=bool)
     used: set[int] = set()
     accepted = []
@@ -296,10 +301,11 @@ def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWP
     splits, merges = [], []
     if kind == "split":
         accepted, _ = propose_splits(prior, alpha, sub_stats, rng, config.min_subcluster_size,
-                                     coarsening, valleys, config.split_valley)
+                                     coarsening, valleys, config.split_valley, config.valley_min_points)
         splits = [c for c in accepted if c not in prunes]
     else:
         merges = [(a, b) for a, b in propose_merges(prior, alpha, hard, means, rng, config.merge_neighbours,
-                                                      coarsening, valleys, config.merge_valley)
+                                                      coarsening, valleys, config.merge_valley,
+                                                      config.valley_min_points)
                   if a not in prunes and b not in prunes]
     return MovePlan(splits=splits, merges=merges, prunes=prunes)

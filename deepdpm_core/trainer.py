@@ -368,10 +368,11 @@ class Trainer:
             return None
         if kind == "split":
             hist = self.comm.all_reduce(projection_histograms(self.x, self.anchors, self.state))
-            return valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size)
+            return valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, mc.valley_bandwidth)
         pairs = merge_candidates(self.state.means, mc.merge_neighbours)
         hist = self.comm.all_reduce(pair_histograms(self.x, self.anchors, self.state, pairs))
-        return dict(zip(pairs, valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size).tolist(), strict=True))
+        ratios = valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, mc.valley_bandwidth)
+        return dict(zip(pairs, ratios.tolist(), strict=True))
 
     def apply_plan(self, plan: MovePlan, soft: SuffStats) -> None:
         """Surgery on parameters, nets and optimiser state (identical on every rank)."""

@@ -9,10 +9,9 @@ import torch
 from torch import Tensor
 
 from deepdpm_core import DeepDPM
+from deepdpm_core.config import MovesConfig
 from deepdpm_core.density_valleys import (
     BINS,
-    MIN_POINTS,
-    SILVERMAN,
     SPAN,
     pair_axes,
     pair_histograms,
@@ -25,6 +24,10 @@ from deepdpm_core.mixture_state import MixtureState
 from deepdpm_core.moves import propose_merges, propose_splits
 from deepdpm_core.niw import NIWPrior
 from deepdpm_core.stats import grouped_stats
+
+#: the valley rules' defaults (``moves.valley_bandwidth``, ``moves.valley_min_points``)
+BANDWIDTH = MovesConfig().valley_bandwidth
+MIN_POINTS = MovesConfig().valley_min_points
 
 
 def _state(rng: np.random.Generator, k: int, d: int) -> MixtureState:
@@ -125,7 +128,7 @@ def _ratio_by_hand(counts: np.ndarray, min_side: float) -> float:
     """The deepest valley of a Gaussian kernel density of the bin centres, written out."""
     n = counts.sum()
     width = 2 * SPAN / BINS
-    h = SILVERMAN * n ** -0.2
+    h = BANDWIDTH * n ** -0.2
     taps = np.arange(-math.ceil(4 * h / width), math.ceil(4 * h / width) + 1) * width
     kernel = np.exp(-0.5 * (taps / h) ** 2)
     kernel /= kernel.sum()
@@ -149,7 +152,7 @@ def test_the_valley_ratio_is_the_floor_over_the_lower_side_peak(gap):
     v = np.concatenate([rng.normal(-gap / 2, 1, 3000), rng.normal(gap / 2, 1, 2000)])
     t = (v - v.mean()) / v.std()
     counts = _counts(t)
-    got = valley_ratios(counts[None], 5.0)[0]
+    got = valley_ratios(counts[None], 5.0, BANDWIDTH)[0]
     assert got == pytest.approx(_ratio_by_hand(counts, 5.0), rel=1e-9, abs=1e-12)
 
 
@@ -163,7 +166,7 @@ def test_one_mode_has_no_valley_and_two_apart_have_a_deep_one():
     def ratio(v):
         t = (v - v.mean()) / v.std()
         return valley_ratios(_counts(t)[None] if len(t) < 5000 else
-                             np.histogram(t, BINS, range=(-SPAN, SPAN))[0][None].astype(float), 5.0)[0]
+                             np.histogram(t, BINS, range=(-SPAN, SPAN))[0][None].astype(float), 5.0, BANDWIDTH)[0]
 
     for n in (3000, 100_000):
         for _ in range(10):
@@ -194,7 +197,8 @@ def test_a_split_without_a_valley_is_not_proposed():
     assert off == [] and log_h_off[0] == -np.inf
     # halves of fewer than MIN_POINTS: the kernel may fill any valley, the ratio decides
     few = stats.scaled(torch.full((2,), (MIN_POINTS - 1) / 200, dtype=torch.float64))
-    kept, _ = propose_splits(_prior(2), 10.0, few, np.random.default_rng(0), 5, None, np.array([0.9]), 0.75)
+    kept, _ = propose_splits(_prior(2), 10.0, few, np.random.default_rng(0), 5, None, np.array([0.9]), 0.75,
+                             MIN_POINTS)
     assert kept == [0]
 
 
@@ -208,11 +212,12 @@ def test_a_pair_without_a_valley_is_merged_whatever_its_ratio():
     means = torch.as_tensor(np.stack([x[z.numpy() == c].mean(0) for c in (0, 1)]))
     args = (_prior(2), 10.0, stats, means, np.random.default_rng(0), 3, None)
     assert propose_merges(*args) == []
-    assert propose_merges(*args, {(0, 1): 0.8}, 0.9) == []
-    assert propose_merges(*args, {(0, 1): 0.95}, 0.9) == [(0, 1)]
+    assert propose_merges(*args, {(0, 1): 0.8}, 0.9, MIN_POINTS) == []
+    assert propose_merges(*args, {(0, 1): 0.95}, 0.9, MIN_POINTS) == [(0, 1)]
     # clusters of fewer than MIN_POINTS: the ratio decides
-    few = (_prior(2), 10.0, stats.scaled(torch.full((2,), (MIN_POINTS - 1) / 200, dtype=torch.float64)), means, np.random.default_rng(0), 3, None)
-    assert propose_merges(*few, {(0, 1): 0.95}, 0.9) == []
+    few = (_prior(2), 10.0, stats.scaled(torch.full((2,), (MIN_POINTS - 1) / 200, dtype=torch.float64)), means,
+           np.random.default_rng(0), 3, None)
+    assert propose_merges(*few, {(0, 1): 0.95}, 0.9, MIN_POINTS) == []
 
 
 def _bananas(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
