@@ -172,7 +172,10 @@ class MovesConfig:
     draws of 100, and two Gaussians 5 standard deviations apart show one below 0.75 in 99
     (4 apart: 80, 3.5 apart: 39, pairs whose split the Hastings ratio itself barely takes
     at that size); below it the kernel fills valleys, and the moves are left to the
-    Hastings ratio. ``valley_bandwidth``: the smoothing kernel's width is this times
+    Hastings ratio. ``birth_parts``: in a small-data fit (exact EM) a cluster whose split
+    is not taken is also offered the cut into this many parts by k-means
+    (:mod:`deepdpm_core.births`; ``birth_kmeans_iters`` Lloyd iterations); None: no births.
+    ``valley_bandwidth``: the smoothing kernel's width is this times
     n^(−1/5) standard deviations for n points, Silverman's rule for one Gaussian mode
     (0.9); narrower kernels show valleys in one mode's sampling noise at a few thousand
     points.
@@ -187,6 +190,8 @@ class MovesConfig:
     merge_valley: float | None = 0.9
     valley_min_points: int = 25
     valley_bandwidth: float = 0.9
+    birth_parts: int | None = 4
+    birth_kmeans_iters: int = 10
 
 
 @dataclass(frozen=True)
@@ -359,6 +364,7 @@ def _validate(cfg: Config) -> None:
         "prior.covariance_floor": cfg.prior.covariance_floor,
         "moves.min_subcluster_size": cfg.moves.min_subcluster_size,
         "moves.valley_min_points": cfg.moves.valley_min_points,
+        "moves.birth_kmeans_iters": cfg.moves.birth_kmeans_iters,
         "ae.weight_decay": cfg.ae.weight_decay,
         "ae.pretrain_epochs": cfg.ae.pretrain_epochs,
         "ae.epochs": cfg.ae.epochs,
@@ -371,6 +377,8 @@ def _validate(cfg: Config) -> None:
     if cfg.small_data.distil_agreement > 1.0:
         raise ConfigError("config key 'small_data.distil_agreement' must be <= 1, "
                           f"got {_shown(cfg.small_data.distil_agreement)}")
+    if cfg.moves.birth_parts is not None and cfg.moves.birth_parts < 2:
+        raise ConfigError(f"config key 'moves.birth_parts' must be >= 2 or null, got {_shown(cfg.moves.birth_parts)}")
     for key in ("split_valley", "merge_valley"):
         value = getattr(cfg.moves, key)
         if value is not None and not 0.0 <= value <= 1.0:

@@ -157,6 +157,67 @@ def apply_plan(plan: MovePlan, state: MixtureState, nets: Nets, soft: SuffStats,
     return new, new_row
 
 
+def apply_births(state: MixtureState, nets: Nets, rows: list[int], part_stats: SuffStats, prior: NIWPrior,
+                 generator: torch.Generator) -> tuple[MixtureState, Tensor]:
+    """Cut clusters ``rows`` into their parts (:mod:`deepdpm_core.births`).
+
+    Part 0 of a cluster keeps its row, its other parts are appended in order; every part
+    takes the MAP parameters of its statistics and a weight in proportion to its points,
+    a copy of the cluster's output unit (bias shifted by the part's log share) and a fresh
+    subclustering net that halves it along its principal axis.
+
+    Parameters
+    ----------
+    state : MixtureState
+        K clusters (not modified).
+    nets : Nets
+        Reshaped in place.
+    rows : list of int
+        The B clusters cut.
+    part_stats : SuffStats with B·P rows
+        Part j of ``rows[b]`` at row b·P + j; no part empty.
+    prior : NIWPrior
+    generator : torch.Generator
+        Draws the fresh subnets.
+
+    Returns
+    -------
+    state : MixtureState
+        K + B·(P − 1) clusters.
+    part_rows : Tensor of shape (B·P,), int64
+        Each part's row in it.
+    """
+    k, b = state.n_clusters, len(rows)
+    parts = part_stats.n_rows // b
+    device = state.means.device
+    src = torch.tensor(list(range(k)) + [r for r in rows for _ in range(parts - 1)], dtype=torch.long,
+                       device=device)
+    part_rows = torch.tensor([[r] + [k + i * (parts - 1) + j for j in range(parts - 1)] for i, r in enumerate(rows)],
+                             dtype=torch.long, device=device).view(-1)
+    new = state.rows(src)
+    means, covs = map_estimate(prior, part_stats)
+    n = part_stats.n.view(b, parts)
+    share = (n / n.sum(1, keepdim=True)).log().view(-1)
+    owner = torch.tensor(rows, dtype=torch.long, device=device).repeat_interleave(parts)
+    new.means[part_rows], new.covariances[part_rows] = means.to(new.means), covs.to(new.covariances)
+    new.log_weights[part_rows] = state.log_weights[owner] + share.to(new.log_weights)
+    new.log_weights = new.log_weights - torch.logsumexp(new.log_weights, 0)
+    out = nets.cluster.out
+    old_bias = out.bias.detach().clone()
+    reindex_rows(out, "weight", src, None, nets.opt_cluster)
+    reindex_rows(out, "bias", src, None, nets.opt_cluster)
+    with torch.no_grad():
+        out.bias[part_rows.to(out.bias.device)] = (old_bias[owner.to(old_bias.device)]
+                                                   + share.to(old_bias))
+    sub_src = src.clone()
+    sub_src[part_rows] = -1
+    fresh = nets.sub.fresh(len(part_rows), generator)
+    for name, values in zip(("w1", "b1", "w2", "b2"), fresh, strict=True):
+        reindex_rows(nets.sub, name, sub_src, values.to(device), nets.opt_sub)
+    reset_subclusters(new, nets, part_rows, generator)
+    return new, part_rows
+
+
 def _moved_state(state: MixtureState, src: Tensor, halves: dict[int, tuple[int, int]],
                  merged: list[tuple[int, int, int]], soft: SuffStats, prior: NIWPrior) -> MixtureState:
     """The mixture state after the move (paper Eq. 8 for splits; pooled MAP for merges)."""

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from deepdpm_core.batching import adam, auto_batch_size, epoch_steps, global_batch, scaled_lr
+from deepdpm_core.births import birth_proposals, choose_births
 from deepdpm_core.checkpoints import check_same_data, restore_optimisers, trainer_state
 from deepdpm_core.communicator import Communicator, LocalCommunicator
 from deepdpm_core.config import Config, from_dict
@@ -52,7 +53,7 @@ from deepdpm_core.prior_fit import PriorFit
 from deepdpm_core.schedule import MoveSchedule
 from deepdpm_core.small_data import distil, exact_statistics
 from deepdpm_core.stats import SuffStats, grouped_stats
-from deepdpm_core.surgery import Nets, apply_plan, reset_subclusters
+from deepdpm_core.surgery import Nets, apply_births, apply_plan, reset_subclusters
 
 Tensor = torch.Tensor
 EpochCallback = Callable[[dict[str, Any]], None]
@@ -374,10 +375,11 @@ class Trainer:
         ratios = valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, mc.valley_bandwidth)
         return dict(zip(pairs, ratios.tolist(), strict=True))
 
-    def apply_plan(self, plan: MovePlan, soft: SuffStats) -> None:
-        """Surgery on parameters, nets and optimiser state (identical on every rank)."""
+    def apply_plan(self, plan: MovePlan, soft: SuffStats) -> Tensor:
+        """Surgery on parameters, nets and optimiser state (identical on every rank);
+        returns each old cluster's new row (:func:`~deepdpm_core.surgery.apply_plan`)."""
         if plan.empty:
-            return
+            return torch.arange(self.n_clusters)
         self.state, new_row = apply_plan(plan, self.state, self.nets, soft, self.prior_fit.prior,
                                          self.torch_gen)
         # anchors follow their cluster (−1 for a pruned one: the E-step searches afresh)
@@ -385,6 +387,41 @@ class Trainer:
             self.anchors = new_row[self.anchors]
         self._rewrap()
         self._refresh_mixture()
+        return new_row.cpu()
+
+    def _births(self, candidates: list[int]) -> int:
+        """Offer ``candidates`` (clusters whose split this round did not take) the cuts into
+        3 .. ``moves.birth_parts`` parts (:mod:`deepdpm_core.births`; collective). Clusters
+        of fewer than birth_parts x ``moves.valley_min_points`` points are not offered.
+        Rank 0 chooses, every rank cuts; returns the births made."""
+        mc, p = self.config.moves, self.config.prior
+        counts = self.comm.all_reduce(torch.bincount(self.anchors[self.anchors >= 0], minlength=self.n_clusters)
+                                      .to(torch.float64))
+        rows = [k for k in candidates
+                if counts[k] >= mc.birth_parts * max(mc.valley_min_points, mc.min_subcluster_size)]
+        if not rows:
+            return 0
+        prior = self.prior_fit.prior
+        coarsening = coarsening_constant(p.coarsening, p.coarsening_per_parameter, prior.dim, prior.diagonal)
+        proposals = birth_proposals(self.x, self.anchors, self.state, rows, prior, p.alpha, mc, coarsening,
+                                    self.comm)
+        chosen = self.comm.broadcast_object(choose_births(proposals) if self.comm.rank == 0 else None, src=0)
+        for i, prop in enumerate(proposals):
+            born = [b for b, j in chosen.items() if j == i]
+            if not born:
+                continue
+            keep = torch.tensor([b * prop.parts + j for b in born for j in range(prop.parts)], dtype=torch.long)
+            self.state, part_rows = apply_births(self.state, self.nets, [rows[b] for b in born],
+                                                 prop.stats.rows(keep), prior, self.torch_gen)
+            # the rows of a cut cluster move to their part's row
+            to_row = torch.full((len(rows) * prop.parts,), -1, dtype=torch.long, device=self.device)
+            to_row[keep.to(self.device)] = part_rows.to(self.device)
+            new_anchor = to_row[prop.part.clamp_min(0)]
+            self.anchors = torch.where((prop.part >= 0) & (new_anchor >= 0), new_anchor, self.anchors)
+        if chosen:
+            self._rewrap()
+            self._refresh_mixture()
+        return len(chosen)
 
     # --------------------------------------------------------------------- fit
     def step_epoch(self) -> dict:
@@ -416,8 +453,11 @@ class Trainer:
         move = self.schedule.move_at(epoch)
         if move is not None:
             plan = self._decide(move, sub)
-            self.apply_plan(plan, soft)
+            unsplit = [k for k in range(self.n_clusters) if k not in plan.splits and k not in plan.prunes]
+            new_row = self.apply_plan(plan, soft)
             splits, merges = len(plan.splits), len(plan.merges)
+            if move == "split" and self.small and self.config.moves.birth_parts:
+                splits += self._births([int(new_row[k]) for k in unsplit])
             self.schedule.moved(epoch, splits + merges, self.n_clusters)
         distilled = {}
         if self.schedule.finished(epoch):

@@ -22,6 +22,7 @@ from deepdpm_core.config import Config, from_dict
 from deepdpm_core.trainer import Trainer
 from pipeline.distributed import TorchDistCommunicator, ddp_wrapper, load_rank_rows
 from pipeline.feature_rows import rank_rows
+from tests.test_births import grid_blobs
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -183,12 +184,17 @@ def _unequal_blobs() -> tuple[np.ndarray, int]:
     return x.astype(np.float32), 15
 
 
-@pytest.mark.parametrize("data", ["mixture", "unequal 50-D blobs"])
+@pytest.mark.parametrize("data", ["mixture", "unequal 50-D blobs", "2-D blob grid (births)"])
 def test_small_data_fit_is_the_same_on_two_ranks(tmp_path, data):
     # exact EM (small_data): no minibatch order to differ, the E-step is per row and the
-    # statistics are all-reduced, so two ranks take the one process's moves, and the net
-    # fitted at the end labels the rows alike
-    x, k = (_mixture(), None) if data == "mixture" else _unequal_blobs()
+    # statistics are all-reduced, so two ranks take the one process's moves (births'
+    # k-means included), and the net fitted at the end labels the rows alike
+    if data == "mixture":
+        x, k = _mixture(), None
+    elif data == "unequal 50-D blobs":
+        x, k = _unequal_blobs()
+    else:  # 49 blobs that need births (tests/test_births.py)
+        x, k = grid_blobs(7, 60, 1)[0], 49
     config = _config(**{"small_data.max_rows": 10_000, "schedule.max_epochs": 60,
                         "init.n_clusters": 8 if k is None else "auto", "init.max_points": 200_000,
                         "optim.batch_size": "auto"})
