@@ -5,9 +5,9 @@ Eq. 2) takes the cut only if two Gaussians beat one. A cluster that holds severa
 side by side (eight blobs in a 2 x 4 block) may have no such cut: any two halves are as
 badly Gaussian as the whole, though the groups themselves are far better, and the search
 stops with the groups in one cluster (docs/design.md, "Births"). A birth proposes the cut
-into P parts found by k-means inside the cluster, for each P from 3 to ``moves.birth_parts``
-(three blobs in a row have no two-way cut across valleys either), judged by the same ratio
-for P parts,
+into P = ``moves.birth_parts`` parts found by k-means inside the cluster, and the cuts
+into P − 1, ..., 3 parts made from it by joining the nearest parts (three blobs in a row
+have no two-way cut across valleys either), judged by the same ratio for P parts,
 
     ln H_b = (P − 1) ln α + Σ_j [ln Γ(n_j) + ln f(X_j)] − ln Γ(n) − ln f(X),
 
@@ -35,10 +35,39 @@ from torch import Tensor
 from deepdpm_core.communicator import Communicator
 from deepdpm_core.config import MovesConfig
 from deepdpm_core.density_valleys import pair_histograms, valley_ratios
-from deepdpm_core.linalg import symmetric_eigh
 from deepdpm_core.mixture_state import MixtureState
 from deepdpm_core.niw import NIWPrior, log_marginal_likelihood, map_estimate
 from deepdpm_core.stats import SuffStats, grouped_stats
+
+#: subspace iterations for each cluster's principal plane (the seeds need only a plane of
+#: large variance, not converged eigenvectors)
+PLANE_ITERS = 30
+
+
+def principal_plane(covariances: Tensor) -> tuple[Tensor, Tensor]:
+    """The two leading eigenpairs of each covariance, by subspace iteration from the two
+    features of largest variance (O(D²) a step, where a full eigendecomposition of a 512-D
+    covariance costs a quarter of a second), then Rayleigh–Ritz in the plane found.
+
+    Parameters
+    ----------
+    covariances : Tensor of shape (B, D, D), D >= 2
+
+    Returns
+    -------
+    values : Tensor of shape (B, 2), descending
+    vectors : Tensor of shape (B, D, 2), orthonormal columns
+    """
+    c = covariances.to(torch.float64)
+    b, d, _ = c.shape
+    top = c.diagonal(dim1=1, dim2=2).topk(2, dim=1).indices
+    q = torch.full((b, d, 2), 0.1 / math.sqrt(d), dtype=torch.float64, device=c.device)
+    q[torch.arange(b), top[:, 0], 0] += 1.0
+    q[torch.arange(b), top[:, 1], 1] -= 1.0
+    for _ in range(PLANE_ITERS):
+        q = torch.linalg.qr(c @ q).Q
+    values, turn = torch.linalg.eigh(q.transpose(1, 2) @ c @ q)
+    return values.flip(1), (q @ turn).flip(2)
 
 
 def birth_seeds(means: Tensor, covariances: Tensor, parts: int) -> Tensor:
@@ -56,13 +85,17 @@ def birth_seeds(means: Tensor, covariances: Tensor, parts: int) -> Tensor:
     -------
     Tensor of shape (B, P, D), float64
     """
-    evals, evecs = symmetric_eigh(covariances.to(torch.float64))
-    d = means.shape[1]
-    angle = torch.tensor([(2 * i + 1) * math.pi / parts for i in range(parts)], dtype=torch.float64)
-    first = evecs[:, :, -1] * evals[:, -1].clamp_min(0).sqrt()[:, None]  # (B, D)
-    second = evecs[:, :, -2] * evals[:, -2].clamp_min(0).sqrt()[:, None] if d > 1 else torch.zeros_like(first)
-    offsets = angle.cos()[None, :, None] * first[:, None] + angle.sin()[None, :, None] * second[:, None]
-    return means.to(torch.float64)[:, None] + offsets.to(means.device)
+    c = covariances.to(torch.float64)
+    if c.shape[1] == 1:  # one feature: the seeds on a line
+        values = torch.cat([c[:, 0], torch.zeros_like(c[:, 0])], 1)
+        vectors = torch.cat([torch.ones_like(c), torch.zeros_like(c)], 2)
+    else:
+        values, vectors = principal_plane(c)
+    angle = torch.tensor([(2 * i + 1) * math.pi / parts for i in range(parts)], dtype=torch.float64,
+                         device=c.device)
+    axes = vectors * values.clamp_min(0).sqrt()[:, None, :]  # (B, D, 2)
+    offsets = angle.cos()[None, :, None] * axes[:, None, :, 0] + angle.sin()[None, :, None] * axes[:, None, :, 1]
+    return means.to(torch.float64)[:, None] + offsets
 
 
 @torch.no_grad()
@@ -100,9 +133,14 @@ def birth_kmeans(x: Tensor, labels: Tensor, n_clusters: int, clusters: Tensor, s
     xs, owner = x.index_select(0, rows).to(torch.float64), row_slot.index_select(0, rows)
     centres = seeds.to(x.device, torch.float64).clone()
 
+    members = [torch.nonzero(owner == c).squeeze(1) for c in range(b)]
+
     def assign() -> Tensor:
-        dist2 = (xs[:, None, :] - centres.index_select(0, owner)).square().sum(-1)  # (n, P)
-        return owner * p + dist2.argmin(1)
+        out = torch.empty_like(owner)
+        for c, idx in enumerate(members):  # ‖x − m‖² up to ‖x‖², one product a cluster
+            scores = (centres[c].square().sum(1) - 2 * xs.index_select(0, idx) @ centres[c].T)
+            out[idx] = c * p + scores.argmin(1)
+        return out
 
     for _ in range(iters):
         part = assign()
@@ -184,9 +222,9 @@ def part_valleys(x: Tensor, part: Tensor, part_stats: SuffStats, parts: int, pri
     means, covs = map_estimate(prior, part_stats)
     n = part_stats.n.clamp_min(1e-300)
     r, d = part_stats.n_rows, part_stats.dim
-    zeros = torch.zeros(r, 2, dtype=torch.float64, device=means.device)
-    state = MixtureState(means, covs, n.log() - n.sum().log(), torch.zeros(r, 2, d, dtype=torch.float64),
-                         torch.zeros(r, 2, d, d, dtype=torch.float64), zeros)
+    zero = torch.zeros((), dtype=torch.float64, device=means.device)  # no subclusters: broadcast views
+    state = MixtureState(means, covs, n.log() - n.sum().log(), zero.expand(r, 2, d), zero.expand(r, 2, d, d),
+                         zero.expand(r, 2))
     pairs = nearest_part_pairs(means, parts)
     hist = comm.all_reduce(pair_histograms(x, part, state.to(x.device), pairs))
     return pairs, valley_ratios(hist.cpu().numpy(), min_side, bandwidth)
@@ -242,12 +280,56 @@ class BirthProposal:
     passed: list[int]
 
 
+def coarser(part: Tensor, stats: SuffStats, parts: int) -> tuple[Tensor, SuffStats]:
+    """Each cluster's P parts made P − 1 by joining the pair whose union adds the least
+    to the within-part sum of squares (Ward: n_a·n_b / (n_a + n_b)·‖μ_a − μ_b‖²).
+
+    Parameters
+    ----------
+    part : Tensor of shape (N_local,), int64
+        Each row's part b·P + j (−1: none).
+    stats : SuffStats with B·P rows
+    parts : int
+        P.
+
+    Returns
+    -------
+    part : Tensor of shape (N_local,), int64
+        Parts b·(P − 1) + j'.
+    stats : SuffStats with B·(P − 1) rows
+    """
+    b = stats.n_rows // parts
+    n = stats.n.view(b, parts)
+    mean = stats.s1.view(b, parts, -1) / n.clamp_min(1e-300)[..., None]
+    cost = n[:, :, None] * n[:, None, :] / (n[:, :, None] + n[:, None, :]).clamp_min(1e-300) \
+        * torch.cdist(mean, mean).square()
+    upper = torch.triu(torch.ones(parts, parts, dtype=torch.bool, device=cost.device), 1)
+    cost = torch.where(upper, cost, torch.full_like(cost, math.inf))
+    pick = cost.view(b, -1).argmin(1)
+    first, second = (pick // parts).tolist(), (pick % parts).tolist()
+    table = []  # old part -> new part
+    for c in range(b):
+        slot = [j if j < second[c] else j - 1 for j in range(parts)]
+        slot[second[c]] = first[c] if first[c] < second[c] else first[c] - 1
+        table += [c * (parts - 1) + j for j in slot]
+    to_new = torch.tensor(table, dtype=torch.long, device=stats.n.device)
+    rows = b * (parts - 1)
+    merged = SuffStats(torch.zeros(rows, dtype=torch.float64, device=stats.n.device).index_add_(0, to_new, stats.n),
+                       torch.zeros(rows, stats.dim, dtype=torch.float64, device=stats.n.device)
+                       .index_add_(0, to_new, stats.s1),
+                       torch.zeros(rows, stats.dim, stats.dim, dtype=torch.float64, device=stats.n.device)
+                       .index_add_(0, to_new, stats.s2))
+    relabel = to_new.to(part.device)
+    return torch.where(part >= 0, relabel[part.clamp_min(0)], part), merged
+
+
 def birth_proposals(x: Tensor, labels: Tensor, state: MixtureState, clusters: list[int], prior: NIWPrior,
                     alpha: float, moves: MovesConfig, coarsening: float | None,
                     comm: Communicator) -> list[BirthProposal]:
-    """Each of ``clusters`` cut into P parts for P = 3 .. ``moves.birth_parts`` (2 when
-    that is 2), with the ratios and valley checks of every cut (collective; the same on
-    every rank).
+    """Each of ``clusters`` cut into P = ``moves.birth_parts`` parts by k-means, then into
+    P − 1, ..., 3 by :func:`coarser` (three blobs in a row, cut into four, lose the cut
+    through the middle one first), with the ratios and valley checks of every cut
+    (collective; the same on every rank).
 
     Parameters
     ----------
@@ -259,16 +341,20 @@ def birth_proposals(x: Tensor, labels: Tensor, state: MixtureState, clusters: li
         The B clusters offered a birth.
     """
     ks = torch.tensor(clusters, dtype=torch.long, device=state.means.device)
+    parts = moves.birth_parts
+    seeds = birth_seeds(state.means[ks], state.covariances[ks], parts)
+    part, stats = birth_kmeans(x, labels, state.n_clusters, ks, seeds, moves.birth_kmeans_iters, comm)
     out = []
-    for parts in range(min(3, moves.birth_parts), moves.birth_parts + 1):
-        seeds = birth_seeds(state.means[ks], state.covariances[ks], parts)
-        part, stats = birth_kmeans(x, labels, state.n_clusters, ks, seeds, moves.birth_kmeans_iters, comm)
+    while True:
         pairs, ratios = part_valleys(x, part, stats, parts, prior, moves.min_subcluster_size,
                                      moves.valley_bandwidth, comm)
         log_h = log_birth_hastings(prior, alpha, stats, parts, coarsening)
         passed = accepted_births(log_h, stats.n, parts, pairs, ratios, moves.split_valley, moves.valley_min_points)
         out.append(BirthProposal(parts, part, stats, log_h, passed))
-    return out
+        if parts <= 3:
+            return out
+        part, stats = coarser(part, stats, parts)
+        parts -= 1
 
 
 def choose_births(proposals: list[BirthProposal]) -> dict[int, int]:
