@@ -44,10 +44,10 @@ def test_the_suite_names_every_data_set_at_three_scales():
     for base in ("blobs16", "imbalanced128", "sphere128", "blobs512"):
         assert {base, f"{base}@1e-3", f"{base}@1e3"} <= set(names)
     assert names[6:9] == ["wine-raw", "breast-cancer-raw", "digits-raw"]
-    assert names[-6:] == list(suite.HARD) == [
-        "blobs2d-dense", "blobs2d-overlap", "blobs2d-unequal", "blobs2d-100", "table-degenerate",
+    assert names[-7:] == list(suite.HARD) == [
+        "blobs2d-dense", "blobs2d-overlap", "blobs2d-unequal", "blobs2d-50", "blobs2d-100", "table-degenerate",
         "table-mixed-units"]
-    assert len(names) == 27
+    assert len(names) == 28
     assert suite.select(suite.DATASETS, ["blobs16*", "iris-std"]) == [
         "iris-std", "blobs16", "blobs16@1e-3", "blobs16@1e3"]
     with pytest.raises(SystemExit, match="no data set matches nope"):
@@ -101,6 +101,8 @@ def test_the_hard_sets_have_their_stated_defects():
     X, y, _ = quick["table-mixed-units"](0)
     spread = X.std(axis=0)
     assert X.shape == (1000, 13) and spread.max() / spread.min() > 1000
+    X, y, _ = quick["blobs2d-50"](0)  # already small: the quick set is the full one
+    assert X.shape == (7500, 2) and np.bincount(y).tolist() == [150] * 50
     assert quick["blobs2d-100"](0)[0].shape == (20_000, 2)
     assert quick["blobs2d-overlap"](0)[0].shape == (2000, 2)
     X, y, _ = suite.DATASETS["wine-raw"](0)
