@@ -70,6 +70,14 @@ def principal_plane(covariances: Tensor) -> tuple[Tensor, Tensor]:
     return values.flip(1), (q @ turn).flip(2)
 
 
+def birth_min_points(moves: MovesConfig, dim: int) -> int:
+    """Fewest points of a cluster offered a birth: ``moves.birth_parts`` parts that can each
+    hold ``moves.valley_min_points`` points (the valley rule judges them) and more points
+    than features (a covariance estimated from its points, not from the prior alone; in
+    512-D a birth would also cost a third of a small fit's time)."""
+    return moves.birth_parts * max(moves.valley_min_points, moves.min_subcluster_size, dim + 1)
+
+
 def birth_seeds(means: Tensor, covariances: Tensor, parts: int) -> Tensor:
     """Starting centres of each cluster's parts: ``parts`` points on the ellipse of one
     standard deviation in the cluster's principal plane, at angles (2i + 1)π/P (for P = 4

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from deepdpm_core.batching import adam, auto_batch_size, epoch_steps, global_batch, scaled_lr
-from deepdpm_core.births import birth_proposals, choose_births
+from deepdpm_core.births import birth_min_points, birth_proposals, choose_births
 from deepdpm_core.checkpoints import check_same_data, restore_optimisers, trainer_state
 from deepdpm_core.communicator import Communicator, LocalCommunicator
 from deepdpm_core.config import Config, from_dict
@@ -391,14 +391,13 @@ class Trainer:
 
     def _births(self, candidates: list[int]) -> int:
         """Offer ``candidates`` (clusters whose split this round did not take) the cuts into
-        3 .. ``moves.birth_parts`` parts (:mod:`deepdpm_core.births`; collective). Clusters
-        of fewer than birth_parts x ``moves.valley_min_points`` points are not offered.
-        Rank 0 chooses, every rank cuts; returns the births made."""
+        3 .. ``moves.birth_parts`` parts (:mod:`deepdpm_core.births`; collective), if they
+        hold :func:`~deepdpm_core.births.birth_min_points` points. Rank 0 chooses, every
+        rank cuts; returns the births made."""
         mc, p = self.config.moves, self.config.prior
         counts = self.comm.all_reduce(torch.bincount(self.anchors[self.anchors >= 0], minlength=self.n_clusters)
                                       .to(torch.float64))
-        rows = [k for k in candidates
-                if counts[k] >= mc.birth_parts * max(mc.valley_min_points, mc.min_subcluster_size)]
+        rows = [k for k in candidates if counts[k] >= birth_min_points(mc, self.dim)]
         if not rows:
             return 0
         prior = self.prior_fit.prior

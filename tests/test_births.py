@@ -13,6 +13,7 @@ from deepdpm_core.births import (
     BirthProposal,
     accepted_births,
     birth_kmeans,
+    birth_min_points,
     birth_seeds,
     choose_births,
     coarser,
@@ -206,6 +207,13 @@ def test_each_cluster_takes_its_passing_cut_of_largest_ratio():
     four = prop(4, [7.0, 12.0, 3.0], [0, 2])  # cluster 1's 4-way cut fails its valleys
     assert choose_births([three, four]) == {0: 1, 1: 0, 2: 1}
     assert choose_births([prop(3, [1.0], [])]) == {}
+
+
+def test_a_birth_is_offered_to_clusters_whose_parts_can_each_hold_more_points_than_features():
+    moves = Config().moves
+    assert birth_min_points(moves, 2) == 4 * 25  # low dimensions: the valley rule's floor
+    assert birth_min_points(moves, 128) == 4 * 129
+    assert birth_min_points(moves.__class__(birth_parts=3, valley_min_points=10), 5) == 3 * 10
 
 
 def test_births_are_on_by_default_and_off_with_null():
