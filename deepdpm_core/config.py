@@ -175,7 +175,9 @@ class MovesConfig:
     Hastings ratio. ``birth_parts``: in a small-data fit (exact EM) a cluster whose split
     is not taken is also offered the cut into this many parts by k-means
     (:mod:`deepdpm_core.births`; ``birth_kmeans_iters`` Lloyd iterations); None: no births.
-    ``valley_bandwidth``: the smoothing kernel's width is this times
+    ``exact_valley``: a split or merge across a valley at most this deep is judged by the
+    exact posterior, not the coarsened one (:func:`~deepdpm_core.moves.exact_across_deep_valleys`);
+    None: every move coarsened. ``valley_bandwidth``: the smoothing kernel's width is this times
     n^(−1/5) standard deviations for n points, Silverman's rule for one Gaussian mode
     (0.9); narrower kernels show valleys in one mode's sampling noise at a few thousand
     points.
@@ -192,6 +194,7 @@ class MovesConfig:
     valley_bandwidth: float = 0.9
     birth_parts: int | None = 4
     birth_kmeans_iters: int = 10
+    exact_valley: float | None = 0.2
 
 
 @dataclass(frozen=True)
@@ -379,7 +382,7 @@ def _validate(cfg: Config) -> None:
                           f"got {_shown(cfg.small_data.distil_agreement)}")
     if cfg.moves.birth_parts is not None and cfg.moves.birth_parts < 2:
         raise ConfigError(f"config key 'moves.birth_parts' must be >= 2 or null, got {_shown(cfg.moves.birth_parts)}")
-    for key in ("split_valley", "merge_valley"):
+    for key in ("split_valley", "merge_valley", "exact_valley"):
         value = getattr(cfg.moves, key)
         if value is not None and not 0.0 <= value <= 1.0:
             raise ConfigError(f"config key 'moves.{key}' must be in [0, 1] or null, got {_shown(value)}")

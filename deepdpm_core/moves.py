@@ -122,6 +122,35 @@ def coarsening_constant(coarsening: float | None, per_parameter: float | None, d
     return max(coarsening, per_parameter * params) if per_parameter is not None else coarsening
 
 
+def exact_across_deep_valleys(union_n: Tensor, valleys: np.ndarray, judged: np.ndarray,
+                              exact_valley: float | None) -> Tensor:
+    """``union_n`` with 0 (ζ = 1 in :func:`coarsened`: the exact posterior) for the moves
+    that cut across a valley whose floor is at most ``exact_valley`` of the lower peak
+    (``moves.exact_valley``), where the valley was judged.
+
+    Coarsening stands for a model that is only roughly right about each cluster's shape,
+    so that a cluster which is one mode is not cut further as N grows. A cut through a
+    valley that deep separates two modes whatever their shapes, and the exact posterior
+    judges it: with n ≫ c points it could otherwise gain only what c points gain, and a
+    cluster holding ten blobs of 1,000 points, whose two-way cuts gain little per point
+    (each half as far from Gaussian as the whole), would never be opened.
+
+    Parameters
+    ----------
+    union_n : Tensor of shape (R,)
+        n of the union each row belongs to (:func:`coarsened`).
+    valleys, judged : ndarray of shape (R,)
+        Each row's move's valley ratio, and whether it was judged (both sides held
+        ``moves.valley_min_points``).
+    exact_valley : float or None
+        None: every move coarsened.
+    """
+    if exact_valley is None:
+        return union_n
+    deep = torch.as_tensor(judged & (np.asarray(valleys) <= exact_valley), device=union_n.device)
+    return torch.where(deep, torch.zeros_like(union_n), union_n)
+
+
 def propose_splits(
     prior: NIWPrior,
     alpha: float,
@@ -132,6 +161,7 @@ def propose_splits(
     valleys: np.ndarray | None = None,
     max_valley: float | None = None,
     valley_min_points: float = 0.0,
+    exact_valley: float | None = None,
 ) -> tuple[list[int], np.ndarray]:
     """Propose every cluster's split in parallel (paper §3.2).
 
@@ -152,6 +182,9 @@ def propose_splits(
         ``valley_min_points``; None proposes them all.
     valley_min_points : float
         Fewest points a side for the valley rule to judge (``moves.valley_min_points``).
+    exact_valley : float, optional
+        Splits across a valley at most this deep are judged uncoarsened
+        (:func:`exact_across_deep_valleys`).
 
     Returns
     -------
@@ -160,6 +193,9 @@ def propose_splits(
         ln H_s per cluster (−inf where not proposed).
     """
     union_n = sub_stats.n.view(-1, 2).sum(1).repeat_interleave(2)
+    judged = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() >= valley_min_points
+    if valleys is not None:
+        union_n = exact_across_deep_valleys(union_n, np.repeat(valleys, 2), np.repeat(judged, 2), exact_valley)
 
     def chunk(s: int, e: int) -> np.ndarray:  # rows [2s, 2e): scaled a chunk at a time (memory)
         rows = torch.arange(2 * s, 2 * e, device=sub_stats.n.device)
@@ -170,7 +206,6 @@ def propose_splits(
     small = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() < max(min_subcluster_size, 1.0)
     log_h[small] = -np.inf
     if valleys is not None and max_valley is not None:
-        judged = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() >= valley_min_points
         log_h[judged & (np.asarray(valleys) > max_valley)] = -np.inf
     coins = _accept(log_h, rng)
     return [int(k) for k in np.flatnonzero(coins)], log_h
@@ -211,6 +246,7 @@ def propose_merges(
     valleys: dict[tuple[int, int], float] | None = None,
     max_valley: float | None = None,
     valley_min_points: float = 0.0,
+    exact_valley: float | None = None,
 ) -> list[tuple[int, int]]:
     """Sequential merge proposals over nearest-neighbour pairs (Supmat "Merge Proposals").
 
@@ -235,6 +271,9 @@ def propose_merges(
         ``valley_min_points``.
     valley_min_points : float
         Fewest points a side for the valley rule to judge (``moves.valley_min_points``).
+    exact_valley : float, optional
+        Pairs with a valley at most this deep between them are judged uncoarsened
+        (:func:`exact_across_deep_valleys`), as their split would be.
 
     Returns
     -------
@@ -247,6 +286,11 @@ def propose_merges(
     a_idx = [a for a, _ in pairs]
     b_idx = [b for _, b in pairs]
     union_n = cluster_stats.n[a_idx] + cluster_stats.n[b_idx]
+    n = cluster_stats.n.cpu().numpy()
+    judged = np.array([min(n[a], n[b]) >= valley_min_points for a, b in pairs], dtype=bool)
+    if valleys is not None:
+        union_n = exact_across_deep_valleys(union_n, np.array([valleys.get(p, 1.0) for p in pairs]), judged,
+                                            exact_valley)
 
     def chunk(s: int, e: int) -> np.ndarray:  # pairs [s, e), scaled a chunk at a time (memory)
         return log_merge_hastings(prior, alpha, coarsened(cluster_stats.rows(a_idx[s:e]), union_n[s:e], coarsening),
@@ -255,9 +299,7 @@ def propose_merges(
     log_h = np.concatenate([chunk(s, e) for s, e in hastings_chunks(len(pairs), cluster_stats.dim)])
     coins = _accept(log_h, rng)
     if valleys is not None and max_valley is not None:
-        n = cluster_stats.n.cpu().numpy()
-        coins = coins | np.array([min(n[a], n[b]) >= valley_min_points and valleys.get((a, b), 0.0) > max_valley
-                                  for a, b in pairs], dtype=bool)
+        coins = coins | (judged & np.array([valleys.get(p, 0.0) > max_valley for p in pairs], dtype=bool))
     used: set[int] = set()
     accepted = []
     for (a, b), ok in zip(pairs, coins, strict=True):
@@ -301,11 +343,12 @@ def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWP
     splits, merges = [], []
     if kind == "split":
         accepted, _ = propose_splits(prior, alpha, sub_stats, rng, config.min_subcluster_size,
-                                     coarsening, valleys, config.split_valley, config.valley_min_points)
+                                     coarsening, valleys, config.split_valley, config.valley_min_points,
+                                     config.exact_valley)
         splits = [c for c in accepted if c not in prunes]
     else:
         merges = [(a, b) for a, b in propose_merges(prior, alpha, hard, means, rng, config.merge_neighbours,
                                                       coarsening, valleys, config.merge_valley,
-                                                      config.valley_min_points)
+                                                      config.valley_min_points, config.exact_valley)
                   if a not in prunes and b not in prunes]
     return MovePlan(splits=splits, merges=merges, prunes=prunes)
