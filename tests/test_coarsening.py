@@ -114,3 +114,43 @@ def test_clusters_plainly_apart_in_many_features_are_split_at_any_n():
             _prior(d), ALPHA, coarsened(stats, union, coarsening_constant(500.0, 7.5, d, False)))[0])
         assert (fixed > 0) == fixed_accepts
         assert scaled > 50
+
+
+def test_a_move_across_a_deep_valley_is_judged_by_the_exact_posterior():
+    """Two blobs 8 apart, 20,000 points: with the valley at most ``exact_valley`` deep and
+    judged, the split's (and the merge's) ratio is the exact one; shallower, or with too
+    few points a side to judge, it stays coarsened."""
+    rng = np.random.default_rng(3)
+    n = 20_000
+    x = np.concatenate([rng.normal(0, 1, (n // 2, 2)), rng.normal(8, 1, (n // 2, 2))])
+    half = np.repeat([0, 1], n // 2)
+    stats = _pair_stats(x, half)
+    union = stats.n.sum().repeat(2)
+    exact = float(log_split_hastings(_prior(2), ALPHA, stats)[0])
+    tempered = float(log_split_hastings(_prior(2), ALPHA, coarsened(stats, union, 500.0))[0])
+    assert exact > 10 * tempered > 0
+
+    def split(valley, min_points=25.0, exact_valley=0.2):
+        return propose_splits(_prior(2), ALPHA, stats, np.random.default_rng(0), 5, 500.0, np.array([valley]), 0.75,
+                              min_points, exact_valley)[1][0]
+
+    assert split(0.1) == pytest.approx(exact, rel=1e-12)
+    assert split(0.5) == pytest.approx(tempered, rel=1e-12)
+    assert split(0.1, exact_valley=None) == pytest.approx(tempered, rel=1e-12)
+    assert split(0.1, min_points=n) == pytest.approx(tempered, rel=1e-12)  # not judged
+
+    means = torch.as_tensor(np.stack([x[half == c].mean(0) for c in (0, 1)]))
+    # with an α that makes the split cost 10 nats more than its tempered gain, the
+    # coarsened ratio takes the merge (ln H_m = −ln H_s); exactly judged, it is refused
+    costly = math.exp(math.log(ALPHA) - tempered - 10.0)
+
+    def merged(valley, exact_valley=0.2):
+        return propose_merges(_prior(2), costly, stats, means, np.random.default_rng(0), 3, 500.0,
+                              {(0, 1): valley}, 0.9, 25.0, exact_valley)
+
+    tempered_split = float(log_split_hastings(_prior(2), costly, coarsened(stats, union, 500.0))[0])
+    exact_split = float(log_split_hastings(_prior(2), costly, stats)[0])
+    assert tempered_split < 0 < exact_split
+    assert merged(0.5) == [(0, 1)]
+    assert merged(0.1) == []
+    assert merged(0.1, exact_valley=None) == [(0, 1)]
