@@ -114,8 +114,9 @@ def birth_kmeans(x: Tensor, labels: Tensor, n_clusters: int, clusters: Tensor, s
     Parameters
     ----------
     x : Tensor of shape (N_local, D)
+        This rank's rows in the fit's coordinates.
     labels : Tensor of shape (N_local,), int64
-        Each row's cluster (−1: none).
+        Each row's cluster, −1 for a row of none (the E-step anchors).
     n_clusters : int
         K.
     clusters : Tensor of shape (B,), int64
@@ -341,9 +342,8 @@ def birth_proposals(x: Tensor, labels: Tensor, state: MixtureState, clusters: li
 
     Parameters
     ----------
-    x : Tensor of shape (N_local, D)
-    labels : Tensor of shape (N_local,), int64
-        Each row's cluster (−1: none).
+    x, labels : Tensor
+        The local rows and their clusters, as :func:`birth_kmeans` takes them.
     state : MixtureState
     clusters : list of int
         The B clusters offered a birth.

@@ -176,9 +176,8 @@ def apply_births(state: MixtureState, nets: Nets, rows: list[int], part_stats: S
         The B clusters cut.
     part_stats : SuffStats with B·P rows
         Part j of ``rows[b]`` at row b·P + j; no part empty.
-    prior : NIWPrior
-    generator : torch.Generator
-        Draws the fresh subnets.
+    prior, generator : NIWPrior, torch.Generator
+        As for :func:`apply_plan`.
 
     Returns
     -------
