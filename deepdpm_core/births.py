@@ -182,9 +182,8 @@ def log_birth_hastings(prior: NIWPrior, alpha: float, part_stats: SuffStats, par
     -------
     Tensor of shape (B,); −inf where a part is empty.
     """
-    b, d = part_stats.n_rows // parts, part_stats.dim
-    whole = SuffStats(part_stats.n.view(b, parts).sum(1), part_stats.s1.view(b, parts, d).sum(1),
-                      part_stats.s2.view(b, parts, d, d).sum(1))
+    b = part_stats.n_rows // parts
+    whole = part_stats.regrouped(torch.arange(b * parts) // parts, b)
     if coarsening is not None:
         zeta = coarsening / (coarsening + whole.n)
         whole, part_stats = whole.scaled(zeta), part_stats.scaled(zeta.repeat_interleave(parts))
@@ -321,15 +320,9 @@ def coarser(part: Tensor, stats: SuffStats, parts: int) -> tuple[Tensor, SuffSta
         slot = [j if j < second[c] else j - 1 for j in range(parts)]
         slot[second[c]] = first[c] if first[c] < second[c] else first[c] - 1
         table += [c * (parts - 1) + j for j in slot]
-    to_new = torch.tensor(table, dtype=torch.long, device=stats.n.device)
-    rows = b * (parts - 1)
-    merged = SuffStats(torch.zeros(rows, dtype=torch.float64, device=stats.n.device).index_add_(0, to_new, stats.n),
-                       torch.zeros(rows, stats.dim, dtype=torch.float64, device=stats.n.device)
-                       .index_add_(0, to_new, stats.s1),
-                       torch.zeros(rows, stats.dim, stats.dim, dtype=torch.float64, device=stats.n.device)
-                       .index_add_(0, to_new, stats.s2))
+    to_new = torch.tensor(table, dtype=torch.long)
     relabel = to_new.to(part.device)
-    return torch.where(part >= 0, relabel[part.clamp_min(0)], part), merged
+    return torch.where(part >= 0, relabel[part.clamp_min(0)], part), stats.regrouped(to_new, b * (parts - 1))
 
 
 def birth_proposals(x: Tensor, labels: Tensor, state: MixtureState, clusters: list[int], prior: NIWPrior,

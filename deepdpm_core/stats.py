@@ -84,6 +84,16 @@ class SuffStats:
             self.s2.view(r, 2, self.dim, self.dim).sum(1),
         )
 
+    def regrouped(self, group: Tensor, n_groups: int) -> SuffStats:
+        """Rows summed into ``n_groups`` groups, row r into ``group[r]`` (R,): the statistics
+        of the groups' unions."""
+        g = group.to(self.n.device)
+
+        def summed(t: Tensor) -> Tensor:
+            return torch.zeros((n_groups, *t.shape[1:]), dtype=t.dtype, device=t.device).index_add_(0, g, t)
+
+        return SuffStats(summed(self.n), summed(self.s1), summed(self.s2))
+
     def flat(self) -> Tensor:
         """All statistics as one contiguous float64 vector (what an all-reduce sends)."""
         return torch.cat([self.n, self.s1.reshape(-1), self.s2.reshape(-1)])

@@ -346,17 +346,19 @@ class Trainer:
         valleys = self._valleys(kind)
         if self.comm.rank == 0:
             try:
-                prior, p = self.prior_fit.prior, self.config.prior
-                coarsening = coarsening_constant(p.coarsening, p.coarsening_per_parameter, prior.dim,
-                                                 prior.diagonal)
-                plan = plan_moves(kind, sub, self.state.means, prior, self.config.moves, p.alpha, self.rng,
-                                  coarsening, valleys)
+                plan = plan_moves(kind, sub, self.state.means, self.prior_fit.prior, self.config.moves,
+                                  self.config.prior.alpha, self.rng, self._coarsening(), valleys)
             except torch.linalg.LinAlgError:
                 plan = self.prior_fit.numerical_failure(self.epoch)
         plan = self.comm.broadcast_object(plan, src=0)
         if isinstance(plan, DataError):
             raise plan
         return plan
+
+    def _coarsening(self) -> float | None:
+        """c of the coarsened move ratios (:func:`~deepdpm_core.moves.coarsening_constant`)."""
+        p, prior = self.config.prior, self.prior_fit.prior
+        return coarsening_constant(p.coarsening, p.coarsening_per_parameter, prior.dim, prior.diagonal)
 
     def _valleys(self, kind: str) -> np.ndarray | dict[tuple[int, int], float] | None:
         """The density valleys a move round judges (:mod:`deepdpm_core.density_valleys`;
@@ -394,16 +396,15 @@ class Trainer:
         3 .. ``moves.birth_parts`` parts (:mod:`deepdpm_core.births`; collective), if they
         hold :func:`~deepdpm_core.births.birth_min_points` points. Rank 0 chooses, every
         rank cuts; returns the births made."""
-        mc, p = self.config.moves, self.config.prior
+        mc = self.config.moves
         counts = self.comm.all_reduce(torch.bincount(self.anchors[self.anchors >= 0], minlength=self.n_clusters)
                                       .to(torch.float64))
         rows = [k for k in candidates if counts[k] >= birth_min_points(mc, self.dim)]
         if not rows:
             return 0
         prior = self.prior_fit.prior
-        coarsening = coarsening_constant(p.coarsening, p.coarsening_per_parameter, prior.dim, prior.diagonal)
-        proposals = birth_proposals(self.x, self.anchors, self.state, rows, prior, p.alpha, mc, coarsening,
-                                    self.comm)
+        proposals = birth_proposals(self.x, self.anchors, self.state, rows, prior, self.config.prior.alpha, mc,
+                                    self._coarsening(), self.comm)
         chosen = self.comm.broadcast_object(choose_births(proposals) if self.comm.rank == 0 else None, src=0)
         for i, prop in enumerate(proposals):
             born = [b for b, j in chosen.items() if j == i]
