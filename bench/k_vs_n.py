@@ -4,7 +4,7 @@ Real embeddings (UMAP, t-SNE, contrastive features) have clusters that are not G
 curved, heavy-tailed, skewed. Under a Gaussian DP mixture the evidence for splitting such a
 cluster grows with its number of points, so the exact posterior's K grows with N. Each
 family below is one fixed distribution of 10 clusters, drawn at every N of ``--n``, so K
-should not move with N:
+should not move with N (10 clusters, unless the name says otherwise):
 
 * ``student``: 10 clusters in 10-D, each an affine map of Student-t noise (3 degrees of
   freedom): heavy tails.
@@ -14,15 +14,21 @@ should not move with N:
   Scott's bandwidth): a real UMAP layout at any N.
 * ``sphere``: 10 clusters on the unit sphere of R^64 with anisotropic spread, rows
   L2-normalised (like contrastive features).
+* ``sphere-1000``: the same with 1,000 clusters in R^128, the shape of MoCo's L2-normalised
+  128-D ImageNet features; meant for N = 1.28M (1,280 rows a cluster), run alone:
+  ``--families sphere-1000 --n 1280000``.
 
 For each (family, N, seed), in one process on the same data: ``DeepDPM(random_state=seed)``
-(plus any ``--set``), ``KMeans`` given the true K (``n_init=3``) and scikit-learn's
+(plus any ``--set``), k-means given the true K (scikit-learn's ``KMeans``, ``n_init=3``; FAISS's
+``Kmeans`` with 3 restarts of 25 iterations for a family of more than 100 clusters, where
+scikit-learn's takes hours) and scikit-learn's
 ``BayesianGaussianMixture`` (Dirichlet process, full covariances, 20 components) where N ≤
-``--bgm-max-n``. Targets (DeepDPM rows): K within ±10 % of 10 at every seed and mean NMI ≥
+``--bgm-max-n``. Targets (DeepDPM rows): K within ±10 % of the family's K at every seed and mean NMI ≥
 k-means' − 0.02.
 
     OMP_NUM_THREADS=1 python bench/k_vs_n.py --json bench/results/k_vs_n.json > /tmp/k_vs_n.md
     python bench/k_vs_n.py --families student --n 2000 --seeds 0     # a quick look
+    python bench/k_vs_n.py --families sphere-1000 --n 1280000 --epoch-log --json FILE  # (a GPU)
 
 The Markdown table goes to stdout, progress to stderr; ``--json FILE`` writes every run and
 the command line (rewritten after each one).
@@ -31,14 +37,16 @@ the command line (rewritten after each one).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import faiss
 import numpy as np
 import torch
 from sklearn.cluster import KMeans
@@ -57,7 +65,7 @@ from deepdpm_core.metrics import clustering_scores  # noqa: E402
 from pipeline.atomic_files import write_json_atomic  # noqa: E402
 
 N_CLUSTERS = 10
-DEFAULT_N = (2000, 20000, 70000)
+DEFAULT_N = (2000, 20000, 70000, 200000)
 
 
 def _centres(rng: np.random.Generator, dim: int, min_gap: float) -> np.ndarray:
@@ -113,33 +121,59 @@ def umap_digits(n: int, seed: int, cache: dict = {}) -> tuple[np.ndarray, np.nda
     return X.astype(np.float32), y
 
 
-def sphere(n: int, seed: int, dim: int = 64) -> tuple[np.ndarray, np.ndarray]:
-    """Unit centres plus noise of per-direction scale 0.08 + 0.25·U⁴, rows L2-normalised;
-    (n, 64), (n,)."""
+def sphere(n: int, seed: int, dim: int = 64, k: int = N_CLUSTERS) -> tuple[np.ndarray, np.ndarray]:
+    """k unit centres plus noise of per-direction scale 0.08 + 0.25·U⁴, rows L2-normalised;
+    (n, dim), (n,)."""
     rng = np.random.default_rng(seed)
-    centres = rng.normal(size=(N_CLUSTERS, dim))
+    centres = rng.normal(size=(k, dim))
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-    y = rng.integers(N_CLUSTERS, size=n)
-    scales = 0.08 + 0.25 * rng.random(size=(N_CLUSTERS, dim)) ** 4
+    y = rng.integers(k, size=n)
+    scales = 0.08 + 0.25 * rng.random(size=(k, dim)) ** 4
     X = centres[y] + rng.normal(size=(n, dim)) * scales[y]
     return (X / np.linalg.norm(X, axis=1, keepdims=True)).astype(np.float32), y
 
 
-FAMILIES: dict[str, Callable[[int, int], tuple[np.ndarray, np.ndarray]]] = {
-    "student": student, "curved": curved, "umap": umap_digits, "sphere": sphere}
+# name -> (data(n, seed), true K)
+FAMILIES: dict[str, tuple[Callable[[int, int], tuple[np.ndarray, np.ndarray]], int]] = {
+    "student": (student, N_CLUSTERS), "curved": (curved, N_CLUSTERS),
+    "umap": (umap_digits, N_CLUSTERS), "sphere": (sphere, N_CLUSTERS),
+    "sphere-1000": (functools.partial(sphere, dim=128, k=1000), 1000)}
 
 
-def run_one(X: np.ndarray, y: np.ndarray, seed: int, overrides: dict, bgm: bool) -> list[dict]:
-    """DeepDPM, k-means given K and (if ``bgm``) BGM on (X, y): one record per method."""
+def faiss_kmeans(X: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """FAISS k-means on every row, best of 3 restarts of 25 iterations; labels (n,)."""
+    kmeans = faiss.Kmeans(X.shape[1], k, niter=25, nredo=3, seed=seed + 1,
+                          max_points_per_centroid=1 << 30)
+    kmeans.train(np.ascontiguousarray(X, dtype=np.float32))
+    return kmeans.index.search(np.ascontiguousarray(X, dtype=np.float32), 1)[1][:, 0]
+
+
+def log_epoch(record: dict) -> None:
+    """One stderr line per epoch of a DeepDPM fit: epoch, K, seconds."""
+    print(f"  epoch {record['epoch']:3d} K {record['n_clusters']:4d} {record['seconds']:6.2f} s",
+          file=sys.stderr, flush=True)
+
+
+def run_one(X: np.ndarray, y: np.ndarray, k: int, seed: int, overrides: dict,
+            bgm: bool, epoch_log: bool = False) -> Iterator[dict]:
+    """DeepDPM, k-means given the true ``k`` and (if ``bgm``) BGM on (X, y): one record per
+    method, yielded as each finishes; ``epoch_log`` prints DeepDPM's epochs to stderr."""
+    fitted: dict[str, DeepDPM] = {}
+
+    def deepdpm() -> np.ndarray:
+        fitted["model"] = DeepDPM(random_state=seed, **overrides).fit(
+            X, callbacks=[log_epoch] if epoch_log else None)
+        return fitted["model"].labels_
+
     fits: dict[str, Callable[[], np.ndarray]] = {
-        "DeepDPM": lambda: DeepDPM(random_state=seed, **overrides).fit(X).labels_,
-        "k-means (true K)": lambda: KMeans(N_CLUSTERS, n_init=3, random_state=seed).fit_predict(X),
+        "DeepDPM": deepdpm,
+        "k-means (true K)": (lambda: faiss_kmeans(X, k, seed)) if k > 100 else
+        (lambda: KMeans(k, n_init=3, random_state=seed).fit_predict(X)),
     }
     if bgm:
         fits["BGM-DP"] = lambda: BayesianGaussianMixture(
             n_components=20, weight_concentration_prior_type="dirichlet_process",
             covariance_type="full", max_iter=500, random_state=seed).fit(X).predict(X)
-    out = []
     for method, fit in fits.items():
         start = time.perf_counter()
         with warnings.catch_warnings():
@@ -147,9 +181,12 @@ def run_one(X: np.ndarray, y: np.ndarray, seed: int, overrides: dict, bgm: bool)
             labels = np.asarray(fit())
         seconds = time.perf_counter() - start
         scores = clustering_scores(y, labels)
-        out.append({"method": method, "k": len(np.unique(labels)), "nmi": scores["nmi"],
-                    "ari": scores["ari"], "seconds": seconds})
-    return out
+        record = {"method": method, "k": len(np.unique(labels)), "nmi": scores["nmi"],
+                  "ari": scores["ari"], "seconds": seconds}
+        if method == "DeepDPM":  # epochs run and K after each change
+            ks = [h["n_clusters"] for h in fitted.pop("model").history_]
+            record |= {"epochs": len(ks), "k_path": [k for i, k in enumerate(ks) if i == 0 or k != ks[i - 1]]}
+        yield record
 
 
 def table(records: list[dict]) -> str:
@@ -163,8 +200,9 @@ def table(records: list[dict]) -> str:
         methods = list(dict.fromkeys(r["method"] for r in rows))
         mean = {m: float(np.mean([r["nmi"] for r in rows if r["method"] == m])) for m in methods}
         ks = [r["k"] for r in rows if r["method"] == "DeepDPM"]
-        k_ok = all(abs(k - N_CLUSTERS) <= 0.1 * N_CLUSTERS for k in ks)
-        margin = mean["DeepDPM"] - mean["k-means (true K)"]
+        true_k = FAMILIES[family][1]
+        k_ok = all(abs(k - true_k) <= 0.1 * true_k for k in ks)
+        margin = mean["DeepDPM"] - mean.get("k-means (true K)", np.nan)
         ok = k_ok and margin >= -0.02
         passed += ok
         verdict = (f"{'yes' if ok else 'NO'}: K ±10 % {'ok' if k_ok else 'FAIL'}; "
@@ -179,7 +217,8 @@ def table(records: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    parser.add_argument("--families", nargs="+", choices=list(FAMILIES),
+                        default=[name for name, (_, k) in FAMILIES.items() if k == N_CLUSTERS])
     parser.add_argument("--n", nargs="+", type=int, default=list(DEFAULT_N))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--bgm-max-n", type=int, default=20000,
@@ -187,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="config overrides for DeepDPM only, e.g. prior.coarsening=null")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE")
+    parser.add_argument("--epoch-log", action="store_true",
+                        help="print each DeepDPM epoch (K, seconds) to stderr")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
     try:
@@ -195,17 +236,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         parser.error(f"--set: {exc}")
     report = {"command": shlex.join(["python", *(sys.argv if argv is None else [__file__, *argv])]),
-              "threads": torch.get_num_threads(), "overrides": overrides, "records": []}
+              "threads": torch.get_num_threads(),
+              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "overrides": overrides, "records": []}
     for family in args.families:
         for n in args.n:
             for seed in args.seeds:
-                X, y = FAMILIES[family](n, seed)
-                for rec in run_one(X, y, seed, overrides, n <= args.bgm_max_n):
+                make, k = FAMILIES[family]
+                X, y = make(n, seed)
+                for rec in run_one(X, y, k, seed, overrides, n <= args.bgm_max_n, args.epoch_log):
                     report["records"].append({"family": family, "n": n, "seed": seed, **rec})
                     print(f"{family} N {n} seed {seed} {rec['method']:17s} K {rec['k']:3d} "
                           f"NMI {rec['nmi']:.3f} {rec['seconds']:6.1f} s", file=sys.stderr, flush=True)
-                if args.json:
-                    write_json_atomic(report, args.json)
+                    if args.json:
+                        write_json_atomic(report, args.json)
     print(f"DeepDPM defaults{' with ' + ' '.join(args.set) if args.set else ''}; "
           f"{torch.get_num_threads()} torch thread(s)\n")
     print(table(report["records"]))

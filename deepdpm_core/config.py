@@ -137,6 +137,7 @@ class ScheduleConfig:
     move_every: int = 4
     freeze_epochs: int = 2
     patience: int = 3
+    settled_spread: float = 0.01
     min_epochs: int = 0
 
 
@@ -360,6 +361,7 @@ def _validate(cfg: Config) -> None:
         "schedule.warmup_epochs": cfg.schedule.warmup_epochs,
         "schedule.freeze_epochs": cfg.schedule.freeze_epochs,
         "schedule.min_epochs": cfg.schedule.min_epochs,
+        "schedule.settled_spread": cfg.schedule.settled_spread,
         "small_data.max_rows": cfg.small_data.max_rows,
         "small_data.warmup_epochs": cfg.small_data.warmup_epochs,
         "small_data.distil_max_steps": cfg.small_data.distil_max_steps,

@@ -9,7 +9,10 @@ nets can learn the new clusters first (paper §3.2). The fit stops after ``max_e
 or once K has settled (and ``min_epochs`` are done): ``patience`` move rounds in a row
 accepted nothing, or K after each of the last 2·``patience`` + 1 rounds stayed within one
 value of itself (a split and a merge of the same cluster taking turns: another round
-would only repeat them).
+would only repeat them), or K at the end of each of the last ``patience`` + 1 cycles (a
+split round and a merge round) stayed within ``settled_spread`` of itself, at least one
+cluster: at K = 1,000 a split round may take five clusters apart that the merge round
+joins again, round after round, and K never settles to within one.
 """
 
 from __future__ import annotations
@@ -85,6 +88,12 @@ class MoveSchedule:
         window = self.round_k[-(2 * sch.patience + 1):]
         if len(window) == 2 * sch.patience + 1 and max(window) - min(window) <= 1:
             return f"K alternated between {min(window)} and {max(window)} over {len(window)} move rounds"
+        cycle = sum(1 for on in (self.moves.split, self.moves.merge) if on)
+        if cycle and self.move_round % cycle == 0:  # at the end of a cycle: K after each
+            ends = self.round_k[cycle - 1::cycle][-(sch.patience + 1):]
+            if len(ends) == sch.patience + 1 and \
+                    max(ends) - min(ends) <= max(1, int(sch.settled_spread * max(ends))):
+                return f"K was {min(ends)} to {max(ends)} after each of the last {len(ends)} move cycles"
         return None
 
     def finished(self, epochs_done: int) -> bool:

@@ -100,3 +100,23 @@ def test_busy_machine_bench_sets_the_old_and_the_new_thread_settings_and_kills_n
     with pytest.raises(KeyboardInterrupt), busy_machine.busy_neighbours(2) as procs:
         raise KeyboardInterrupt  # Ctrl-C mid-run
     assert len(procs) == 2 and all(proc.poll() is not None for proc in procs)
+
+
+def test_k_vs_n_bench_scores_each_family_against_its_own_k(tmp_path):
+    """The 1,000-cluster sphere family (the 1.28M row's) is judged against K = 1,000, its
+    k-means peer is FAISS's; the DeepDPM record carries its epochs and K path."""
+    out = tmp_path / "k_vs_n.json"
+    done = subprocess.run([sys.executable, "bench/k_vs_n.py", "--families", "sphere", "sphere-1000",
+                           "--n", "4000", "--seeds", "0", "--set", "schedule.max_epochs=6",
+                           "--json", str(out)], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = {(r["family"], r["method"]): r for r in json.loads(out.read_text())["records"]}
+    assert set(records) == {(f, m) for f in ("sphere", "sphere-1000")
+                            for m in ("DeepDPM", "k-means (true K)", "BGM-DP")}
+    assert records["sphere", "k-means (true K)"]["k"] == 10
+    assert 900 <= records["sphere-1000", "k-means (true K)"]["k"] <= 1000
+    deepdpm = records["sphere-1000", "DeepDPM"]
+    assert deepdpm["epochs"] == 6 and deepdpm["k_path"][-1] == deepdpm["k"]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| sphere-1000 | 4000 | DeepDPM |"))
+    assert (deepdpm["k"] < 900) == ("K ±10 % FAIL" in row), row

@@ -71,6 +71,38 @@ def test_a_split_and_a_merge_taking_turns_stop_the_fit():
     assert not climbing.finished(30)  # K still grows: 10 -> 12 over the window
 
 
+def test_a_cycle_that_returns_to_its_k_stops_the_fit_at_a_thousand_clusters():
+    """K after each round of a 1.28M x 128 fit of 1,000 classes (one H100, epochs 9-93): past
+    epoch 61 every split round takes 15-25 clusters apart and the next merge round joins
+    most of them again; K after each cycle is 977, 987, 992, 993, 994, never within one of
+    itself,, and the fit ran to max_epochs (200) before ``settled_spread``."""
+    rounds = [203, 203, 392, 392, 686, 663, 995, 939, 1113, 1001, 1077, 967, 1012, 977, 1012,
+              987, 1018, 992, 1017, 993, 1020, 994]
+    sched = MoveSchedule(ScheduleConfig(), MovesConfig())
+    stopped = None
+    for index, k in enumerate(rounds):
+        epoch = 9 + 4 * index
+        assert sched.move_at(epoch) == ("split", "merge")[index % 2]
+        sched.moved(epoch, int(index not in (1, 3)), k)  # the first two merge rounds took none
+        if sched.finished(epoch):
+            stopped = epoch
+            break
+    assert stopped == 93 and sched.stop_reason(93) == (
+        "K settled after 93 epochs (K was 987 to 994 after each of the last 4 move cycles)")
+    exact = MoveSchedule(ScheduleConfig(settled_spread=0.0), MovesConfig())
+    for index, k in enumerate(rounds):
+        exact.moved(9 + 4 * index, 1, k)
+    assert not exact.finished(93)  # within one cluster: the old rule runs on
+    # at small K a cycle must return to within one cluster: 1 % of 11 is less
+    for ends, stops in (([10, 11, 10, 11], True), ([10, 11, 12, 11], False)):
+        small = MoveSchedule(ScheduleConfig(), MovesConfig())
+        for index, k in enumerate(ends):
+            small.moved(9 + 8 * index, 1, k + 3)  # the split round: 3 more
+            assert not small.finished(9 + 8 * index)
+            small.moved(13 + 8 * index, 1, k)
+        assert small.finished(37) is stops
+
+
 def test_a_fit_names_the_moves_its_schedule_ran_and_stops_by_its_rule():
     x, _ = make_mixture(900, 4, 4, random_state=0)
     cfg = Config().with_overrides({"seed": 0, "init.n_clusters": 1, "schedule.warmup_epochs": 2,
