@@ -38,7 +38,7 @@ def initial_cluster_count(setting: int | str, n_rows: int) -> int:
     Why N/10,000 beyond 100,000 rows (the paper's advice, Supmat "The initial value for
     K"): in many dimensions a cluster that holds many classes has no cut that pays. Ten
     k-means clusters of 1.28M rows on the sphere of R^128 in 1,000 classes hold ~100 classes
-    each, and a two-way cut gains ~0.04 nats a row (exact ln H +0.2k to +6k nats per
+    each, and a two-way cut gains 0.002-0.05 nats a row (exact ln H +0.2k to +6k nats per
     cluster) where the coarsened posterior asks ~0.7 (ln H −4k to −6k): K stays 10. Clusters
     of ~8 classes (N/10,000 of them) gain +12k to +27k nats per cut, and merges remove
     the clusters that are not needed.

@@ -10,9 +10,10 @@ or once K has settled (and ``min_epochs`` are done): ``patience`` move rounds in
 accepted nothing, or K after each of the last 2·``patience`` + 1 rounds stayed within one
 value of itself (a split and a merge of the same cluster taking turns: another round
 would only repeat them), or K at the end of each of the last ``patience`` + 1 cycles (a
-split round and a merge round) stayed within ``settled_spread`` of itself, at least one
-cluster: at K = 1,000 a split round may take five clusters apart that the merge round
-joins again, round after round, and K never settles to within one.
+split round and a merge round) stayed within ``settled_spread`` of itself, rounded down
+(below 100 clusters: the same K): at K = 1,000 a split round may take five clusters apart
+that the merge round joins again, round after round, and K never settles to within one.
+A cycle that ends one cluster lower each time is a search still merging, not a settled one.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class MoveSchedule:
         if cycle and self.move_round % cycle == 0:  # at the end of a cycle: K after each
             ends = self.round_k[cycle - 1::cycle][-(sch.patience + 1):]
             if len(ends) == sch.patience + 1 and \
-                    max(ends) - min(ends) <= max(1, int(sch.settled_spread * max(ends))):
+                    max(ends) - min(ends) <= int(sch.settled_spread * max(ends)):
                 return f"K was {min(ends)} to {max(ends)} after each of the last {len(ends)} move cycles"
         return None
 

@@ -93,14 +93,15 @@ def test_a_cycle_that_returns_to_its_k_stops_the_fit_at_a_thousand_clusters():
     for index, k in enumerate(rounds):
         exact.moved(9 + 4 * index, 1, k)
     assert not exact.finished(93)  # within one cluster: the old rule runs on
-    # at small K a cycle must return to within one cluster: 1 % of 11 is less
-    for ends, stops in (([10, 11, 10, 11], True), ([10, 11, 12, 11], False)):
+    # below 100 clusters a cycle must return to the same K: 6, 6, 5, 5 is a search still
+    # merging (four curved clusters at 24k rows went on to 4)
+    for ends, stops in (([11, 11, 11, 11], True), ([6, 6, 5, 5], False), ([10, 11, 10, 11], False)):
         small = MoveSchedule(ScheduleConfig(), MovesConfig())
         for index, k in enumerate(ends):
-            small.moved(9 + 8 * index, 1, k + 3)  # the split round: 3 more
+            small.moved(9 + 8 * index, 1, k + 2)  # the split round: 2 more (not the window rule)
             assert not small.finished(9 + 8 * index)
             small.moved(13 + 8 * index, 1, k)
-        assert small.finished(37) is stops
+        assert small.finished(37) is stops, ends
 
 
 def test_a_fit_names_the_moves_its_schedule_ran_and_stops_by_its_rule():
