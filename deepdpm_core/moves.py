@@ -193,7 +193,8 @@ def propose_splits(
         ln H_s per cluster (−inf where not proposed).
     """
     union_n = sub_stats.n.view(-1, 2).sum(1).repeat_interleave(2)
-    judged = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() >= valley_min_points
+    smaller = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy()  # each split's smaller side
+    judged = smaller >= valley_min_points
     if valleys is not None:
         union_n = exact_across_deep_valleys(union_n, np.repeat(valleys, 2), np.repeat(judged, 2), exact_valley)
 
@@ -203,8 +204,7 @@ def propose_splits(
                                                           coarsening)).cpu().numpy()
 
     log_h = np.concatenate([chunk(s, e) for s, e in hastings_chunks(sub_stats.n_rows // 2, sub_stats.dim)])
-    small = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy() < max(min_subcluster_size, 1.0)
-    log_h[small] = -np.inf
+    log_h[smaller < max(min_subcluster_size, 1.0)] = -np.inf
     if valleys is not None and max_valley is not None:
         log_h[judged & (np.asarray(valleys) > max_valley)] = -np.inf
     coins = _accept(log_h, rng)

@@ -63,8 +63,12 @@ class MoveSchedule:
         sch = self.schedule
         if epoch < sch.warmup_epochs or (epoch - sch.warmup_epochs) % sch.move_every or self.frozen(epoch):
             return None
-        kinds = [k for k, on in (("split", self.moves.split), ("merge", self.moves.merge)) if on]
+        kinds = self._kinds()
         return kinds[self.move_round % len(kinds)] if kinds else None
+
+    def _kinds(self) -> list[str]:
+        """The enabled kinds of move, in the order their rounds take turns (one cycle)."""
+        return [k for k, on in (("split", self.moves.split), ("merge", self.moves.merge)) if on]
 
     def moved(self, epoch: int, accepted: int, n_clusters: int) -> None:
         """Record the round that ended epoch ``epoch`` (1-based): ``accepted`` moves, after
@@ -89,7 +93,7 @@ class MoveSchedule:
         window = self.round_k[-(2 * sch.patience + 1):]
         if len(window) == 2 * sch.patience + 1 and max(window) - min(window) <= 1:
             return f"K alternated between {min(window)} and {max(window)} over {len(window)} move rounds"
-        cycle = sum(1 for on in (self.moves.split, self.moves.merge) if on)
+        cycle = len(self._kinds())
         if cycle and self.move_round % cycle == 0:  # at the end of a cycle: K after each
             ends = self.round_k[cycle - 1::cycle][-(sch.patience + 1):]
             if len(ends) == sch.patience + 1 and \
