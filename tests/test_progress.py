@@ -34,7 +34,7 @@ def test_a_fit_that_runs_out_of_epochs_says_so(capsys):
     assert "100%" in bar and " 4/4 " in bar and bar.endswith("stopped: max_epochs (4) reached]"), bar
 
 
-def test_rays_driver_draws_a_whole_epoch_count_and_no_worker_prefix(monkeypatch, capsys):
+def test_rays_driver_draws_whole_counts_no_worker_prefix_and_closes_bars_left_open(monkeypatch, capsys):
     import tqdm.auto
     from ray.experimental import tqdm_ray
 
@@ -48,12 +48,18 @@ def test_rays_driver_draws_a_whole_epoch_count_and_no_worker_prefix(monkeypatch,
     state = {"x": 7, "pos": 0, "desc": prefix + "deepdpm fit K=3", "total": 200, "unit": "epoch",
              "ip": "", "pid": 0, "uuid": "a", "closed": False}
     assert "7.00/200" in str(tqdm_ray._Bar(dict(state), 0).bar)  # Ray's own drawing
-    plain_ray_bars()
+    close_open = plain_ray_bars()
     drawn = tqdm_ray._Bar(dict(state), 0)
     assert str(drawn.bar).startswith("deepdpm fit K=3: ") and " 7/200 " in str(drawn.bar), str(drawn.bar)
     drawn.update({**state, "x": 33, "total": 33,
                   "desc": prefix.replace("4242", "4242, ip=10.0.0.2") + "deepdpm fit K=3 stopped: K settled"})
     shown = str(drawn.bar)
     assert shown.startswith("deepdpm fit K=3 stopped: K settled: 100%") and " 33/33 " in shown, shown
-    drawn.close()
+    # a worker stopped by Ctrl-C never closes its bar: the driver closes it, so that no
+    # later print redraws it below the line that says how to resume
+    left_open = tqdm_ray._Bar(dict(state, uuid="b"), 1)
+    close_open()
+    assert drawn.bar.disable and left_open.bar.disable
     capsys.readouterr()
+    left_open.bar.refresh()
+    assert capsys.readouterr().err == ""

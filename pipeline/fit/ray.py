@@ -161,7 +161,7 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
 
     import ray
 
-    started_here, staging, fit = None, None, None
+    started_here, staging, fit, close_bars = None, None, None, None
     with _env_defaults({**RAY_TRAIN_SETTINGS, **_plain_log_prefix()}):
         try:
             started_here = connect_ray(request.ray_address)
@@ -175,7 +175,7 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
             if not request.resume:
                 request.save()
             prune_checkpoints(out)
-            plain_ray_bars()
+            close_bars = plain_ray_bars()
             fit = _StoppableFit(_torch_trainer(request, staging, fault), out,
                                 leave_once_saved=started_here == "local")
             with _env_defaults(LOCAL_RAY_TRAIN_SETTINGS if started_here == "local" else {}):
@@ -192,6 +192,8 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
         finally:
             if started_here:
                 ray.shutdown()
+            if close_bars is not None:
+                close_bars()
             # left for the workers of a cluster this driver was attached to, which go on
             # until they see it (at the end of the epoch under way)
             if started_here or fit is None or not fit.running:
@@ -311,7 +313,7 @@ def _plain_log_prefix() -> dict[str, str]:
 _RAY_BAR_PREFIX = re.compile(r"^(?:\x1b\[[0-9;]*m)*\(pid=[^)]*\) ?(?:\x1b\[[0-9;]*m)*")
 
 
-def plain_ray_bars() -> None:
+def plain_ray_bars() -> Callable[[], None]:
     """Make this driver draw the workers' progress bars as a fit in one process draws
     its own: whole counts (``7/200``), and the description alone.
 
@@ -319,8 +321,16 @@ def plain_ray_bars() -> None:
     ``tqdm.auto`` bar with ``unit_scale=True``, which shows 7 epochs as ``7.00/200``, and
     puts the worker's ``(pid=N)`` before its description, in colour codes even where
     stderr is a file; its module attribute ``real_tqdm`` is the one place to change that.
+
+    Returns
+    -------
+    Callable[[], None]
+        Closes the bars still open: a worker stopped by Ctrl-C never sends its bar's
+        close, and Ray's driver redraws an open bar after every later ``print`` (its
+        ``safe_print``) and once more at exit, below the line that says how to resume.
     """
     import types
+    import weakref
 
     from ray.experimental import tqdm_ray
     from tqdm import auto
@@ -328,16 +338,24 @@ def plain_ray_bars() -> None:
     def plain(desc: Any) -> Any:
         return _RAY_BAR_PREFIX.sub("", desc) if isinstance(desc, str) else desc
 
+    drawn: weakref.WeakSet = weakref.WeakSet()
+
     class PlainBar(auto.tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             if "desc" in kwargs:
                 kwargs["desc"] = plain(kwargs["desc"])
             super().__init__(*args, **{**kwargs, "unit_scale": False})
+            drawn.add(self)
 
         def set_description(self, desc: Any = None, refresh: bool = True) -> None:
             super().set_description(plain(desc), refresh)
 
+    def close_open() -> None:
+        for bar in list(drawn):
+            bar.close()  # a closed tqdm bar draws nothing more
+
     tqdm_ray.real_tqdm = types.SimpleNamespace(tqdm=PlainBar)
+    return close_open
 
 
 def check_resources(num_workers: int, use_gpu: bool, wait_s: float = 0.0) -> None:
