@@ -155,7 +155,7 @@ class SmallDataConfig:
     ``distil_agreement`` of the rows, or stops improving, or ``distil_max_steps``.
     """
 
-    max_rows: int = 10_000
+    max_rows: int = 100_000
     warmup_epochs: int = 1
     move_every: int = 2
     distil_lr: float = 0.02

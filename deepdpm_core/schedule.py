@@ -14,6 +14,9 @@ split round and a merge round) stayed within ``settled_spread`` of itself, round
 (below 100 clusters: the same K): at K = 1,000 a split round may take five clusters apart
 that the merge round joins again, round after round, and K never settles to within one.
 A cycle that ends one cluster lower each time is a search still merging, not a settled one.
+Nor does a search settle while the ends of its cycles take turns between two values (11,
+10, 11, 10, ...: two splits, a merge, nothing, a merge, and again), so K at the end of each
+of the last 2·``patience`` cycles taking turns between two values stops it too.
 """
 
 from __future__ import annotations
@@ -95,10 +98,15 @@ class MoveSchedule:
             return f"K alternated between {min(window)} and {max(window)} over {len(window)} move rounds"
         cycle = len(self._kinds())
         if cycle and self.move_round % cycle == 0:  # at the end of a cycle: K after each
-            ends = self.round_k[cycle - 1::cycle][-(sch.patience + 1):]
+            all_ends = self.round_k[cycle - 1::cycle]
+            ends = all_ends[-(sch.patience + 1):]
             if len(ends) == sch.patience + 1 and \
                     max(ends) - min(ends) <= int(sch.settled_spread * max(ends)):
                 return f"K was {min(ends)} to {max(ends)} after each of the last {len(ends)} move cycles"
+            turns = all_ends[-2 * sch.patience:]
+            if len(turns) == 2 * sch.patience and len(set(turns)) == 2 and turns[2:] == turns[:-2]:
+                return (f"K took turns between {min(turns)} and {max(turns)} after each of the last "
+                        f"{len(turns)} move cycles")
         return None
 
     def finished(self, epochs_done: int) -> bool:

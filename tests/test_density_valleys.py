@@ -233,8 +233,8 @@ def _bananas(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_curved_clusters_keep_their_number_as_n_grows(seed):
-    """With the valley rules K is 4 at 24k rows (the net search) and at most 6 at 2k (exact
-    EM, 500 points a banana); without them the Gaussian model cuts the bananas into 16
+    """With the valley rules K is 4 at 24k rows and at most 6 at 2k (500 points a banana;
+    both by exact EM); without them the Gaussian model cuts the bananas into 16
     pieces at 2k rows (20-24 at 24k)."""
     for n, most in ((24000, 4), (2000, 6)):
         x, y = _bananas(n, seed)

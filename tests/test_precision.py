@@ -16,6 +16,7 @@ def _fit(x, precision):
     cfg = Config().with_overrides({
         "device": "cpu", "init.n_clusters": 1, "model.precision": precision,
         "schedule.max_epochs": 80, "schedule.warmup_epochs": 3, "schedule.move_every": 3,
+        "small_data.max_rows": 0,  # the net search, whose minibatch steps the precision scopes
     })
     trainer = Trainer(cfg, torch.as_tensor(x))
     dtypes = set()

@@ -127,3 +127,30 @@ def _finished_after(cfg: Config, history: list[dict]) -> bool:
     sched = MoveSchedule(cfg.schedule, cfg.moves)
     sched.replay(history)
     return sched.finished(len(history))
+
+
+def test_cycles_whose_ends_take_turns_between_two_values_stop_the_fit():
+    """K after each round of an exact-EM fit of 10 curved clusters (20,000 rows, seed 1;
+    rounds every 2 epochs): from epoch 32 on the cycles end at 10, 11, 10, 11, ... (two
+    splits, a merge, nothing, a merge) and the fit ran to max_epochs (200)."""
+    rounds = [14, 12, 12, 10, 13, 12, 14, 11, 14, 12, 13, 11, 13, 11, 11, 10, 12, 11, 11, 10,
+              12, 11, 11, 10, 12, 11, 11, 10, 12, 11, 11, 10]
+    sched = MoveSchedule(ScheduleConfig(warmup_epochs=1, move_every=2, freeze_epochs=0), MovesConfig())
+    stopped, before = None, 14
+    for index, k in enumerate(rounds):
+        epoch = 2 + 2 * index
+        sched.moved(epoch, int(k != before), k)
+        before = k
+        if sched.finished(epoch):
+            stopped = epoch
+            break
+    # the ends of the last 6 cycles (epochs 28-48): 11, 10, 11, 10, 11, 10
+    assert stopped == 48 and sched.stop_reason(48) == (
+        "K settled after 48 epochs (K took turns between 10 and 11 after each of the last 6 move cycles)")
+    # three values, or two that do not take turns, are a search still moving
+    for ends in ([11, 10, 12, 11, 10, 12], [11, 11, 10, 10, 11, 11], [12, 11, 12, 11, 12, 10]):
+        moving = MoveSchedule(ScheduleConfig(), MovesConfig())
+        for index, k in enumerate(ends):
+            moving.moved(9 + 8 * index, 1, k + 3)
+            moving.moved(13 + 8 * index, 1, k)
+        assert not moving.finished(13 + 8 * 5), ends

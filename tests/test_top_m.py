@@ -344,6 +344,7 @@ def _fit(x, dense_max_k):
     cfg = Config().with_overrides({
         "device": "cpu", "init.n_clusters": 40, "estep.top_m": 4, "estep.dense_max_k": dense_max_k,
         "schedule.max_epochs": 24, "schedule.warmup_epochs": 3, "schedule.move_every": 3,
+        "small_data.max_rows": 0,  # the net search: the sparse targets of its minibatch steps
     })
     trainer = Trainer(cfg, torch.as_tensor(x))
     trainer.fit()
