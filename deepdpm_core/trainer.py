@@ -219,9 +219,9 @@ class Trainer:
         stats and the mean losses.
 
         With ``train=False`` the nets are not updated (a pure statistics pass). When
-        ``seconds`` is given, the durations of the E-step targets (``estep``), the
-        minibatch steps (``train``) and the statistics with their all-reduce (``stats``)
-        are written into it. Small data (:attr:`small`) run :meth:`em_epoch` instead.
+        ``seconds`` is given, the durations of the E-step targets (``estep``) and the
+        minibatch steps (``train``) are written into it (the statistics with their
+        all-reduce take the rest). Small data (:attr:`small`) run :meth:`em_epoch` instead.
         """
         if self.small:
             return self.em_epoch(train, seconds)
@@ -277,7 +277,7 @@ class Trainer:
         t_train = device_clock(self.device)
         soft, sub, losses = stats.reduce(self.x, self.comm)
         if seconds is not None:
-            seconds.update(estep=t_estep - t_start, train=t_train - t_estep, stats=device_clock(self.device) - t_train)
+            seconds.update(estep=t_estep - t_start, train=t_train - t_estep)
         return soft, sub, losses
 
     def em_epoch(self, train: bool = True, seconds: dict[str, float] | None = None
@@ -310,7 +310,7 @@ class Trainer:
         soft, sub = SuffStats.from_flat(flat[:a], k, self.dim), SuffStats.from_flat(flat[a:b], 2 * k, self.dim)
         n = float(flat[-1].clamp_min(1))
         if seconds is not None:
-            seconds.update(estep=t_estep - t_start, train=t_train - t_estep, stats=device_clock(self.device) - t_train)
+            seconds.update(estep=t_estep - t_start, train=t_train - t_estep)
         return soft, sub, {"loss_cluster": float(flat[-3]) / n, "loss_subcluster": float(flat[-2]) / n}
 
     def distil(self) -> dict[str, float]:
@@ -445,6 +445,9 @@ class Trainer:
         epoch = self.epoch + 1  # 1-based, as the schedule counts
         soft, sub, losses = self.run_epoch(train=True, seconds=phases)
         t_mstep = device_clock(self.device)
+        # the statistics (and the all-reduce) run on to the M-step, so the phases add up to
+        # the epoch's seconds even when the process waits for a core between two clock reads
+        phases["stats"] = (t_mstep - t0) - phases["estep"] - phases["train"]
         if not self.schedule.frozen(epoch):
             self.m_step(soft, sub)
             self._refresh_mixture()
