@@ -76,8 +76,8 @@ def _child(case: str, mode: str, max_epochs: int | None) -> None:
     if case == "demo":
         from sklearn.datasets import load_digits
 
-        from deepdpm_core.config_loading import load_config
-        from deepdpm_core.features.embedding import embed
+        from deepdpm_core.config import load_config
+        from deepdpm_core.features import embed
 
         config = load_config(ROOT / "cluster_configs" / "n2d.yaml").with_overrides({"seed": 0})
         pixels = load_digits().data.astype("float32") / 16.0

@@ -30,11 +30,15 @@ from sklearn.mixture import BayesianGaussianMixture
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from deepdpm_core import DeepDPM  # noqa: E402
-from deepdpm_core.config import Config  # noqa: E402
-from deepdpm_core.config_loading import load_config  # noqa: E402
-from deepdpm_core.features.alternation import fit_alternating  # noqa: E402
-from deepdpm_core.features.embedding import embed  # noqa: E402
-from deepdpm_core.metrics import clustering_scores  # noqa: E402
+from deepdpm_core.config import (
+    Config,  # noqa: E402
+    load_config,  # noqa: E402
+)
+from deepdpm_core.data import clustering_scores  # noqa: E402
+from deepdpm_core.features import (
+    embed,  # noqa: E402
+    fit_alternating,  # noqa: E402
+)
 
 
 def peers(E: np.ndarray, y: np.ndarray, seed: int) -> dict[str, dict[str, float]]:

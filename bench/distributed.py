@@ -31,10 +31,12 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from deepdpm_core.batching import auto_batch_size  # noqa: E402
-from deepdpm_core.communicator import LocalCommunicator  # noqa: E402
 from deepdpm_core.config import Config, from_dict  # noqa: E402
-from deepdpm_core.trainer import Trainer  # noqa: E402
+from deepdpm_core.runtime import LocalCommunicator  # noqa: E402
+from deepdpm_core.training import (
+    Trainer,  # noqa: E402
+    auto_batch_size,  # noqa: E402
+)
 from pipeline.distributed import TorchDistCommunicator, ddp_wrapper  # noqa: E402
 from pipeline.feature_rows import rank_rows  # noqa: E402
 

@@ -92,13 +92,17 @@ from sklearn.preprocessing import StandardScaler
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from deepdpm_core import DeepDPM  # noqa: E402
-from deepdpm_core.config import Config  # noqa: E402
-from deepdpm_core.config_loading import parse_overrides  # noqa: E402
-from deepdpm_core.datasets import make_mixture  # noqa: E402
+from deepdpm_core.bayes import partition_evidence  # noqa: E402
+from deepdpm_core.config import (
+    Config,  # noqa: E402
+    parse_overrides,  # noqa: E402
+)
+from deepdpm_core.data import (
+    clustering_scores,  # noqa: E402
+    make_mixture,  # noqa: E402
+)
 from deepdpm_core.errors import ConfigError  # noqa: E402
-from deepdpm_core.features.embedding import embed  # noqa: E402
-from deepdpm_core.metrics import clustering_scores  # noqa: E402
-from deepdpm_core.partition_evidence import partition_evidence  # noqa: E402
+from deepdpm_core.features import embed  # noqa: E402
 from pipeline.atomic_files import write_json_atomic  # noqa: E402
 
 Dataset = tuple[np.ndarray, np.ndarray, str]
@@ -451,7 +455,7 @@ def run_methods(X: np.ndarray, y: np.ndarray, seed: int, overrides: dict,
 
     ``log_joint_vs_truth`` is ln p(X, z) of the method's partition minus that of the true
     classes, each under DeepDPM's model with the prior fitted to it
-    (:func:`~deepdpm_core.partition_evidence.partition_evidence`): above 0 the model
+    (:func:`~deepdpm_core.bayes.partition_evidence.partition_evidence`): above 0 the model
     prefers the method's answer to the classes; below 0 a search could have done better.
 
     ``peers`` replaces :func:`peer_fits` (tests). A peer that raises gives a record with

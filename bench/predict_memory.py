@@ -97,8 +97,8 @@ def build_model(X: np.ndarray, y: np.ndarray, k: int, path: Path, steps: int = 3
     import torch
 
     from deepdpm_core.config import Config
-    from deepdpm_core.coordinates import FeatureCoordinates
-    from deepdpm_core.fitted_model import FittedModel
+    from deepdpm_core.data import FeatureCoordinates
+    from deepdpm_core.model import FittedModel
     from deepdpm_core.nets import ClusterNet
 
     start = time.perf_counter()

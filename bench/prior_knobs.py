@@ -1,4 +1,4 @@
-"""Which way each prior knob moves K (the directions :mod:`deepdpm_core.diagnostics` gives).
+"""Which way each prior knob moves K (the directions :mod:`deepdpm_core.model.diagnostics` gives).
 
 One knob at a time from the defaults, on three data sets the method did not make up:
 6 well-separated and 12 overlapping Gaussian blobs (8-D) and sklearn's digits (PCA-16).
@@ -19,7 +19,7 @@ from sklearn.decomposition import PCA
 
 from deepdpm_core import DeepDPM
 from deepdpm_core.config import from_dict
-from deepdpm_core.metrics import nmi
+from deepdpm_core.data import nmi
 
 
 def datasets() -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -41,14 +41,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from deepdpm_core.config import Config  # noqa: E402
-from deepdpm_core.config_loading import parse_overrides  # noqa: E402
-from deepdpm_core.datasets import make_mixture  # noqa: E402
-from deepdpm_core.devices import device_clock  # noqa: E402
+from deepdpm_core.config import (
+    Config,  # noqa: E402
+    parse_overrides,  # noqa: E402
+)
+from deepdpm_core.data import (
+    make_mixture,  # noqa: E402
+    nmi,  # noqa: E402
+)
 from deepdpm_core.estep import top_m  # noqa: E402
-from deepdpm_core.fitted_model import FittedModel  # noqa: E402
-from deepdpm_core.metrics import nmi  # noqa: E402
-from deepdpm_core.trainer import EPOCH_PHASES, Trainer  # noqa: E402
+from deepdpm_core.model import FittedModel  # noqa: E402
+from deepdpm_core.runtime import device_clock  # noqa: E402
+from deepdpm_core.training import EPOCH_PHASES, Trainer  # noqa: E402
 
 
 def peak_rss_mb() -> float:

@@ -18,8 +18,7 @@ import torch
 from sklearn.mixture import BayesianGaussianMixture
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.datasets import make_mixture
-from deepdpm_core.metrics import clustering_scores
+from deepdpm_core.data import clustering_scores, make_mixture
 
 
 def main() -> None:

@@ -18,8 +18,7 @@ import logging  # noqa: E402
 if logging.getLogger("faiss.loader").level == logging.NOTSET:
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
 
-from deepdpm_core.config import Config  # noqa: E402
-from deepdpm_core.config_loading import load_config  # noqa: E402
+from deepdpm_core.config import Config, load_config  # noqa: E402
 from deepdpm_core.errors import CheckpointError, ConfigError, DataError, DeepDPMError  # noqa: E402
 
 __all__ = [
@@ -36,7 +35,7 @@ __all__ = [
 def __getattr__(name: str):
     # the estimator pulls in torch; import it on first use so `deepdpm --help` stays light
     if name == "DeepDPM":
-        from deepdpm_core.estimator import DeepDPM
+        from deepdpm_core.model import DeepDPM
 
         return DeepDPM
     raise AttributeError(f"module 'deepdpm_core' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """``torch.distributed`` pieces of a data-parallel fit: the communicator, DDP, row slices.
 
-A distributed fit runs one :class:`~deepdpm_core.trainer.Trainer` per rank on that rank's
+A distributed fit runs one :class:`~deepdpm_core.training.trainer.Trainer` per rank on that rank's
 rows (:func:`load_rank_rows`). The trainer's only collectives go through
 :class:`TorchDistCommunicator` (statistics all-reduce, move-plan broadcast) and through
 the DDP wrapper :func:`ddp_wrapper` puts around its two nets (gradient averaging). Works
@@ -20,15 +20,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from deepdpm_core.communicator import Communicator, LocalCommunicator
 from deepdpm_core.errors import DataError
+from deepdpm_core.runtime import Communicator, LocalCommunicator
 from pipeline.feature_rows import rank_rows, read_feature_rows
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
 class TorchDistCommunicator:
-    """:class:`~deepdpm_core.communicator.Communicator` over the default process group.
+    """:class:`~deepdpm_core.runtime.communicator.Communicator` over the default process group.
 
     Parameters
     ----------

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.metrics import clustering_scores
+from deepdpm_core.data import clustering_scores
 
 #: labelled rows scored per epoch (a uniform random subsample when there are more)
 DEFAULT_MAX_ROWS = 10_000

@@ -312,7 +312,7 @@ def parquet_files(path: Path) -> list[str]:
 
 def check_real_dtype(dtype: np.dtype, path: Path) -> None:
     # imported here: the module imports torch, which the folder predict's driver goes without
-    from deepdpm_core.validation import is_real_dtype
+    from deepdpm_core.data import is_real_dtype
 
     if not is_real_dtype(dtype):
         raise DataError(f"{path}: features must be real numbers, got dtype {dtype}")

@@ -70,7 +70,7 @@ class DeepDPMModel(mlflow.pyfunc.PythonModel):
         batch_size = int((params or {}).get("batch_size", 65536))
         X = np.asarray(model_input, dtype=np.float32)
         if self.autoencoder is not None:
-            from deepdpm_core.features.autoencoder import encode
+            from deepdpm_core.features import encode
 
             X = encode(self.autoencoder, X, batch_size=batch_size)
         labels, confidence = self.model.predict_confidence(X, batch_size=batch_size)

@@ -1,7 +1,7 @@
 """``python -m pipeline.model_assigner MODEL OUT``: the part of a model that assigns rows.
 
 Run by the folder predict's driver in a child process (:func:`pipeline.predict.files.read_assigner`):
-it reads the :class:`~deepdpm_core.fitted_model.ClusterAssigner` of the model file MODEL
+it reads the :class:`~deepdpm_core.model.fitted_model.ClusterAssigner` of the model file MODEL
 (the clustering net and the input transform; the mixture parameters are never read),
 writes its state to OUT as a torch file and prints ``{"dim": D, "n_clusters": K}`` on
 stdout. A model file it cannot use is one line on stderr and exit status 2.
@@ -28,7 +28,7 @@ def assigner_state(model_file: str | Path) -> tuple[int, int, bytes]:
     """
     import torch
 
-    from deepdpm_core.fitted_model import ClusterAssigner
+    from deepdpm_core.model import ClusterAssigner
 
     model = ClusterAssigner.load(model_file)
     buffer = io.BytesIO()

@@ -18,8 +18,7 @@ from sklearn.datasets import load_digits
 
 from deepdpm_core.config import Config
 from deepdpm_core.errors import ConfigError, DataError
-from deepdpm_core.features.alternation import fit_alternating
-from deepdpm_core.features.autoencoder import encode
+from deepdpm_core.features import encode, fit_alternating
 from tests.conftest_mlflow import mlflow_env, mlflow_server  # noqa: F401
 
 # Narrow net, few epochs: the loop's mechanics, fast on 1 CPU thread.
@@ -162,7 +161,7 @@ def test_bad_arguments(digits):
 def test_paper_recipes_load_strictly(name, expected):
     from pathlib import Path
 
-    from deepdpm_core.config_loading import load_config
+    from deepdpm_core.config import load_config
 
     flat = load_config(Path(__file__).parent.parent / "cluster_configs" / f"{name}.yaml").flat()
     assert {key: flat[key] for key in expected} == expected
@@ -192,7 +191,7 @@ def test_deepdpm_warm_start_from_labels(digits):
 
 
 def PCA_10(X: np.ndarray) -> np.ndarray:
-    from deepdpm_core.features.embedding import pca_embed
+    from deepdpm_core.features import pca_embed
 
     return pca_embed(X, 10)
 
@@ -335,8 +334,8 @@ def test_alternation_with_deepdpm_on_digits_tightens_clusters_and_keeps_nmi(digi
     The paper's gains from alternating are on MNIST-size data; digits are too small to
     show them, so this checks the mechanism and that NMI does not degrade.
     """
-    from deepdpm_core.features.alternation import default_cluster_fn
-    from deepdpm_core.metrics import nmi
+    from deepdpm_core.data import nmi
+    from deepdpm_core.features import default_cluster_fn
 
     X, y = digits
     cfg = Config().with_overrides(

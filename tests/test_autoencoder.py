@@ -12,7 +12,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from deepdpm_core.errors import DataError
-from deepdpm_core.features.autoencoder import (
+from deepdpm_core.features import (
     AETrainSettings,
     MLPAutoencoder,
     build_autoencoder,

@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from deepdpm_core.batching import auto_batch_size, scaled_lr
 from deepdpm_core.config import Config
-from deepdpm_core.trainer import Trainer
+from deepdpm_core.training import Trainer, auto_batch_size, scaled_lr
 
 
 @pytest.mark.parametrize("n, expected", [

@@ -9,27 +9,33 @@ import pytest
 import torch
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.births import (
+from deepdpm_core.bayes import (
+    NIWPrior,
+    grouped_stats,
+    log_marginal_likelihood,
+    log_split_hastings,
+    map_estimate,
+)
+from deepdpm_core.config import Config
+from deepdpm_core.data import clustering_scores
+from deepdpm_core.estep import MixtureState
+from deepdpm_core.moves import (
     BirthProposal,
+    Nets,
     accepted_births,
+    apply_births,
     birth_kmeans,
     birth_min_points,
     birth_seeds,
     choose_births,
+    coarsened,
     coarser,
     log_birth_hastings,
     nearest_part_pairs,
     principal_plane,
 )
-from deepdpm_core.communicator import LocalCommunicator
-from deepdpm_core.config import Config
-from deepdpm_core.metrics import clustering_scores
-from deepdpm_core.mixture_state import MixtureState
-from deepdpm_core.moves import coarsened
 from deepdpm_core.nets import ClusterNet, SubclusterNets
-from deepdpm_core.niw import NIWPrior, log_marginal_likelihood, log_split_hastings, map_estimate
-from deepdpm_core.stats import grouped_stats
-from deepdpm_core.surgery import Nets, apply_births
+from deepdpm_core.runtime import LocalCommunicator
 
 ALPHA = 10.0
 

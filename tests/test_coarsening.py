@@ -6,9 +6,14 @@ import numpy as np
 import pytest
 import torch
 
+from deepdpm_core.bayes import (
+    NIWPrior,
+    SuffStats,
+    grouped_stats,
+    log_marginal_likelihood,
+    log_split_hastings,
+)
 from deepdpm_core.moves import coarsened, coarsening_constant, propose_merges, propose_splits
-from deepdpm_core.niw import NIWPrior, log_marginal_likelihood, log_split_hastings
-from deepdpm_core.stats import SuffStats, grouped_stats
 
 ALPHA = 10.0
 

@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from deepdpm_core.config import Config, ConfigError, from_dict
-from deepdpm_core.config_loading import load_config, parse_overrides
+from deepdpm_core.config import Config, ConfigError, from_dict, load_config, parse_overrides
 
 CONFIGS = sorted((Path(__file__).parents[1] / "cluster_configs").glob("*.yaml"))
 

@@ -7,14 +7,13 @@ Skipped where no CUDA device is present (CI has none); run on a GPU machine with
 import pytest
 import torch
 
+from deepdpm_core.bayes import grouped_stats, sparse_stats
 from deepdpm_core.config import Config
-from deepdpm_core.datasets import make_mixture
+from deepdpm_core.data import make_mixture, nmi
 from deepdpm_core.estep import top_m
-from deepdpm_core.fitted_model import FittedModel
-from deepdpm_core.metrics import nmi
+from deepdpm_core.model import FittedModel
 from deepdpm_core.nets import SubclusterNets
-from deepdpm_core.stats import grouped_stats, sparse_stats
-from deepdpm_core.trainer import Trainer
+from deepdpm_core.training import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

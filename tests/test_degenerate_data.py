@@ -6,9 +6,8 @@ import torch
 from sklearn.datasets import load_digits, make_blobs
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.metrics import clustering_scores
-from deepdpm_core.niw import NIWPrior, log_marginal_likelihood
-from deepdpm_core.stats import SuffStats
+from deepdpm_core.bayes import NIWPrior, SuffStats, log_marginal_likelihood
+from deepdpm_core.data import clustering_scores
 
 QUICK = {"optim__min_steps_per_epoch": 8}
 

@@ -9,8 +9,12 @@ import torch
 from torch import Tensor
 
 from deepdpm_core import DeepDPM
+from deepdpm_core.bayes import NIWPrior, grouped_stats
 from deepdpm_core.config import MovesConfig
-from deepdpm_core.density_valleys import (
+from deepdpm_core.data import clustering_scores
+from deepdpm_core.estep import MixtureState
+from deepdpm_core.moves import propose_merges, propose_splits
+from deepdpm_core.moves.density_valleys import (
     BINS,
     SPAN,
     pair_axes,
@@ -19,11 +23,6 @@ from deepdpm_core.density_valleys import (
     split_axes,
     valley_ratios,
 )
-from deepdpm_core.metrics import clustering_scores
-from deepdpm_core.mixture_state import MixtureState
-from deepdpm_core.moves import propose_merges, propose_splits
-from deepdpm_core.niw import NIWPrior
-from deepdpm_core.stats import grouped_stats
 
 #: the valley rules' defaults (``moves.valley_bandwidth``, ``moves.valley_min_points``)
 BANDWIDTH = MovesConfig().valley_bandwidth

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deepdpm_core.config_loading import load_config
+from deepdpm_core.config import load_config
 from tests.deploy_files import (
     APP_ROOT_IN_IMAGE,
     CONFIGS,

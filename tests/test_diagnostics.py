@@ -10,7 +10,7 @@ from sklearn.preprocessing import StandardScaler
 
 from deepdpm_core import DeepDPM
 from deepdpm_core.config import Config
-from deepdpm_core.diagnostics import (
+from deepdpm_core.model.diagnostics import (
     UNITS_RATIO,
     DiagnosticsMonitor,
     diagnose,

@@ -1,7 +1,7 @@
 """The distributed trainer over real gloo process groups (2 processes, no Ray).
 
 Each test spawns two ranks with ``torch.multiprocessing`` and a file-store rendezvous,
-runs :class:`~deepdpm_core.trainer.Trainer` with :class:`TorchDistCommunicator` and
+runs :class:`~deepdpm_core.training.trainer.Trainer` with :class:`TorchDistCommunicator` and
 DDP-wrapped nets, and compares with the same trainer in this process (W = 1).
 """
 
@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from deepdpm_core.config import Config, from_dict
-from deepdpm_core.trainer import Trainer
+from deepdpm_core.training import Trainer
 from pipeline.distributed import TorchDistCommunicator, ddp_wrapper, load_rank_rows
 from pipeline.feature_rows import rank_rows
 from tests.test_births import grid_blobs

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from deepdpm_core.communicator import LocalCommunicator
-from deepdpm_core.epoch_stats import R_FLOOR, EpochStats
+from deepdpm_core.estep import R_FLOOR, EpochStats
+from deepdpm_core.runtime import LocalCommunicator
 
 
 def _epoch(m: int, k: int = 4, d: int = 3, n: int = 50, seed: int = 0):

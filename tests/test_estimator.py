@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from deepdpm_core import CheckpointError, ConfigError, DataError, DeepDPM
-from deepdpm_core.datasets import make_mixture
+from deepdpm_core.data import make_mixture
 
 FAST = {"schedule__max_epochs": 25}
 

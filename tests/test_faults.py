@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from deepdpm_core.config_loading import MAX_YAML_DEPTH, MAX_YAML_NODES, load_config, parse_overrides
+from deepdpm_core.config.loading import MAX_YAML_DEPTH, MAX_YAML_NODES, load_config, parse_overrides
 from deepdpm_core.errors import CheckpointError, ConfigError
 from pipeline.cli import main
 from pipeline.io import features_table

@@ -9,9 +9,9 @@ import types
 import numpy as np
 import torch
 
-from deepdpm_core.datasets import make_mixture
-from deepdpm_core.estimator import DeepDPM
-from deepdpm_core.trainer import Trainer
+from deepdpm_core.data import make_mixture
+from deepdpm_core.model import DeepDPM
+from deepdpm_core.training import Trainer
 
 N, D = 1537, 6  # N unlike any model dimension (K, D, hidden sizes)
 
@@ -60,7 +60,7 @@ def test_checkpoints_are_written_atomically_with_the_umask_mode(tmp_path):
 
     import pytest
 
-    from deepdpm_core.checkpoints import safe_load, save_checkpoint
+    from deepdpm_core.model import safe_load, save_checkpoint
 
     path = tmp_path / "deep" / "model.pt"
     old = os.umask(0o027)

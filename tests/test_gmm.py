@@ -4,7 +4,7 @@ import numpy as np
 import torch
 from scipy.stats import multivariate_normal
 
-from deepdpm_core.gmm import GaussianMixture, log_weights_from_counts
+from deepdpm_core.estep import GaussianMixture, log_weights_from_counts
 
 
 def test_weighted_log_prob_matches_scipy():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from deepdpm_core.config_loading import load_config
+from deepdpm_core.config import load_config
 from tests.deploy_files import (
     CONFIGS,
     DOCKER,
@@ -152,7 +152,7 @@ def test_dockerignore_sends_the_package_and_nothing_else():
     sent = {p for p in tracked if _dockerignore_includes(p, patterns)}
     for needed in (
         "pyproject.toml",
-        "deepdpm_core/config.py",
+        "deepdpm_core/config/schema.py",
         "pipeline/cli.py",
         "cluster_configs/imagenet1k.yaml",
         "docker/constraints.txt",

@@ -6,8 +6,8 @@ import pytest
 from sklearn.datasets import make_blobs
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.datasets import make_mixture
-from deepdpm_core.init import initial_cluster_count, kmeans_centers, kmeans_pp_seeds, rows_needed
+from deepdpm_core.data import make_mixture
+from deepdpm_core.moves import initial_cluster_count, kmeans_centers, kmeans_pp_seeds, rows_needed
 
 
 def test_second_seed_follows_the_d2_distribution():

@@ -1,9 +1,9 @@
-"""Eigendecompositions spread over host threads (deepdpm_core.linalg)."""
+"""Eigendecompositions spread over host threads (deepdpm_core.bayes.linalg)."""
 
 import pytest
 import torch
 
-from deepdpm_core.linalg import symmetric_eigh
+from deepdpm_core.bayes import symmetric_eigh
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

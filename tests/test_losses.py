@@ -3,7 +3,7 @@ against finite differences and against autograd of the same formula."""
 
 import torch
 
-from deepdpm_core.losses import slot_kl
+from deepdpm_core.nets import slot_kl
 
 
 def _case(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -8,9 +8,8 @@ import pytest
 from sklearn.datasets import load_digits
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.datasets import make_mixture
-from deepdpm_core.features.embedding import umap_embed
-from deepdpm_core.metrics import clustering_scores
+from deepdpm_core.data import clustering_scores, make_mixture
+from deepdpm_core.features import umap_embed
 
 # (n, D, true K, Dirichlet imbalance or None, initial K)
 CASES = [

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
-from deepdpm_core.metrics import acc, ari, nmi
+from deepdpm_core.data import acc, ari, nmi
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from deepdpm_core import nets
 from deepdpm_core.config import Config
-from deepdpm_core.datasets import make_mixture
+from deepdpm_core.data import make_mixture
 from deepdpm_core.moves import MovePlan
 from deepdpm_core.nets import SubclusterNets
-from deepdpm_core.trainer import Trainer
+from deepdpm_core.nets import networks as nets
+from deepdpm_core.training import Trainer
 
 
 def test_batched_subnets_equal_per_cluster_mlps():
@@ -113,7 +113,7 @@ def test_merge_removes_one_unit_and_keeps_others(trainer):
     torch.testing.assert_close(after[:, 0], before[:, big] + float(gain))
     assert bool((after[:, 0] <= torch.maximum(before[:, 0], before[:, 2]) + np.log(2) + 1e-5).all())
     # merged parameters come from the summed statistics of the two clusters
-    from deepdpm_core.niw import map_estimate
+    from deepdpm_core.bayes import map_estimate
 
     mean, _ = map_estimate(t.prior_fit.prior, merged_soft)
     torch.testing.assert_close(t.state.means[0], mean[0])

@@ -11,12 +11,11 @@ from scipy import stats
 from sklearn.datasets import make_blobs
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.communicator import LocalCommunicator
+from deepdpm_core.bayes import PriorFit, log_crp, partition_evidence
 from deepdpm_core.config import Config, DataConfig
-from deepdpm_core.coordinates import fit_coordinates
+from deepdpm_core.data import fit_coordinates
 from deepdpm_core.errors import DataError
-from deepdpm_core.partition_evidence import log_crp, partition_evidence
-from deepdpm_core.prior_fit import PriorFit
+from deepdpm_core.runtime import LocalCommunicator
 
 
 def test_crp_term_is_the_product_of_seating_probabilities():

@@ -4,12 +4,11 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook
 
 from deepdpm_core.config import Config
-from deepdpm_core.datasets import make_mixture
-from deepdpm_core.fitted_model import FittedModel
-from deepdpm_core.metrics import nmi
+from deepdpm_core.data import make_mixture, nmi
+from deepdpm_core.model import FittedModel
 from deepdpm_core.nets import ClusterNet
-from deepdpm_core.precision import net_precision, resolve_precision
-from deepdpm_core.trainer import Trainer
+from deepdpm_core.runtime import net_precision, resolve_precision
+from deepdpm_core.training import Trainer
 
 
 def _fit(x, precision):

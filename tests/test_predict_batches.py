@@ -21,13 +21,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.fitted_model import ClusterAssigner
-from deepdpm_core.metrics import (
+from deepdpm_core.data import (
     ContingencyCounts,
     clustering_scores,
     contingency,
     contingency_scores,
 )
+from deepdpm_core.model import ClusterAssigner
 from pipeline.cli import main
 from pipeline.fit.outputs import label_metrics
 from pipeline.io import FeatureTable, assignments_table, features_table, read_features

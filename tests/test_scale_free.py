@@ -10,9 +10,7 @@ from sklearn.preprocessing import StandardScaler
 
 from deepdpm_core import DeepDPM
 from deepdpm_core.config import DataConfig
-from deepdpm_core.coordinates import resolve_transform
-from deepdpm_core.datasets import make_mixture
-from deepdpm_core.metrics import clustering_scores
+from deepdpm_core.data import clustering_scores, make_mixture, resolve_transform
 
 QUICK = {"schedule__max_epochs": 14}
 

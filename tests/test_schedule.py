@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from deepdpm_core.config import Config, MovesConfig, ScheduleConfig
-from deepdpm_core.datasets import make_mixture
-from deepdpm_core.schedule import MoveSchedule
-from deepdpm_core.trainer import Trainer
+from deepdpm_core.data import make_mixture
+from deepdpm_core.moves import MoveSchedule
+from deepdpm_core.training import Trainer
 
 
 def test_rounds_start_after_the_warm_up_and_alternate():

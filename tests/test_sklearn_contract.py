@@ -23,9 +23,9 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_is_fitted
 
 from deepdpm_core import Config, ConfigError, DataError, DeepDPM
-from deepdpm_core.datasets import make_mixture
-from deepdpm_core.fitted_model import FORMAT, FittedModel
-from deepdpm_core.trainer import Trainer
+from deepdpm_core.data import make_mixture
+from deepdpm_core.model import FORMAT, FittedModel
+from deepdpm_core.training import Trainer
 
 #: fits of a fraction of a second: 3 epochs of 4 steps, nets of 8 and 4 units, and
 #: k-means with 3 clusters (check_clustering scores the 3 blobs it fits by ARI)

@@ -6,13 +6,11 @@ import pytest
 import torch
 from sklearn.datasets import make_blobs
 
-from deepdpm_core.communicator import LocalCommunicator
 from deepdpm_core.config import Config
-from deepdpm_core.gmm import GaussianMixture
-from deepdpm_core.mixture_state import MixtureState
+from deepdpm_core.estep import GaussianMixture, MixtureState
 from deepdpm_core.nets import ClusterNet
-from deepdpm_core.small_data import distil, exact_statistics
-from deepdpm_core.trainer import Trainer
+from deepdpm_core.runtime import LocalCommunicator
+from deepdpm_core.training import Trainer, distil, exact_statistics
 
 
 def _state(rng, k, d):

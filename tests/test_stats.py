@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from deepdpm_core.stats import SuffStats, dense_stats, sparse_stats
+from deepdpm_core.bayes import SuffStats, dense_stats, sparse_stats
 
 
 def _brute(x, w):

@@ -7,15 +7,11 @@ import math
 import numpy as np
 import torch
 
-from deepdpm_core.batching import adam
-from deepdpm_core.gmm import log_weights_from_counts
-from deepdpm_core.init import principal_split
-from deepdpm_core.mixture_state import MixtureState
-from deepdpm_core.moves import MovePlan
+from deepdpm_core.bayes import NIWPrior, grouped_stats, map_estimate
+from deepdpm_core.estep import MixtureState, log_weights_from_counts
+from deepdpm_core.moves import MovePlan, Nets, apply_plan, principal_split, reset_subclusters
 from deepdpm_core.nets import ClusterNet, SubclusterNets
-from deepdpm_core.niw import NIWPrior, map_estimate
-from deepdpm_core.stats import grouped_stats
-from deepdpm_core.surgery import Nets, apply_plan, reset_subclusters
+from deepdpm_core.training import adam
 
 D, H, SUB_H = 2, 16, 8
 CENTRES = torch.tensor([[0.0, 0.0], [6.0, 0.0], [0.0, 6.0], [6.0, 6.0]], dtype=torch.float64)

@@ -6,13 +6,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from deepdpm_core.bayes import TripleBuffer, grouped_stats, sparse_stats
 from deepdpm_core.config import Config
-from deepdpm_core.datasets import make_mixture
-from deepdpm_core.fitted_model import FittedModel
-from deepdpm_core.gmm import GaussianMixture
-from deepdpm_core.metrics import nmi
-from deepdpm_core.stats import TripleBuffer, grouped_stats, sparse_stats
-from deepdpm_core.support_bounds import (
+from deepdpm_core.data import make_mixture, nmi
+from deepdpm_core.estep import GaussianMixture
+from deepdpm_core.estep.support_bounds import (
     SUPPORT_LOG_GAP,
     faiss_proxy_keys,
     largest_eigenvalue_bound,
@@ -20,7 +18,8 @@ from deepdpm_core.support_bounds import (
     proxy_top_m_torch,
     trace_power_bound,
 )
-from deepdpm_core.trainer import Trainer
+from deepdpm_core.model import FittedModel
+from deepdpm_core.training import Trainer
 
 
 def _mixture(k=12, d=5, seed=0, work_dtype=torch.float64, thin=False, offset=0.0):
@@ -183,8 +182,8 @@ def test_sparse_e_step_is_the_same_from_any_anchors():
 
 def test_batched_log_prob_pairs_and_pair_directions_equal_the_loops(monkeypatch):
     # what CUDA runs (blocks of 5 pairs, 3 blocks or 2 pairs per chunk), checked on the CPU
-    monkeypatch.setattr("deepdpm_core.blocks.BLOCK_ROWS", 5)
-    monkeypatch.setattr("deepdpm_core.blocks.CHUNK_ELEMS", 3 * (2 * 5 * 5 + 5 * 5))
+    monkeypatch.setattr("deepdpm_core.bayes.blocks.BLOCK_ROWS", 5)
+    monkeypatch.setattr("deepdpm_core.bayes.blocks.CHUNK_ELEMS", 3 * (2 * 5 * 5 + 5 * 5))
     gmm, _ = _mixture(work_dtype=torch.float32)
     x = torch.randn(300, 5, dtype=torch.float64, generator=_gen()).float() * 8
     points, comps = _pairs(torch.randint(0, 12, (300, 3), generator=_gen(2)))
@@ -203,8 +202,8 @@ def test_batched_sparse_e_step_equals_the_loops(thin, offset, spread, m, atol, m
     # the GPU path on the CPU, in blocks of 7 points and small chunks: the same support and
     # values to float32 rounding of the whitening (larger where Mahalanobis distances are:
     # far from the origin, or spread 20, where the cap binds)
-    monkeypatch.setattr("deepdpm_core.blocks.BLOCK_ROWS", 7)
-    monkeypatch.setattr("deepdpm_core.blocks.CHUNK_ELEMS", 2000)
+    monkeypatch.setattr("deepdpm_core.bayes.blocks.BLOCK_ROWS", 7)
+    monkeypatch.setattr("deepdpm_core.bayes.blocks.CHUNK_ELEMS", 2000)
     gmm, means = _mixture(k=12, d=5, thin=thin, offset=offset, work_dtype=torch.float32)
     x = (torch.tensor(means).repeat_interleave(40, 0) + torch.randn(480, 5, dtype=torch.float64, generator=_gen()) * spread).float()
     anchors = torch.randint(0, 12, (480,), generator=_gen(3))
@@ -246,7 +245,7 @@ def test_sparse_e_step_is_the_same_with_the_trace_power_bound(thin, monkeypatch)
     gmm, means = _mixture(k=30, d=6, thin=thin, work_dtype=torch.float32)
     x = (torch.tensor(means).repeat_interleave(20, 0) + torch.randn(600, 6, dtype=torch.float64, generator=_gen()) * 2).float()
     ref_index, ref = gmm.sparse_log_responsibilities(x, 6, chunk_rows=13)
-    monkeypatch.setattr("deepdpm_core.sparse_support.largest_eigenvalue_bound", trace_power_bound)
+    monkeypatch.setattr("deepdpm_core.estep.sparse_support.largest_eigenvalue_bound", trace_power_bound)
     gmm.refresh()
     index, log_resp = gmm.sparse_log_responsibilities(x, 6, chunk_rows=13)
 
@@ -316,7 +315,7 @@ def test_grouped_and_buffered_stats_match_sparse_stats():
 def test_batched_grouped_stats_match_the_row_loop(chunk_elems, monkeypatch):
     # what CUDA runs: blocks of 11 rows, and (second case) 7 blocks per batched GEMM, so
     # rows span several blocks and chunks; imbalanced rows, empty rows, float32 far out
-    monkeypatch.setattr("deepdpm_core.blocks.CHUNK_ELEMS", chunk_elems)
+    monkeypatch.setattr("deepdpm_core.bayes.blocks.CHUNK_ELEMS", chunk_elems)
     rng = np.random.default_rng(5)
     x = torch.tensor(rng.normal(size=(400, 4)) + 50.0)
     rows = torch.tensor(rng.choice(9, size=(400, 2), p=[.4, .2, .1, .1, .1, .05, .05, 0, 0]))

@@ -111,7 +111,7 @@ def default_cluster_fn(config: Config) -> ClusterFn:
     """Fit a single-process :class:`deepdpm_core.DeepDPM` per step (seed ``config.seed + step``)."""
 
     def fit(Z: np.ndarray, init_labels: np.ndarray | None, step: int) -> FittedClustering:
-        from deepdpm_core.estimator import DeepDPM  # the estimator imports nets; keep this light
+        from deepdpm_core.model import DeepDPM  # the estimator imports nets; keep this light
 
         model = DeepDPM(config=config, random_state=config.seed + step)
         return model.fit(Z, init_labels=init_labels)

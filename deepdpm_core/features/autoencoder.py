@@ -27,9 +27,10 @@ import numpy as np
 import torch
 from torch import nn
 
-# the trainer's: ``cuda`` without a CUDA device fails here, in one line, not deep in torch
-from deepdpm_core.devices import resolve_device
 from deepdpm_core.errors import DataError
+
+# the trainer's: ``cuda`` without a CUDA device fails here, in one line, not deep in torch
+from deepdpm_core.runtime import resolve_device
 
 
 class MLPAutoencoder(nn.Module):

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from deepdpm_core.config import Config
+from deepdpm_core.data import is_real_dtype
 from deepdpm_core.errors import ConfigError, DataError
 from deepdpm_core.features.autoencoder import (
     AETrainSettings,
@@ -31,7 +32,6 @@ from deepdpm_core.features.autoencoder import (
     resolve_device,
     train_autoencoder,
 )
-from deepdpm_core.validation import is_real_dtype
 
 EmbedMethod = Literal["ae", "umap", "ae-umap", "pca"]
 METHODS: tuple[str, ...] = get_args(EmbedMethod)

@@ -108,7 +108,7 @@ class DemoStages:
 
 
 def run(args: argparse.Namespace) -> int:
-    from deepdpm_core.config_loading import load_config
+    from deepdpm_core.config import load_config
     from pipeline.extras import require
 
     # before torch and scikit-learn load, so that a missing extra or a wrong --config is
@@ -123,10 +123,9 @@ def run(args: argparse.Namespace) -> int:
     from sklearn.datasets import load_digits
 
     from deepdpm_core import DeepDPM
-    from deepdpm_core.init import rows_needed
-    from deepdpm_core.metrics import clustering_scores
-    from deepdpm_core.trainer import Trainer
-    from deepdpm_core.validation import check_features, readonly_tensor
+    from deepdpm_core.data import check_features, clustering_scores, readonly_tensor
+    from deepdpm_core.moves import rows_needed
+    from deepdpm_core.training import Trainer
     from pipeline.epoch_scores import EpochLabelScores
     from pipeline.fit.outputs import write_fit_outputs
     from pipeline.fit.runner import (
@@ -196,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
                                           dtype=object))
         else:
             table = read_features(features)
-        from deepdpm_core.features.embedding import embed
+        from deepdpm_core.features import embed
 
         emb_table = FeatureTable(embed(table.X, "umap", cfg, dim=10).embedding, table.labels,
                                  table.keys)

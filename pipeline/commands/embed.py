@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
             f"--save-model needs an autoencoder method (ae, ae-umap), not '{args.method}'"
         )
 
-    from deepdpm_core.features.embedding import as_feature_matrix, embed
-    from deepdpm_core.progress import progress_bar
+    from deepdpm_core.features import as_feature_matrix, embed
+    from deepdpm_core.training import progress_bar
     from pipeline.fit.checkpoints import save_autoencoder
     from pipeline.io import features_table, read_features, write_parquet_atomic
     from pipeline.results import print_result, shown_path

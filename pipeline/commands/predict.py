@@ -88,8 +88,8 @@ def _run_file(args: argparse.Namespace) -> int:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from deepdpm_core.fitted_model import ClusterAssigner
-    from deepdpm_core.metrics import ContingencyCounts, contingency_scores
+    from deepdpm_core.data import ContingencyCounts, contingency_scores
+    from deepdpm_core.model import ClusterAssigner
     from pipeline.atomic_files import atomic_path
     from pipeline.io import assignments_table, feature_batches
     from pipeline.results import print_result, scores_text, shown_path

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from deepdpm_core.checkpoints import safe_load
 from deepdpm_core.errors import CheckpointError, ConfigError
+from deepdpm_core.model import safe_load
 from pipeline.extract.encoder_choices import ENCODERS, RESNET_ARCHS
 from pipeline.extract.preprocess import Preprocess
 

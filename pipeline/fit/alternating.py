@@ -1,7 +1,7 @@
 """An alternating fit: the AE <-> DeepDPM alternation, each clustering a common-runner fit.
 
 The loop itself is :func:`deepdpm_core.features.alternation.fit_alternating`; each of its
-clusterings is a :class:`~deepdpm_core.trainer.Trainer` driven by the common runner
+clusterings is a :class:`~deepdpm_core.training.trainer.Trainer` driven by the common runner
 (:func:`pipeline.fit.runner.run_epochs`) with the same per-epoch callbacks as every other
 fit (label scores, tracking, diagnostics, progress). This module adds what a command
 needs around it: one MLflow run for the whole fit with a nested run per clustering
@@ -28,12 +28,10 @@ import numpy as np
 import torch
 
 from deepdpm_core import Config, DeepDPM
-from deepdpm_core.features.alternation import AlternationStep, fit_alternating
-from deepdpm_core.features.embedding import as_feature_matrix
-from deepdpm_core.init import rows_needed
-from deepdpm_core.progress import progress_bar
-from deepdpm_core.trainer import Trainer
-from deepdpm_core.validation import check_features, check_init_labels, readonly_tensor
+from deepdpm_core.data import check_features, check_init_labels, readonly_tensor
+from deepdpm_core.features import AlternationStep, as_feature_matrix, fit_alternating
+from deepdpm_core.moves import rows_needed
+from deepdpm_core.training import Trainer, progress_bar
 from pipeline.fit import outputs
 from pipeline.fit.checkpoints import save_autoencoder
 from pipeline.fit.request import FitRequest

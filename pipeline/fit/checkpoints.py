@@ -1,7 +1,7 @@
 """Every file a fit keeps to resume or to reuse, read through the one safe loader.
 
-Three kinds, each written by :func:`deepdpm_core.checkpoints.save_checkpoint` (atomic)
-and read by :func:`deepdpm_core.checkpoints.safe_load` (``torch.load(weights_only=True)``;
+Three kinds, each written by :func:`deepdpm_core.model.files.save_checkpoint` (atomic)
+and read by :func:`deepdpm_core.model.files.safe_load` (``torch.load(weights_only=True)``;
 a pickle that would run code is refused):
 
 ``OUT/checkpoints/epoch_EEEEEE.pt``
@@ -13,8 +13,8 @@ a pickle that would run code is refused):
 ``OUT/autoencoder.pt``
     the autoencoder of an alternating fit (:func:`save_autoencoder`).
 
-The first two hold a trainer's state (:meth:`deepdpm_core.trainer.Trainer.state_dict`)
-in the model file format (:data:`deepdpm_core.fitted_model.FORMAT`: nets, optimisers, NIW
+The first two hold a trainer's state (:meth:`deepdpm_core.training.trainer.Trainer.state_dict`)
+in the model file format (:data:`deepdpm_core.model.fitted_model.FORMAT`: nets, optimisers, NIW
 parameters, K, epoch, history, the numpy and torch generator states, config), so a
 resumed fit runs its remaining epochs exactly as the uninterrupted fit would have.
 
@@ -35,7 +35,7 @@ from deepdpm_core.errors import CheckpointError
 
 if TYPE_CHECKING:
     from deepdpm_core.config import Config
-    from deepdpm_core.trainer import Trainer
+    from deepdpm_core.training import Trainer
 
 CHECKPOINT_DIR = "checkpoints"
 #: checkpoints kept (older ones are removed once a newer one is written), as on Ray
@@ -58,8 +58,7 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
     CheckpointError
         The file is unreadable, unsafe or not a DeepDPM checkpoint.
     """
-    from deepdpm_core.checkpoints import safe_load
-    from deepdpm_core.fitted_model import FORMAT
+    from deepdpm_core.model import FORMAT, safe_load
 
     state = safe_load(path)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -69,8 +68,7 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
 
 def write_trainer_state(trainer: Trainer, path: str | Path) -> Path:
     """Write the trainer's state (model file format) to ``path`` atomically."""
-    from deepdpm_core.checkpoints import save_checkpoint
-    from deepdpm_core.fitted_model import FORMAT
+    from deepdpm_core.model import FORMAT, save_checkpoint
 
     save_checkpoint({"format": FORMAT, **trainer.state_dict()}, path)
     return Path(path)
@@ -183,7 +181,7 @@ def prune_checkpoints(out: str | Path) -> list[Path]:
 def save_autoencoder(model: Any, config: Config, path: str | Path) -> None:
     """Write an :class:`~deepdpm_core.features.autoencoder.MLPAutoencoder` (architecture, weights,
     input scaling) and its config atomically."""
-    from deepdpm_core.checkpoints import save_checkpoint
+    from deepdpm_core.model import save_checkpoint
 
     payload = {
         "format": AE_FORMAT,
@@ -202,8 +200,8 @@ def load_autoencoder(path: str | Path):
     CheckpointError
         The file is unsafe or not a deepdpm autoencoder.
     """
-    from deepdpm_core.checkpoints import safe_load
-    from deepdpm_core.features.autoencoder import MLPAutoencoder
+    from deepdpm_core.features import MLPAutoencoder
+    from deepdpm_core.model import safe_load
 
     payload = safe_load(path, "autoencoder")
     if not isinstance(payload, dict) or payload.get("format") != AE_FORMAT:

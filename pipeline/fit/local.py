@@ -1,7 +1,7 @@
 """A fit in the calling process, stoppable and resumable with ``--checkpoint-every``.
 
 The rows are read whole (:func:`pipeline.io.read_features`), one
-:class:`~deepdpm_core.trainer.Trainer` fits them through the common runner
+:class:`~deepdpm_core.training.trainer.Trainer` fits them through the common runner
 (:func:`pipeline.fit.runner.run_epochs`), and the outputs are written and published
 together (:mod:`pipeline.fit.outputs`). A resumable request (``resumable``) also keeps,
 beside the outputs, ``OUT/fit_request.json`` and a checkpoint every
@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.init import rows_needed
-from deepdpm_core.trainer import Trainer
-from deepdpm_core.validation import check_features, readonly_tensor
+from deepdpm_core.data import check_features, readonly_tensor
+from deepdpm_core.moves import rows_needed
+from deepdpm_core.training import Trainer
 from pipeline.fit import checkpoints, outputs
 from pipeline.fit.request import FitRequest
 from pipeline.fit.runner import (

@@ -18,7 +18,7 @@ import numpy as np
 import yaml
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.metrics import clustering_scores
+from deepdpm_core.data import clustering_scores
 from pipeline.atomic_files import atomic_path, write_json_atomic
 from pipeline.io import (
     FeatureTable,

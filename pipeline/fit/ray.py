@@ -2,7 +2,7 @@
 
 Each worker reads only its contiguous slice of the input rows
 (:func:`pipeline.distributed.load_rank_rows`) and runs the common epoch loop
-(:func:`pipeline.fit.runner.run_epochs`) on a :class:`~deepdpm_core.trainer.Trainer`
+(:func:`pipeline.fit.runner.run_epochs`) on a :class:`~deepdpm_core.training.trainer.Trainer`
 with a ``torch.distributed`` communicator: per epoch one all-reduce of the flat float64
 statistics, the same M-step on every rank, moves decided on rank 0 and broadcast as a
 plan, the nets wrapped in DDP. A worker's memory is its slice plus O(K·D²), the k-means
@@ -62,12 +62,12 @@ import numpy as np
 import torch
 
 from deepdpm_core import errors
-from deepdpm_core.communicator import Communicator
+from deepdpm_core.data import readonly_tensor
 from deepdpm_core.errors import ConfigError, DataError, DeepDPMError
-from deepdpm_core.estimator import DeepDPM
-from deepdpm_core.init import rows_needed
-from deepdpm_core.trainer import Trainer
-from deepdpm_core.validation import readonly_tensor
+from deepdpm_core.model import DeepDPM
+from deepdpm_core.moves import rows_needed
+from deepdpm_core.runtime import Communicator
+from deepdpm_core.training import Trainer
 from pipeline.atomic_files import write_json_atomic
 from pipeline.feature_rows import feature_shape
 from pipeline.fit.checkpoints import (

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from deepdpm_core.config import Config, from_dict
-from deepdpm_core.config_loading import load_config, parse_overrides
+from deepdpm_core.config import Config, from_dict, load_config, parse_overrides
 from deepdpm_core.errors import CheckpointError, ConfigError
 from pipeline.tracking.options import DEFAULT_EXPERIMENT, DEFAULT_MODEL_ALIAS
 

@@ -1,6 +1,6 @@
 """The one epoch loop of every fit: local, each Ray worker, each alternation round.
 
-:func:`run_epochs` drives a :class:`~deepdpm_core.trainer.Trainer` through its public
+:func:`run_epochs` drives a :class:`~deepdpm_core.training.trainer.Trainer` through its public
 API: ``initialize`` (unless it was restored from a checkpoint), then ``step_epoch``
 until the trainer's schedule says it is ``finished``, as :meth:`Trainer.fit` does. What a mode
 adds comes in as :class:`FitHooks`:
@@ -31,10 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from deepdpm_core.diagnostics import variance_summary
-from deepdpm_core.fitted_model import FittedModel
-from deepdpm_core.progress import epoch_updater, progress_bar
-from deepdpm_core.trainer import Trainer
+from deepdpm_core.model import FittedModel, variance_summary
+from deepdpm_core.training import Trainer, epoch_updater, progress_bar
 from pipeline.interrupts import FitInterrupted, StopRequest
 
 #: a per-epoch callback on the epoch record (it may add keys to it)
@@ -131,7 +129,7 @@ def run_epochs(trainer: Trainer, hooks: FitHooks, init_labels: torch.Tensor | No
 def data_variance_summary(trainer: Trainer) -> dict[str, float]:
     """``median_feature_variance`` (what the diagnostics compare ``prior.sigma_scale``
     with) and ``feature_variance_ratio`` (largest over median: features in different
-    units) of the data being fitted (:func:`deepdpm_core.diagnostics.variance_summary`),
+    units) of the data being fitted (:func:`deepdpm_core.model.diagnostics.variance_summary`),
     from the trainer's global moments: the same on every rank of a distributed fit, in
     the (transformed) features' units the prior is given in. Kept in ``summary.json``
     for the report's diagnostics."""

@@ -81,7 +81,7 @@ def model_file_digest(path: str | Path) -> str:
 
 
 def read_assigner(model_file: str | Path) -> tuple[int, int, bytes]:
-    """D, K and the :class:`~deepdpm_core.fitted_model.ClusterAssigner` of a model file,
+    """D, K and the :class:`~deepdpm_core.model.fitted_model.ClusterAssigner` of a model file,
     as the bytes of a torch file of its state (0.2 MB at K = 1000, D = 128).
 
     A driver without torch reads them in a child process (:mod:`pipeline.model_assigner`),

@@ -22,7 +22,7 @@ the model's SHA-256; a rerun skips the files whose output has both, so it redoes
 what is missing.
 
 Memory: an actor holds the torch runtime, the model's assigner (its clustering net and
-input transform, :class:`~deepdpm_core.fitted_model.ClusterAssigner`: not the mixture
+input transform, :class:`~deepdpm_core.model.fitted_model.ClusterAssigner`: not the mixture
 parameters, whose K x D x D covariances are most of a model file), one batch of rows
 (read through :func:`pipeline.io.open_parquet`, never a whole row group), its (B, K)
 log-probabilities (the confidence is their row maximum, taken batch by batch) and the
@@ -94,7 +94,7 @@ class PredictRowGroups:
     ----------
     model : list of one ObjectRef
         The bytes of a torch file of the model's
-        :class:`~deepdpm_core.fitted_model.ClusterAssigner` state (wrapped in a list so Ray
+        :class:`~deepdpm_core.model.fitted_model.ClusterAssigner` state (wrapped in a list so Ray
         hands the reference over as it is).
     files : list of str
         Input paths, in the order of their indices.
@@ -111,7 +111,7 @@ class PredictRowGroups:
         import ray
         import torch
 
-        from deepdpm_core.fitted_model import ClusterAssigner
+        from deepdpm_core.model import ClusterAssigner
 
         torch.set_num_threads(threads)
         with tempfile.TemporaryDirectory() as tmp:
@@ -291,7 +291,7 @@ def _write_files(files: list[InputFile], chunks: Iterator[tuple[int, int, pa.Tab
                  progress: bool) -> int:
     """Collect each file's row groups and write the file once all are in; returns the
     rows written."""
-    from deepdpm_core.progress import progress_bar
+    from deepdpm_core.training import progress_bar
 
     pending: dict[int, dict[int, list[pa.Table]]] = {}
     done: set[int] = set()

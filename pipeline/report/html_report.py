@@ -3,7 +3,7 @@
 The report is one HTML file with every image inlined as a base64 PNG data URI, so it
 can be mailed, attached to a ticket or opened offline. It shows K over epochs,
 split/merge acceptance, the losses, the cluster-size histogram, the final metrics,
-the diagnostics of :mod:`deepdpm_core.diagnostics`, a table of the largest clusters and,
+the diagnostics of :mod:`deepdpm_core.model.diagnostics`, a table of the largest clusters and,
 when the clustered features came from images, a strip of sample images per cluster
 (the paper's Fig. 3 style): the most confident members of each cluster.
 
@@ -31,8 +31,8 @@ import yaml
 from PIL import Image, UnidentifiedImageError
 from tqdm import tqdm
 
-from deepdpm_core.diagnostics import diagnose, stop_reason
 from deepdpm_core.errors import DataError
+from deepdpm_core.model import diagnose, stop_reason
 from pipeline.atomic_files import atomic_path
 from pipeline.report import plots, run_source
 

@@ -61,13 +61,13 @@ def epoch_callback(
     variance_ratio: float | None = None,
 ) -> Callable[[Mapping[str, Any]], None]:
     """Per-epoch callback for the estimator: log the record and run the diagnostics
-    (:class:`deepdpm_core.diagnostics.DiagnosticsMonitor`, warnings through ``tracker.warn``).
+    (:class:`deepdpm_core.model.diagnostics.DiagnosticsMonitor`, warnings through ``tracker.warn``).
 
     ``feature_variance`` (median per-feature variance of X) lets the diagnostics say
     which way ``prior.sigma_scale`` moves K for these data, ``variance_ratio`` (largest
     per-feature variance over the median) whether to standardise them instead.
     """
-    from deepdpm_core.diagnostics import DiagnosticsMonitor
+    from deepdpm_core.model import DiagnosticsMonitor
 
     monitor = DiagnosticsMonitor(config, tracker.warn, feature_variance, variance_ratio)
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from deepdpm_core.trainer import EPOCH_PHASES
+from deepdpm_core.training import EPOCH_PHASES
 from pipeline.tracking.environment import resolve_tracking_uri
 from pipeline.tracking.options import DEFAULT_EXPERIMENT, DEFAULT_MODEL_ALIAS
 

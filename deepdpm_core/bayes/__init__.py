@@ -1,0 +1,49 @@
+"""The Bayesian model: sufficient statistics that add, the Normal-Inverse-Wishart prior
+(posterior, marginal likelihood, Hastings ratios), its refit to the clusters, and the model's
+own score of a partition."""
+
+from deepdpm_core.bayes import blocks
+from deepdpm_core.bayes.linalg import cholesky_jittered, symmetric_eigh
+from deepdpm_core.bayes.niw import (
+    NIWPrior,
+    empirical_bayes_nu,
+    empirical_bayes_scale,
+    log_marginal_likelihood,
+    log_merge_hastings,
+    log_split_hastings,
+    map_estimate,
+    posterior,
+)
+from deepdpm_core.bayes.partition_evidence import log_crp, partition_evidence
+from deepdpm_core.bayes.prior_fit import PriorFit
+from deepdpm_core.bayes.stats import (
+    SuffStats,
+    TripleBuffer,
+    dense_stats,
+    gather_chunk_rows,
+    grouped_stats,
+    sparse_stats,
+)
+
+__all__ = [
+    "blocks",
+    "cholesky_jittered",
+    "dense_stats",
+    "empirical_bayes_nu",
+    "empirical_bayes_scale",
+    "gather_chunk_rows",
+    "grouped_stats",
+    "log_crp",
+    "log_marginal_likelihood",
+    "log_merge_hastings",
+    "log_split_hastings",
+    "map_estimate",
+    "NIWPrior",
+    "partition_evidence",
+    "posterior",
+    "PriorFit",
+    "sparse_stats",
+    "SuffStats",
+    "symmetric_eigh",
+    "TripleBuffer",
+]

@@ -1,0 +1,30 @@
+"""The E-step: the Gaussian mixture with cached Cholesky factors, the sparse support of
+each point, the targets r^E of an epoch (paper Eq. 5) and what an epoch accumulates."""
+
+from deepdpm_core.estep.epoch_stats import R_FLOOR, EpochStats
+from deepdpm_core.estep.gmm import GaussianMixture, log_weights_from_counts
+from deepdpm_core.estep.mixture_state import MixtureState
+from deepdpm_core.estep.support_bounds import (
+    faiss_proxy_keys,
+    largest_eigenvalue_bound,
+    proxy_top_m_faiss,
+    proxy_top_m_torch,
+    trace_power_bound,
+)
+from deepdpm_core.estep.targets import estep_targets, slot_targets, top_m
+
+__all__ = [
+    "EpochStats",
+    "estep_targets",
+    "faiss_proxy_keys",
+    "GaussianMixture",
+    "largest_eigenvalue_bound",
+    "log_weights_from_counts",
+    "MixtureState",
+    "proxy_top_m_faiss",
+    "proxy_top_m_torch",
+    "R_FLOOR",
+    "slot_targets",
+    "top_m",
+    "trace_power_bound",
+]

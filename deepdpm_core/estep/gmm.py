@@ -1,0 +1,244 @@
+"""Gaussian-mixture parameters with cached Cholesky factors and the batched E-step.
+
+The E-step (paper Eq. 5) needs ln π_k + ln N(x; μ_k, Σ_k) for every point of every
+minibatch, with parameters frozen for the whole epoch. The precision Cholesky factors
+are computed once per M-step (as in scikit-learn's ``_estimate_log_gaussian_prob``), so a
+batch costs one (B, D) x (D, K·D) matrix product and no factorisation.
+
+At large K the sparse E-step (:mod:`deepdpm_core.estep.sparse_support`, whose methods
+:class:`GaussianMixture` inherits) evaluates exact log-densities only where they can
+matter; its bounds and the isotropic candidate proxy are in
+:mod:`deepdpm_core.estep.support_bounds`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from deepdpm_core.bayes import blocks, cholesky_jittered, gather_chunk_rows
+from deepdpm_core.estep.sparse_support import SparseSupport
+from deepdpm_core.estep.support_bounds import faiss_proxy_keys, proxy_top_m_faiss, proxy_top_m_torch
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class GaussianMixture(SparseSupport):
+    """Mixture parameters with derived factors.
+
+    Attributes
+    ----------
+    means : Tensor of shape (K, D), float64
+    covariances : Tensor of shape (K, D, D), float64
+    log_weights : Tensor of shape (K,), float64
+        ln π_k (normalised).
+    compute_dtype : torch.dtype
+        dtype of the cached factors used for per-batch work.
+    work_dtype : torch.dtype
+        dtype of the whitening GEMMs of the top-m path (points are centred first, so
+        float32 loses only ~1e-7 of each Mahalanobis distance).
+    """
+
+    means: Tensor
+    covariances: Tensor
+    log_weights: Tensor
+    compute_dtype: torch.dtype = torch.float64
+    work_dtype: torch.dtype = torch.float32
+    _prec_chol: Tensor = field(init=False, repr=False)
+    _whitened_means: Tensor = field(init=False, repr=False)
+    _log_norm: Tensor = field(init=False, repr=False)
+    _dense: tuple[Tensor, Tensor] | None = field(init=False, repr=False)
+    _lam_max: Tensor | None = field(init=False, repr=False)
+    _means_work: Tensor = field(init=False, repr=False)
+    _prec_chol_work: Tensor = field(init=False, repr=False)
+    _proxy: tuple[Tensor, Tensor, Tensor] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.refresh()
+
+    @property
+    def n_components(self) -> int:
+        return self.means.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.means.shape[1]
+
+    def refresh(self) -> None:
+        """Recompute the cached factors (call after changing the parameters)."""
+        chol = cholesky_jittered(self.covariances)  # Σ = L Lᵀ
+        eye = torch.eye(self.dim, dtype=chol.dtype, device=chol.device).expand_as(chol)
+        # P = L^{-T}: Σ^{-1} = P Pᵀ and ||(x − μ)ᵀ P||² is the Mahalanobis distance
+        prec_chol = torch.linalg.solve_triangular(chol, eye, upper=False).transpose(-1, -2)
+        log_det = 2.0 * torch.log(chol.diagonal(dim1=-2, dim2=-1)).sum(-1)
+        self._log_norm = (
+            self.log_weights - 0.5 * (self.dim * math.log(2 * math.pi) + log_det)
+        ).to(self.compute_dtype)
+        self._prec_chol = prec_chol  # (K, D, D), float64
+        self._whitened_means = torch.einsum("kd,kde->ke", self.means, prec_chol)  # (K, D): Pᵀμ
+        self._dense = None  # weighted_log_prob's all-components layout, built on first use
+        self._lam_max = None  # largest eigenvalue of each Σ_k, for the sparse E-step's bound
+        # per-component factors for the grouped top-m path, (K, D) and (K, D, D), in the
+        # dtype of the data (float32: its GEMMs are ~8x faster than float64 on CPU)
+        self._means_work = self.means.to(self.work_dtype)
+        self._prec_chol_work = prec_chol.to(self.work_dtype)
+        # candidate proxy: each component replaced by the isotropic Gaussian with the same
+        # mean variance v_k = tr Σ_k / D, so the score is one (B, D) x (D, K) float32 GEMM:
+        # ln π_k − D/2 ln 2πv_k − ‖x − μ_k‖²/(2 v_k) = x·μ_k/v_k − ‖x‖²/(2 v_k) + c_k
+        var = self.covariances.diagonal(dim1=-2, dim2=-1).mean(-1).clamp_min(1e-300)
+        const = (self.log_weights - 0.5 * self.dim * torch.log(2 * math.pi * var)
+                 - 0.5 * self.means.square().sum(-1) / var)
+        self._proxy = (
+            (self.means / var[:, None]).T.contiguous().to(torch.float32),
+            (0.5 / var).to(torch.float32),
+            const.to(torch.float32),
+        )
+
+    def weighted_log_prob(self, x: Tensor) -> Tensor:
+        """ln π_k + ln N(x_i; μ_k, Σ_k).
+
+        Parameters
+        ----------
+        x : Tensor of shape (B, D)
+
+        Returns
+        -------
+        Tensor of shape (B, K), in ``compute_dtype``.
+        """
+        if self._dense is None:
+            # (D, K·D) so one matmul projects a batch into every component's whitened frame
+            self._dense = (self._prec_chol.permute(1, 0, 2).reshape(self.dim, -1).to(self.compute_dtype),
+                           self._whitened_means.reshape(-1).to(self.compute_dtype))
+        prec_chol, shifted_means = self._dense
+        y = x.to(self.compute_dtype) @ prec_chol - shifted_means
+        maha = y.view(x.shape[0], self.n_components, self.dim).square().sum(-1)
+        return self._log_norm - 0.5 * maha
+
+    def candidates(self, x: Tensor, m: int, chunk_elems: int = 1 << 22) -> Tensor:
+        """The m most likely components of each point under the isotropic proxy.
+
+        The proxy score is an inner product of [x, ‖x‖², 1] with [μ_k/v_k, −1/(2v_k), c_k],
+        so on the CPU FAISS's inner-product k-NN search (a GEMM with a fused heap top-m)
+        ranks it, about twice as fast as a score matrix and :func:`torch.topk`; on a GPU
+        the torch path is used.
+
+        Parameters
+        ----------
+        x : Tensor of shape (N, D)
+        m : int
+            Candidates per point (at most K).
+        chunk_elems : int
+            Bound on the (rows, K) score buffer, so memory is O(chunk + K·D), never N × K.
+
+        Returns
+        -------
+        Tensor of shape (N, m), int64
+        """
+        k = self.n_components
+        m = min(m, k)
+        out = torch.empty(x.shape[0], m, dtype=torch.long, device=x.device)
+        rows = max(1, chunk_elems // max(1, k))
+        keys = faiss_proxy_keys(*self._proxy) if x.device.type == "cpu" else None  # once, not per chunk
+        for s in range(0, x.shape[0], rows):
+            xs = x[s : s + rows].to(torch.float32)
+            out[s : s + rows] = (proxy_top_m_faiss(xs, keys, m) if keys is not None
+                                 else proxy_top_m_torch(xs, *self._proxy, m))
+        return out
+
+    def weighted_log_prob_pairs(self, x: Tensor, points: Tensor, comps: Tensor,
+                                chunk_rows: int | None = None, batched: bool | None = None) -> Tensor:
+        """ln π_k + ln N(x_p; μ_k, Σ_k) for pairs p = (points[p], comps[p]) only.
+
+        Pairs are grouped by component, and each component's points are whitened with one
+        (n_k, D) x (D, D) GEMM (in ``work_dtype``): O(P·D²) flops, O(P + chunk·D) memory.
+
+        Parameters
+        ----------
+        x : Tensor of shape (N, D)
+        points, comps : Tensor of shape (P,), int64
+        chunk_rows : int, optional
+            Most pairs per GEMM (default :func:`~deepdpm_core.bayes.stats.gather_chunk_rows`).
+        batched : bool, optional
+            Batched GEMMs over blocks (:mod:`deepdpm_core.bayes.blocks`) instead of a loop over
+            the components (default: on a GPU).
+
+        Returns
+        -------
+        Tensor of shape (P,), in ``compute_dtype``
+        """
+        if blocks.use_blocks(x, batched):
+            return self._log_prob_blocked(x, points, comps)[0]
+        chunk_rows = chunk_rows or gather_chunk_rows(self.dim, x.device)
+        order = torch.argsort(comps.to(torch.int32), stable=True)  # same order, 2x faster than int64
+        counts = torch.bincount(comps, minlength=self.n_components).tolist()
+        out = torch.empty(comps.shape[0], dtype=self.compute_dtype, device=x.device)
+        start = 0
+        for k, count in enumerate(counts):
+            for s in range(start, start + count, chunk_rows):
+                pairs = order[s : min(s + chunk_rows, start + count)]
+                xs = x.index_select(0, points.index_select(0, pairs))
+                out[pairs] = self._log_prob_centred(self._centre(xs, k), k)
+            start += count
+        return out
+
+    def _centre(self, xs: Tensor, k: int | Tensor) -> Tensor:
+        """x − μ_k in ``work_dtype`` (k: one component, or one per row): centred before the
+        (float32) GEMMs, so their rounding is relative to the component's spread, not to
+        its offset."""
+        return xs.to(self.work_dtype) - self._means_work[k]
+
+    def _log_prob_centred(self, delta: Tensor, k: int) -> Tensor:
+        """ln π_k + ln N(μ_k + delta; μ_k, Σ_k) for rows delta (n, D); (n,) in ``compute_dtype``."""
+        return self._log_prob_whitened(delta @ self._prec_chol_work[k], k)
+
+    def _log_prob_whitened(self, y: Tensor, k: int | Tensor) -> Tensor:
+        """ln π_k − ½ ln|2πΣ_k| − ½‖y‖² for whitened rows y = P_kᵀ(x − μ_k) (n, D); k: one
+        component, or one per row. (n,) in ``compute_dtype``."""
+        return self._log_norm[k] - 0.5 * y.square().sum(1).to(self.compute_dtype)
+
+    def _log_prob_blocked(self, x: Tensor, points: Tensor, comps: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`weighted_log_prob_pairs` as batched GEMMs over blocks of same-component
+        pairs, and the offsets ‖x_p − μ_k‖ (both (P,), ``compute_dtype`` and ``work_dtype``)."""
+        order = torch.argsort(comps, stable=True)
+        points, comps = points.index_select(0, order), comps.index_select(0, order)
+        block, slot, segment, _ = blocks.segment_blocks(torch.bincount(comps, minlength=self.n_components))
+        lp = torch.empty(len(comps), dtype=self.compute_dtype, device=x.device)
+        offset = torch.empty(len(comps), dtype=self.work_dtype, device=x.device)
+        d = self.dim
+        for b0, b1, t0, t1 in blocks.block_chunks(block, len(segment), 2 * blocks.BLOCK_ROWS * d + d * d):
+            at, k, dest = (block[t0:t1] - b0, slot[t0:t1]), comps[t0:t1], order[t0:t1]
+            delta = self._centre(x.index_select(0, points[t0:t1]), k)
+            y = torch.bmm(blocks.pack(delta, at, b1 - b0), self._prec_chol_work[segment[b0:b1]])[at]
+            lp[dest] = self._log_prob_whitened(y, k)
+            offset[dest] = delta.norm(dim=1)
+        return lp, offset
+
+    def to(self, device: torch.device | str) -> GaussianMixture:
+        return GaussianMixture(
+            self.means.to(device), self.covariances.to(device), self.log_weights.to(device),
+            self.compute_dtype, self.work_dtype,
+        )
+
+
+
+def log_weights_from_counts(counts: Tensor, pseudocount: float) -> Tensor:
+    """ln π from (soft) counts with a Dirichlet pseudo-count added to each count.
+
+    π_k = (N_k + c) / Σ_k' (N_k' + c). Adding c to the counts (not to the fractions, as
+    the reference code does) keeps large clusters' weights at their empirical values.
+
+    Parameters
+    ----------
+    counts : Tensor of shape (..., K)
+        Normalised over the last axis (e.g. (K, 2) for every cluster's two subclusters).
+
+    Returns
+    -------
+    Tensor of shape (..., K), float64
+    """
+    c = counts.to(torch.float64) + pseudocount
+    c = c.clamp_min(1e-300)
+    return torch.log(c) - torch.log(c.sum(-1, keepdim=True))

@@ -1,0 +1,374 @@
+"""The sparse E-step: exact log-densities only for the components that can matter.
+
+At large K the dense E-step's product (:mod:`deepdpm_core.estep.gmm`), O(B·K·D²), dominates an
+epoch. The sparse E-step (:meth:`GaussianMixture.sparse_log_responsibilities`) evaluates
+exact log-densities only where they can matter. Each point's *anchor*, a component it
+likely belongs to (its best under the previous E-step, or under a cheap isotropic proxy:
+an O(K·D) inner-product search), is evaluated exactly; every other component k is then
+ruled out, if it can be, by an upper bound on its log-density, L_k − ½ Maha_k(x) with
+L_k = ln π_k − ½ ln|2πΣ_k|, that falls
+:data:`~deepdpm_core.estep.support_bounds.SUPPORT_LOG_GAP` below the anchor's (responsibility
+provably below float32's resolution of 1). The lower bounds on the Mahalanobis distance
+come in three levels, each applied only to what the previous one kept:
+
+1. for an anchor j and all of its points at once (they lie within ‖x − μ_j‖ ≤ ρ_j):
+   Maha_k(x) ≥ (‖μ_j − μ_k‖ − ρ_j)² / λ_max(Σ_k) — a K x K table of distances between
+   means;
+2. for the (j, k) pairs left, Cauchy–Schwarz along v = Σ_k⁻¹(μ_j − μ_k), since
+   (vᵀ(x − μ_k))² ≤ (vᵀΣ_k v)·Maha_k(x): Maha_k(x) ≥ (a_jk + u_jkᵀ(x − μ_j))² with a_jk
+   the Mahalanobis distance of μ_j under component k and u_jk = v / a_jk, hence
+   ≥ (a_jk − ‖u_jk‖ ρ_j)² for every point of the anchor;
+3. for each point, the same bound with its own x: one (n_j, D) x (D, C_j) GEMM over the
+   C_j pairs left for its anchor (a few at most).
+
+The components that survive (on separated clusters a fraction of one per point) are
+evaluated exactly, grouped by component so each costs one GEMM. So the targets are the
+dense E-step's to float32 resolution, whatever the anchors, and memory is O(N·m): a point
+keeps its anchor and at most m − 1 other components (``estep.top_m`` = m), its most
+likely ones, which only matters where more than m − 1 components are within float32
+resolution of the best.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+
+from deepdpm_core.bayes import blocks, gather_chunk_rows
+from deepdpm_core.estep.support_bounds import (
+    BOUND_MARGIN,
+    SUPPORT_LOG_GAP,
+    largest_eigenvalue_bound,
+)
+
+Tensor = torch.Tensor
+
+
+class SparseSupport:
+    """The sparse E-step's methods of :class:`~deepdpm_core.estep.gmm.GaussianMixture`.
+
+    A mixin: it reads the mixture's parameters (``means``, ``covariances``) and cached
+    factors (``_log_norm``, ``_prec_chol``, ``_means_work``, ``_lam_max``, ...) and its
+    exact per-pair evaluation (``_centre``, ``_log_prob_centred``, ``_log_prob_blocked``,
+    :meth:`~deepdpm_core.estep.gmm.GaussianMixture.weighted_log_prob_pairs`,
+    :meth:`~deepdpm_core.estep.gmm.GaussianMixture.candidates`).
+    """
+
+    def _survival_limit(self, lp_anchor: Tensor, j: int | Tensor, rho: float | Tensor) -> Tensor:
+        """Level 3's threshold on ẑ²/(1 + ρ) − 2 L_k (:meth:`_bound_survivors`), (n,) in
+        ``work_dtype``: 2 (gap − lp_low) + ρ, lp_low the anchor's log-density lowered by its
+        own float32 rounding allowance. j: the anchor, or one per row; ρ likewise."""
+        lp_low = lp_anchor - self._rounding(self.work_dtype) * (self._log_norm[j] - lp_anchor).clamp_min(0)
+        return (2.0 * (SUPPORT_LOG_GAP + BOUND_MARGIN - lp_low) + rho).to(self.work_dtype)
+
+    def _rounding(self, dtype: torch.dtype) -> float:
+        """Relative rounding allowance of a length-D dot product in ``dtype``, (D + 2)·ε."""
+        return (self.dim + 2) * torch.finfo(dtype).eps
+
+    def pair_directions(self, anchors: Tensor, comps: Tensor, batched: bool | None = None) -> tuple[Tensor, Tensor]:
+        """The Cauchy–Schwarz bound's vectors for pairs (anchor j, component k).
+
+        a_jk = ‖P_kᵀ(μ_j − μ_k)‖ (the Mahalanobis distance of μ_j under component k) and
+        u_jk = Σ_k⁻¹(μ_j − μ_k) / a_jk = P_k P_kᵀ(μ_j − μ_k) / a_jk, so u_jkᵀΣ_k u_jk = 1 and,
+        for any x, Maha_k(x) ≥ (u_jkᵀ(x − μ_k))² = (a_jk + u_jkᵀ(x − μ_j))². Float64, two
+        (n_k, D) x (D, D) GEMMs per component; u = 0 where μ_j = μ_k (no bound).
+
+        Parameters
+        ----------
+        anchors, comps : Tensor of shape (P,), int64
+        batched : bool, optional
+            Batched GEMMs with P_k gathered per pair (default: on a GPU).
+
+        Returns
+        -------
+        u : Tensor of shape (P, D), float64
+        a : Tensor of shape (P,), float64
+        """
+        u = torch.empty(len(comps), self.dim, dtype=torch.float64, device=self.means.device)
+        a = torch.empty(len(comps), dtype=torch.float64, device=self.means.device)
+        if blocks.use_blocks(self.means, batched):  # P_k gathered per pair, in chunks
+            step = max(1, blocks.CHUNK_ELEMS // self.dim**2)
+            for s in range(0, len(comps), step):
+                j, k = anchors[s : s + step], comps[s : s + step]
+                prec = self._prec_chol[k]
+                w = torch.bmm((self.means[j] - self.means[k])[:, None], prec)  # (c, 1, D): rows P_kᵀΔ
+                norm = w.norm(dim=2, keepdim=True)
+                a[s : s + step] = norm[:, 0, 0]
+                u[s : s + step] = (torch.bmm(w, prec.transpose(1, 2)) * torch.where(norm > 0, 1.0 / norm, 0.0))[:, 0]
+            return u, a
+        order = torch.argsort(comps.to(torch.int32), stable=True)
+        start = 0
+        for k, count in enumerate(torch.bincount(comps, minlength=self.n_components).tolist()):
+            if count:
+                sel = order[start : start + count]
+                w = (self.means[anchors[sel]] - self.means[k]) @ self._prec_chol[k]  # rows P_kᵀΔ
+                norm = w.norm(dim=1)
+                a[sel] = norm
+                u[sel] = (w @ self._prec_chol[k].T) * torch.where(norm > 0, 1.0 / norm, 0.0)[:, None]
+            start += count
+        return u, a
+
+    def _reachable_pairs(self, anchors: Tensor, radius: Tensor, floor: Tensor, block_elems: int = 1 << 22,
+                         batched: bool | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(anchor, component) pairs that bound levels 1 and 2 (module docstring) keep.
+
+        A pair is dropped when for every point of the anchor, ‖x − μ_j‖ ≤ ``radius`` and
+        log-density ≥ ``floor``, the Mahalanobis bound exceeds 2 (L_k − floor + gap).
+
+        Parameters
+        ----------
+        anchors : Tensor of shape (J,), int64
+        radius, floor : Tensor of shape (J,), float64
+            Each anchor's largest offset and lowest anchor log-density over its points,
+            already widened for float32 rounding.
+        block_elems : int
+            Bound on the J·K elements of the level-1 tables built at once.
+        batched : bool, optional
+            Passed to :meth:`pair_directions`.
+
+        Returns
+        -------
+        anchor, comp : Tensor of shape (P,), int64 — sorted by anchor
+        u : Tensor of shape (P, D), ``work_dtype``
+        a : Tensor of shape (P,), ``work_dtype``
+        """
+        if self._lam_max is None:
+            self._lam_max = largest_eigenvalue_bound(self.covariances)
+        gap = SUPPORT_LOG_GAP + BOUND_MARGIN
+        log_norm = self._log_norm.to(torch.float64)
+        sq_norms = self.means.square().sum(1)
+        rounding = self._rounding(torch.float64)
+        pair_anchor, pair_comp, pair_room, pair_radius = [], [], [], []
+        rows = max(1, block_elems // max(1, self.n_components))
+        for s in range(0, len(anchors), rows):
+            anc, rad = anchors[s : s + rows], radius[s : s + rows, None]
+            room = 2.0 * (log_norm - floor[s : s + rows, None] + gap)  # (J, K): bound on 2(L_k − lp + gap)
+            # squared distances between means as ‖μ_j‖² + ‖μ_k‖² − 2 μ_j·μ_k, less a bound on
+            # that formula's rounding: a lower bound even for nearly equal means
+            both = sq_norms[anc, None] + sq_norms
+            dist2 = torch.addmm(both, self.means[anc], self.means.T, alpha=-2.0) - rounding * both
+            dist = dist2.clamp_min(0).sqrt()
+            ok = (room >= 0) & ((dist - rad).clamp_min(0).square() <= self._lam_max * room)
+            ok[torch.arange(len(anc), device=ok.device), anc] = False
+            j, k = ok.nonzero(as_tuple=True)
+            pair_anchor.append(anc[j])
+            pair_comp.append(k)
+            pair_room.append(room[j, k])
+            pair_radius.append(rad[j, 0])
+        pair_anchor, pair_comp, room, rad = (torch.cat(t) for t in (pair_anchor, pair_comp, pair_room, pair_radius))
+        u, a = self.pair_directions(pair_anchor, pair_comp, batched)
+        keep = (a - u.norm(dim=1) * rad).clamp_min(0).square() <= room
+        order = torch.argsort(pair_anchor[keep].to(torch.int32), stable=True)
+        return (pair_anchor[keep][order], pair_comp[keep][order],
+                u[keep][order].to(self.work_dtype), a[keep][order].to(self.work_dtype))
+
+    def _bound_survivors(self, delta: Tensor, lp_anchor: Tensor, j: int, comps: Tensor, u: Tensor,
+                         a: Tensor, cap: int) -> tuple[Tensor, Tensor]:
+        """Level 3 of the bound (module docstring) for the points of anchor j.
+
+        The bound is L_k − ½ z² with z = a_jk + u_jkᵀ delta; it reaches the threshold iff
+        z² ≤ R = 2 (L_k − lp_anchor + gap). The float32 ẑ is off by at most ρ = (D + 2)·ε·
+        (‖u_jk‖·(‖delta‖ + ‖μ_j‖) + a_jk) (delta is itself rounded relative to ‖μ_j‖), and
+        |ẑ| ≤ √R + ρ implies ẑ²/(1 + ρ) ≤ R + ρ (as 2√R ≤ R + 1), so testing the latter
+        never drops a component that can reach. With ρ the chunk's largest, 1/√(1 + ρ)
+        scales u and a before the GEMM. lp_anchor, from float32 whitening, is lowered by
+        its own rounding allowance, (D + 2)·ε·(L_j − lp_anchor).
+
+        Parameters
+        ----------
+        delta : Tensor of shape (n, D)
+            Points minus μ_j, ``work_dtype``.
+        lp_anchor : Tensor of shape (n,)
+            Their exact log-density under component j.
+        j : int
+        comps : Tensor of shape (C,), int64
+            Components left for anchor j by :meth:`_reachable_pairs`.
+        u, a : Tensor of shape (C, D) and (C,)
+            Their :meth:`pair_directions`.
+        cap : int
+            Most survivors per point (those with the highest bounds are kept): a bound on
+            memory where many components overlap, set well above the support's cap.
+
+        Returns
+        -------
+        row, comp : Tensor of shape (S,), int64
+            Row of ``delta`` and component of each survivor.
+        """
+        rounding = self._rounding(self.work_dtype)
+        rho = rounding * float(u.norm(dim=1).max() * (delta.norm(dim=1).max() + self._means_work[j].norm())
+                               + a.max())
+        scale = (1.0 + rho) ** -0.5
+        score = torch.addmm(a * scale, delta, u.T * scale).square_()  # ẑ²/(1 + ρ), (n, C)
+        score -= 2.0 * self._log_norm[comps].to(self.work_dtype)
+        limit = self._survival_limit(lp_anchor, j, rho)[:, None]
+        reach = score <= limit
+        over = torch.nonzero(reach.sum(1) > cap).squeeze(1)
+        if len(over):  # keep the cap components with the highest upper bounds (lowest score)
+            keep = score[over].masked_fill(~reach[over], math.inf).topk(cap, dim=1, largest=False).indices
+            reach[over] = torch.zeros_like(reach[over]).scatter_(1, keep, True) & reach[over]
+        row, col = reach.nonzero(as_tuple=True)
+        return row, comps[col]
+
+    def _bound_survivors_blocked(self, x: Tensor, anchor: Tensor, lp_anchor: Tensor, offset: Tensor,
+                                 pairs: tuple[Tensor, Tensor, Tensor, Tensor], cap: int) -> tuple[Tensor, Tensor]:
+        """:meth:`_bound_survivors` for every anchor at once: blocks of same-anchor points,
+        each against its anchor's pairs (padded to the most any anchor has) in one batched
+        GEMM per chunk. ρ uses each anchor's largest ‖u‖, a and point offset (at least the
+        loop's per-chunk ones, so the test is as safe).
+
+        Parameters
+        ----------
+        x : Tensor of shape (N, D)
+        anchor : Tensor of shape (N,), int64
+        lp_anchor : Tensor of shape (N,)
+            Each point's exact log-density under its anchor.
+        offset : Tensor of shape (K,), float64
+            Each anchor's largest ‖x − μ_j‖ over its points (unwidened).
+        pairs : (anchor, comp, u, a) of :meth:`_reachable_pairs`, sorted by anchor
+        cap : int
+
+        Returns
+        -------
+        point, comp : Tensor of shape (S,), int64
+        """
+        pair_anchor, pair_comp, u, a = pairs
+        k, d, dev, work = self.n_components, self.dim, x.device, self.work_dtype
+        per_anchor = torch.bincount(pair_anchor, minlength=k)
+        width = int(per_anchor.max())
+        # each anchor's pairs as a row of (K, width) tables; unused places never reach
+        at = (pair_anchor, torch.arange(len(pair_anchor), device=dev) - (torch.cumsum(per_anchor, 0) - per_anchor)[pair_anchor])
+        comp_of = torch.zeros(k, width, dtype=torch.long, device=dev).index_put_(at, pair_comp)
+        used = torch.zeros(k, width, dtype=torch.bool, device=dev).index_put_(at, torch.ones_like(pair_comp, dtype=torch.bool))
+        rounding = self._rounding(work)
+        zeros = torch.zeros(k, dtype=torch.float64, device=dev)
+        rho = rounding * (zeros.scatter_reduce(0, pair_anchor, u.norm(dim=1).double(), "amax")
+                          * (offset + self._means_work.norm(dim=1).double())
+                          + zeros.scatter_reduce(0, pair_anchor, a.double(), "amax"))
+        scale = ((1.0 + rho) ** -0.5).to(work)
+        u_of = torch.zeros(k, width, d, dtype=work, device=dev).index_put_(at, u * scale[pair_anchor, None])
+        a_of = torch.zeros(k, width, dtype=work, device=dev).index_put_(at, a * scale[pair_anchor])
+        log_norm_of = self._log_norm.to(work)[comp_of]
+        order = torch.argsort(anchor, stable=True)
+        block, slot, segment, _ = blocks.segment_blocks(torch.bincount(anchor, minlength=k))
+        found_points, found_comps = [], []
+        for b0, b1, t0, t1 in blocks.block_chunks(block, len(segment), blocks.BLOCK_ROWS * (d + width) + width * d):
+            at, pts, seg = (block[t0:t1] - b0, slot[t0:t1]), order[t0:t1], segment[b0:b1]
+            j = anchor[pts]
+            delta = blocks.pack(self._centre(x.index_select(0, pts), j), at, b1 - b0)
+            score = torch.baddbmm(a_of[seg, None, :], delta, u_of[seg].transpose(1, 2)).square_()  # ẑ²/(1 + ρ)
+            score -= 2.0 * log_norm_of[seg, None, :]
+            limit = blocks.pack(self._survival_limit(lp_anchor[pts], j, rho[j]), at, b1 - b0, fill=-math.inf)
+            reach = (score <= limit[:, :, None]) & used[seg, None, :]
+            over = torch.nonzero(reach.sum(2) > cap, as_tuple=True)
+            if len(over[0]):  # keep the cap components with the highest upper bounds (lowest score)
+                keep = score[over].masked_fill(~reach[over], math.inf).topk(cap, dim=1, largest=False).indices
+                reach[over] = torch.zeros_like(reach[over]).scatter_(1, keep, True) & reach[over]
+            blk, row, col = reach.nonzero(as_tuple=True)
+            found_points.append(blocks.pack(pts, at, b1 - b0)[blk, row])
+            found_comps.append(comp_of[seg[blk], col])
+        return torch.cat(found_points), torch.cat(found_comps)
+
+    def sparse_log_responsibilities(self, x: Tensor, max_support: int, chunk_rows: int | None = None,
+                                    anchors: Tensor | None = None, batched: bool | None = None,
+                                    ) -> tuple[Tensor, Tensor]:
+        """E-step ln r^E restricted to the components that can matter (module docstring).
+
+        Parameters
+        ----------
+        x : Tensor of shape (N, D)
+        max_support : int
+            m, the most components kept per point (memory O(N·m)).
+        chunk_rows : int, optional
+            Most points per GEMM (default :func:`~deepdpm_core.bayes.stats.gather_chunk_rows`).
+        anchors : Tensor of shape (N,), int64, optional
+            Each point's anchor, e.g. its best component under the previous E-step; −1 (or
+            no tensor) takes the isotropic proxy's best. Any component gives the same
+            result: a poor anchor only leaves more components for the bound to rule out.
+        batched : bool, optional
+            All anchors' and components' GEMMs batched over blocks
+            (:mod:`deepdpm_core.bayes.blocks`) instead of loops over them (default: on a GPU).
+
+        Returns
+        -------
+        index : Tensor of shape (N, m), int64
+            Column 0 is the point's anchor; unused columns repeat it (with r^E = 0).
+        log_resp : Tensor of shape (N, m), ``compute_dtype``
+            ln r^E, −inf off the support (responsibility below float32 ε).
+        """
+        n, k = x.shape[0], self.n_components
+        m = max(1, min(max_support, k))
+        chunk_rows = chunk_rows or gather_chunk_rows(self.dim, x.device)
+        anchor = (torch.full((n,), -1, dtype=torch.long, device=x.device) if anchors is None
+                  else anchors.to(device=x.device, dtype=torch.long, copy=True))
+        missing = torch.nonzero(anchor < 0).squeeze(1)
+        if len(missing):
+            anchor[missing] = self.candidates(x.index_select(0, missing), 1)[:, 0]
+        index = anchor[:, None].repeat(1, m)
+        lp = torch.full((n, m), -math.inf, dtype=self.compute_dtype, device=x.device)
+        counts = torch.bincount(anchor, minlength=k)
+        present = torch.nonzero(counts).squeeze(1)
+        batched = blocks.use_blocks(x, batched)
+        if not batched:
+            by_anchor = torch.argsort(anchor.to(torch.int32), stable=True)
+            ends = torch.cumsum(counts, 0)
+            starts, ends = (ends - counts).tolist(), ends.tolist()
+
+            def anchor_chunks(j: int) -> Iterator[tuple[Tensor, Tensor]]:
+                for s in range(starts[j], ends[j], chunk_rows):
+                    rows = by_anchor[s : min(s + chunk_rows, ends[j])]
+                    yield rows, self._centre(x.index_select(0, rows), j)
+
+        # the anchors, exactly; their points' largest offset and lowest log-density
+        slack = self._rounding(self.work_dtype)  # of delta and of the anchor's log-density
+        if batched:
+            lp[:, 0], offset = self._log_prob_blocked(x, torch.arange(n, device=x.device), anchor)
+            init = torch.zeros(k, dtype=torch.float64, device=x.device)
+            offset = init.scatter_reduce(0, anchor, offset.double(), "amax")
+            low = init.scatter_reduce(0, anchor, lp[:, 0].double(), "amin", include_self=False)
+            radius, floor = offset[present], low[present]
+        else:
+            radius, floor = [], []
+            for j in present.tolist():
+                r, f = 0.0, math.inf
+                for rows, delta in anchor_chunks(j):
+                    lp_anchor = self._log_prob_centred(delta, j)
+                    lp[rows, 0] = lp_anchor
+                    r, f = max(r, float(delta.norm(dim=1).max())), min(f, float(lp_anchor.min()))
+                radius.append(r)
+                floor.append(f)
+            radius, floor = (torch.tensor(v, dtype=torch.float64, device=x.device) for v in (radius, floor))
+        widened = (radius + slack * (radius + self._means_work[present].norm(dim=1).double()),
+                   floor - slack * (self._log_norm[present].double() - floor))
+        if m > 1 and len(present):
+            pairs = self._reachable_pairs(present, *widened, batched=batched)
+            if batched:
+                points, comps = (self._bound_survivors_blocked(x, anchor, lp[:, 0], offset, pairs, 4 * (m - 1))
+                                 if len(pairs[0]) else (anchor[:0], anchor[:0]))
+            else:
+                pair_anchor, pair_comp, u, a = pairs
+                found = [(anchor[:0], anchor[:0])]
+                bounds = torch.searchsorted(pair_anchor, present, right=False).tolist() + [len(pair_anchor)]
+                for i, j in enumerate(present.tolist()):
+                    c0, c1 = bounds[i], bounds[i + 1]
+                    if c1 == c0:
+                        continue
+                    for rows, delta in anchor_chunks(j):
+                        row, comp = self._bound_survivors(delta, lp[rows, 0], j, pair_comp[c0:c1],
+                                                          u[c0:c1], a[c0:c1], 4 * (m - 1))
+                        found.append((rows[row], comp))
+                points, comps = (torch.cat(t) for t in zip(*found, strict=True))
+            if len(points):
+                values = self.weighted_log_prob_pairs(x, points, comps, chunk_rows, batched)
+                # each point's m − 1 most likely survivors, in slots 1..m−1
+                by_value = torch.argsort(values, descending=True, stable=True)
+                by_point = by_value[torch.argsort(points[by_value], stable=True)]
+                points, comps, values = points[by_point], comps[by_point], values[by_point]
+                count = torch.bincount(points, minlength=n)
+                rank = torch.arange(len(points), device=x.device) - (torch.cumsum(count, 0) - count)[points]
+                keep = rank < m - 1
+                index[points[keep], rank[keep] + 1] = comps[keep]
+                lp[points[keep], rank[keep] + 1] = values[keep]
+        lp = lp.masked_fill(lp < lp.max(1, keepdim=True).values - SUPPORT_LOG_GAP, -math.inf)
+        return index, lp - torch.logsumexp(lp, dim=1, keepdim=True)

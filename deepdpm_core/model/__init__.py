@@ -1,0 +1,29 @@
+"""The fitted model and the scikit-learn estimator, model files, and the diagnostics of a
+fit's K."""
+
+from deepdpm_core.model.diagnostics import (
+    DiagnosticsMonitor,
+    diagnose,
+    knob_advice,
+    move_kinds,
+    stop_reason,
+    variance_summary,
+)
+from deepdpm_core.model.estimator import DeepDPM
+from deepdpm_core.model.files import safe_load, save_checkpoint
+from deepdpm_core.model.fitted_model import FORMAT, ClusterAssigner, FittedModel
+
+__all__ = [
+    "ClusterAssigner",
+    "DeepDPM",
+    "diagnose",
+    "DiagnosticsMonitor",
+    "FittedModel",
+    "FORMAT",
+    "knob_advice",
+    "move_kinds",
+    "safe_load",
+    "save_checkpoint",
+    "stop_reason",
+    "variance_summary",
+]

@@ -1,0 +1,358 @@
+"""``DeepDPM``: the method as a scikit-learn estimator (clusterer).
+
+The parameters are ``config`` (a :class:`~deepdpm_core.config.Config`, a nested mapping,
+a YAML path or None), ``random_state`` (the seed) and any config key as a keyword. They
+are stored as given; the config they make is built and checked by :meth:`DeepDPM.fit`
+(unknown key names fail at once, as an unknown keyword argument does). ``get_params``
+names every config key ``section__key`` (``prior__sigma_scale``), so ``set_params``,
+``clone``, ``Pipeline`` (``dpm__prior__alpha``) and ``GridSearchCV`` reach each of them.
+
+A fitted estimator holds a :class:`~deepdpm_core.model.fitted_model.FittedModel` (``model_``):
+the clustering net, the input transform and the mixture parameters, not the trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import numbers
+import typing
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, ClusterMixin
+from sklearn.utils.validation import check_is_fitted
+
+from deepdpm_core.config import Config, from_dict, load_config
+from deepdpm_core.data import check_features, check_init_labels, readonly_tensor
+from deepdpm_core.errors import ConfigError
+from deepdpm_core.model.diagnostics import diagnose, variance_summary
+from deepdpm_core.model.fitted_model import FORMAT, FittedModel
+from deepdpm_core.moves import rows_needed
+from deepdpm_core.training import Trainer, epoch_updater, progress_bar
+
+__all__ = ["FORMAT", "DeepDPM", "resolve_config"]
+
+_NOT_FITTED = "This %(name)s instance is not fitted yet: call fit() or DeepDPM.load() first"
+
+
+def _sections() -> list[str]:
+    """Names of the config's sections (``prior``, ``init``, ...)."""
+    hints = typing.get_type_hints(Config)
+    return [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(hints[f.name])]
+
+
+def _leaf_index() -> dict[str, list[str]]:
+    """Leaf name -> dotted keys having it (for ``DeepDPM(alpha=1.0)`` shortcuts)."""
+    index: dict[str, list[str]] = {}
+    for dotted in Config().flat():
+        index.setdefault(dotted.rsplit(".", 1)[-1], []).append(dotted)
+    return index
+
+
+def _param_names(key: str, value: Any) -> list[tuple[str, Any]]:
+    """The ``section__key`` parameters (or ``seed``, ``device``) an override stands for.
+
+    Overrides may be double-underscored (``prior__alpha=1.0``), dotted
+    (``{"prior.alpha": 1.0}``), a whole section (``prior={"alpha": 1.0}``, one parameter
+    per key) or an unambiguous leaf name (``alpha=1.0``). Only the names are checked
+    here; values are checked when the config is built.
+
+    Raises
+    ------
+    ConfigError
+        An unknown or ambiguous name, with the closest known one.
+    """
+    dotted = key.replace("__", ".")
+    if "." in dotted:
+        if dotted not in Config().flat():
+            # the config's own error for it, "unknown config key ... (did you mean ...?)"
+            Config().with_overrides({dotted: value})
+        return [(dotted.replace(".", "__"), value)]
+    if dotted in _sections():
+        if not isinstance(value, dict):  # a section given as a non-mapping: fit names it
+            return [(dotted, value)]
+        return [pair for k, v in value.items() for pair in _param_names(f"{dotted}.{k}", v)]
+    leaves = _leaf_index()
+    if len(leaves.get(dotted, [])) == 1:
+        return [(leaves[dotted][0].replace(".", "__"), value)]
+    if dotted in leaves:
+        raise ConfigError(f"ambiguous parameter '{key}': use one of {', '.join(leaves[dotted])}")
+    close = difflib.get_close_matches(dotted, [*leaves, *_sections()], n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise ConfigError(f"unknown parameter '{key}'{hint}")
+
+
+def resolve_config(config: Config | dict | str | Path | None, overrides: dict[str, Any]) -> Config:
+    """Combine a config (object, mapping, YAML path or None) with keyword overrides
+    (named as :func:`_param_names` accepts).
+
+    Raises
+    ------
+    ConfigError
+        An unknown key, a bad value or an unreadable config file.
+    """
+    if config is None:
+        cfg = Config()
+    elif isinstance(config, Config):
+        cfg = config
+    elif isinstance(config, dict):
+        cfg = from_dict(config)
+    elif isinstance(config, (str, Path)):
+        cfg = load_config(config)
+    else:
+        raise ConfigError(
+            f"config must be a Config, a mapping, a YAML path or None, got {config!r}")
+    dotted: dict[str, Any] = {}
+    for key, value in overrides.items():
+        for name, v in _param_names(key, value):
+            if name in _sections():  # a section that is not a mapping
+                raise ConfigError(f"config key '{name}' must be a mapping, got {v!r}")
+            dotted[name.replace("__", ".")] = v
+    return cfg.with_overrides(dotted) if dotted else cfg
+
+
+class DeepDPM(ClusterMixin, BaseEstimator):
+    """Deep clustering with an unknown number of clusters (Ronen et al., CVPR 2022).
+
+    Parameters
+    ----------
+    config : Config, dict, str or Path, optional
+        A config object, a nested mapping or a YAML file; defaults follow the paper.
+    random_state : int, optional
+        Overrides ``config.seed``; equal seeds give identical fits. Given with a
+        different ``seed=`` keyword, ``fit`` raises a ``ConfigError``.
+    **overrides
+        Config keys, e.g. ``DeepDPM(alpha=1.0, prior__sigma_scale=0.01)`` or
+        ``DeepDPM(init={"n_clusters": 3})``; :meth:`get_params` lists them as
+        ``section__key``.
+
+    Attributes
+    ----------
+    model_ : FittedModel
+        The fitted model: clustering net, input transform, mixture parameters, config.
+    n_features_in_ : int
+        D, the number of features seen in fit.
+    n_clusters_ : int
+        K found (clusters owning at least one training point).
+    labels_ : ndarray of shape (N,)
+        Cluster of each training point.
+    means_ : ndarray of shape (K, D)
+    covariances_ : ndarray of shape (K, D, D)
+    weights_ : ndarray of shape (K,)
+    history_ : list of dict
+        One record per epoch: epoch, n_clusters, loss_cluster, loss_subcluster,
+        splits_accepted, merges_accepted, prior_scale (s of Ψ = s·I, in the features'
+        units squared), diagonal_covariances (0 or 1), seconds, and where the seconds went:
+        seconds_estep (E-step targets), seconds_train (minibatch steps), seconds_stats
+        (statistics and their all-reduce), seconds_mstep, seconds_moves (split/merge round).
+    """
+
+    def __init__(self, config: Config | dict | str | Path | None = None,
+                 random_state: int | None = None, **overrides: Any) -> None:
+        self.config = config
+        self.random_state = random_state
+        #: ``section__key`` -> value as given (the names are checked, the values in fit)
+        self._overrides = {name: v for key, value in overrides.items()
+                           for name, v in _param_names(key, value)}
+
+    # ------------------------------------------------------------ parameters
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """``config``, ``random_state`` and the config keys given; with ``deep`` also
+        every other config key as ``section__key`` with the value a fit would use."""
+        params = {"config": self.config, "random_state": self.random_state, **self._overrides}
+        if not deep:
+            return params
+        try:
+            flat = self.get_config().flat()
+        except ConfigError:  # fit reports it; the parameters as given still answer
+            return params
+        return {**{k.replace(".", "__"): v for k, v in flat.items()}, **params}
+
+    def set_params(self, **params: Any) -> DeepDPM:
+        """Set ``config``, ``random_state`` or config keys (named as in the constructor).
+
+        Raises
+        ------
+        ConfigError
+            An unknown or ambiguous key name (a ``ValueError``).
+        """
+        for key, value in params.items():
+            if key in ("config", "random_state"):
+                setattr(self, key, value)
+                continue
+            for name, v in _param_names(key, value):
+                self._overrides.pop(name, None)  # re-inserted last: applied after older ones
+                self._overrides[name] = v
+        return self
+
+    def get_config(self) -> Config:
+        """The config a fit uses: ``config``, the overrides, then ``random_state`` as seed.
+
+        Raises
+        ------
+        ConfigError
+            An unknown key, a bad value, an unreadable file, a bad ``random_state``, or
+            ``seed`` and ``random_state`` both given with different values.
+        """
+        cfg = resolve_config(self.config, self._overrides)
+        if self.random_state is None:
+            return cfg
+        seed = self.random_state
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise ConfigError(f"random_state must be an integer seed or None, got {seed!r}")
+        if "seed" in self._overrides and cfg.seed != seed:
+            # both name the seed: neither silently wins
+            raise ConfigError(f"seed={self._overrides['seed']!r} and random_state={seed!r} both "
+                              "set the seed: give one of them")
+        return cfg.with_overrides({"seed": int(seed)})
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = False
+        tags.input_tags.sparse = False
+        return tags
+
+    # ----------------------------------------------------------------- fitting
+    def fit(self, X: Any, y: Any = None, callbacks: list[Callable[[dict], None]] | None = None,
+            progress: bool = False, init_labels: Any = None) -> DeepDPM:
+        """Fit on X (float [N, D]); ``y`` is ignored (scikit-learn convention).
+
+        Parameters
+        ----------
+        callbacks : list of callables, optional
+            Each is called with every epoch's history record; the estimator predicts
+            with the model as it stands at the end of that epoch.
+        progress : bool
+            Show a progress bar with K and the losses.
+        init_labels : array of shape (N,), int, optional
+            Warm start: initial hard clusters (any non-negative ids; empty ids are
+            dropped) instead of k-means with ``init.n_clusters``.
+
+        Warns
+        -----
+        UserWarning
+            The fit ended with one cluster, fallen from more or with its split rounds
+            idle (:func:`deepdpm_core.model.diagnostics.diagnose`): the message names the
+            remedy, ``data.transform=standard`` for features in different units, else
+            the prior knobs. Fewer clusters than the initial k-means ones, or a fit that
+            only merged, are a normal end and do not warn (the CLI reports them).
+        """
+        config = self.get_config()
+        X = check_features(X, min_rows=rows_needed(config.init.n_clusters))
+        start_labels = None
+        if init_labels is not None:
+            start_labels = torch.from_numpy(check_init_labels(init_labels, len(X)))
+        cbs: list[Callable[[dict], None]] = []
+        if callbacks:  # first (``trainer`` is bound when an epoch ends): the callbacks may
+            # predict with the model the epoch left
+            cbs = [lambda _: self._set_model(trainer), *callbacks]
+        # while the bar is open, lines written to stderr (warnings) go above it
+        with progress_bar(progress, total=config.schedule.max_epochs, desc="deepdpm fit",
+                          unit="epoch") as bar:
+            trainer = Trainer(config, readonly_tensor(X), callbacks=cbs)
+            if bar is not None:
+                trainer.callbacks.append(epoch_updater(bar, trainer.schedule))
+            trainer.fit(start_labels)
+        variances = variance_summary(trainer.feature_variance.cpu().numpy())
+        found = {d.kind: d.message for d in diagnose(
+            trainer.history, config, variances["median_feature_variance"],
+            variances["feature_variance_ratio"])}
+        # K = 1 is the silent failure worth a warning; merging the initial k-means clusters
+        # down to 2 or more, with no split needed, is how a fit on few clusters ends
+        if "collapsed" in found and trainer.n_clusters == 1:
+            # stacklevel 2: the warning points at the caller's fit
+            warnings.warn(found["collapsed"], UserWarning, stacklevel=2)
+        # only the model stays: the trainer (its copy of X, its optimisers) is freed on return
+        self.model_ = FittedModel.from_trainer(trainer).freeze()
+        self.labels_ = self.predict(X)
+        return self
+
+    def _set_model(self, trainer: Trainer) -> None:
+        self.model_ = FittedModel.from_trainer(trainer)
+
+    # --------------------------------------------------------------- inference
+    def _fitted(self) -> FittedModel:
+        check_is_fitted(self, "model_", msg=_NOT_FITTED)
+        return self.model_
+
+    def _rows(self, X: Any) -> Any:
+        """X checked against the fitted D, as a tensor view."""
+        return readonly_tensor(check_features(X, n_features=self._fitted().dim))
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Cluster responsibilities r = softmax(f_cl(x)), shape (N, K)."""
+        return self._fitted().predict_log_proba(self._rows(X)).exp().numpy()
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Hard cluster of each row, argmax of :meth:`predict_proba`, shape (N,)."""
+        return self._fitted().predict_assignments(self._rows(X))[0].numpy()
+
+    def predict_confidence(self, X: Any, batch_size: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+        """Hard cluster of each row and its responsibility, without the (N, K) array.
+
+        Parameters
+        ----------
+        X : array-like, shape (N, D)
+        batch_size : int
+            Rows per forward pass; memory is O(batch_size * K).
+
+        Returns
+        -------
+        labels : ndarray, shape (N,), int64
+            Same as :meth:`predict`.
+        confidence : ndarray, shape (N,), float32
+            ``predict_proba(X).max(1)``, computed batch by batch.
+        """
+        return self._fitted().assigner().predict_confidence(X, batch_size)
+
+    @property
+    def n_features_in_(self) -> int:
+        return self._fitted().dim
+
+    @property
+    def n_clusters_(self) -> int:
+        return self._fitted().n_clusters
+
+    @property
+    def means_(self) -> np.ndarray:
+        return self._fitted().feature_means().numpy()
+
+    @property
+    def covariances_(self) -> np.ndarray:
+        return self._fitted().feature_covariances().numpy()
+
+    @property
+    def weights_(self) -> np.ndarray:
+        return self._fitted().weights().numpy()
+
+    @property
+    def history_(self) -> list[dict]:
+        return list(self._fitted().history)
+
+    # ------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> None:
+        """Write the fitted model (config, net, input transform, mixture, history) atomically."""
+        self._fitted().save(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> DeepDPM:
+        """Load a model written by :meth:`save` or by a fit (``torch.load(weights_only=True)``)."""
+        return cls.from_model(FittedModel.load(path))
+
+    @classmethod
+    def from_model(cls, model: FittedModel) -> DeepDPM:
+        """A fitted estimator around a fitted model (its config is the model's)."""
+        est = cls(model.config)
+        est.model_ = model
+        return est
+
+    @classmethod
+    def from_trainer(cls, trainer: Trainer) -> DeepDPM:
+        """A fitted estimator around a finished trainer's model (e.g. one rank of a
+        distributed fit); the trainer itself is not kept."""
+        return cls.from_model(FittedModel.from_trainer(trainer).freeze())

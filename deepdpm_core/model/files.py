@@ -1,0 +1,136 @@
+"""Model and checkpoint files: written atomically, read safely
+(``torch.load(weights_only=True)``) with one-line errors.
+
+Every checkpoint the project reads (models, autoencoders, encoder weights, the
+checkpoints a stopped fit resumes from) goes through :func:`safe_load`, and every one it
+writes through :func:`save_checkpoint`. A pickle that
+references a Python global other than tensors and plain containers (``posix.system``,
+``builtins.eval``, a class) is refused before anything in it runs, and the error names
+the global; it never passes on torch's advice to load the file with ``weights_only=False``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import pickletools
+import re
+import secrets
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deepdpm_core.errors import CheckpointError
+
+#: torch's wordings of a refused global (``Unsupported global: GLOBAL m.f was not an
+#: allowed global``, ``unsupported GLOBAL m.f whose module m is blocked``)
+_REFUSED_GLOBAL = re.compile(r"unsupported GLOBAL ([\w.]+)", re.IGNORECASE)
+#: globals named in an error message at most (a crafted pickle may reference thousands)
+_NAMED_AT_MOST = 3
+
+
+def safe_load(path: str | Path, what: str = "checkpoint", *, mmap: bool = False) -> object:
+    """``torch.load(path, map_location="cpu", weights_only=True)``.
+
+    Parameters
+    ----------
+    mmap : bool
+        Map a torch zip archive into memory instead of reading it (``torch.load(mmap=True)``):
+        a tensor's bytes are read from disk when first touched, so a caller that uses a few
+        of a file's tensors never reads the others. Other files (raw pickles) are read whole.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` does not exist.
+    CheckpointError
+        One line naming ``what`` and ``path``: refused as unsafe, naming the Python
+        global(s) it references (nothing in the file has run), or not a PyTorch
+        checkpoint (garbage, empty, truncated).
+    """
+    try:
+        with warnings.catch_warnings():  # torch's note on a raw pickle's protocol: not one line
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location="cpu", weights_only=True,
+                              mmap=mmap and zipfile.is_zipfile(path))
+    except FileNotFoundError:
+        raise
+    except pickle.UnpicklingError as exc:
+        found = _REFUSED_GLOBAL.search(str(exc))
+        names = [found.group(1)] if found else _referenced_globals(Path(path))
+        if not names:  # garbage bytes also land here
+            raise CheckpointError(f"cannot read {what} {path}: not a PyTorch checkpoint") from exc
+        listed = ", ".join(names[:_NAMED_AT_MOST]) + (", ..." if len(names) > _NAMED_AT_MOST else "")
+        raise CheckpointError(
+            f"cannot read {what} {path}: refused as unsafe, torch.load(weights_only=True) does "
+            f"not allow the Python global {listed} it references (loading it could run code); "
+            "only tensors and plain containers are read, so re-save just the tensors (a state "
+            "dict) from a copy you trust"
+        ) from exc
+    except Exception as exc:  # empty, not a zip or pickle, truncated download, a folder...
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "empty or truncated"
+        raise CheckpointError(
+            f"cannot read {what} {path}: not a PyTorch checkpoint ({type(exc).__name__}: {reason})"
+        ) from exc
+
+
+def _referenced_globals(path: Path) -> list[str]:
+    """``module.name`` of the globals the file's pickle references, read without running it.
+
+    For a torch zip archive the pickle is its ``data.pkl`` member, otherwise the file
+    itself (a raw pickle). ``pickletools.genops`` only decodes opcodes; a protocol-4+
+    ``STACK_GLOBAL`` takes the two strings pushed before it. Unreadable data give [].
+    """
+    names: list[str] = []
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                member = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
+                if member is None:
+                    return []
+                with archive.open(member) as stream:
+                    _collect_globals(stream, names)
+        else:
+            with open(path, "rb") as stream:
+                _collect_globals(stream, names)
+    except Exception:  # not a pickle after all: whatever was named so far
+        pass
+    return list(dict.fromkeys(names))
+
+
+def _collect_globals(stream, names: list[str]) -> None:
+    strings: collections.deque[str] = collections.deque(maxlen=2)  # the last two pushed
+    for opcode, arg, _ in pickletools.genops(stream):
+        if opcode.name == "GLOBAL":
+            names.append(str(arg).replace(" ", "."))
+        elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+            names.append(f"{strings[-2]}.{strings[-1]}")
+        elif isinstance(arg, str) and "UNICODE" in opcode.name:
+            strings.append(arg)
+
+
+def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
+    """``torch.save(state, path)`` atomically: into a new temporary file beside ``path``,
+    then renamed over it, so a reader never sees half a file and a crash leaves the old
+    one. The file gets the mode ``open(path, "w")`` would give (the umask's).
+
+    Raises
+    ------
+    IsADirectoryError
+        ``path`` is a folder (before anything is written).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"output {path} is a folder; expected a file path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "xb") as fh:  # a new file, as open() makes one: the umask's mode
+            torch.save(state, fh)
+        os.replace(tmp, path)
+    finally:  # a failed write leaves no temporary file behind
+        tmp.unlink(missing_ok=True)

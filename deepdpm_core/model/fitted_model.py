@@ -1,0 +1,377 @@
+"""The fitted model: what predicting needs, and nothing of the training.
+
+Predictions come from the clustering net alone, applied to rows in the fit's own
+coordinates (:mod:`deepdpm_core.data.coordinates`); the mixture parameters describe the
+clusters. So a fitted model is the clustering net, the input transform, the cluster
+means, covariances and weights, the config and the epoch history. The trainer's float32
+copy of the training data, its subclustering nets and its Adam state stay with the
+trainer and are freed with it.
+
+Assigning rows needs less: :class:`ClusterAssigner` is the clustering net and the input
+transform alone, and :meth:`ClusterAssigner.load` reads just those from a model file (at
+K = 1000, D = 128 its K x D x D covariances are 131 MB of the file's 132 MB).
+
+Model files (``model.pt``, format ``deepdpm-model/1``) are a dict of tensors and plain
+containers, read only through :func:`deepdpm_core.model.files.safe_load`. The fitted
+model writes the keys below; a full trainer state (a checkpoint of a distributed fit, or
+a model file written when models kept the trainer) carries them too and is read the same
+way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from deepdpm_core.config import Config, from_dict
+from deepdpm_core.data import (
+    FeatureCoordinates,
+    check_features,
+    readonly_tensor,
+    stored_coordinates,
+)
+from deepdpm_core.errors import CheckpointError, ConfigError
+from deepdpm_core.model.files import safe_load, save_checkpoint
+from deepdpm_core.nets import ClusterNet
+from deepdpm_core.runtime import net_precision, resolve_precision
+
+if TYPE_CHECKING:
+    from deepdpm_core.training import Trainer
+
+Tensor = torch.Tensor
+FORMAT = "deepdpm-model/1"
+
+
+#: the keys of a model file that assigning rows reads (``shift``: files without coordinates)
+_ASSIGNER_KEYS = ("format", "config", "coordinates", "shift", "input_scale", "cluster_net")
+
+
+@dataclass(eq=False)
+class ClusterAssigner:
+    """What assigning rows to clusters needs of a fitted model: the input transform and the
+    clustering net, not the mixture parameters.
+
+    Attributes
+    ----------
+    config : Config
+        The config of the fit (``model.precision`` sets the net's matmul precision).
+    coords : FeatureCoordinates
+        Raw rows -> the fit's coordinates x̃.
+    cluster_net : ClusterNet
+        f_cl: x̃ (B, D) -> logits (B, K).
+    input_scale : float
+        Factor on x̃ before the net (see :class:`FittedModel`).
+    """
+
+    config: Config
+    coords: FeatureCoordinates
+    cluster_net: ClusterNet
+    input_scale: float = 1.0
+
+    @property
+    def dim(self) -> int:
+        """D, the number of features."""
+        return int(self.cluster_net.hidden.in_features)
+
+    @property
+    def n_clusters(self) -> int:
+        """K."""
+        return int(self.cluster_net.n_clusters)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the net runs."""
+        return self.cluster_net.out.weight.device
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], device: str = "cpu") -> ClusterAssigner:
+        """The assigner held by a model file's dict (or the subset :meth:`state_dict` writes);
+        ``device`` replaces the config's device.
+
+        Raises
+        ------
+        CheckpointError
+            Not a ``deepdpm-model/1`` dict, or keys missing.
+        """
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise CheckpointError(f"not a DeepDPM model checkpoint ({FORMAT})")
+        try:
+            config = from_dict(state["config"]).with_overrides({"device": device})
+            weights = state["cluster_net"]
+            (hidden, dim), k = weights["hidden.weight"].shape, weights["out.weight"].shape[0]
+            net = ClusterNet(int(dim), int(hidden), int(k), torch.Generator())
+            net.load_state_dict(weights)
+            coords = stored_coordinates(state)
+            input_scale = float(state["input_scale"])
+        except KeyError as exc:
+            raise CheckpointError(f"a DeepDPM model checkpoint without the key {exc}") from exc
+        return cls(config, coords, net.to(device).eval().requires_grad_(False), input_scale)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The assigner as tensors and plain containers: a model file's dict less the
+        mixture parameters and the history (:meth:`from_state` reads it back)."""
+        return {
+            "format": FORMAT,
+            "config": self.config.to_dict(),
+            "coordinates": self.coords.state_dict(),
+            "input_scale": self.input_scale,
+            "cluster_net": {k: v.cpu() for k, v in self.cluster_net.state_dict().items()},
+        }
+
+    @classmethod
+    def load(cls, path: str | Path) -> ClusterAssigner:
+        """Read the assigner of a model file (or of a file of its :meth:`state_dict`), on the CPU.
+
+        The file is memory-mapped (:func:`~deepdpm_core.model.files.safe_load` with
+        ``mmap=True``) and only the tensors of :data:`_ASSIGNER_KEYS` are copied out of
+        it, so the mixture parameters are never read from disk and the mapping is let go
+        on return.
+
+        Raises
+        ------
+        CheckpointError
+            Not a PyTorch checkpoint, not safe to read, or not a DeepDPM model.
+        """
+        mapped = safe_load(path, "model checkpoint", mmap=True)
+        if not isinstance(mapped, dict):
+            raise CheckpointError(f"{path} is not a DeepDPM model checkpoint ({FORMAT})")
+        state = {key: _copied(mapped[key]) for key in _ASSIGNER_KEYS if key in mapped}
+        del mapped
+        try:
+            return cls.from_state(state)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{path} is {exc}") from exc
+
+    @torch.no_grad()
+    def log_proba_batches(self, x: Tensor, batch_size: int = 65536) -> Iterator[Tensor]:
+        """ln r = log_softmax(f_cl(x̃)) for raw rows x (N, D), one (B, K) CPU batch at a time."""
+        precision = resolve_precision(self.config.model.precision, self.device)
+        self.cluster_net.eval()  # no train-only layers; a trainer sets its own mode per epoch
+        for s in range(0, x.shape[0], batch_size):
+            xb = self.coords.apply(x[s : s + batch_size].to(self.device)).float()
+            with net_precision(precision, self.device):
+                logits = self.cluster_net(xb * self.input_scale)
+            yield F.log_softmax(logits.float(), dim=1).cpu()
+
+    def predict_log_proba(self, x: Tensor, batch_size: int = 65536) -> Tensor:
+        """ln r for raw rows; shape (N, K)."""
+        out = list(self.log_proba_batches(x, batch_size))
+        return torch.cat(out) if out else torch.zeros(0, self.n_clusters)
+
+    def predict_assignments(self, x: Tensor, batch_size: int = 65536) -> tuple[Tensor, Tensor]:
+        """Hard cluster and its responsibility max_k r_ik of raw rows, batch by batch
+        (never the (N, K) array: 5 GB at 1.28M rows and K = 1000).
+
+        Returns
+        -------
+        labels : Tensor of shape (N,), int64
+        confidence : Tensor of shape (N,), float32
+        """
+        labels, confidence = [], []
+        for lp in self.log_proba_batches(x, batch_size):
+            best, arg = lp.max(1)
+            labels.append(arg)
+            confidence.append(best.exp())
+        if not labels:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0)
+        return torch.cat(labels), torch.cat(confidence)
+
+    def predict_confidence(self, X: Any, batch_size: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`DeepDPM.predict_confidence <deepdpm_core.model.estimator.DeepDPM.predict_confidence>`
+        (its parameters and results): labels (N,) int64 and confidence (N,) float32 of
+        rows X (N, D), checked first.
+
+        Raises
+        ------
+        DataError
+            Not a finite (N, D) array of numbers, N = 0, or D not that of the model.
+        ConfigError
+            ``batch_size`` < 1.
+        """
+        rows = readonly_tensor(check_features(X, n_features=self.dim))
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        labels, confidence = self.predict_assignments(rows, batch_size)
+        return labels.numpy(), confidence.numpy()
+
+
+def _copied(value: Any) -> Any:
+    """``value`` with every tensor in it (in dicts, lists, tuples) copied into memory of
+    its own, out of a memory-mapped file."""
+    if isinstance(value, Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return type(value)((k, _copied(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied(v) for v in value)
+    return value
+
+
+@dataclass(eq=False)
+class FittedModel:
+    """A fitted DeepDPM: clustering net, input transform and mixture parameters.
+
+    Attributes
+    ----------
+    config : Config
+        The config it was fitted with.
+    coords : FeatureCoordinates
+        Raw rows -> the fit's coordinates x̃, in which the net and the mixture live.
+    cluster_net : ClusterNet
+        f_cl: x̃ (B, D) -> logits (B, K).
+    means : Tensor of shape (K, D), float64
+        Cluster means in x̃.
+    covariances : Tensor of shape (K, D, D), float64
+        Cluster covariances in x̃.
+    log_weights : Tensor of shape (K,), float64
+        Log mixture weights.
+    history : list of dict
+        One record per epoch (see :class:`~deepdpm_core.model.estimator.DeepDPM`).
+    n_total : int
+        Rows it was fitted on.
+    input_scale : float
+        Factor on x̃ before the net (1 since the coordinates have unit mean variance;
+        older model files stored another).
+    """
+
+    config: Config
+    coords: FeatureCoordinates
+    cluster_net: ClusterNet
+    means: Tensor
+    covariances: Tensor
+    log_weights: Tensor
+    history: list[dict[str, Any]]
+    n_total: int
+    input_scale: float = 1.0
+
+    @property
+    def dim(self) -> int:
+        """D, the number of features."""
+        return int(self.means.shape[1])
+
+    @property
+    def n_clusters(self) -> int:
+        """K."""
+        return int(self.means.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        """Where the net runs (that of the fit; the CPU for a loaded model)."""
+        return self.means.device
+
+    # ------------------------------------------------------------- building
+    @classmethod
+    def from_trainer(cls, trainer: Trainer) -> FittedModel:
+        """The trainer's model at the end of its last epoch.
+
+        The net and tensors are the trainer's own (no copy, so a view taken between
+        epochs costs nothing); the training data, the subclustering nets and the
+        optimisers are not referenced. A net taken from a finished trainer should not be
+        trained further: :meth:`freeze` it.
+        """
+        state = trainer.state
+        return cls(trainer.config, trainer.coords, trainer.nets.cluster, state.means, state.covariances,
+                   state.log_weights, list(trainer.history), int(trainer.n_total))
+
+    def freeze(self) -> FittedModel:
+        """Drop the net's gradients and stop tracking new ones (its training is over)."""
+        self.cluster_net.zero_grad(set_to_none=True)
+        self.cluster_net.requires_grad_(False)
+        return self
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], device: str = "cpu") -> FittedModel:
+        """The model held by a model file's dict (this class's :meth:`state_dict` or a
+        full trainer state); ``device`` replaces the config's device.
+
+        Raises
+        ------
+        CheckpointError
+            Not a ``deepdpm-model/1`` dict, or keys missing.
+        """
+        assigner = ClusterAssigner.from_state(state, device)
+        try:
+            return cls(assigner.config, assigner.coords, assigner.cluster_net,
+                       state["means"].to(device), state["covariances"].to(device),
+                       state["log_weights"].to(device), list(state["history"]),
+                       int(state["n_total"]), assigner.input_scale).freeze()
+        except KeyError as exc:
+            raise CheckpointError(f"a DeepDPM model checkpoint without the key {exc}") from exc
+
+    def state_dict(self) -> dict[str, Any]:
+        """The model as tensors and plain containers (what :meth:`save` writes)."""
+        return {
+            "format": FORMAT,
+            "config": self.config.to_dict(),
+            "dim": self.dim,
+            "n_total": self.n_total,
+            "coordinates": self.coords.state_dict(),
+            "input_scale": self.input_scale,
+            "history": list(self.history),
+            "means": self.means.cpu(),
+            "covariances": self.covariances.cpu(),
+            "log_weights": self.log_weights.cpu(),
+            "cluster_net": {k: v.cpu() for k, v in self.cluster_net.state_dict().items()},
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write :meth:`state_dict` to ``path`` atomically (a temporary file, then a rename)."""
+        save_checkpoint(self.state_dict(), path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> FittedModel:
+        """Read a model file (``torch.load(weights_only=True)``), on the CPU.
+
+        Raises
+        ------
+        CheckpointError
+            Not a PyTorch checkpoint, not safe to read, or not a DeepDPM model.
+        """
+        state = safe_load(path, "model checkpoint")
+        try:
+            return cls.from_state(state)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{path} is {exc}") from exc
+
+    # ------------------------------------------------------------ inference
+    def assigner(self) -> ClusterAssigner:
+        """The part of the model that assigns rows (the net and the transform, shared)."""
+        return ClusterAssigner(self.config, self.coords, self.cluster_net, self.input_scale)
+
+    def log_proba_batches(self, x: Tensor, batch_size: int = 65536) -> Iterator[Tensor]:
+        """ln r = log_softmax(f_cl(x̃)) for raw rows x (N, D), one (B, K) CPU batch at a time."""
+        return self.assigner().log_proba_batches(x, batch_size)
+
+    def predict_log_proba(self, x: Tensor, batch_size: int = 65536) -> Tensor:
+        """ln r for raw rows; shape (N, K)."""
+        return self.assigner().predict_log_proba(x, batch_size)
+
+    def predict_assignments(self, x: Tensor, batch_size: int = 65536) -> tuple[Tensor, Tensor]:
+        """Hard cluster and its responsibility max_k r_ik of raw rows, batch by batch
+        (:meth:`ClusterAssigner.predict_assignments`).
+
+        Returns
+        -------
+        labels : Tensor of shape (N,), int64
+        confidence : Tensor of shape (N,), float32
+        """
+        return self.assigner().predict_assignments(x, batch_size)
+
+    # ------------------------------------------------------- in the features
+    def feature_means(self) -> Tensor:
+        """Cluster means in the (transformed) features' space; (K, D), float64, CPU."""
+        return self.coords.means_to_features(self.means).cpu()
+
+    def feature_covariances(self) -> Tensor:
+        """Cluster covariances in the (transformed) features' space; (K, D, D), float64, CPU."""
+        return self.coords.covariances_to_features(self.covariances).cpu()
+
+    def weights(self) -> Tensor:
+        """Mixture weights; (K,), CPU."""
+        return self.log_weights.exp().cpu()

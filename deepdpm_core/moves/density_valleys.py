@@ -1,0 +1,234 @@
+"""Density valleys along split axes: a split must cut where the cluster's density dips.
+
+A Gaussian fitted to a curved or heavy-tailed cluster gains likelihood when the cluster is
+cut into two Gaussians, although the cluster has one mode: the Hastings ratio of such a
+split grows with the points, so K grows with N on non-Gaussian clusters. Cutting where the
+density has no valley is what separates those splits from the splits of clusters that hold
+two groups of points. Dip-means (Kalogeratos & Likas, NeurIPS 2012) splits a cluster only
+where a unimodality test on its points fails; Hennig (2010, "Methods for merging Gaussian
+mixture components", ADAC 4) merges mixture components whose pair density has no deep
+valley (the ridgeline ratio; his "dipuni" tests the points projected on the pair's
+discriminant coordinate). Here a split is proposed only if the density of the cluster's
+points projected on Fisher's discriminant of its two subclusters has a valley whose floor
+is at most ``moves.split_valley`` of the lower of the peaks on its two sides; two
+clusters whose points, projected on their own discriminant, show no valley deeper than
+``moves.merge_valley`` are merged whatever their Hastings ratio.
+
+The projection is a histogram per cluster, summed over ranks (K × B counts, the same
+all-reduce as the statistics), and rank 0 reads the valleys from it: the decision still
+sees only reduced statistics.
+
+For two Gaussians the model itself splits, the valley is deep: under the DP prior, two
+equal Gaussians d standard deviations apart are worth splitting only when
+½·ln(1 + d²/4) > ln 2 (the labels' cost), i.e. d > 3.46, where the floor is 0.43 of the
+peaks; a single Gaussian, a banana or a Student-t cluster projects to one mode (ratio 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from deepdpm_core.bayes import cholesky_jittered
+from deepdpm_core.estep import MixtureState
+
+#: histogram bins over [−SPAN, SPAN] standard deviations of the cluster along the axis
+BINS = 128
+SPAN = 4.0
+#: a valley counts only if each side holds this share of the cluster's points (and at
+#: least ``moves.min_subcluster_size`` points): a few stray points in a tail are no mode
+MIN_SIDE_SHARE = 0.01
+
+
+def split_axes(state: MixtureState) -> tuple[Tensor, Tensor, Tensor]:
+    """Each cluster's split axis: Fisher's discriminant of its two subclusters.
+
+    The direction is Σ_w⁻¹ (μ̃_k1 − μ̃_k2), Σ_w the subclusters' covariances pooled with
+    their weights: the line along which the two halves are furthest apart for their
+    spread (two elongated clusters side by side overlap on the line between their means,
+    not on this one).
+
+    Returns
+    -------
+    mid : Tensor of shape (K, D)
+        The midpoint of the subcluster means.
+    unit : Tensor of shape (K, D)
+        The unit discriminant direction.
+    scale : Tensor of shape (K,)
+        The cluster's standard deviation along it, sqrt(uᵀ Σ_k u).
+    """
+    sub = state.sub_means.to(torch.float64)
+    w = torch.softmax(state.sub_log_weights.to(torch.float64), 1)
+    covs = state.covariances.to(torch.float64)
+    # (a millionth of the cluster's covariance keeps subclusters not yet drawn, zeros, solvable)
+    within = torch.einsum("kj,kjab->kab", w, state.sub_covariances.to(torch.float64)) + 1e-6 * covs
+    unit = _discriminant(sub[:, 0] - sub[:, 1], within)
+    var = torch.einsum("ki,kij,kj->k", unit, covs, unit)
+    return sub.mean(1), unit, var.clamp_min(1e-300).sqrt()
+
+
+def pair_axes(state: MixtureState, pairs: list[tuple[int, int]]) -> tuple[Tensor, Tensor, Tensor]:
+    """Each pair's merge axis: Fisher's discriminant of the two clusters.
+
+    Returns
+    -------
+    mid : Tensor of shape (P, D)
+        The midpoint of the two means.
+    unit : Tensor of shape (P, D)
+        The unit direction Σ_w⁻¹ (μ_a − μ_b), Σ_w the two covariances pooled with the
+        clusters' weights.
+    scale : Tensor of shape (P,)
+        The standard deviation along it of the two clusters pooled with their weights
+        (within plus between).
+    """
+    a = torch.tensor([p[0] for p in pairs], dtype=torch.long, device=state.means.device)
+    b = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=state.means.device)
+    means, covs = state.means.to(torch.float64), state.covariances.to(torch.float64)
+    w = torch.softmax(torch.stack([state.log_weights[a], state.log_weights[b]], 1).to(torch.float64), 1)
+    pooled = w[:, 0, None, None] * covs[a] + w[:, 1, None, None] * covs[b]
+    unit = _discriminant(means[a] - means[b], pooled)
+    within = torch.stack([torch.einsum("pi,pij,pj->p", unit, covs[c], unit) for c in (a, b)], 1)
+    gap = ((means[a] - means[b]) * unit).sum(1)
+    var = (w * within).sum(1) + w[:, 0] * w[:, 1] * gap.square()
+    return (means[a] + means[b]) / 2, unit, var.clamp_min(1e-300).sqrt()
+
+
+def _discriminant(diff: Tensor, within: Tensor) -> Tensor:
+    """Unit vectors along within⁻¹ diff, (n, D) from diff (n, D) and within (n, D, D)."""
+    v = torch.cholesky_solve(diff[..., None], cholesky_jittered(within)).squeeze(-1)
+    return v / v.norm(dim=1, keepdim=True).clamp_min(1e-300)
+
+
+def _bin(x: Tensor, mid: Tensor, unit: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """Rows x (n, D) projected on lines (n rows each of mid, unit (n, D), scale (n,)):
+    which rows fall inside [−SPAN, SPAN] and their bins."""
+    t = ((x - mid) * unit).sum(1).double() / scale
+    inside = t.abs() < SPAN
+    return inside, ((t[inside] + SPAN) * (BINS / (2 * SPAN))).long().clamp_(0, BINS - 1)
+
+
+@torch.no_grad()
+def projection_histograms(x: Tensor, labels: Tensor, state: MixtureState, chunk: int = 65536) -> Tensor:
+    """Counts of each cluster's points along its split axis (:func:`split_axes`), in its
+    standard deviations.
+
+    Parameters
+    ----------
+    x : Tensor of shape (N_local, D)
+        The rows in the fit's coordinates.
+    labels : Tensor of shape (N_local,), int64
+        Each row's cluster (−1: none; not counted).
+    state : MixtureState
+        K clusters with their subcluster means and covariances.
+    chunk : int
+        Rows per pass (the gathered axes are (chunk, D)).
+
+    Returns
+    -------
+    Tensor of shape (K, BINS), float64
+        Local counts over [−SPAN, SPAN]; points beyond are not counted. Sum over ranks.
+    """
+    k = state.n_clusters
+    mid, unit, scale = (t.to(x.device) for t in split_axes(state))
+    mid32, unit32 = mid.to(torch.float32), unit.to(torch.float32)
+    counts = torch.zeros(k * BINS, dtype=torch.float64, device=x.device)
+    for s in range(0, x.shape[0], chunk):
+        z = labels[s : s + chunk]
+        keep = z >= 0
+        xb, z = x[s : s + chunk][keep], z[keep]
+        inside, bins = _bin(xb, mid32.index_select(0, z), unit32.index_select(0, z), scale[z])
+        counts += torch.bincount(z[inside] * BINS + bins, minlength=k * BINS).to(counts)
+    return counts.view(k, BINS)
+
+
+@torch.no_grad()
+def pair_histograms(x: Tensor, labels: Tensor, state: MixtureState, pairs: list[tuple[int, int]]) -> Tensor:
+    """Counts of the points of each pair of clusters along the pair's merge axis
+    (:func:`pair_axes`), in the pooled standard deviations.
+
+    Parameters
+    ----------
+    x : Tensor of shape (N_local, D)
+    labels : Tensor of shape (N_local,), int64
+        Each row's cluster (−1: none).
+    state : MixtureState
+    pairs : list of (a, b)
+        Merge candidates.
+
+    Returns
+    -------
+    Tensor of shape (P, BINS), float64
+        Local counts; sum over ranks.
+    """
+    counts = torch.zeros(len(pairs), BINS, dtype=torch.float64, device=x.device)
+    if not pairs:
+        return counts
+    mid, unit, scale = (t.to(x.device) for t in pair_axes(state, pairs))
+    mid32, unit32 = mid.to(torch.float32), unit.to(torch.float32)
+    order = torch.argsort(labels)
+    ends = torch.searchsorted(labels[order], torch.arange(state.n_clusters + 1, device=x.device) - 1, right=True)
+    ends = ends.tolist()  # rows of cluster c: order[ends[c] : ends[c + 1]]
+    for p, (a, b) in enumerate(pairs):
+        rows = torch.cat([order[ends[a] : ends[a + 1]], order[ends[b] : ends[b + 1]]])
+        n = rows.shape[0]
+        inside, bins = _bin(x.index_select(0, rows), mid32[p].expand(n, -1), unit32[p].expand(n, -1),
+                            scale[p].expand(n))
+        counts[p] += torch.bincount(bins, minlength=BINS).to(counts)
+    return counts
+
+
+def smoothed(hist: np.ndarray, bandwidth: float) -> np.ndarray:
+    """Each row of counts (K, B) smoothed by a Gaussian kernel of Silverman's width,
+    ``bandwidth``·n^(−1/5) standard deviations for a row of n points (the axis is in the
+    cluster's standard deviations; ``moves.valley_bandwidth``); shape (K, B)."""
+    out = np.empty_like(hist, dtype=np.float64)
+    bin_width = 2 * SPAN / hist.shape[1]
+    for k, row in enumerate(hist):
+        n = float(row.sum())
+        width = bandwidth * max(n, 1.0) ** -0.2 / bin_width
+        half = max(1, math.ceil(4 * width))
+        taps = np.exp(-0.5 * (np.arange(-half, half + 1) / width) ** 2)
+        out[k] = np.convolve(row, taps / taps.sum(), mode="same")
+    return out
+
+
+def valley_ratios(hist: np.ndarray, min_side: float, bandwidth: float) -> np.ndarray:
+    """The deepest valley of each smoothed projection, as floor / lower side peak.
+
+    For a bin i with mass on both sides, the valley ratio is f(i) / min(max f left of i,
+    max f right of i); the ratio of a row is its smallest over the bins whose two sides
+    each hold at least ``min_side`` points and :data:`MIN_SIDE_SHARE` of the row. A
+    unimodal row has none below 1.
+
+    Parameters
+    ----------
+    hist : ndarray of shape (K, B)
+        Counts along each cluster's split axis (summed over ranks).
+    min_side : float
+        Fewest points on either side of a valley (``moves.min_subcluster_size``).
+    bandwidth : float
+        The smoothing kernel's width factor (:func:`smoothed`).
+
+    Returns
+    -------
+    ndarray of shape (K,)
+        In [0, 1]; 1 where no valley counts.
+    """
+    f = smoothed(hist, bandwidth)
+    counts = np.asarray(hist, dtype=np.float64)
+    n = counts.sum(1, keepdims=True)
+    left_mass = np.cumsum(counts, 1) - counts
+    right_mass = n - np.cumsum(counts, 1)
+    left_peak = np.maximum.accumulate(f, 1)
+    right_peak = np.maximum.accumulate(f[:, ::-1], 1)[:, ::-1]
+    # the peaks strictly beside bin i
+    left_peak = np.concatenate([np.zeros((f.shape[0], 1)), left_peak[:, :-1]], 1)
+    right_peak = np.concatenate([right_peak[:, 1:], np.zeros((f.shape[0], 1))], 1)
+    side = np.maximum(min_side, MIN_SIDE_SHARE * n)
+    counted = (left_mass >= side) & (right_mass >= side)
+    lower = np.minimum(left_peak, right_peak)
+    ratio = np.where(counted & (lower > 0), f / np.where(lower > 0, lower, 1.0), 1.0)
+    return np.clip(ratio.min(1), 0.0, 1.0)

@@ -1,0 +1,247 @@
+"""The initial clusters (k-means with FAISS, or given labels) and data-free subcluster
+initialisation."""
+
+from __future__ import annotations
+
+import math
+
+import faiss
+import numpy as np
+import torch
+
+from deepdpm_core.bayes import symmetric_eigh
+from deepdpm_core.config import InitConfig
+from deepdpm_core.runtime import Communicator
+
+Tensor = torch.Tensor
+
+#: ``init.n_clusters: auto`` starts from this many k-means clusters ...
+AUTO_INITIAL_CLUSTERS = 10
+#: ... or one per this many rows where that is more (the paper's Supmat: K ∝ N, "e.g. N/10000")
+AUTO_ROWS_PER_INITIAL_CLUSTER = 10_000
+#: ... or fewer, so that the initial clusters hold this many rows on average
+AUTO_ROWS_PER_CLUSTER = 10
+
+
+def initial_cluster_count(setting: int | str, n_rows: int) -> int:
+    """The initial K of a fit: ``init.n_clusters`` itself, or (``auto``) max(10, N/10,000)
+    clusters, fewer when the data have under 100 rows.
+
+    Why not K = 1: the prior is fitted to the clusters (empirical Bayes), and one cluster
+    of all the data makes it see the spread between the clusters as their own. In many
+    dimensions the first split then costs more evidence than it explains and K stays at 1
+    (5 blobs in 512-D, 400 points each: ln H = -1.8e5 for the true split under the prior
+    fitted at K = 1). Ten k-means clusters give the fit within-cluster statistics; merges
+    remove the clusters that are not needed (a merge in many dimensions gains the same
+    evidence that holds a split back).
+
+    Why N/10,000 beyond 100,000 rows (the paper's advice, Supmat "The initial value for
+    K"): in many dimensions a cluster that holds many classes has no cut that pays. Ten
+    k-means clusters of 1.28M rows on the sphere of R^128 in 1,000 classes hold ~100 classes
+    each, and a two-way cut gains 0.002-0.05 nats a row (exact ln H +0.2k to +6k nats per
+    cluster) where the coarsened posterior asks ~0.7 (ln H −4k to −6k): K stays 10. Clusters
+    of ~8 classes (N/10,000 of them) gain +12k to +27k nats per cut, and merges remove
+    the clusters that are not needed.
+
+    Parameters
+    ----------
+    setting : int or "auto"
+    n_rows : int
+        N, the rows of the whole fit (all ranks).
+    """
+    if setting != "auto":
+        return int(setting)
+    wanted = max(AUTO_INITIAL_CLUSTERS, n_rows // AUTO_ROWS_PER_INITIAL_CLUSTER)
+    return max(1, min(wanted, n_rows // AUTO_ROWS_PER_CLUSTER))
+
+
+def rows_needed(setting: int | str) -> int:
+    """The fewest rows a fit with ``init.n_clusters = setting`` accepts."""
+    return 2 if setting == "auto" else max(2, int(setting))
+
+
+def kmeans_pp_seeds(x: np.ndarray, n_clusters: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding (Arthur & Vassilvitskii 2007): each next seed is a row drawn with
+    probability proportional to its squared distance to the nearest seed so far.
+
+    FAISS seeds with uniformly drawn rows, which on imbalanced data leaves small clusters
+    without a centre and puts two in large ones (on a 1.28M x 128 mixture of 1000 Gaussians
+    k-means from random seeds covered 656 of them, from k-means++ seeds 865); DeepDPM then
+    has to recover every missed cluster by a split (scikit-learn's KMeans seeds this way
+    by default). One matrix-vector product per seed: O(N·K·D) time, O(N) memory.
+
+    Parameters
+    ----------
+    x : ndarray of shape (N, D), float32
+    rng : numpy Generator
+
+    Returns
+    -------
+    ndarray of shape (n_clusters, D), float32 — rows of ``x``
+    """
+    X = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    sq = X.square().sum(1)
+    chosen = [int(rng.integers(len(X)))]
+    d2 = torch.full_like(sq, math.inf)
+    for _ in range(n_clusters - 1):
+        c = chosen[-1]
+        # ||x - c||² = ||x||² - 2 x·c + ||c||², clamped: cancellation can go below 0
+        dist = torch.addmv(sq, X, X[c], alpha=-2.0).add_(sq[c]).clamp_min_(0.0)
+        torch.minimum(d2, dist, out=d2)
+        cum = torch.cumsum(d2, 0, dtype=torch.float64)
+        if cum[-1] <= 0:  # fewer distinct rows than seeds: the rest at random
+            chosen.append(int(rng.integers(len(X))))
+            continue
+        pick = int(torch.searchsorted(cum, torch.tensor([float(cum[-1]) * rng.random()],
+                                                        dtype=torch.float64), right=True))
+        chosen.append(min(pick, len(X) - 1))
+    return x[chosen].astype(np.float32, copy=False)
+
+
+def kmeans_centers(
+    x: np.ndarray, n_clusters: int, n_iter: int, max_points: int, rng: np.random.Generator,
+    seeding: str = "kmeans++",
+) -> np.ndarray:
+    """k-means centres of at most ``max_points`` rows sampled from ``x``.
+
+    Parameters
+    ----------
+    x : ndarray of shape (N, D), float32
+    rng : numpy Generator
+        Chooses the sample and the seeds and seeds FAISS, so the result is reproducible.
+    seeding : {"kmeans++", "random"}
+        :func:`kmeans_pp_seeds`, or FAISS's uniformly drawn rows.
+
+    Returns
+    -------
+    ndarray of shape (n_clusters, D), float32
+    """
+    n, d = x.shape
+    if n_clusters == 1:
+        return x.mean(0, keepdims=True, dtype=np.float64).astype(np.float32)
+    if n > max_points:
+        x = x[np.sort(rng.choice(n, size=max_points, replace=False))]
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    km = faiss.Kmeans(
+        d, n_clusters, niter=n_iter, seed=int(rng.integers(1, 2**31 - 1)),
+        max_points_per_centroid=max(1, len(x) // n_clusters + 1), verbose=False,
+        # FAISS only warns below 39 points per centroid; small data are a normal input here
+        min_points_per_centroid=1,
+    )
+    km.train(x, init_centroids=kmeans_pp_seeds(x, n_clusters, rng) if seeding == "kmeans++" else None)
+    return np.asarray(km.centroids, dtype=np.float32)
+
+
+def nearest_center(x: Tensor, centers: Tensor, chunk: int = 65536) -> Tensor:
+    """Index of the nearest centre (squared L2) of every row.
+
+    Parameters
+    ----------
+    x : Tensor of shape (N, D)
+    centers : Tensor of shape (K, D)
+
+    Returns
+    -------
+    Tensor of shape (N,), int64
+    """
+    c = centers.to(x)
+    c_sq = c.square().sum(1)
+    out = torch.empty(x.shape[0], dtype=torch.long, device=x.device)
+    for s in range(0, x.shape[0], chunk):
+        xs = x[s : s + chunk]
+        out[s : s + chunk] = (c_sq - 2 * xs @ c.T).argmin(1)
+    return out
+
+
+def principal_split(means: Tensor, covariances: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Subcluster parameters that halve each cluster along its principal axis.
+
+    For N(μ, Σ) cut by the hyperplane through μ orthogonal to the top eigenvector v
+    (eigenvalue λ), each half has mean μ ± sqrt(2λ/π) v and covariance
+    Σ − (2/π) λ v vᵀ (moments of a half-normal). Data-free, so identical on every rank.
+
+    Parameters
+    ----------
+    means : Tensor of shape (K, D)
+    covariances : Tensor of shape (K, D, D)
+
+    Returns
+    -------
+    sub_means : Tensor of shape (K, 2, D)
+    sub_covariances : Tensor of shape (K, 2, D, D)
+    directions : Tensor of shape (K, D) — unit principal axes
+    spreads : Tensor of shape (K,) — sqrt(λ)
+    """
+    evals, evecs = symmetric_eigh(covariances)  # host LAPACK over threads, also for CUDA inputs
+    lam = evals[:, -1].clamp_min(0)
+    v = evecs[:, :, -1]
+    offset = torch.sqrt(2 * lam / math.pi)[:, None] * v
+    sub_means = torch.stack([means + offset, means - offset], 1)
+    shrink = (2 / math.pi) * lam[:, None, None] * v[:, :, None] * v[:, None, :]
+    cov = covariances - shrink
+    return sub_means, torch.stack([cov, cov], 1), v, torch.sqrt(lam).clamp_min(1e-12)
+
+
+def initial_clusters(x: Tensor, config: InitConfig, n_total: int, rank_rows: list[int], comm: Communicator,
+                     rng: np.random.Generator, init_labels: Tensor | None = None) -> tuple[Tensor, int]:
+    """Each local row's initial cluster: k-means (rank 0, on a sample gathered from all
+    ranks) with ``config.n_clusters`` clusters, or the given warm-start labels.
+
+    Parameters
+    ----------
+    x : Tensor of shape (N_local, D)
+        This rank's rows in the fit's coordinates.
+    config : InitConfig
+    n_total : int
+        N over all ranks.
+    rank_rows : list of int
+        Rows held by each rank, in rank order.
+    comm : Communicator
+    rng : numpy.random.Generator
+        Draws the k-means sample and seeds (the same stream on every rank).
+    init_labels : Tensor of shape (N_local,), int64, optional
+        Warm start from these hard clusters (the AE alternation re-clusters from the
+        previous clusters).
+
+    Returns
+    -------
+    labels : Tensor of shape (N_local,), int64
+    n_init : int
+        Initial clusters over all ranks (some may be empty).
+    """
+    device = x.device
+    if init_labels is not None:
+        z = init_labels.to(device=device, dtype=torch.long)
+        local_max = torch.zeros(comm.world_size, dtype=torch.float64, device=device)
+        local_max[comm.rank] = float(z.max()) if len(z) else 0.0
+        return z, int(comm.all_reduce(local_max).max()) + 1
+    n_clusters = initial_cluster_count(config.n_clusters, n_total)
+    if n_clusters == 1:  # one centre: every point is assigned to it anyway
+        centers = torch.zeros(1, x.shape[1], device=device)
+    else:
+        sample = kmeans_sample(x, n_total, config.max_points, rank_rows, comm, rng)
+        centers = None
+        if comm.rank == 0:
+            centers = kmeans_centers(sample.cpu().numpy(), n_clusters, config.kmeans_iters,
+                                     config.max_points, rng, config.seeding)
+        centers = torch.as_tensor(comm.broadcast_object(centers, src=0), device=device)
+    return nearest_center(x, centers), int(centers.shape[0])
+
+
+def kmeans_sample(x: Tensor, n_total: int, max_points: int, rank_rows: list[int], comm: Communicator,
+                  rng: np.random.Generator) -> Tensor:
+    """The rows k-means sees, shape (min(N, max_points), D): the same for any W.
+
+    Global row indices are drawn with the seeded generator (identically on every rank,
+    as the single-process sampling in :func:`kmeans_centers` would); each rank fills in
+    the rows it holds and one all-reduce assembles the sample (exact: each row has one
+    non-zero contributor). Rows are taken to be split over ranks in rank order, which is
+    how ``pipeline`` slices inputs; any other split still gives a valid random sample.
+    """
+    idx = np.arange(n_total) if n_total <= max_points else np.sort(rng.choice(n_total, size=max_points,
+                                                                               replace=False))
+    offset = sum(rank_rows[: comm.rank])
+    lo, hi = np.searchsorted(idx, [offset, offset + x.shape[0]])
+    sample = torch.zeros(len(idx), x.shape[1], device=x.device)
+    sample[lo:hi] = x[torch.as_tensor(idx[lo:hi] - offset, device=x.device)]
+    return comm.all_reduce(sample)

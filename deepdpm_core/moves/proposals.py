@@ -1,0 +1,353 @@
+"""Split and merge proposals from reduced statistics, decided into a :class:`MovePlan`.
+
+Decisions see only sufficient statistics and the cluster means, and draw their Hastings
+coins from an explicit ``numpy.random.Generator``. In a distributed fit rank 0 decides
+and broadcasts the plan; every rank then applies the same plan (docs/design.md, section
+Distribution).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import faiss
+import numpy as np
+import torch
+
+from deepdpm_core.bayes import NIWPrior, SuffStats, log_merge_hastings, log_split_hastings
+from deepdpm_core.config import MovesConfig
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class MovePlan:
+    """What changes K this round.
+
+    Attributes
+    ----------
+    splits : list of int
+        Clusters split into their two subclusters.
+    merges : list of (int, int)
+        Pairs merged; the first index survives, the second is removed.
+    prunes : list of int
+        Empty clusters removed.
+    """
+
+    splits: list[int] = field(default_factory=list)
+    merges: list[tuple[int, int]] = field(default_factory=list)
+    prunes: list[int] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.splits or self.merges or self.prunes)
+
+    @property
+    def removed(self) -> list[int]:
+        return [b for _, b in self.merges] + list(self.prunes)
+
+
+#: (rows, D, D) float64 elements per batch of Hastings ratios (64 MiB): the NIW posteriors
+#: and Cholesky factors of ~3000 merge pairs at D = 128 would otherwise take GBs at once
+_CHUNK_ELEMS = 1 << 23
+
+
+def hastings_chunks(n_rows: int, dim: int) -> list[tuple[int, int]]:
+    """[start, end) ranges of at most _CHUNK_ELEMS / D² rows covering n_rows rows."""
+    step = max(1, _CHUNK_ELEMS // (dim * dim))
+    return [(s, min(s + step, n_rows)) for s in range(0, n_rows, step)]
+
+
+def _accept(log_h: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Metropolis–Hastings coins: accept with probability min(1, H)."""
+    u = rng.random(log_h.shape[0])
+    with np.errstate(divide="ignore"):
+        return np.log(u) < log_h
+
+
+def coarsened(stats: SuffStats, union_n: Tensor, coarsening: float | None) -> SuffStats:
+    """The statistics a move's Hastings ratio sees under the coarsened posterior.
+
+    Miller & Dunson (JASA 2019, "Robust Bayesian inference via coarsening") raise the
+    likelihood to ζ = c / (c + n): the posterior of a model that need only match the data
+    to within a discrepancy of about 1/c nats per point. Here ζ is taken per move, with n
+    the points of the cluster the move splits or creates (``union_n``), and the whole
+    complete-data likelihood (cluster labels and points) is tempered, which for the NIW
+    model is the same formula on statistics scaled by ζ. A split of n ≫ c points then
+    needs a gain of more than its penalty at c points, ~1/c nats per point, whatever n: a
+    Gaussian cluster that is not quite Gaussian is not split further as N grows, while
+    clusters that are apart gain several nats per point. Both sides of a ratio see the
+    same ζ, so the units still cancel; n ≪ c is the exact DP posterior.
+
+    Parameters
+    ----------
+    stats : SuffStats with R rows
+    union_n : Tensor of shape (R,)
+        n of the union each row belongs to.
+    coarsening : float or None
+        c (``prior.coarsening``); None is ζ = 1.
+    """
+    if coarsening is None:
+        return stats
+    return stats.scaled(coarsening / (coarsening + union_n))
+
+
+def coarsening_constant(coarsening: float | None, per_parameter: float | None, dim: int,
+                        diagonal: bool) -> float | None:
+    """c of :func:`coarsened` for clusters in ``dim`` features: max(c, c_p·P).
+
+    P is a cluster's free parameters (mean and covariance: D + D(D + 1)/2, or 2D when
+    diagonal). A split of n ≫ c points must gain about P·ln(c)/(2c) nats per point
+    (the NIW penalty at c points, spread over them), so a fixed c would ask more of every
+    split as D grows: 0.4 nats per point in 10-D at c = 500, 3 in 30-D, 13 in 64-D, and
+    tables in tens of features would lose clusters that are plainly apart. c_p·P keeps
+    that demand about the same in every dimension; c keeps the low-dimensional end
+    (2-D blobs lose clusters when c falls below ~150).
+
+    Parameters
+    ----------
+    coarsening : float or None
+        c (``prior.coarsening``); None is the exact posterior.
+    per_parameter : float or None
+        c_p (``prior.coarsening_per_parameter``); None is c alone.
+    dim : int
+        D, the fit's features.
+    diagonal : bool
+        Whether the clusters' covariances are diagonal.
+    """
+    if coarsening is None:
+        return None
+    params = 2 * dim if diagonal else dim + dim * (dim + 1) // 2
+    return max(coarsening, per_parameter * params) if per_parameter is not None else coarsening
+
+
+def exact_across_deep_valleys(union_n: Tensor, valleys: np.ndarray, judged: np.ndarray,
+                              exact_valley: float | None) -> Tensor:
+    """``union_n`` with 0 (ζ = 1 in :func:`coarsened`: the exact posterior) for the moves
+    that cut across a valley whose floor is at most ``exact_valley`` of the lower peak
+    (``moves.exact_valley``), where the valley was judged.
+
+    Coarsening stands for a model that is only roughly right about each cluster's shape,
+    so that a cluster which is one mode is not cut further as N grows. A cut through a
+    valley that deep separates two modes whatever their shapes, and the exact posterior
+    judges it: with n ≫ c points it could otherwise gain only what c points gain, and a
+    cluster holding ten blobs of 1,000 points, whose two-way cuts gain little per point
+    (each half as far from Gaussian as the whole), would never be opened.
+
+    Parameters
+    ----------
+    union_n : Tensor of shape (R,)
+        n of the union each row belongs to (:func:`coarsened`).
+    valleys, judged : ndarray of shape (R,)
+        Each row's move's valley ratio, and whether it was judged (both sides held
+        ``moves.valley_min_points``).
+    exact_valley : float or None
+        None: every move coarsened.
+    """
+    if exact_valley is None:
+        return union_n
+    deep = torch.as_tensor(judged & (np.asarray(valleys) <= exact_valley), device=union_n.device)
+    return torch.where(deep, torch.zeros_like(union_n), union_n)
+
+
+def propose_splits(
+    prior: NIWPrior,
+    alpha: float,
+    sub_stats: SuffStats,
+    rng: np.random.Generator,
+    min_subcluster_size: float,
+    coarsening: float | None = None,
+    valleys: np.ndarray | None = None,
+    max_valley: float | None = None,
+    valley_min_points: float = 0.0,
+    exact_valley: float | None = None,
+) -> tuple[list[int], np.ndarray]:
+    """Propose every cluster's split in parallel (paper §3.2).
+
+    Parameters
+    ----------
+    sub_stats : SuffStats with 2K rows
+        Hard subcluster statistics (row 2k + j is subcluster j of cluster k).
+    min_subcluster_size : float
+        Splits whose smaller subcluster has fewer points are not proposed.
+    coarsening : float, optional
+        c of :func:`coarsened`.
+    valleys : ndarray of shape (K,), optional
+        The deepest density valley along each cluster's split axis, floor / lower peak
+        (:func:`~deepdpm_core.moves.density_valleys.valley_ratios`).
+    max_valley : float, optional
+        Splits whose valley ratio is above it (no valley that deep: one mode) are not
+        proposed (``moves.split_valley``), where both subclusters hold at least
+        ``valley_min_points``; None proposes them all.
+    valley_min_points : float
+        Fewest points a side for the valley rule to judge (``moves.valley_min_points``).
+    exact_valley : float, optional
+        Splits across a valley at most this deep are judged uncoarsened
+        (:func:`exact_across_deep_valleys`).
+
+    Returns
+    -------
+    accepted : list of int
+    log_h : ndarray of shape (K,)
+        ln H_s per cluster (−inf where not proposed).
+    """
+    union_n = sub_stats.n.view(-1, 2).sum(1).repeat_interleave(2)
+    smaller = sub_stats.n.view(-1, 2).min(1).values.cpu().numpy()  # each split's smaller side
+    judged = smaller >= valley_min_points
+    if valleys is not None:
+        union_n = exact_across_deep_valleys(union_n, np.repeat(valleys, 2), np.repeat(judged, 2), exact_valley)
+
+    def chunk(s: int, e: int) -> np.ndarray:  # rows [2s, 2e): scaled a chunk at a time (memory)
+        rows = torch.arange(2 * s, 2 * e, device=sub_stats.n.device)
+        return log_split_hastings(prior, alpha, coarsened(sub_stats.rows(rows), union_n[rows],
+                                                          coarsening)).cpu().numpy()
+
+    log_h = np.concatenate([chunk(s, e) for s, e in hastings_chunks(sub_stats.n_rows // 2, sub_stats.dim)])
+    log_h[smaller < max(min_subcluster_size, 1.0)] = -np.inf
+    if valleys is not None and max_valley is not None:
+        log_h[judged & (np.asarray(valleys) > max_valley)] = -np.inf
+    coins = _accept(log_h, rng)
+    return [int(k) for k in np.flatnonzero(coins)], log_h
+
+
+def merge_candidates(means: torch.Tensor, n_neighbours: int) -> list[tuple[int, int]]:
+    """Each cluster paired with its ``n_neighbours`` nearest means (FAISS, exact L2).
+
+    Returns
+    -------
+    list of (a, b) with a < b, unique, nearest pairs first.
+    """
+    k = means.shape[0]
+    if k < 2:
+        return []
+    x = np.ascontiguousarray(means.detach().cpu().numpy(), dtype=np.float32)
+    index = faiss.IndexFlatL2(x.shape[1])
+    index.add(x)
+    dist, nbr = index.search(x, min(n_neighbours + 1, k))
+    best: dict[tuple[int, int], float] = {}
+    for a in range(k):
+        for d, b in zip(dist[a], nbr[a], strict=True):
+            if b < 0 or b == a:
+                continue
+            pair = (min(a, int(b)), max(a, int(b)))
+            best[pair] = min(best.get(pair, np.inf), float(d))
+    return sorted(best, key=lambda p: (best[p], p))
+
+
+def propose_merges(
+    prior: NIWPrior,
+    alpha: float,
+    cluster_stats: SuffStats,
+    means: torch.Tensor,
+    rng: np.random.Generator,
+    n_neighbours: int,
+    coarsening: float | None = None,
+    valleys: dict[tuple[int, int], float] | None = None,
+    max_valley: float | None = None,
+    valley_min_points: float = 0.0,
+    exact_valley: float | None = None,
+) -> list[tuple[int, int]]:
+    """Sequential merge proposals over nearest-neighbour pairs (Supmat "Merge Proposals").
+
+    Pairs are considered nearest first; a cluster takes part in at most one accepted
+    merge per round, so three clusters are never merged at once.
+
+    Parameters
+    ----------
+    cluster_stats : SuffStats with K rows
+        Hard cluster statistics.
+    means : Tensor of shape (K, D)
+    coarsening : float, optional
+        c of :func:`coarsened`.
+    valleys : dict of (a, b) -> float, optional
+        The deepest density valley of each candidate pair's points along the line between
+        their means (:func:`~deepdpm_core.moves.density_valleys.valley_ratios`).
+    max_valley : float, optional
+        A pair with no valley this deep (one mode: a cluster that a split cut where its
+        density does not dip) is merged whatever its Hastings ratio (``moves.merge_valley``,
+        above ``moves.split_valley`` so that sampling noise in a valley's depth cannot
+        undo a split at the next round), where both clusters hold at least
+        ``valley_min_points``.
+    valley_min_points : float
+        Fewest points a side for the valley rule to judge (``moves.valley_min_points``).
+    exact_valley : float, optional
+        Pairs with a valley at most this deep between them are judged uncoarsened
+        (:func:`exact_across_deep_valleys`), as their split would be.
+
+    Returns
+    -------
+    list of (a, b): accepted merges, a survives.
+    """
+    pairs = [(a, b) for a, b in merge_candidates(means, n_neighbours)
+             if cluster_stats.n[a] > 0 and cluster_stats.n[b] > 0]
+    if not pairs:
+        return []
+    a_idx = [a for a, _ in pairs]
+    b_idx = [b for _, b in pairs]
+    union_n = cluster_stats.n[a_idx] + cluster_stats.n[b_idx]
+    n = cluster_stats.n.cpu().numpy()
+    judged = np.array([min(n[a], n[b]) >= valley_min_points for a, b in pairs], dtype=bool)
+    if valleys is not None:
+        union_n = exact_across_deep_valleys(union_n, np.array([valleys.get(p, 1.0) for p in pairs]), judged,
+                                            exact_valley)
+
+    def chunk(s: int, e: int) -> np.ndarray:  # pairs [s, e), scaled a chunk at a time (memory)
+        return log_merge_hastings(prior, alpha, coarsened(cluster_stats.rows(a_idx[s:e]), union_n[s:e], coarsening),
+                                  coarsened(cluster_stats.rows(b_idx[s:e]), union_n[s:e], coarsening)).cpu().numpy()
+
+    log_h = np.concatenate([chunk(s, e) for s, e in hastings_chunks(len(pairs), cluster_stats.dim)])
+    coins = _accept(log_h, rng)
+    if valleys is not None and max_valley is not None:
+        coins = coins | (judged & np.array([valleys.get(p, 0.0) > max_valley for p in pairs], dtype=bool))
+    used: set[int] = set()
+    accepted = []
+    for (a, b), ok in zip(pairs, coins, strict=True):
+        if ok and a not in used and b not in used:
+            accepted.append((a, b))
+            used.update((a, b))
+    return accepted
+
+
+def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWPrior,
+               config: MovesConfig, alpha: float, rng: np.random.Generator,
+               coarsening: float | None = None,
+               valleys: np.ndarray | dict[tuple[int, int], float] | None = None) -> MovePlan:
+    """One move round's plan: prunes of empty clusters, then the accepted splits or merges.
+
+    Parameters
+    ----------
+    kind : {"split", "merge"}
+    sub_stats : SuffStats with 2K rows
+        Hard subcluster statistics (rows 2k, 2k + 1: cluster k's pair).
+    means : Tensor of shape (K, D)
+    prior : NIWPrior
+    config : MovesConfig
+    alpha : float
+        DP concentration.
+    rng : numpy.random.Generator
+        The Hastings coins.
+    coarsening : float, optional
+        c of :func:`coarsened` (``prior.coarsening``).
+    valleys : ndarray of shape (K,) or dict of (a, b) -> float, optional
+        In a split round each cluster's valley ratio along its split axis, judged against
+        ``config.split_valley`` (:func:`propose_splits`); in a merge round each candidate
+        pair's, against ``config.merge_valley`` (:func:`propose_merges`).
+    """
+    hard = sub_stats.pair_sums()
+    k = hard.n.shape[0]
+    prunes = [int(i) for i in torch.nonzero(hard.n <= 0).squeeze(1).tolist()] \
+        if config.prune_empty and k > 1 else []
+    if len(prunes) == k:
+        prunes = prunes[1:]
+    splits, merges = [], []
+    if kind == "split":
+        accepted, _ = propose_splits(prior, alpha, sub_stats, rng, config.min_subcluster_size,
+                                     coarsening, valleys, config.split_valley, config.valley_min_points,
+                                     config.exact_valley)
+        splits = [c for c in accepted if c not in prunes]
+    else:
+        merges = [(a, b) for a, b in propose_merges(prior, alpha, hard, means, rng, config.merge_neighbours,
+                                                      coarsening, valleys, config.merge_valley,
+                                                      config.valley_min_points, config.exact_valley)
+                  if a not in prunes and b not in prunes]
+    return MovePlan(splits=splits, merges=merges, prunes=prunes)

@@ -1,0 +1,21 @@
+"""The clustering net, the batched subclustering nets and their loss (paper Eqs. 5-6)."""
+
+from deepdpm_core.nets.losses import slot_kl
+from deepdpm_core.nets.networks import (
+    ClusterNet,
+    SubclusterNets,
+    axis_aligned_subnet,
+    cluster_row_map,
+    new_row_of,
+    reindex_rows,
+)
+
+__all__ = [
+    "axis_aligned_subnet",
+    "cluster_row_map",
+    "ClusterNet",
+    "new_row_of",
+    "reindex_rows",
+    "slot_kl",
+    "SubclusterNets",
+]

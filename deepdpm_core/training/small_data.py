@@ -1,0 +1,120 @@
+"""Small data: one epoch of exact EM, and the clustering net fitted to its result.
+
+On a few thousand rows the nets' minibatch steps are nearly all of a fit's time (a
+150-row fit: 2,600 steps for 40 epochs), while the E-step they learn to imitate costs
+milliseconds. So up to ``small_data.max_rows`` rows the search runs on the exact
+quantities the nets approximate (docs/design.md, "Small data"):
+
+* the soft cluster statistics take the E-step responsibilities r^E (paper Eq. 5), the
+  target the clustering net's KL loss (Eq. 6) drives its output r towards;
+* each point's subcluster is the nearer of its cluster's two subcluster means: a 2-means
+  step, the minimiser of the subclustering nets' loss (Eq. 7) for the current means;
+
+and the M-step, the prior, the split/merge moves and the stop rule are unchanged. Once K
+has settled, :func:`distil` fits the clustering net to the final responsibilities, so
+``predict`` works as after any fit.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from deepdpm_core.bayes import SuffStats, grouped_stats
+from deepdpm_core.estep import R_FLOOR, MixtureState
+from deepdpm_core.nets import slot_kl
+from deepdpm_core.runtime import Communicator
+
+Tensor = torch.Tensor
+#: rounds of :func:`distil` between agreement checks, and checks without a gain before it stops
+CHECK_EVERY, PATIENCE = 25, 4
+
+
+def exact_statistics(x: Tensor, state: MixtureState, candidates: Tensor, resp: Tensor,
+                     z: Tensor) -> tuple[SuffStats, SuffStats, Tensor]:
+    """This rank's soft cluster and hard subcluster statistics of one EM epoch.
+
+    Parameters
+    ----------
+    x : Tensor of shape (N_local, D)
+    state : MixtureState
+        K clusters and their subclusters, frozen at the last M-step.
+    candidates, resp : Tensor of shape (N_local, m)
+        Each row's E-step support and r^E on it
+        (:func:`~deepdpm_core.estep.estep_targets`).
+    z : Tensor of shape (N_local,), int64
+        Each row's most responsible cluster.
+
+    Returns
+    -------
+    soft : SuffStats
+        K rows, weights r^E.
+    sub : SuffStats
+        2K rows (cluster k's subclusters at 2k, 2k + 1), hard counts.
+    sum_sub : Tensor
+        Σ_i ‖x_i − μ̃_{z_i j_i}‖², the subcluster loss (Eq. 7) of the hard assignment.
+    """
+    k = state.n_clusters
+    point, slot = (resp >= R_FLOOR).nonzero(as_tuple=True)
+    soft = grouped_stats(x, point, candidates[point, slot], resp[point, slot], k)
+    # the nearer of the cluster's two subcluster means: the minimiser of Eq. 7 for fixed means
+    sub_means = state.sub_means.to(x.dtype)
+    dist2 = (x[:, None, :] - sub_means.index_select(0, z)).square().sum(-1)  # (N_local, 2)
+    nearest, j = dist2.min(1)
+    sub_rows = 2 * z + j
+    rows = torch.arange(x.shape[0], device=x.device)
+    sub = grouped_stats(x, rows, sub_rows, torch.ones_like(z, dtype=torch.float32), 2 * k)
+    return soft, sub, nearest.sum().double()
+
+
+def distil(model: nn.Module, x: Tensor, candidates: Tensor, resp: Tensor, n_total: int,
+           comm: Communicator, lr: float, agreement: float, max_steps: int) -> tuple[int, float]:
+    """Fit the clustering net to the final E-step targets: full-batch Adam on KL(r^E ‖ r).
+
+    Stops when the net's argmax agrees with r^E's on ``agreement`` of the rows (over all
+    ranks), when :data:`PATIENCE` checks in a row (every :data:`CHECK_EVERY` steps) bring
+    no gain (rows near a boundary between overlapping clusters, which a 1-hidden-layer
+    net may never place exactly), or after ``max_steps``. Every rank takes the same steps.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The clustering net (maybe DDP-wrapped): (N_local, D) -> logits (N_local, K).
+    x : Tensor of shape (N_local, D)
+    candidates, resp : Tensor of shape (N_local, m)
+        The final E-step support and targets.
+    n_total : int
+        Rows over all ranks (the loss is the mean KL over them).
+    comm : Communicator
+    lr, agreement, max_steps
+        ``small_data.distil_lr``, ``distil_agreement``, ``distil_max_steps``.
+
+    Returns
+    -------
+    steps : int
+    agreement : float
+        The fraction of rows whose net argmax is their most responsible cluster.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=lr)
+    target_z = candidates.gather(1, resp.argmax(1, keepdim=True)).squeeze(1)
+    per_rank = max(n_total, 1) / comm.world_size  # DDP averages the ranks' gradients
+    model.train(True)
+    best, stale, agree, step = -1.0, 0, 0.0, 0
+    while step < max_steps:
+        logits = model(x)
+        kl, z, _ = slot_kl(logits, candidates, resp)
+        opt.zero_grad(set_to_none=True)
+        (kl / per_rank).backward()
+        opt.step()
+        step += 1
+        if step % CHECK_EVERY and step < max_steps:
+            continue
+        hits = (z == target_z).sum().to(torch.float64).reshape(1)
+        agree = float(comm.all_reduce(hits)[0]) / max(n_total, 1)
+        stale = 0 if agree > best + 1e-4 else stale + 1
+        best = max(best, agree)
+        if agree >= agreement or stale >= PATIENCE:
+            break
+    model.train(False)
+    return step, agree
