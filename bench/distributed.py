@@ -37,8 +37,8 @@ from deepdpm_core.training import (
     Trainer,  # noqa: E402
     auto_batch_size,  # noqa: E402
 )
-from pipeline.distributed import TorchDistCommunicator, ddp_wrapper  # noqa: E402
-from pipeline.feature_rows import rank_rows  # noqa: E402
+from pipeline.fit.distributed import TorchDistCommunicator, ddp_wrapper  # noqa: E402
+from pipeline.io.feature_rows import rank_rows  # noqa: E402
 
 
 class _Counting:

@@ -103,7 +103,7 @@ from deepdpm_core.data import (
 )
 from deepdpm_core.errors import ConfigError  # noqa: E402
 from deepdpm_core.features import embed  # noqa: E402
-from pipeline.atomic_files import write_json_atomic  # noqa: E402
+from pipeline.io.atomic_files import write_json_atomic  # noqa: E402
 
 Dataset = tuple[np.ndarray, np.ndarray, str]
 """(X [N, D] float32 or float64, true labels [N], one-line description)."""

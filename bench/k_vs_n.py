@@ -64,7 +64,7 @@ from deepdpm_core.config import (
 from deepdpm_core.data import clustering_scores  # noqa: E402
 from deepdpm_core.errors import ConfigError  # noqa: E402
 from deepdpm_core.features import embed  # noqa: E402
-from pipeline.atomic_files import write_json_atomic  # noqa: E402
+from pipeline.io.atomic_files import write_json_atomic  # noqa: E402
 
 N_CLUSTERS = 10
 DEFAULT_N = (2000, 20000, 70000, 200000)

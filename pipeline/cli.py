@@ -6,7 +6,7 @@ a subcommand's heavy imports (Ray, MLflow) cost nothing to the others. Every err
 user can cause (:class:`deepdpm_core.errors.DeepDPMError`, missing files) is printed
 as one line and exits with code 2, without a traceback; each command checks its arguments
 and input paths before its heavy imports, so such an error comes at once. A command that
-writes an output holds that output's lock while it runs (:mod:`pipeline.locks`). Idle
+writes an output holds that output's lock while it runs (:mod:`pipeline.io.locks`). Idle
 OpenMP and numba threads of the command (and of the Ray workers it starts) sleep instead
 of spinning (:mod:`deepdpm_core.idle_threads`), unless the environment says otherwise.
 """
@@ -25,7 +25,7 @@ from deepdpm_core.idle_threads import NUMBA_PASSIVE, OPENMP_PASSIVE, set_default
 set_defaults({**OPENMP_PASSIVE, **NUMBA_PASSIVE})
 
 from deepdpm_core.errors import DeepDPMError  # noqa: E402
-from pipeline.locks import command_lock  # noqa: E402
+from pipeline.io.locks import command_lock  # noqa: E402
 
 #: subcommand name -> module implementing it (order = order in ``--help``)
 COMMANDS: dict[str, str] = {

@@ -5,7 +5,7 @@ Usage: ``python tests/fault_harness.py RESULTS [--no-exchange] -- FIT_ARGS...``
 The fit runs as usual until it reaches :func:`pipeline.fit.outputs.write_fit_outputs`.
 There a writer process takes over the writing of the outputs; at each of its
 file-system steps (``os.replace``, ``os.rename``, ``os.link``, ``shutil.rmtree`` and the
-folder exchange of :mod:`pipeline.run_folder`) it forks and sends itself ``SIGKILL``
+folder exchange of :mod:`pipeline.io.run_folder`) it forks and sends itself ``SIGKILL``
 just before the step. The harness records what the killed writer left (it copies the
 folder that holds the output to ``RESULTS/k`` for the k-th step) and then lets the
 writer's copy, which was waiting, do the step and go on to the next one. So the writer
@@ -25,12 +25,12 @@ import sys
 from pathlib import Path
 
 import pipeline.fit.outputs
-import pipeline.run_folder
+import pipeline.io.run_folder
 from pipeline.cli import main
 
 #: (module, function) pairs whose every call is one step at which the writer is killed
 STEPS = ((os, "replace"), (os, "rename"), (os, "link"), (shutil, "rmtree"),
-         (pipeline.run_folder, "_exchange"))
+         (pipeline.io.run_folder, "_exchange"))
 #: prctl option: orphaned descendants are re-parented to this process (linux/prctl.h)
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -93,6 +93,6 @@ if __name__ == "__main__":
     results, options, fit_args = Path(sys.argv[1]), sys.argv[2:split], sys.argv[split + 1:]
     results.mkdir(parents=True)
     if "--no-exchange" in options:
-        pipeline.run_folder._exchange = lambda a, b: False
+        pipeline.io.run_folder._exchange = lambda a, b: False
     pipeline.fit.outputs.write_fit_outputs = _series(results, pipeline.fit.outputs.write_fit_outputs)
     sys.exit(main(["fit", *fit_args]))

@@ -210,7 +210,7 @@ def test_fit_alternate_command_writes_outputs_and_nested_mlflow_runs(
 
     from pipeline.cli import main
     from pipeline.fit.checkpoints import load_autoencoder
-    from pipeline.io import read_features
+    from pipeline.io.tables import read_features
 
     X, y = digits
     raw = tmp_path / "digits.npz"

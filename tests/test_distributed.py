@@ -20,8 +20,8 @@ import torch.multiprocessing as mp
 
 from deepdpm_core.config import Config, from_dict
 from deepdpm_core.training import Trainer
-from pipeline.distributed import TorchDistCommunicator, ddp_wrapper, load_rank_rows
-from pipeline.feature_rows import rank_rows
+from pipeline.fit.distributed import TorchDistCommunicator, ddp_wrapper, load_rank_rows
+from pipeline.io.feature_rows import rank_rows
 from tests.test_births import grid_blobs
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -219,7 +219,7 @@ def test_diverged_ranks_fail_loudly(tmp_path):
 
 @pytest.mark.parametrize("suffix", [".npy", ".npz", ".parquet"])
 def test_rank_slices_cover_the_input_in_order(tmp_path, suffix):
-    from pipeline.io import features_table
+    from pipeline.io.tables import features_table
 
     x = _mixture(103)
     path = tmp_path / f"x{suffix}"

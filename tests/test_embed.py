@@ -20,7 +20,7 @@ from deepdpm_core.errors import ConfigError, DataError
 from deepdpm_core.features import as_feature_matrix, embed, pca_embed
 from pipeline.cli import main
 from pipeline.fit.checkpoints import load_autoencoder
-from pipeline.io import features_table, read_features, write_parquet_atomic
+from pipeline.io.tables import features_table, read_features, write_parquet_atomic
 
 # A narrower net and few epochs keep the CPU tests fast; the code path is the paper's.
 FAST = ["--set", "ae.hidden=[64,64,128]", "--set", "ae.pretrain_epochs=8"]

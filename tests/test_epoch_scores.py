@@ -10,7 +10,7 @@ import pytest
 from deepdpm_core import DeepDPM
 from deepdpm_core.config import Config
 from deepdpm_core.data import clustering_scores
-from pipeline.epoch_scores import EpochLabelScores
+from pipeline.fit.epoch_scores import EpochLabelScores
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -21,7 +21,7 @@ from pipeline.extract.manifest import read_shard_entry
 from pipeline.extract.preprocess import preprocess_image
 from pipeline.extract.ray_pipeline import extract_features
 from pipeline.extract.shards import digits_image_folder, write_shards
-from pipeline.io import read_features
+from pipeline.io.tables import read_features
 from tests.image_data import (
     encode_png,
     generated_image_folder,

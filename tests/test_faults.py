@@ -26,8 +26,8 @@ import torch
 from deepdpm_core.config.loading import MAX_YAML_DEPTH, MAX_YAML_NODES, load_config, parse_overrides
 from deepdpm_core.errors import CheckpointError, ConfigError
 from pipeline.cli import main
-from pipeline.io import features_table
-from pipeline.run_folder import remove_leftovers
+from pipeline.io.run_folder import remove_leftovers
+from pipeline.io.tables import features_table
 from tests.conftest_ray import local_ray
 
 # Ray reads its auth mode when it is first imported (the tests below import it late): token
@@ -190,8 +190,8 @@ def test_extract_killed_mid_shard_leaves_no_cluster_and_its_rerun_loses_and_repe
     started is gone within seconds of the kill; the rerun embeds each image exactly once
     and leaves no temporary file."""
     from pipeline.extract.shards import digits_image_folder, write_shards
-    from pipeline.io import read_features
-    from pipeline.ray_guard import descendants, start_time
+    from pipeline.io.tables import read_features
+    from pipeline.ray.guard import descendants, start_time
 
     shards = tmp_path / "shards"
     write_shards(digits_image_folder(tmp_path / "images"), shards, shard_size=300, progress=False)

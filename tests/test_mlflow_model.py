@@ -34,7 +34,7 @@ from mlflow.exceptions import MlflowException
 
 from deepdpm_core import DeepDPM
 from pipeline.cli import main
-from pipeline.mlflow_model import pip_requirements
+from pipeline.tracking.mlflow_model import pip_requirements
 from pipeline.tracking.run_tracker import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
@@ -230,7 +230,7 @@ def _post(url: str, body: str) -> dict:
 
 
 def test_run_records_its_input_name_source_and_experiment_kind(example, mlflow_server):  # noqa: F811
-    from pipeline.run_dataset import input_digest
+    from pipeline.tracking.run_dataset import input_digest
 
     work, _, X, run, _, _ = example
     assert run.info.run_name == "mix"  # the --output folder: the documented fit has no --run-name
@@ -255,7 +255,7 @@ def test_run_records_its_input_name_source_and_experiment_kind(example, mlflow_s
 
 
 def test_the_digest_changes_with_the_data(tmp_path):
-    from pipeline.run_dataset import input_digest
+    from pipeline.tracking.run_dataset import input_digest
 
     X = np.random.default_rng(1).normal(size=(3000, 3)).astype(np.float32)
     np.save(tmp_path / "a.npy", X)
@@ -287,7 +287,7 @@ def test_the_model_of_an_alternating_fit_takes_raw_rows(mlflow_server, tmp_path,
     from deepdpm_core.config import Config
     from deepdpm_core.features import build_autoencoder, encode
     from pipeline.fit.checkpoints import save_autoencoder
-    from pipeline.mlflow_model import log_fit_model
+    from pipeline.tracking.mlflow_model import log_fit_model
 
     rng = np.random.default_rng(2)
     X = (rng.normal(0.0, 5.0, (3, 12))[rng.integers(0, 3, 300)]

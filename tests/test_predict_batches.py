@@ -2,7 +2,7 @@
 by batch with the results of reading it whole, the model's assigner alone, and a folder
 predict's driver without torch.
 
-The reference, the file "read whole": :func:`pipeline.io.read_features`,
+The reference, the file "read whole": :func:`pipeline.io.tables.read_features`,
 ``DeepDPM.predict_confidence`` and :func:`pipeline.fit.outputs.label_metrics` over the whole
 table.
 """
@@ -30,7 +30,7 @@ from deepdpm_core.data import (
 from deepdpm_core.model import ClusterAssigner
 from pipeline.cli import main
 from pipeline.fit.outputs import label_metrics
-from pipeline.io import FeatureTable, assignments_table, features_table, read_features
+from pipeline.io.tables import FeatureTable, assignments_table, features_table, read_features
 from pipeline.predict.files import read_assigner
 
 REPO = Path(__file__).resolve().parents[1]

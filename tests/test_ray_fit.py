@@ -35,7 +35,7 @@ from pipeline.commands.fit import request_from_args  # noqa: E402
 from pipeline.fit import run_fit  # noqa: E402
 from pipeline.fit.checkpoints import TRAIN_DIR  # noqa: E402
 from pipeline.fit.request import FitRequest  # noqa: E402
-from pipeline.io import features_table  # noqa: E402
+from pipeline.io.tables import features_table  # noqa: E402
 from tests.conftest_ray import local_ray  # noqa: E402
 from tests.fault_hooks import FailOnce  # noqa: E402
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.results import add_json_argument, shown_path
+from pipeline.io.results import add_json_argument, shown_path
 
 
 def bundled_recipe(name: str) -> Path:
@@ -102,7 +102,7 @@ class DemoStages:
         self._write()
 
     def _write(self) -> None:
-        from pipeline.atomic_files import write_json_atomic
+        from pipeline.io.atomic_files import write_json_atomic
 
         write_json_atomic(self.done, self.path)
 
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from deepdpm_core.data import check_features, clustering_scores, readonly_tensor
     from deepdpm_core.moves import rows_needed
     from deepdpm_core.training import Trainer
-    from pipeline.epoch_scores import EpochLabelScores
+    from pipeline.fit.epoch_scores import EpochLabelScores
     from pipeline.fit.outputs import write_fit_outputs
     from pipeline.fit.runner import (
         FitHooks,
@@ -135,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
         epoch_callbacks,
         run_epochs,
     )
-    from pipeline.io import FeatureTable, features_table, read_features, write_parquet_atomic
+    from pipeline.io.results import print_result
+    from pipeline.io.tables import FeatureTable, features_table, read_features, write_parquet_atomic
     from pipeline.report.html_report import load_run_dir, render_report, write_report
-    from pipeline.results import print_result
     from pipeline.tracking.environment import environment_tags
     from pipeline.tracking.fit_runs import fit_params, log_fit_outputs
     from pipeline.tracking.run_tracker import RunTracker

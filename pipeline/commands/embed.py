@@ -13,7 +13,7 @@ import argparse
 import time
 from pathlib import Path
 
-from pipeline.results import add_json_argument
+from pipeline.io.results import add_json_argument
 
 HELP = "learn features from raw pixels or features (autoencoder, UMAP, AE+UMAP = n2d, PCA) into Parquet"
 
@@ -78,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
     from deepdpm_core.features import as_feature_matrix, embed
     from deepdpm_core.training import progress_bar
     from pipeline.fit.checkpoints import save_autoencoder
-    from pipeline.io import features_table, read_features, write_parquet_atomic
-    from pipeline.results import print_result, shown_path
+    from pipeline.io.results import print_result, shown_path
+    from pipeline.io.tables import features_table, read_features, write_parquet_atomic
 
     table = read_features(args.input)
     X = as_feature_matrix(table.X, name=str(args.input))

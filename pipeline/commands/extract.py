@@ -18,7 +18,7 @@ HELP = "embed the images of webdataset shards (MoCo/torchvision ResNet or pixels
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipeline.results import add_json_argument
+    from pipeline.io.results import add_json_argument
     from pipeline.tracking.options import add_tracking_arguments
 
     parser.add_argument(
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"weights not found: {args.weights}")
 
     from pipeline.extract.ray_pipeline import extract_features
-    from pipeline.results import print_result, shown_path
+    from pipeline.io.results import print_result, shown_path
     from pipeline.tracking.environment import environment_tags
     from pipeline.tracking.fit_runs import tracker_from_args
 

@@ -14,7 +14,7 @@ HELP = "fit DeepDPM to features (.npy, .npz or Parquet) and write model, assignm
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipeline.results import add_json_argument
+    from pipeline.io.results import add_json_argument
     from pipeline.tracking.options import add_registry_arguments, add_tracking_arguments
 
     parser.add_argument("--input", help=".npy [N, D], .npz (X, y) or Parquet (embedding, label, key)")
@@ -196,7 +196,7 @@ def request_from_args(args: argparse.Namespace) -> FitRequest:
 
 def _print_summary(args: argparse.Namespace, result: FitResult) -> None:
     """The result: one line on stdout (``--json``: one JSON object)."""
-    from pipeline.results import print_result, scores_text, shown_path
+    from pipeline.io.results import print_result, scores_text, shown_path
 
     summary, output = result.summary, shown_path(result.output)
     steps = (f"alternations={len(summary['alternation']) - 1}" if "alternation" in summary

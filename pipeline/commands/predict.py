@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.results import add_json_argument
+from pipeline.io.results import add_json_argument
 
 HELP = "assign features to the clusters of a fitted model (writes Parquet)"
 
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def model_file(model: str) -> Path:
     """The local model file that ``--model`` names (every path predicts with this one);
-    an MLflow URI is downloaded (:func:`pipeline.model_uri.local_model_path`).
+    an MLflow URI is downloaded (:func:`pipeline.tracking.model_uri.local_model_path`).
 
     Raises
     ------
@@ -52,7 +52,7 @@ def model_file(model: str) -> Path:
         ``model`` is a path that does not exist.
     """
     from pipeline.extras import require
-    from pipeline.model_uri import is_mlflow_uri, local_model_path
+    from pipeline.tracking.model_uri import is_mlflow_uri, local_model_path
 
     if is_mlflow_uri(model):
         require(f"--model {model}", "mlflow")
@@ -90,9 +90,9 @@ def _run_file(args: argparse.Namespace) -> int:
 
     from deepdpm_core.data import ContingencyCounts, contingency_scores
     from deepdpm_core.model import ClusterAssigner
-    from pipeline.atomic_files import atomic_path
-    from pipeline.io import assignments_table, feature_batches
-    from pipeline.results import print_result, scores_text, shown_path
+    from pipeline.io.atomic_files import atomic_path
+    from pipeline.io.results import print_result, scores_text, shown_path
+    from pipeline.io.tables import assignments_table, feature_batches
 
     model = ClusterAssigner.load(path)
     # what the result reports, counted batch by batch: the input is never held whole
@@ -130,8 +130,8 @@ def _run_folder(args: argparse.Namespace) -> int:
     from pipeline.extras import require
 
     require(f"a folder --input ({args.input}, predicted with Ray Data)", "ray")
+    from pipeline.io.results import print_result, shown_path
     from pipeline.predict.folder import predict_folder
-    from pipeline.results import print_result, shown_path
 
     done = predict_folder(
         model_file(args.model), args.input, args.output, batch_size=args.batch_size,

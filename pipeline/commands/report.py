@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.results import add_json_argument
+from pipeline.io.results import add_json_argument
 
 HELP = "Render a self-contained HTML report of a fit (output directory or MLflow run id)."
 
@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     if args.images and not Path(args.images).exists():
         raise FileNotFoundError(f"--images not found: {args.images}")
 
+    from pipeline.io.results import print_result, shown_path
     from pipeline.report.html_report import load_run, render_report, write_report
-    from pipeline.results import print_result, shown_path
     from pipeline.tracking.environment import resolve_tracking_uri
 
     data = load_run(args.run, resolve_tracking_uri(args.tracking_uri))

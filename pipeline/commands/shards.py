@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.results import add_json_argument
+from pipeline.io.results import add_json_argument
 
 HELP = "write an image folder (one sub-folder per class) as webdataset .tar shards"
 
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"input folder not found: {args.input}")
 
     from pipeline.extract.shards import CLASS_INDEX_NAME, MANIFEST_NAME, write_shards
-    from pipeline.results import print_result, shown_path
+    from pipeline.io.results import print_result, shown_path
 
     report = write_shards(
         args.input,

@@ -33,7 +33,6 @@ import numpy as np
 from tqdm import tqdm
 
 from deepdpm_core.errors import ConfigError, DataError
-from pipeline.atomic_files import write_json_atomic
 from pipeline.extract.encoder_choices import PRECISIONS
 from pipeline.extract.encoders import RANDOM_INIT_SEED, EncoderSpec, build_encoder, embed_numpy
 from pipeline.extract.manifest import (
@@ -47,6 +46,7 @@ from pipeline.extract.manifest import (
 )
 from pipeline.extract.preprocess import decode_sample, wanted_member
 from pipeline.extract.shard_inputs import count_samples, resolve_shards
+from pipeline.io.atomic_files import write_json_atomic
 
 _MANIFEST_EVERY_S = 30.0
 
@@ -104,7 +104,7 @@ def ensure_ray(address: str | None = None) -> None:
     ``ray job submit``), else a fresh local instance (never a stranger's cluster)."""
     import ray
 
-    from pipeline.ray_local import init_local_ray
+    from pipeline.ray.local_cluster import init_local_ray
 
     if ray.is_initialized():
         return

@@ -43,7 +43,7 @@ from pipeline.fit.runner import (
     epoch_callbacks,
     run_epochs,
 )
-from pipeline.io import FeatureTable, features_table, write_parquet_atomic
+from pipeline.io.tables import FeatureTable, features_table, write_parquet_atomic
 
 
 class AEProgress:
@@ -102,7 +102,7 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
     FitResult
         With ``summary["alternation"]``, one entry per clustering.
     """
-    from pipeline.io import read_features
+    from pipeline.io.tables import read_features
     from pipeline.tracking.environment import environment_tags
     from pipeline.tracking.fit_runs import fit_params, log_fit_outputs
     from pipeline.tracking.run_tracker import RunTracker
@@ -181,7 +181,7 @@ def _cluster(config: Config, Z: np.ndarray, labels: np.ndarray | None,
              fault: FaultHook | None, variance: dict[str, float]) -> DeepDPM:
     """One clustering of the alternation, as the estimator's ``fit`` would make it, with
     the per-epoch callbacks of every fit; ``variance`` keeps its :func:`~pipeline.fit.runner.data_variance_summary`."""
-    from pipeline.epoch_scores import EpochLabelScores
+    from pipeline.fit.epoch_scores import EpochLabelScores
 
     Z = check_features(Z, min_rows=rows_needed(config.init.n_clusters))
     start = None if init_labels is None else torch.from_numpy(check_init_labels(init_labels, len(Z)))

@@ -1,6 +1,6 @@
 """A fit in the calling process, stoppable and resumable with ``--checkpoint-every``.
 
-The rows are read whole (:func:`pipeline.io.read_features`), one
+The rows are read whole (:func:`pipeline.io.tables.read_features`), one
 :class:`~deepdpm_core.training.trainer.Trainer` fits them through the common runner
 (:func:`pipeline.fit.runner.run_epochs`), and the outputs are written and published
 together (:mod:`pipeline.fit.outputs`). A resumable request (``resumable``) also keeps,
@@ -11,9 +11,9 @@ have: every random draw of an epoch comes from the stored generators or from see
 fixed by (seed, epoch), so K, the losses, the moves, the per-epoch scores and the
 labels are the same (tested by killing a real ``deepdpm fit`` with SIGKILL).
 
-Ctrl-C (SIGINT) lets the current epoch end (:mod:`pipeline.interrupts`), then writes a
+Ctrl-C (SIGINT) lets the current epoch end (:mod:`pipeline.fit.interrupts`), then writes a
 checkpoint, with the request, whether or not the fit keeps checkpoints, and stops with
-:class:`~pipeline.interrupts.FitInterrupted`, whose message names ``--resume DIR``.
+:class:`~pipeline.fit.interrupts.FitInterrupted`, whose message names ``--resume DIR``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from deepdpm_core.data import check_features, readonly_tensor
 from deepdpm_core.moves import rows_needed
 from deepdpm_core.training import Trainer
 from pipeline.fit import checkpoints, outputs
+from pipeline.fit.interrupts import FitInterrupted, stop_between_epochs
 from pipeline.fit.request import FitRequest
 from pipeline.fit.runner import (
     FaultHook,
@@ -35,7 +36,6 @@ from pipeline.fit.runner import (
     epoch_callbacks,
     run_epochs,
 )
-from pipeline.interrupts import FitInterrupted, stop_between_epochs
 
 
 def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> outputs.FitResult:
@@ -53,8 +53,8 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
     -------
     FitResult
     """
-    from pipeline.epoch_scores import EpochLabelScores
-    from pipeline.io import read_features
+    from pipeline.fit.epoch_scores import EpochLabelScores
+    from pipeline.io.tables import read_features
     from pipeline.tracking.environment import environment_tags
     from pipeline.tracking.fit_runs import fit_params, log_fit_outputs
 

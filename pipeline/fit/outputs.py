@@ -3,7 +3,7 @@
 ``DIR/summary.json``, ``DIR/assignments.parquet`` (key, cluster, confidence, label),
 ``DIR/model.pt``, ``DIR/config.yaml`` and the plots, published together: they are
 written into a staging folder beside ``DIR`` and replace the earlier run's in one step
-(:mod:`pipeline.run_folder`), so ``DIR`` never holds a mix of two runs.
+(:mod:`pipeline.io.run_folder`), so ``DIR`` never holds a mix of two runs.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import yaml
 
 from deepdpm_core import DeepDPM
 from deepdpm_core.data import clustering_scores
-from pipeline.atomic_files import atomic_path, write_json_atomic
-from pipeline.io import (
+from pipeline.io.atomic_files import atomic_path, write_json_atomic
+from pipeline.io.run_folder import publish_run, staging_folder
+from pipeline.io.tables import (
     FeatureTable,
     assignments_table,
     write_parquet_atomic,
 )
 from pipeline.report.plots import write_fit_plots
-from pipeline.run_folder import publish_run, staging_folder
 
 #: what every fit leaves in its output folder
 FIT_FILES = ("summary.json", "assignments.parquet", "model.pt", "config.yaml")

@@ -1,7 +1,7 @@
 """A fit on Ray Train: a ``TorchTrainer`` of W data-parallel (DDP) workers.
 
 Each worker reads only its contiguous slice of the input rows
-(:func:`pipeline.distributed.load_rank_rows`) and runs the common epoch loop
+(:func:`pipeline.fit.distributed.load_rank_rows`) and runs the common epoch loop
 (:func:`pipeline.fit.runner.run_epochs`) on a :class:`~deepdpm_core.training.trainer.Trainer`
 with a ``torch.distributed`` communicator: per epoch one all-reduce of the flat float64
 statistics, the same M-step on every rank, moves decided on rank 0 and broadcast as a
@@ -20,17 +20,17 @@ When training ends, rank 0 predicts every row (it reads the full table then; the
 ranks never do) and writes the same outputs as a local fit
 (:func:`pipeline.fit.outputs.write_fit_outputs`) into a staging folder beside ``OUT``;
 the driver publishes them in one step once Ray Train is done with ``OUT/ray_train``
-(:mod:`pipeline.run_folder`), and removes the checkpoints Ray Train's snapshot does not
+(:mod:`pipeline.io.run_folder`), and removes the checkpoints Ray Train's snapshot does not
 list. Only rank 0 scores, logs to MLflow and draws progress.
 
 Ctrl-C (SIGINT) stops the run as it stops a fit in one process
-(:mod:`pipeline.interrupts`): the driver runs Ray Train from a second thread (so Ray
+(:mod:`pipeline.fit.interrupts`): the driver runs Ray Train from a second thread (so Ray
 Train's own SIGINT handler, which aborts the run, is not installed), and on the first
 Ctrl-C writes ``OUT/stop_requested`` (:data:`STOP_FILE`). Rank 0 looks for it after
 each epoch and all ranks agree in one all-reduce; they stop together at that epoch's
 end, rank 0 answering in the same file, and report a checkpoint that
 ``deepdpm fit --resume OUT`` continues from exactly as the uninterrupted fit would have
-gone on. The driver then raises :class:`~pipeline.interrupts.FitInterrupted`. A second
+gone on. The driver then raises :class:`~pipeline.fit.interrupts.FitInterrupted`. A second
 Ctrl-C stops the driver at once; the run's latest checkpoint is kept.
 
 A Ray fit's stderr holds the project's lines and the progress bar, not Ray's routine
@@ -68,8 +68,6 @@ from deepdpm_core.model import DeepDPM
 from deepdpm_core.moves import rows_needed
 from deepdpm_core.runtime import Communicator
 from deepdpm_core.training import Trainer
-from pipeline.atomic_files import write_json_atomic
-from pipeline.feature_rows import feature_shape
 from pipeline.fit.checkpoints import (
     CHECKPOINT_FILE,
     TRAIN_DIR,
@@ -80,6 +78,7 @@ from pipeline.fit.checkpoints import (
     remove_checkpoints,
     write_trainer_state,
 )
+from pipeline.fit.interrupts import FitInterrupted, stop_between_epochs
 from pipeline.fit.outputs import RUN_OUTPUTS, FitResult
 from pipeline.fit.request import REQUEST_FILE, FitRequest
 from pipeline.fit.runner import (
@@ -90,9 +89,10 @@ from pipeline.fit.runner import (
     epoch_callbacks,
     run_epochs,
 )
-from pipeline.interrupts import FitInterrupted, stop_between_epochs
-from pipeline.ray_local import connect_ray
-from pipeline.run_folder import publish_run, staging_folder
+from pipeline.io.atomic_files import write_json_atomic
+from pipeline.io.feature_rows import feature_shape
+from pipeline.io.run_folder import publish_run, staging_folder
+from pipeline.ray.local_cluster import connect_ray
 
 #: a user error the workers agreed on (bad rows, a checkpoint of other data), for the driver
 ERROR_FILE = "worker_error.json"
@@ -220,7 +220,7 @@ class _StoppableFit:
     Ray Train installs a SIGINT handler that aborts the run (after a few more epochs and
     checkpoints) when its ``fit`` runs in the main thread, and none from another thread.
     Here the first Ctrl-C writes :data:`STOP_FILE` for the workers; the notice of
-    :func:`~pipeline.interrupts.stop_between_epochs` is due until rank 0 answers there.
+    :func:`~pipeline.fit.interrupts.stop_between_epochs` is due until rank 0 answers there.
     A second Ctrl-C raises ``KeyboardInterrupt`` here at once (the thread is left).
 
     With ``leave_once_saved`` (a cluster the driver shuts down itself), the driver stops
@@ -433,7 +433,7 @@ def _train_worker(loop: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
 
-    from pipeline.distributed import communicator, ddp_wrapper, load_rank_rows
+    from pipeline.fit.distributed import communicator, ddp_wrapper, load_rank_rows
     from pipeline.tracking.environment import environment_tags
     from pipeline.tracking.fit_runs import fit_params
 
@@ -539,7 +539,7 @@ class _DriverStop:
 
 def _rank0_scores(req: FitRequest, seed: int):
     """Per-epoch label scores on the rows a local fit of the same input scores."""
-    from pipeline.epoch_scores import EpochLabelScores
+    from pipeline.fit.epoch_scores import EpochLabelScores
 
     return EpochLabelScores.from_file(req.input, seed=seed)
 
@@ -604,7 +604,7 @@ def _write_outputs(trainer: Trainer, req: FitRequest, staging: Path, fit_seconds
     """Rank 0: predict every row (full table read now) and write the fit's outputs into
     ``staging`` (the driver publishes them)."""
     from pipeline.fit.outputs import write_fit_outputs
-    from pipeline.io import read_features
+    from pipeline.io.tables import read_features
     from pipeline.tracking.fit_runs import log_fit_outputs
 
     table = read_features(req.input)

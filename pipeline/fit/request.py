@@ -148,7 +148,7 @@ class FitRequest:
 
     def save(self) -> None:
         """Write the request to ``output/fit_request.json`` (atomically)."""
-        from pipeline.atomic_files import write_json_atomic
+        from pipeline.io.atomic_files import write_json_atomic
 
         # how this invocation started is not part of the run: a resume starts afresh
         stored = self.with_(resume=False, overwrite=False)

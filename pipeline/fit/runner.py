@@ -13,8 +13,8 @@ adds comes in as :class:`FitHooks`:
 - ``consistency_every``: the cross-rank model checksum
   (:meth:`Trainer.check_consistency`) of a data-parallel fit;
 - ``progress``: a bar, drawn where the mode can draw one;
-- ``stop``: a Ctrl-C's request to stop (:mod:`pipeline.interrupts`), honoured at the end
-  of an epoch by raising :class:`~pipeline.interrupts.FitInterrupted`, so the trainer is
+- ``stop``: a Ctrl-C's request to stop (:mod:`pipeline.fit.interrupts`), honoured at the end
+  of an epoch by raising :class:`~pipeline.fit.interrupts.FitInterrupted`, so the trainer is
   left whole for a checkpoint;
 - ``fault``: test-only crash injection, ``fault(epoch, rank)`` before each epoch. The
   pipeline never sets it; tests pass one in (for Ray it travels to the workers).
@@ -33,7 +33,7 @@ import torch
 
 from deepdpm_core.model import FittedModel, variance_summary
 from deepdpm_core.training import Trainer, epoch_updater, progress_bar
-from pipeline.interrupts import FitInterrupted, StopRequest
+from pipeline.fit.interrupts import FitInterrupted, StopRequest
 
 #: a per-epoch callback on the epoch record (it may add keys to it)
 EpochCallback = Callable[[dict], None]
@@ -66,7 +66,7 @@ class FitHooks:
         Test-only crash injection, ``fault(epoch, rank)`` before each epoch.
     stop : StopRequest, optional
         Checked after each epoch: once ``requested``, :func:`run_epochs` raises
-        :class:`~pipeline.interrupts.FitInterrupted`.
+        :class:`~pipeline.fit.interrupts.FitInterrupted`.
     rank : int
         This process's rank (what ``fault`` is told).
     """
@@ -138,7 +138,7 @@ def data_variance_summary(trainer: Trainer) -> dict[str, float]:
 
 class TrainerModel:
     """``predict`` with a trainer's clustering net as it stands (what
-    :class:`pipeline.epoch_scores.EpochLabelScores` scores after each epoch)."""
+    :class:`pipeline.fit.epoch_scores.EpochLabelScores` scores after each epoch)."""
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deepdpm_core.errors import CheckpointError, ConfigError, DataError
-from pipeline.atomic_files import atomic_path
-from pipeline.io import FeatureTable, assignments_table, open_parquet, parquet_labelled
+from pipeline.io.atomic_files import atomic_path
+from pipeline.io.tables import FeatureTable, assignments_table, open_parquet, parquet_labelled
 
 #: the output's Parquet metadata key: ``{"rows": n, "model_sha256": ...}``
 METADATA_KEY = b"deepdpm.predict"
@@ -84,7 +84,7 @@ def read_assigner(model_file: str | Path) -> tuple[int, int, bytes]:
     """D, K and the :class:`~deepdpm_core.model.fitted_model.ClusterAssigner` of a model file,
     as the bytes of a torch file of its state (0.2 MB at K = 1000, D = 128).
 
-    A driver without torch reads them in a child process (:mod:`pipeline.model_assigner`),
+    A driver without torch reads them in a child process (:mod:`pipeline.predict.model_assigner`),
     which imports torch and maps the model file; the driver does neither, so its memory
     holds no torch runtime (about 470 MB resident) and no part of the model, and the
     child's goes back to the system when it ends. A driver that imported torch already
@@ -95,7 +95,7 @@ def read_assigner(model_file: str | Path) -> tuple[int, int, bytes]:
     CheckpointError
         Not a PyTorch checkpoint, not safe to read, or not a DeepDPM model.
     """
-    from pipeline.model_assigner import BAD_MODEL, assigner_state
+    from pipeline.predict.model_assigner import BAD_MODEL, assigner_state
 
     if "torch" in sys.modules:
         return assigner_state(model_file)
@@ -103,7 +103,7 @@ def read_assigner(model_file: str | Path) -> tuple[int, int, bytes]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "assigner.pt"
-        done = subprocess.run([sys.executable, "-m", "pipeline.model_assigner", str(model_file), str(out)],
+        done = subprocess.run([sys.executable, "-m", "pipeline.predict.model_assigner", str(model_file), str(out)],
                               env=env, capture_output=True, text=True)
         if done.returncode == BAD_MODEL:
             raise CheckpointError(done.stderr.strip().splitlines()[-1])

@@ -9,14 +9,14 @@ One Ray Data pipeline covers every input file that has no finished output yet::
 
 Each input file ``IN/a/b.parquet`` gets ``OUT/a/b.parquet`` (``key``, ``cluster``,
 ``confidence``, ``label``: the columns of the single-file path,
-:func:`pipeline.io.assignments_table`).
+:func:`pipeline.io.tables.assignments_table`).
 
 Per-file identity: the work items are (file index, row group index) and every output
 row carries both, so nothing depends on the order in which Ray Data hands results back
 (reading files through ``read_parquet`` does not keep a file's row groups together). The
 driver holds a file's predictions until all its row groups are in, then writes them in
 row-group order into a temporary file beside its output and renames it
-(:func:`pipeline.atomic_files.atomic_path`: a killed run leaves at most a ``.b.parquet.*.tmp``,
+(:func:`pipeline.io.atomic_files.atomic_path`: a killed run leaves at most a ``.b.parquet.*.tmp``,
 never a partial ``b.parquet``). The output's Parquet metadata records the row count and
 the model's SHA-256; a rerun skips the files whose output has both, so it redoes only
 what is missing.
@@ -24,7 +24,7 @@ what is missing.
 Memory: an actor holds the torch runtime, the model's assigner (its clustering net and
 input transform, :class:`~deepdpm_core.model.fitted_model.ClusterAssigner`: not the mixture
 parameters, whose K x D x D covariances are most of a model file), one batch of rows
-(read through :func:`pipeline.io.open_parquet`, never a whole row group), its (B, K)
+(read through :func:`pipeline.io.tables.open_parquet`, never a whole row group), its (B, K)
 log-probabilities (the confidence is their row maximum, taken batch by batch) and the
 narrow outputs (key, cluster, confidence, label) of its row group; the driver the narrow
 outputs of the files whose row groups are still coming in (``preserve_order`` makes
@@ -50,7 +50,7 @@ import numpy as np
 import pyarrow as pa
 
 from deepdpm_core.errors import ConfigError, DeepDPMError
-from pipeline.io import check_finite_rows, embedding_matrix, open_parquet
+from pipeline.io.tables import check_finite_rows, embedding_matrix, open_parquet
 from pipeline.predict.files import (
     InputFile,
     input_files,
@@ -61,7 +61,7 @@ from pipeline.predict.files import (
     shared_columns,
     write_output,
 )
-from pipeline.ray_local import connect_ray
+from pipeline.ray.local_cluster import connect_ray
 
 #: seconds an existing cluster may take to offer the actors' resources (nodes joining)
 WAIT_FOR_RESOURCES_S = 120.0

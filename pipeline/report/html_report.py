@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from deepdpm_core.errors import DataError
 from deepdpm_core.model import diagnose, stop_reason
-from pipeline.atomic_files import atomic_path
+from pipeline.io.atomic_files import atomic_path
 from pipeline.report import plots, run_source
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".ppm", ".gif", ".tif", ".tiff")

@@ -83,7 +83,7 @@ def log_fit_outputs(tracker: RunTracker, out_dir: str | Path, example_rows: np.n
     ``summary.json``, ``fit_seconds``, the final ``final_nmi``/``final_ari``/``final_acc``
     and the run's totals of accepted moves ``splits_accepted_total``/``merges_accepted_total``;
     the input as the run's dataset; the fit as the MLflow model ``model``
-    (:mod:`pipeline.mlflow_model`), registered when the tracker has ``register_model``.
+    (:mod:`pipeline.tracking.mlflow_model`), registered when the tracker has ``register_model``.
 
     ``example_rows`` (n, D) are the model's input example when the input file is not an
     [N, D] table (images that ``--alternate`` flattens); else its first rows are."""
@@ -107,8 +107,8 @@ def log_fit_outputs(tracker: RunTracker, out_dir: str | Path, example_rows: np.n
     name, alias = tracker.register_model, tracker.model_alias
 
     def log_model(client: Any, run_id: str) -> None:
-        from pipeline.mlflow_model import EXAMPLE_ROWS, log_fit_model, register_fit_model
-        from pipeline.run_dataset import feature_input, input_rows
+        from pipeline.tracking.mlflow_model import EXAMPLE_ROWS, log_fit_model, register_fit_model
+        from pipeline.tracking.run_dataset import feature_input, input_rows
 
         example = None
         if input_path is not None:

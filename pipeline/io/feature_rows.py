@@ -1,5 +1,5 @@
 """(N, D) and row ranges of a feature input, read without loading it whole: what one
-rank of a distributed fit reads (formats as in :mod:`pipeline.io`)."""
+rank of a distributed fit reads (formats as in :mod:`pipeline.io.tables`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deepdpm_core.errors import DataError
-from pipeline.io import check_real_dtype, embedding_matrix, parquet_files
+from pipeline.io.tables import check_real_dtype, embedding_matrix, parquet_files
 
 _NPY_HEADER_READERS = {
     (1, 0): np.lib.format.read_array_header_1_0,

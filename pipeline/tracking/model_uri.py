@@ -72,7 +72,7 @@ def local_model_path(model: str | Path, tracking_uri: str | None = None) -> Path
         raise CheckpointError(f"cannot download model {model}: {reason}") from None
     if local.is_file():
         return local
-    path = local / "artifacts" / "model.pt"  # an MLflow model of pipeline.mlflow_model
+    path = local / "artifacts" / "model.pt"  # an MLflow model of pipeline.tracking.mlflow_model
     if not path.is_file():
         raise CheckpointError(f"{model} is not a deepdpm model (no artifacts/model.pt)")
     return path

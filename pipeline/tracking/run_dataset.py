@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from deepdpm_core.errors import DeepDPMError
-from pipeline.feature_rows import feature_shape, read_feature_rows
+from pipeline.io.feature_rows import feature_shape, read_feature_rows
 
 #: rows at each end of the input that go into the digest
 DIGEST_ROWS = 1000

@@ -3,8 +3,8 @@
 The feature table is the hand-off between ``extract``/``embed`` and ``fit``/``predict``:
 Parquet with ``key: string``, ``embedding: fixed_size_list<float32>[D]`` and
 ``label: int64`` (nullable). ``.npy`` (an [N, D] array) and ``.npz`` (``X``, optional
-``y``) are accepted as inputs too. Atomic writing is :mod:`pipeline.atomic_files`; the
-shape and row ranges of an input, read without loading it, :mod:`pipeline.feature_rows`.
+``y``) are accepted as inputs too. Atomic writing is :mod:`pipeline.io.atomic_files`; the
+shape and row ranges of an input, read without loading it, :mod:`pipeline.io.feature_rows`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deepdpm_core.errors import DataError
-from pipeline.atomic_files import atomic_path
+from pipeline.io.atomic_files import atomic_path
 
 
 def feature_schema(dim: int) -> pa.Schema:

@@ -7,9 +7,9 @@ one line naming the holder (its command, pid, host and start time). The kernel r
 a ``flock`` when its holder dies, ``kill -9`` included, so a lock left by a killed run
 never blocks the next one; the lock file itself is removed when its holder finishes.
 Whoever takes the lock first removes what a killed writer left (staging folders,
-temporary files: :func:`pipeline.run_folder.remove_leftovers`).
+temporary files: :func:`pipeline.io.run_folder.remove_leftovers`).
 The lock sits beside the output, not inside it, because a fit replaces its whole output
-folder when it publishes a run (:mod:`pipeline.run_folder`).
+folder when it publishes a run (:mod:`pipeline.io.run_folder`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 from deepdpm_core.errors import DeepDPMError
-from pipeline.run_folder import remove_leftovers
+from pipeline.io.run_folder import remove_leftovers
 
 #: command -> the arguments naming what it writes (the first one given is locked)
 OUTPUT_ARGUMENTS: dict[str, tuple[str, ...]] = {

@@ -18,7 +18,7 @@ is renamed to ``.OUT.old-<pid>`` and the staging folder to ``OUT``: a kill betwe
 two renames leaves no ``OUT``, and :func:`remove_leftovers` (run by the next writer, which
 holds the output's lock) puts the earlier run back. A new ``OUT`` is one rename.
 
-Temporary files of :func:`pipeline.atomic_files.atomic_path` live in the staging folder, so a kill
+Temporary files of :func:`pipeline.io.atomic_files.atomic_path` live in the staging folder, so a kill
 leaves none in ``OUT``; the staging folder of a killed run is removed by the next
 writer (:func:`remove_leftovers`).
 """
@@ -87,7 +87,7 @@ def publish_run(staging: str | Path, out: str | Path, outputs: Collection[str]) 
 def remove_leftovers(output: str | Path) -> None:
     """Remove what writers of ``output`` killed before they finished left behind.
 
-    Call only while holding ``output``'s lock (:func:`pipeline.locks.output_lock`): then
+    Call only while holding ``output``'s lock (:func:`pipeline.io.locks.output_lock`): then
     no other process is writing these. Removes the staging folders ``.OUT.staging-*``,
     the temporary files ``.OUT.XXXXXXXX.tmp`` of an atomic write of ``OUT`` and those of
     the files directly inside ``OUT``; a ``.OUT.old-*`` of a publish stopped between its

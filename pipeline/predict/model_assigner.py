@@ -1,4 +1,4 @@
-"""``python -m pipeline.model_assigner MODEL OUT``: the part of a model that assigns rows.
+"""``python -m pipeline.predict.model_assigner MODEL OUT``: the part of a model that assigns rows.
 
 Run by the folder predict's driver in a child process (:func:`pipeline.predict.files.read_assigner`):
 it reads the :class:`~deepdpm_core.model.fitted_model.ClusterAssigner` of the model file MODEL

@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from deepdpm_core.errors import DataError
 from deepdpm_core.runtime import Communicator, LocalCommunicator
-from pipeline.feature_rows import rank_rows, read_feature_rows
+from pipeline.io.feature_rows import rank_rows, read_feature_rows
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 

@@ -15,7 +15,7 @@ tools use it with nothing of ours to write::
 The model's artifacts are the fit's ``model.pt`` (read with ``DeepDPM.load``) and, for
 ``deepdpm fit --alternate``, its ``autoencoder.pt``: the raw rows are then encoded first,
 so the model takes what the fit was given. The model is logged "from code": MLflow
-copies the few lines of :mod:`pipeline.mlflow_model_code` and runs them at load time,
+copies the few lines of :mod:`pipeline.tracking.mlflow_model_code` and runs them at load time,
 so nothing is unpickled and the code that predicts is the installed ``deepdpm`` package's
 (the one pip requirement, its version pinned); ``--env-manager local`` serves the model
 from the environment deepdpm is installed in.

@@ -1,0 +1,1 @@
+"""The local Ray cluster a command starts for itself, and its guard."""
