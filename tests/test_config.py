@@ -10,7 +10,7 @@ from deepdpm_core.config import Config, ConfigError, from_dict, load_config, par
 CONFIGS = sorted((Path(__file__).parents[1] / "cluster_configs").glob("*.yaml"))
 
 
-def test_default_yaml_equals_dataclass_defaults():
+def test_default_yaml_equals_the_schema_defaults():
     assert load_config(CONFIGS[0].parent / "default.yaml") == Config()
 
 

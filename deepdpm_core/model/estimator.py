@@ -13,10 +13,8 @@ the clustering net, the input transform and the mixture parameters, not the trai
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import numbers
-import typing
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -42,8 +40,7 @@ _NOT_FITTED = "This %(name)s instance is not fitted yet: call fit() or DeepDPM.l
 
 def _sections() -> list[str]:
     """Names of the config's sections (``prior``, ``init``, ...)."""
-    hints = typing.get_type_hints(Config)
-    return [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(hints[f.name])]
+    return [name for name, value in Config().to_dict().items() if isinstance(value, dict)]
 
 
 def _leaf_index() -> dict[str, list[str]]:

@@ -20,7 +20,6 @@ sums stay accurate, and scaled to unit mean variance, so nothing depends on the 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -141,8 +140,8 @@ class Trainer:
         self.small = self.n_total <= config.small_data.max_rows
         sched = config.schedule
         if self.small:  # no nets to wait for: no freeze, moves more often
-            sched = dataclasses.replace(sched, warmup_epochs=config.small_data.warmup_epochs,
-                                        move_every=config.small_data.move_every, freeze_epochs=0)
+            sched = sched.model_copy(update={"warmup_epochs": config.small_data.warmup_epochs,
+                                             "move_every": config.small_data.move_every, "freeze_epochs": 0})
         self.schedule = MoveSchedule(sched, config.moves)
 
     # ------------------------------------------------------------------ set-up

@@ -1,0 +1,274 @@
+"""The sections of the run configuration (``data``, ``prior``, ``init``, ``model``, ``optim``,
+``schedule``, ``small_data``, ``moves``, ``estep``, ``ae``, ``embed``): frozen pydantic models
+whose fields carry their bounds."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
+
+
+def _yaml_number(value: Any) -> Any:
+    # YAML 1.1 reads "5e-4" (no dot) as a string; accept it as the number it is
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def seed_in_range(value: int) -> int:
+    if not 0 <= value < 2**31:  # FAISS and the derived per-epoch torch seeds stay in range
+        raise ValueError("must be in [0, 2**31)")
+    return value
+
+
+#: a finite float (an int is accepted); ``Positive``: > 0, ``NonNegative``: >= 0
+Number = Annotated[float, BeforeValidator(_yaml_number)]
+Positive = Annotated[Number, Field(gt=0)]
+NonNegative = Annotated[Number, Field(ge=0)]
+Fraction = Annotated[Number, Field(ge=0, le=1)]
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+class Section(BaseModel):
+    """Strict: no unknown keys, no type coercion but int -> float, finite numbers only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class DataConfig(Section):
+    """Input transform applied to every row before the fit and at prediction time.
+
+    ``none``: the features as given (the fit is invariant to their common unit: see
+    ``docs/design.md``, section Invariances); ``normalize``: each row divided by its L2
+    norm (the reference code's default, scikit-learn ``Normalizer``); ``standard``: each
+    feature centred and divided by its standard deviation; ``min_max``: each feature
+    mapped to [0, 1]. The last two are fitted on the training data and stored with the
+    model. ``auto`` (default) is ``standard`` for features in different units, else
+    ``none`` (:func:`deepdpm_core.data.coordinates.resolve_transform`); the choice is stored
+    with the model: ``standard`` where the participation ratio (Σv)²/Σv² of the
+    per-feature variances v is below ``auto_max_participation`` (two or three features carry
+    the variance) and the features' standard deviations span more than
+    ``auto_min_std_ratio``.
+    """
+
+    transform: Literal["auto", "none", "normalize", "standard", "min_max"] = "auto"
+    auto_max_participation: Positive = 3.0
+    auto_min_std_ratio: Positive = 30.0
+
+
+class PriorConfig(Section):
+    """Dirichlet-process and Normal-Inverse-Wishart prior (paper Supmat §NIW).
+
+    ``sigma_scale: auto`` (default) fits s of Ψ0 = s·P to the current clusters at every
+    M-step: the type-II maximum likelihood (:func:`deepdpm_core.bayes.niw.empirical_bayes_scale`)
+    of the per-feature variances, i.e. of the diagonal model of the same clusters.
+    ``evidence`` maximises the evidence of the prior's own model instead (for full
+    covariances it is ruled by the clusters' smallest principal variances, and on UMAP
+    layouts, whose clusters have near-degenerate directions, it lets them split). A
+    number is the paper's fixed Ψ0 = s·I (``psi: identity``) or s·diag(std)
+    (``psi: data_std``) in the units of the features. A fitted s makes the fit
+    independent of the features' units. ``kappa: auto`` is κ0 = s / v̄ with
+    v̄ the data's mean per-feature variance: the prior spread of cluster means, Σ/κ0, is
+    then the data's own. ``nu: auto`` fits ν0 the same way, given s
+    (:func:`deepdpm_core.bayes.niw.empirical_bayes_nu`), never below the paper's D + 2: clusters
+    of one common shape raise it, so that a full covariance costs little evidence even
+    with few points per dimension (10 clusters of 600 points in 128-D are found; at
+    ν0 = D + 2 the fit stays at K = 2–3); clusters of varied shapes keep it at D + 2.
+    ``nu: null`` is the paper's D + 2 (3 when diagonal).
+    ``covariance_floor`` ε treats every value as known to a variance of ε times its
+    feature's variance over the data (the mean per-feature variance for a constant
+    feature): each cluster's scatter gains n·ε·diag(v), so constant, duplicated, binary or
+    collinear features and clusters of a few rows keep a positive-definite posterior.
+    ``coarsening`` c judges each split or merge by the coarsened posterior (Miller &
+    Dunson 2019) with the likelihood raised to ζ = c / (c + n), n the points the move
+    touches (:func:`deepdpm_core.moves.coarsened`): clusters that are not quite Gaussian
+    (curved, heavy-tailed, as real embeddings are) are not split further as N grows.
+    ``null`` is the exact DP posterior of the paper, under which K grows with N on such
+    clusters. ``coarsening_per_parameter`` c_p raises c to c_p·P for clusters with P > c/c_p
+    free parameters (D + D(D + 1)/2, or 2D diagonal; above 10 features at the defaults),
+    so that a split needs about the same gain per point in every dimension
+    (:func:`deepdpm_core.moves.coarsening_constant`); ``null`` keeps c in every dimension.
+    ``covariance_type: diag`` uses diagonal covariances (one
+    Normal-Inverse-Gamma model per feature, as the reference code's NIG prior); ``auto``
+    takes, at every M-step, the one of full and diag whose evidence Σ_k ln f(X_k) given
+    the current clusters is larger. It is not the default: at K = 1 the evidence judges
+    one cluster, and on PCA scores (a diagonal global covariance) it picks diag and the
+    fit stays at K = 1 (digits PCA-10).
+    """
+
+    alpha: Positive = 10.0
+    kappa: Positive | Literal["auto"] = "auto"
+    nu: Positive | Literal["auto"] | None = "auto"
+    sigma_scale: Positive | Literal["auto", "evidence"] = "auto"
+    psi: Literal["identity", "data_std"] = "identity"
+    covariance_type: Literal["full", "diag", "auto"] = "full"
+    weight_pseudocount: NonNegative = 1.0
+    covariance_floor: NonNegative = 1.0e-4
+    coarsening: Positive | None = 500.0
+    coarsening_per_parameter: Positive | None = 7.5
+
+
+class InitConfig(Section):
+    """k-means initialisation of clusters and subclusters."""
+
+    n_clusters: PositiveInt | Literal["auto"] = "auto"
+    max_points: PositiveInt = 200_000
+    kmeans_iters: PositiveInt = 25
+    seeding: Literal["kmeans++", "random"] = "kmeans++"
+
+
+class ModelConfig(Section):
+    """Clustering net and batched subclustering nets (one hidden layer each)."""
+
+    hidden: PositiveInt = 50
+    sub_hidden: PositiveInt = 50
+    precision: Literal["auto", "float32", "tf32", "bf16"] = "auto"
+
+
+class OptimConfig(Section):
+    """Adam optimisers of the two nets and the minibatch schedule."""
+
+    lr_cluster: Positive = 5.0e-4
+    lr_subcluster: Positive = 5.0e-3
+    batch_size: PositiveInt | Literal["auto"] = "auto"
+    base_batch_size: PositiveInt = 128
+    max_batch_size: PositiveInt = 4096
+    steps_per_epoch: PositiveInt = 64
+    min_steps_per_epoch: PositiveInt = 64
+    lr_scaling: Literal["none", "sqrt", "linear"] = "sqrt"
+
+    @model_validator(mode="after")
+    def _batch_sizes_ordered(self) -> OptimConfig:
+        if self.max_batch_size < self.base_batch_size:
+            raise ValueError(f"config key 'optim.max_batch_size' ({self.max_batch_size}) must be >= "
+                             f"optim.base_batch_size ({self.base_batch_size})")
+        return self
+
+
+class ScheduleConfig(Section):
+    """When the M-step runs, when moves are proposed and when training stops."""
+
+    max_epochs: PositiveInt = 200
+    warmup_epochs: NonNegativeInt = 5
+    move_every: PositiveInt = 4
+    freeze_epochs: NonNegativeInt = 2
+    patience: PositiveInt = 3
+    settled_spread: NonNegative = 0.01
+    min_epochs: NonNegativeInt = 0
+
+
+class SmallDataConfig(Section):
+    """Fits of at most ``max_rows`` rows (over all ranks) search by exact EM.
+
+    Each epoch's M-step takes the E-step responsibilities r^E themselves (paper Eq. 5;
+    what the clustering net learns to output) and the subclusters are 2-means steps
+    within each cluster (the minimiser of the subclustering nets' loss, Eq. 7, for the
+    current means); the moves, the prior and the stop rule are the same. Without nets to wait
+    for, moves come every ``move_every`` epochs after ``warmup_epochs``, with no freeze.
+    Once K has settled, the clustering net is fitted to the final responsibilities
+    (full batch, Adam at ``distil_lr``) until its argmax agrees with theirs on
+    ``distil_agreement`` of the rows, or stops improving, or ``distil_max_steps``.
+    """
+
+    max_rows: NonNegativeInt = 100_000
+    warmup_epochs: NonNegativeInt = 1
+    move_every: PositiveInt = 2
+    distil_lr: Positive = 0.02
+    distil_agreement: Annotated[Number, Field(gt=0, le=1)] = 0.99
+    distil_max_steps: NonNegativeInt = 1000
+
+
+class MovesConfig(Section):
+    """Split/merge proposals (paper §3.2, Supmat 'Merge Proposals') and the density-valley
+    rules (:mod:`deepdpm_core.moves.density_valleys`).
+
+    ``valley_min_points``: the valley rules judge a split or merge only when each side
+    holds this many points. At 25 a side one Gaussian shows no valley below 0.9 in 99
+    draws of 100, and two Gaussians 5 standard deviations apart show one below 0.75 in 99
+    (4 apart: 80, 3.5 apart: 39, pairs whose split the Hastings ratio itself barely takes
+    at that size); below it the kernel fills valleys, and the moves are left to the
+    Hastings ratio. ``birth_parts``: in a small-data fit (exact EM) a cluster whose split
+    is not taken is also offered the cut into this many parts by k-means
+    (:mod:`deepdpm_core.moves.births`; ``birth_kmeans_iters`` Lloyd iterations); None: no births.
+    ``exact_valley``: a split or merge across a valley at most this deep is judged by the
+    exact posterior, not the coarsened one (:func:`~deepdpm_core.moves.exact_across_deep_valleys`);
+    None: every move coarsened. ``valley_bandwidth``: the smoothing kernel's width is this times
+    n^(−1/5) standard deviations for n points, Silverman's rule for one Gaussian mode
+    (0.9); narrower kernels show valleys in one mode's sampling noise at a few thousand
+    points.
+    """
+
+    split: bool = True
+    merge: bool = True
+    merge_neighbours: PositiveInt = 3
+    min_subcluster_size: NonNegativeInt = 5
+    prune_empty: bool = True
+    split_valley: Fraction | None = 0.75
+    merge_valley: Fraction | None = 0.9
+    valley_min_points: NonNegativeInt = 25
+    valley_bandwidth: Positive = 0.9
+    birth_parts: Annotated[int, Field(ge=2)] | None = 4
+    birth_kmeans_iters: NonNegativeInt = 10
+    exact_valley: Fraction | None = 0.2
+
+
+class EStepConfig(Section):
+    """E-step targets and soft statistics.
+
+    The E-step (:meth:`~deepdpm_core.estep.gmm.GaussianMixture.sparse_log_responsibilities`)
+    rules out, by a lower bound on each cluster's Mahalanobis distance, the clusters whose
+    responsibility is provably below float32 resolution, and computes exact log-densities
+    for the rest. While K <= ``dense_max_k`` a point may keep every cluster (the targets are
+    the dense E-step's to float32 resolution; memory O(N·K)); above it each point keeps at
+    most ``top_m``, its most likely ones (memory O(N·top_m)). The soft statistics take the
+    net's responsibilities on each point's support, so an epoch costs O(N·K·D + N·s·D²) for
+    s supported clusters per point (about 1.1–1.4) instead of O(N·K·D²).
+    """
+
+    top_m: PositiveInt = 8
+    dense_max_k: NonNegativeInt = 32
+
+
+class AEConfig(Section):
+    """MLP autoencoder and the AE <-> DeepDPM alternation (paper Supmat 'Jointly Learning
+    Features and Clustering'; architecture D-500-500-2000-d, Adam lr 0.002).
+
+    Per-sample loss: ``recon_weight * ||g(f(x)) - x||^2 + (beta / 2) * ||f(x) - mu_z||^2``,
+    averaged over the batch (the reference code's ``lambda_`` is ``recon_weight``). The
+    defaults are the paper's raw-pixel (MNIST) recipe, lambda 0.005 and beta 1; only their
+    ratio matters to Adam. ImageNet-50 on MoCo features used 0.05 and 0.01.
+    """
+
+    latent_dim: PositiveInt = 10
+    hidden: Annotated[tuple[PositiveInt, ...], Field(min_length=1, strict=False)] = (500, 500, 2000)
+    lr: Positive = 0.002
+    weight_decay: NonNegative = 0.0
+    batch_size: PositiveInt = 256
+    pretrain_epochs: NonNegativeInt = 200
+    epochs: NonNegativeInt = 50
+    recon_weight: Positive = 0.005
+    beta: Positive = 1.0
+    alternations: NonNegativeInt = 3
+    stop_when_k_stable: bool = True
+    input_scaling: Literal["none", "global"] = "global"
+
+
+class EmbedConfig(Section):
+    """``deepdpm embed`` output size and UMAP settings (n2d, McConville et al. 2021:
+    ``n_neighbors=20, min_dist=0, metric=euclidean``)."""
+
+    dim: PositiveInt = 10
+    n_neighbors: Annotated[int, Field(ge=2)] = 20
+    min_dist: Annotated[Number, Field(ge=0, le=1)] = 0.0  # UMAP needs min_dist <= spread (1)
+    metric: str = "euclidean"
