@@ -269,7 +269,7 @@ def test_summaries_are_strict_json_with_null_for_non_finite_numbers(tmp_path):
 @pytest.mark.parametrize("size", [(8, 8), (32, 24), (300, 150)])
 def test_sample_thumbnails_fill_their_tiles(size):
     """Small images grow to the 96 px tile (aspect kept), large ones shrink to it."""
-    from pipeline.report.html_report import image_strip
+    from pipeline.report.sample_images import image_strip
 
     buf = io.BytesIO()
     Image.new("RGB", size, (10, 10, 10)).save(buf, format="PNG")

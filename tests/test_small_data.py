@@ -86,7 +86,8 @@ def test_an_em_epoch_is_an_m_step_of_em():
     config = Config().with_overrides({"init.n_clusters": 3})
     trainer = Trainer(config, torch.tensor(x, dtype=torch.float32))
     trainer.initialize()
-    soft, _, losses = trainer.em_epoch(train=False)
+    assert trainer.small
+    soft, _, losses = trainer.run_epoch(train=False)
     log_p = trainer.mixture.weighted_log_prob(trainer.x).double()
     resp = torch.softmax(log_p, 1)
     np.testing.assert_allclose(soft.n.numpy(), resp.sum(0).numpy(), rtol=1e-5)

@@ -14,12 +14,8 @@ from typing import Any
 
 import torch
 
-from deepdpm_core.bayes.niw import (
-    NIWPrior,
-    empirical_bayes_nu,
-    empirical_bayes_scale,
-    log_marginal_likelihood,
-)
+from deepdpm_core.bayes.empirical_bayes import empirical_bayes_nu, empirical_bayes_scale
+from deepdpm_core.bayes.niw import NIWPrior, log_marginal_likelihood
 from deepdpm_core.bayes.stats import SuffStats
 from deepdpm_core.config import PriorConfig
 from deepdpm_core.data import FeatureCoordinates
@@ -90,8 +86,8 @@ class PriorFit:
         """Fit the prior to the clusters' statistics (type-II maximum likelihood).
 
         With ``prior.sigma_scale: auto`` each candidate prior's s is refitted
-        (:func:`~deepdpm_core.bayes.niw.empirical_bayes_scale`), then with ``prior.nu: auto`` its
-        ν0 given s (:func:`~deepdpm_core.bayes.niw.empirical_bayes_nu`; ``evidence``, whose s
+        (:func:`~deepdpm_core.bayes.empirical_bayes.empirical_bayes_scale`), then with ``prior.nu: auto`` its
+        ν0 given s (:func:`~deepdpm_core.bayes.empirical_bayes.empirical_bayes_nu`; ``evidence``, whose s
         depends on ν0, alternates the two); with ``covariance_type: auto`` the candidate
         (full or diagonal covariances) with the larger evidence Σ_k ln f(X_k) is kept. Sees
         only all-reduced statistics: the same on every rank.

@@ -14,15 +14,6 @@ from deepdpm_core.config.schema import (
 from deepdpm_core.errors import ConfigError
 
 __all__ = [
-    "Config",
-    "ConfigError",
-    "DataConfig",
-    "EStepConfig",
-    "from_dict",
-    "InitConfig",
-    "load_config",
-    "MovesConfig",
-    "parse_overrides",
-    "PriorConfig",
-    "ScheduleConfig",
+    "Config", "ConfigError", "DataConfig", "EStepConfig", "from_dict", "InitConfig", "load_config",
+    "MovesConfig", "parse_overrides", "PriorConfig", "ScheduleConfig"
 ]

@@ -71,7 +71,7 @@ class PriorConfig(Section):
     """Dirichlet-process and Normal-Inverse-Wishart prior (paper Supmat §NIW).
 
     ``sigma_scale: auto`` (default) fits s of Ψ0 = s·P to the current clusters at every
-    M-step: the type-II maximum likelihood (:func:`deepdpm_core.bayes.niw.empirical_bayes_scale`)
+    M-step: the type-II maximum likelihood (:func:`deepdpm_core.bayes.empirical_bayes.empirical_bayes_scale`)
     of the per-feature variances, i.e. of the diagonal model of the same clusters.
     ``evidence`` maximises the evidence of the prior's own model instead (for full
     covariances it is ruled by the clusters' smallest principal variances, and on UMAP
@@ -81,7 +81,7 @@ class PriorConfig(Section):
     independent of the features' units. ``kappa: auto`` is κ0 = s / v̄ with
     v̄ the data's mean per-feature variance: the prior spread of cluster means, Σ/κ0, is
     then the data's own. ``nu: auto`` fits ν0 the same way, given s
-    (:func:`deepdpm_core.bayes.niw.empirical_bayes_nu`), never below the paper's D + 2: clusters
+    (:func:`deepdpm_core.bayes.empirical_bayes.empirical_bayes_nu`), never below the paper's D + 2: clusters
     of one common shape raise it, so that a full covariance costs little evidence even
     with few points per dimension (10 clusters of 600 points in 128-D are found; at
     ν0 = D + 2 the fit stays at K = 2–3); clusters of varied shapes keep it at D + 2.

@@ -25,20 +25,8 @@ from deepdpm_core.data.validation import (
 )
 
 __all__ = [
-    "acc",
-    "ari",
-    "check_features",
-    "check_init_labels",
-    "clustering_scores",
-    "contingency",
-    "contingency_scores",
-    "ContingencyCounts",
-    "FeatureCoordinates",
-    "fit_coordinates",
-    "is_real_dtype",
-    "make_mixture",
-    "nmi",
-    "readonly_tensor",
-    "resolve_transform",
-    "stored_coordinates",
+    "acc", "ari", "check_features", "check_init_labels", "clustering_scores", "contingency",
+    "contingency_scores", "ContingencyCounts", "FeatureCoordinates", "fit_coordinates",
+    "is_real_dtype", "make_mixture", "nmi", "readonly_tensor", "resolve_transform",
+    "stored_coordinates"
 ]

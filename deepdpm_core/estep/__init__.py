@@ -14,17 +14,7 @@ from deepdpm_core.estep.support_bounds import (
 from deepdpm_core.estep.targets import estep_targets, slot_targets, top_m
 
 __all__ = [
-    "EpochStats",
-    "estep_targets",
-    "faiss_proxy_keys",
-    "GaussianMixture",
-    "largest_eigenvalue_bound",
-    "log_weights_from_counts",
-    "MixtureState",
-    "proxy_top_m_faiss",
-    "proxy_top_m_torch",
-    "R_FLOOR",
-    "slot_targets",
-    "top_m",
-    "trace_power_bound",
+    "EpochStats", "estep_targets", "faiss_proxy_keys", "GaussianMixture",
+    "largest_eigenvalue_bound", "log_weights_from_counts", "MixtureState", "proxy_top_m_faiss",
+    "proxy_top_m_torch", "R_FLOOR", "slot_targets", "top_m", "trace_power_bound"
 ]

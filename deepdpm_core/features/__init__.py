@@ -14,19 +14,7 @@ from deepdpm_core.features.autoencoder import (
 from deepdpm_core.features.embedding import METHODS, as_feature_matrix, embed, pca_embed, umap_embed
 
 __all__ = [
-    "AETrainSettings",
-    "AlternationStep",
-    "as_feature_matrix",
-    "build_autoencoder",
-    "cluster_loss",
-    "default_cluster_fn",
-    "embed",
-    "encode",
-    "fit_alternating",
-    "METHODS",
-    "MLPAutoencoder",
-    "pca_embed",
-    "reconstruction_loss",
-    "train_autoencoder",
-    "umap_embed",
+    "AETrainSettings", "AlternationStep", "as_feature_matrix", "build_autoencoder", "cluster_loss",
+    "default_cluster_fn", "embed", "encode", "fit_alternating", "METHODS", "MLPAutoencoder",
+    "pca_embed", "reconstruction_loss", "train_autoencoder", "umap_embed"
 ]

@@ -14,16 +14,6 @@ from deepdpm_core.model.files import safe_load, save_checkpoint
 from deepdpm_core.model.fitted_model import FORMAT, ClusterAssigner, FittedModel
 
 __all__ = [
-    "ClusterAssigner",
-    "DeepDPM",
-    "diagnose",
-    "DiagnosticsMonitor",
-    "FittedModel",
-    "FORMAT",
-    "knob_advice",
-    "move_kinds",
-    "safe_load",
-    "save_checkpoint",
-    "stop_reason",
-    "variance_summary",
+    "ClusterAssigner", "DeepDPM", "diagnose", "DiagnosticsMonitor", "FittedModel", "FORMAT",
+    "knob_advice", "move_kinds", "safe_load", "save_checkpoint", "stop_reason", "variance_summary"
 ]

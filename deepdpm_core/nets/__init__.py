@@ -11,11 +11,6 @@ from deepdpm_core.nets.networks import (
 )
 
 __all__ = [
-    "axis_aligned_subnet",
-    "cluster_row_map",
-    "ClusterNet",
-    "new_row_of",
-    "reindex_rows",
-    "slot_kl",
-    "SubclusterNets",
+    "axis_aligned_subnet", "cluster_row_map", "ClusterNet", "new_row_of", "reindex_rows",
+    "slot_kl", "SubclusterNets"
 ]

@@ -5,11 +5,6 @@ from deepdpm_core.runtime.devices import device_clock, resolve_device
 from deepdpm_core.runtime.precision import flush_denormals, net_precision, resolve_precision
 
 __all__ = [
-    "Communicator",
-    "device_clock",
-    "flush_denormals",
-    "LocalCommunicator",
-    "net_precision",
-    "resolve_device",
-    "resolve_precision",
+    "Communicator", "device_clock", "flush_denormals", "LocalCommunicator", "net_precision",
+    "resolve_device", "resolve_precision"
 ]

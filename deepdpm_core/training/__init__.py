@@ -7,13 +7,6 @@ from deepdpm_core.training.small_data import distil, exact_statistics
 from deepdpm_core.training.trainer import EPOCH_PHASES, Trainer
 
 __all__ = [
-    "adam",
-    "auto_batch_size",
-    "distil",
-    "EPOCH_PHASES",
-    "epoch_updater",
-    "exact_statistics",
-    "progress_bar",
-    "scaled_lr",
-    "Trainer",
+    "adam", "auto_batch_size", "distil", "EPOCH_PHASES", "epoch_updater", "exact_statistics",
+    "progress_bar", "scaled_lr", "Trainer"
 ]

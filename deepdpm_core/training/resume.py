@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from deepdpm_core.errors import CheckpointError
+from deepdpm_core.estep import MixtureState
 
 if TYPE_CHECKING:
     from deepdpm_core.training.trainer import Trainer
@@ -62,3 +63,19 @@ def restore_optimisers(trainer: Trainer, state: dict[str, Any]) -> None:
     if "rng" in state:
         trainer.rng.bit_generator.state = state["rng"]
         trainer.torch_gen.set_state(state["torch_gen"])
+
+
+def restore_trainer(trainer: Trainer, state: dict[str, Any]) -> None:
+    """Restore :func:`trainer_state` output into a trainer built on the same rows and
+    config: the epoch, schedule and history, the mixture, the prior, the nets with their
+    Adam moments, and the generators."""
+    trainer.epoch = int(state["epoch"])
+    trainer.schedule.restore(state)
+    trainer.history = list(state["history"])
+    trainer.state = MixtureState.from_state(state, trainer.device)
+    trainer.prior_fit.restore(state)
+    trainer.build_nets(trainer.n_clusters)
+    trainer.nets.cluster.load_state_dict(state["cluster_net"])
+    trainer.nets.sub.load_state_dict(state["sub_nets"])
+    restore_optimisers(trainer, state)
+    trainer.reshaped()

@@ -30,34 +30,22 @@ from torch import nn
 from deepdpm_core.bayes import PriorFit, SuffStats, grouped_stats, map_estimate
 from deepdpm_core.config import Config, from_dict
 from deepdpm_core.data import fit_coordinates, stored_coordinates
-from deepdpm_core.errors import CheckpointError, DataError
+from deepdpm_core.errors import CheckpointError
 from deepdpm_core.estep import (
-    EpochStats,
     MixtureState,
     estep_targets,
     log_weights_from_counts,
-    slot_targets,
     top_m,
 )
 from deepdpm_core.moves import (
     MovePlan,
     MoveSchedule,
     Nets,
-    apply_births,
     apply_plan,
-    birth_min_points,
-    birth_proposals,
-    choose_births,
-    coarsening_constant,
     initial_clusters,
-    merge_candidates,
-    pair_histograms,
-    plan_moves,
-    projection_histograms,
     reset_subclusters,
-    valley_ratios,
 )
-from deepdpm_core.nets import ClusterNet, SubclusterNets, new_row_of, slot_kl
+from deepdpm_core.nets import ClusterNet, SubclusterNets, new_row_of
 from deepdpm_core.runtime import (
     Communicator,
     LocalCommunicator,
@@ -71,12 +59,14 @@ from deepdpm_core.training.batching import (
     adam,
     auto_batch_size,
     epoch_steps,
-    global_batch,
     scaled_lr,
 )
 from deepdpm_core.training.consistency import check_ranks_agree, position_checksum
-from deepdpm_core.training.resume import check_same_data, restore_optimisers, trainer_state
-from deepdpm_core.training.small_data import distil, exact_statistics
+from deepdpm_core.training.em_epoch import em_epoch
+from deepdpm_core.training.minibatch_epoch import minibatch_epoch
+from deepdpm_core.training.move_round import move_round, prune_unowned
+from deepdpm_core.training.resume import check_same_data, restore_trainer, trainer_state
+from deepdpm_core.training.small_data import distil
 
 Tensor = torch.Tensor
 EpochCallback = Callable[[dict[str, Any]], None]
@@ -189,13 +179,12 @@ class Trainer:
         means, covs = map_estimate(self.prior_fit.prior, stats)
         self.state = MixtureState.without_subclusters(
             means, covs, log_weights_from_counts(stats.n, cfg.prior.weight_pseudocount))
-        self._build_nets(self.state.n_clusters)
+        self.build_nets(self.state.n_clusters)
         reset_subclusters(self.state, self.nets, torch.arange(self.n_clusters, device=self.device),
                           self.torch_gen)
-        self._rewrap()
-        self._refresh_mixture()
+        self.reshaped()
 
-    def _build_nets(self, k: int) -> None:
+    def build_nets(self, k: int) -> None:
         """Fresh nets for K = ``k`` clusters (from ``torch_gen``) and their optimisers."""
         cfg = self.config
         cluster = ClusterNet(self.dim, cfg.model.hidden, k, self.torch_gen).to(self.device)
@@ -208,11 +197,14 @@ class Trainer:
         o = self.config.optim
         return scaled_lr(base, self.batch_size * self.comm.world_size, o.base_batch_size, o.lr_scaling)
 
-    def _rewrap(self) -> None:  # after the nets are built or reshaped
-        self.cluster_model, self.sub_model = self.wrap(self.nets.cluster), self.wrap(self.nets.sub)
-
     def _refresh_mixture(self) -> None:  # after the parameters change
-        self.mixture, self._sub_means32 = self.state.mixture(), self.state.sub_means.to(torch.float32)
+        self.mixture, self.sub_means32 = self.state.mixture(), self.state.sub_means.to(torch.float32)
+
+    def reshaped(self) -> None:
+        """After the nets were built or surgery changed the clusters: wrap the nets
+        (``wrap``), refresh the mixture."""
+        self.cluster_model, self.sub_model = self.wrap(self.nets.cluster), self.wrap(self.nets.sub)
+        self._refresh_mixture()
 
     @property
     def n_clusters(self) -> int:
@@ -225,7 +217,7 @@ class Trainer:
         return epoch_steps(self.x.shape[0], self.batch_size, self.config.optim.min_steps_per_epoch,
                            self.comm, self.device)
 
-    def _estep_targets(self) -> tuple[Tensor, Tensor]:
+    def estep_targets(self) -> tuple[Tensor, Tensor]:
         """:func:`~deepdpm_core.estep.estep_targets` of the local rows under the current
         mixture (candidates and r^E, (N_local, m) each); the anchors move to each row's best."""
         k = self.n_clusters
@@ -244,103 +236,17 @@ class Trainer:
         With ``train=False`` the nets are not updated (a pure statistics pass). When
         ``seconds`` is given, the durations of the E-step targets (``estep``) and the
         minibatch steps (``train``) are written into it (the statistics with their
-        all-reduce take the rest). Small data (:attr:`small`) run :meth:`em_epoch` instead.
+        all-reduce take the rest). Small data (:attr:`small`) run :func:`~deepdpm_core.training.em_epoch.em_epoch` instead.
         """
         if self.small:
-            return self.em_epoch(train, seconds)
-        t_start = device_clock(self.device)
-        k, bsz = self.n_clusters, self.batch_size
-        n_local = self.x.shape[0]
-        gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.epoch * 7919 + self.comm.rank)
-        one_pass, n_steps = self.n_steps()
-        perm = torch.randperm(n_local, generator=gen).to(self.device)
-        if n_steps > one_pass and n_local:  # extra training-only batches, re-drawn at random
-            extra = torch.randint(n_local, ((n_steps - one_pass) * bsz,), generator=gen).to(self.device)
-            perm = torch.cat([perm, extra])
-        m = top_m(self.config.estep, k)
-        candidates, resp = self._estep_targets()
-        t_estep = device_clock(self.device)
-        self.cluster_model.train(train)
-        self.sub_model.train(train)
-        pass_rows = min(n_local, one_pass * bsz)
-        stats = EpochStats(k, self.dim, pass_rows, m, self.device)
-        for step in range(n_steps if train else one_pass):
-            if step < one_pass:
-                idx = perm[step * bsz : min((step + 1) * bsz, pass_rows)]
-            else:
-                start = n_local + (step - one_pass) * bsz
-                idx = perm[start : start + bsz] if n_local else perm[:0]
-            x = self.x.index_select(0, idx)
-            slots, target = slot_targets(candidates, resp, idx)
-            with torch.set_grad_enabled(train), net_precision(self.precision, self.device):
-                # KL(r^E || r) also yields the hard clusters z and ln r on the slots
-                logits = self.cluster_model(x)
-                sum_cl, z, log_r_slots = slot_kl(logits, slots, target)
-                sub_logits = self.sub_model(x, z)
-                sub_r = torch.softmax(sub_logits, dim=1)
-                dist2 = (x[:, None, :] - self._sub_means32.index_select(0, z)).square().sum(-1)
-                # KL(r^E || r) and the subcluster loss summed over the local batch, divided
-                # by G/W with G the step's points over all ranks: DDP averages gradients
-                # over the W ranks, so the update is that of the per-point mean over the
-                # global batch (W = 1: the batch mean). A rank with no rows left runs an
-                # empty batch (zero gradients) so every rank takes the same steps.
-                sum_sub = (sub_r * dist2).sum()
-                per_rank = max(global_batch(step, one_pass, bsz, self.rank_rows), 1) / self.comm.world_size
-                loss_cl, loss_sub = sum_cl / per_rank, sum_sub / per_rank
-            if train:
-                self.nets.opt_cluster.zero_grad(set_to_none=True)
-                self.nets.opt_sub.zero_grad(set_to_none=True)
-                with net_precision(self.precision, self.device, backward=True):
-                    (loss_cl + loss_sub).backward()
-                self.nets.opt_cluster.step()
-                self.nets.opt_sub.step()
-            if step < one_pass:
-                stats.add(x, idx, logits, slots, target, log_r_slots,
-                          2 * z + sub_logits.detach().argmax(1), sum_cl, sum_sub)
-        t_train = device_clock(self.device)
-        soft, sub, losses = stats.reduce(self.x, self.comm)
-        if seconds is not None:
-            seconds.update(estep=t_estep - t_start, train=t_train - t_estep)
-        return soft, sub, losses
-
-    def em_epoch(self, train: bool = True, seconds: dict[str, float] | None = None
-                 ) -> tuple[SuffStats, SuffStats, dict[str, float]]:
-        """One exact EM epoch (:func:`~deepdpm_core.training.small_data.exact_statistics`): soft
-        statistics from r^E, hard 2-way subclusters; returns what :meth:`run_epoch` does.
-
-        The clustering net takes one full-batch step on KL(r^E ‖ r) (with ``train``), so it
-        follows the clusters through the moves and its loss is reported; it is fitted for
-        good once K has settled (:meth:`distil`).
-        """
-        t_start = device_clock(self.device)
-        k, n_local = self.n_clusters, self.x.shape[0]
-        candidates, resp = self._estep_targets()
-        t_estep = device_clock(self.device)
-        self.cluster_model.train(train)
-        with torch.set_grad_enabled(train), net_precision(self.precision, self.device):
-            sum_cl, _, _ = slot_kl(self.cluster_model(self.x), candidates, resp)
-        if train:
-            self.nets.opt_cluster.zero_grad(set_to_none=True)
-            with net_precision(self.precision, self.device, backward=True):
-                (sum_cl / (max(self.n_total, 1) / self.comm.world_size)).backward()
-            self.nets.opt_cluster.step()
-        t_train = device_clock(self.device)
-        soft, sub, sum_sub = exact_statistics(self.x, self.state, candidates, resp, self.anchors)
-        sums = torch.stack([sum_cl.detach().double(), sum_sub,
-                            torch.tensor(float(n_local), dtype=torch.float64, device=self.device)])
-        flat = self.comm.all_reduce(torch.cat([soft.flat(), sub.flat(), sums]))
-        a, b = SuffStats.numel(k, self.dim), SuffStats.numel(3 * k, self.dim)
-        soft, sub = SuffStats.from_flat(flat[:a], k, self.dim), SuffStats.from_flat(flat[a:b], 2 * k, self.dim)
-        n = float(flat[-1].clamp_min(1))
-        if seconds is not None:
-            seconds.update(estep=t_estep - t_start, train=t_train - t_estep)
-        return soft, sub, {"loss_cluster": float(flat[-3]) / n, "loss_subcluster": float(flat[-2]) / n}
+            return em_epoch(self, train, seconds)
+        return minibatch_epoch(self, train, seconds)
 
     def distil(self) -> dict[str, float]:
         """Fit the clustering net to the E-step of the final mixture
         (:func:`~deepdpm_core.training.small_data.distil`); returns ``distil_steps`` and
         ``distil_agreement`` for the history record."""
-        candidates, resp = self._estep_targets()
+        candidates, resp = self.estep_targets()
         sd = self.config.small_data
         with net_precision(self.precision, self.device):
             steps, agreement = distil(self.cluster_model, self.x, candidates, resp, self.n_total, self.comm,
@@ -362,44 +268,6 @@ class Trainer:
         reset_subclusters(self.state, self.nets, dead, self.torch_gen)
 
     # ------------------------------------------------------------------- moves
-    def _decide(self, kind: str, sub: SuffStats) -> MovePlan:
-        """Rank 0 decides the moves and broadcasts the plan, or the DataError it ran into,
-        so that every rank raises it rather than wait for a plan."""
-        plan: MovePlan | DataError | None = None
-        valleys = self._valleys(kind)
-        if self.comm.rank == 0:
-            try:
-                plan = plan_moves(kind, sub, self.state.means, self.prior_fit.prior, self.config.moves,
-                                  self.config.prior.alpha, self.rng, self._coarsening(), valleys)
-            except torch.linalg.LinAlgError:
-                plan = self.prior_fit.numerical_failure(self.epoch)
-        plan = self.comm.broadcast_object(plan, src=0)
-        if isinstance(plan, DataError):
-            raise plan
-        return plan
-
-    def _coarsening(self) -> float | None:
-        """c of the coarsened move ratios (:func:`~deepdpm_core.moves.coarsening_constant`)."""
-        p, prior = self.config.prior, self.prior_fit.prior
-        return coarsening_constant(p.coarsening, p.coarsening_per_parameter, prior.dim, prior.diagonal)
-
-    def _valleys(self, kind: str) -> np.ndarray | dict[tuple[int, int], float] | None:
-        """The density valleys a move round judges (:mod:`deepdpm_core.moves.density_valleys`;
-        collective): a split round's along each cluster's split axis, a merge round's
-        along each candidate pair's axis, from the rows of each row's best cluster (the
-        epoch's E-step anchors) summed over ranks. None when the round's rule
-        (``moves.split_valley`` or ``moves.merge_valley``) is off."""
-        mc = self.config.moves
-        if (mc.split_valley if kind == "split" else mc.merge_valley) is None:
-            return None
-        if kind == "split":
-            hist = self.comm.all_reduce(projection_histograms(self.x, self.anchors, self.state))
-            return valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, mc.valley_bandwidth)
-        pairs = merge_candidates(self.state.means, mc.merge_neighbours)
-        hist = self.comm.all_reduce(pair_histograms(self.x, self.anchors, self.state, pairs))
-        ratios = valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, mc.valley_bandwidth)
-        return dict(zip(pairs, ratios.tolist(), strict=True))
-
     def apply_plan(self, plan: MovePlan, soft: SuffStats) -> Tensor:
         """Surgery on parameters, nets and optimiser state (identical on every rank);
         returns each old cluster's new row (:func:`~deepdpm_core.moves.surgery.apply_plan`)."""
@@ -410,41 +278,8 @@ class Trainer:
         # anchors follow their cluster (−1 for a pruned one: the E-step searches afresh)
         if self.anchors is not None:
             self.anchors = new_row[self.anchors]
-        self._rewrap()
-        self._refresh_mixture()
+        self.reshaped()
         return new_row.cpu()
-
-    def _births(self, candidates: list[int]) -> int:
-        """Offer ``candidates`` (clusters whose split this round did not take) the cuts into
-        3 .. ``moves.birth_parts`` parts (:mod:`deepdpm_core.moves.births`; collective), if they
-        hold :func:`~deepdpm_core.moves.births.birth_min_points` points. Rank 0 chooses, every
-        rank cuts; returns the births made."""
-        mc = self.config.moves
-        counts = self.comm.all_reduce(torch.bincount(self.anchors[self.anchors >= 0], minlength=self.n_clusters)
-                                      .to(torch.float64))
-        rows = [k for k in candidates if counts[k] >= birth_min_points(mc, self.dim)]
-        if not rows:
-            return 0
-        prior = self.prior_fit.prior
-        proposals = birth_proposals(self.x, self.anchors, self.state, rows, prior, self.config.prior.alpha, mc,
-                                    self._coarsening(), self.comm)
-        chosen = self.comm.broadcast_object(choose_births(proposals) if self.comm.rank == 0 else None, src=0)
-        for i, prop in enumerate(proposals):
-            born = [b for b, j in chosen.items() if j == i]
-            if not born:
-                continue
-            keep = torch.tensor([b * prop.parts + j for b in born for j in range(prop.parts)], dtype=torch.long)
-            self.state, part_rows = apply_births(self.state, self.nets, [rows[b] for b in born],
-                                                 prop.stats.rows(keep), prior, self.torch_gen)
-            # the rows of a cut cluster move to their part's row
-            to_row = torch.full((len(rows) * prop.parts,), -1, dtype=torch.long, device=self.device)
-            to_row[keep.to(self.device)] = part_rows.to(self.device)
-            new_anchor = to_row[prop.part.clamp_min(0)]
-            self.anchors = torch.where((prop.part >= 0) & (new_anchor >= 0), new_anchor, self.anchors)
-        if chosen:
-            self._rewrap()
-            self._refresh_mixture()
-        return len(chosen)
 
     # --------------------------------------------------------------------- fit
     def step_epoch(self) -> dict:
@@ -478,18 +313,13 @@ class Trainer:
         splits = merges = 0
         move = self.schedule.move_at(epoch)
         if move is not None:
-            plan = self._decide(move, sub)
-            unsplit = [k for k in range(self.n_clusters) if k not in plan.splits and k not in plan.prunes]
-            new_row = self.apply_plan(plan, soft)
-            splits, merges = len(plan.splits), len(plan.merges)
-            if move == "split" and self.small and self.config.moves.birth_parts:
-                splits += self._births([int(new_row[k]) for k in unsplit])
+            splits, merges = move_round(self, move, soft, sub)
             self.schedule.moved(epoch, splits + merges, self.n_clusters)
         distilled = {}
         if self.schedule.finished(epoch):
             if self.small:  # the net learns the clusters the search found
                 distilled = self.distil()
-            self.prune_unused(self.hard_counts())  # last epoch: K = clusters that own points
+            prune_unowned(self)  # last epoch: K = clusters that own points
         t_end = device_clock(self.device)
         prior = self.prior_fit.prior
         record = {
@@ -543,23 +373,6 @@ class Trainer:
         return position_checksum([*self.nets.parameters(), *self.state.tensors(), torch.tensor(
             [self.epoch, self.n_clusters, c["move_round"], c["frozen_until"]])], self.device)
 
-    @torch.no_grad()
-    def hard_counts(self, batch_size: int = 65536) -> Tensor:
-        """Points per cluster under the clustering net's argmax, summed over ranks; (K,)."""
-        counts = torch.zeros(self.n_clusters, dtype=torch.float64, device=self.device)
-        for s in range(0, self.x.shape[0], batch_size):
-            with net_precision(self.precision, self.device):
-                z = self.nets.cluster(self.x[s : s + batch_size]).argmax(1)
-            counts += torch.bincount(z, minlength=self.n_clusters).to(counts)
-        return self.comm.all_reduce(counts)
-
-    def prune_unused(self, labels_counts: Tensor) -> None:
-        """Drop clusters that own no point (hard counts over all ranks are given)."""
-        empty = [int(k) for k in torch.nonzero(labels_counts <= 0).squeeze(1).tolist()]
-        if empty and len(empty) < self.n_clusters:
-            soft = SuffStats.zeros(self.n_clusters, self.dim, device=self.device)
-            self.apply_plan(MovePlan(prunes=empty), soft)
-
     # ---------------------------------------------------------- checkpointing
     def state_dict(self) -> dict[str, Any]:
         """:func:`~deepdpm_core.model.files.trainer_state`: what resuming needs."""
@@ -584,19 +397,5 @@ class Trainer:
             raise CheckpointError(f"the checkpoint was trained on {dim}-D rows, these have {x.shape[1]}")
         trainer = cls(config or from_dict(state["config"]), x, comm, wrap, callbacks)
         check_same_data(trainer, state, stored_coordinates(state).center)
-        trainer.load_state_dict(state)
+        restore_trainer(trainer, state)
         return trainer
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (the data and config come from the constructor)."""
-        self.epoch = int(state["epoch"])
-        self.schedule.restore(state)
-        self.history = list(state["history"])
-        self.state = MixtureState.from_state(state, self.device)
-        self.prior_fit.restore(state)
-        self._build_nets(self.n_clusters)
-        self.nets.cluster.load_state_dict(state["cluster_net"])
-        self.nets.sub.load_state_dict(state["sub_nets"])
-        restore_optimisers(self, state)
-        self._rewrap()
-        self._refresh_mixture()

@@ -4,7 +4,8 @@
   fit needs (stored for ``--resume``);
 - :mod:`pipeline.fit.runner`: the one epoch loop around the trainer, with hooks for
   per-epoch callbacks, checkpoints, consistency checks and test-only fault injection;
-- :mod:`pipeline.fit.local`, :mod:`pipeline.fit.ray`, :mod:`pipeline.fit.alternating`:
+- :mod:`pipeline.fit.local`, :mod:`pipeline.fit.ray` (its workers: :mod:`pipeline.fit.ray_worker`),
+  :mod:`pipeline.fit.alternating`:
   the three modes, each a thin driver of the runner;
 - :mod:`pipeline.fit.outputs`: what every fit leaves on disk;
 - :mod:`pipeline.fit.checkpoints`: the checkpoint and autoencoder files.

@@ -1,0 +1,156 @@
+"""Type-II maximum likelihood of the NIW prior's scale s and degrees of freedom ν0 given the
+current clusters (docs/design.md, section Self-calibration): the prior that makes the
+clusters' own statistics most probable."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from deepdpm_core.bayes.niw import NIWPrior, posterior
+from deepdpm_core.bayes.stats import SuffStats
+
+Tensor = torch.Tensor
+
+
+def _scale_spectrum(prior: NIWPrior, stats: SuffStats, shape: Tensor, diagonal: bool) -> Tensor:
+    """What the evidence's dependence on the prior's scale s sees of each row.
+
+    With Λ0 = ν0·s·P and t = ν0·s, Λn = t·P + B with B = s2 + n·diag(δ) + κ0 m0 m0ᵀ −
+    κn mn mnᵀ independent of s. The terms of ln f(X_r) that depend on s are
+    (ν0 D/2) ln t − (νn,r/2) Σ_i ln(t + β_ri), β_r the eigenvalues of P^(−1/2) B_r P^(−1/2)
+    (its diagonal entries when ``diagonal``: each feature a model of dimension 1).
+
+    Returns
+    -------
+    Tensor of shape (R, D), float64, CPU: β.
+    """
+    post = posterior(prior, stats)
+    p = shape.to(post.scale)
+    bmat = (post.scale - prior.scale.to(post.scale)) / torch.sqrt(p[:, None] * p[None, :])
+    beta = bmat.diagonal(dim1=-2, dim2=-1) if diagonal else torch.linalg.eigvalsh(bmat)
+    return beta.clamp_min(0.0).cpu()
+
+
+def empirical_bayes_scale(prior: NIWPrior, stats: SuffStats, shape: Tensor,
+                          per_feature: bool = False, iters: int = 100) -> float:
+    """Type-II maximum likelihood of the prior's scale s, Λ0 = ν0·s·P, given cluster stats.
+
+    Maximises Σ_k ln f(X_k; m0, κ0, ν0, ν0·s·P) over s with m0, κ0, ν0 and P fixed. Only
+    Λ0 depends on s (:func:`_scale_spectrum`); the objective is concave in ln t, with
+    derivative ½ Σ_k [ν0 D − νn,k Σ_i t / (t + β_ki)] falling from ½ Σ_k (ν0 D − νn,k ·
+    #{β_ki = 0}) to −½ Σ_k n_k D, so bisection in ln t finds its root. A set whose
+    derivative is negative everywhere (degenerate rows, e.g. single points) gets the lower
+    end of the bracket, 1e-12 of the mean β. For isotropic clusters of variance σ² it is
+    s = σ²: the prior's scale is the clusters' own spread. Sees only the (all-reduced)
+    statistics, so every rank gets the same s.
+
+    Parameters
+    ----------
+    prior : NIWPrior
+        m0, κ0, ν0 and diagonal-ness; its current Λ0 only enters through B_k = Λn − Λ0.
+    stats : SuffStats with K rows
+    shape : Tensor of shape (D,)
+        diag(P), positive.
+    per_feature : bool
+        Fit s to the clusters' per-feature variances: the evidence of the diagonal model
+        of the same clusters (one Normal-Inverse-Gamma model per feature, ν0 = 3 unless
+        the prior is diagonal already), whatever ``prior.diagonal``.
+
+    Returns
+    -------
+    float
+        s, in the units of the data squared.
+    """
+    diagonal = prior.diagonal or per_feature
+    nu0, d = (prior.nu if prior.diagonal or not per_feature else 3.0), prior.dim
+    keep = stats.n > 0
+    beta = _scale_spectrum(prior, stats.rows(torch.nonzero(keep).squeeze(1)), shape, diagonal)
+    nun = nu0 + stats.n[keep].cpu()
+    ref = float(beta.mean()) if beta.numel() else 0.0
+    if not ref > 0:
+        return 1.0
+    lo, hi = math.log(ref * 1e-12), math.log(ref) + 40.0
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        t = math.exp(mid)
+        if float((nu0 * d - nun * (t / (t + beta)).sum(-1)).sum()) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp(0.5 * (lo + hi)) / nu0
+
+
+def empirical_bayes_nu(prior: NIWPrior, stats: SuffStats, shape: Tensor, sigma_scale: float,
+                       floor: float | None = None, ceiling: float | None = None, iters: int = 60) -> float:
+    """Type-II maximum likelihood of the prior's degrees of freedom ν0, given s.
+
+    Maximises Σ_k ln f(X_k; m0, κ0, ν0, ν0·s·P) over ν0 with m0, κ0, s and P fixed. The
+    prior's mode Σ̂0 = ν0·s·P / (ν0 + D + 1) barely moves with ν0; what ν0 sets is how
+    tightly the clusters' covariances are held to it. Clusters of one common shape (e.g.
+    isotropic blobs of one spread) drive ν0 up, so that a cluster's covariance costs
+    little evidence even when it has few points per dimension (D = 128, 600 points a
+    cluster); clusters of varied shapes keep it at the weak end. With t = ν0·s the ν0-terms
+    of ln f(X_k) are (:func:`_scale_spectrum`, G = ln Γ_D for full covariances, D·ln Γ
+    for diagonal ones)::
+
+        G(νn,k/2) − G(ν0/2) + (ν0 D/2) ln t − (νn,k/2) Σ_i ln(t + β_ki),  νn,k = ν0 + n_k
+
+    maximised by golden-section search over ln(ν0 − D + 1) (ln ν0 when diagonal) within
+    [``floor``, ``ceiling``]. Sees only the (all-reduced) statistics.
+
+    Parameters
+    ----------
+    prior : NIWPrior
+        m0, κ0 and diagonal-ness; its Λ0 only enters through B_k = Λn − Λ0.
+    stats : SuffStats with K rows
+    shape : Tensor of shape (D,)
+        diag(P), positive.
+    sigma_scale : float
+        s, in the units of the data squared.
+    floor, ceiling : float, optional
+        The search interval of ν0; default [D + 2, 10⁴ (D + 2)] ([3, 3·10⁴] when diagonal):
+        never weaker than the paper's prior.
+
+    Returns
+    -------
+    float
+        ν0.
+    """
+    d = prior.dim
+    weakest = 3.0 if prior.diagonal else d + 2.0
+    floor = weakest if floor is None else float(floor)
+    ceiling = 1e4 * weakest if ceiling is None else float(ceiling)
+    keep = stats.n > 0
+    if not bool(keep.any()):
+        return floor
+    beta = _scale_spectrum(prior, stats.rows(torch.nonzero(keep).squeeze(1)), shape, prior.diagonal)
+    n = stats.n[keep].cpu().to(torch.float64)
+    offset = 0.0 if prior.diagonal else d - 1.0  # ν0 must exceed it
+
+    def log_gamma(a: Tensor) -> Tensor:  # G(a) of deepdpm_core.bayes.niw's docstring, for every row
+        return d * torch.lgamma(a) if prior.diagonal else torch.special.multigammaln(a, d)
+
+    def evidence(u: float) -> float:
+        nu0 = offset + math.exp(u)
+        t = nu0 * sigma_scale
+        nun = nu0 + n
+        terms = (log_gamma(nun / 2.0) - log_gamma(torch.tensor(nu0 / 2.0, dtype=torch.float64))
+                 + 0.5 * nu0 * d * math.log(t) - 0.5 * nun * torch.log(t + beta).sum(-1))
+        return float(terms.sum())
+
+    lo, hi = math.log(floor - offset), math.log(ceiling - offset)
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = evidence(a), evidence(b)
+    for _ in range(iters):
+        if fa >= fb:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = evidence(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = evidence(b)
+    return offset + math.exp(0.5 * (lo + hi))

@@ -1,0 +1,234 @@
+"""The worker side of a fit on Ray Train (:mod:`pipeline.fit.ray`): each worker's training loop
+over its slice of the rows, the driver's Ctrl-C as every rank sees it, rank 0's scores,
+checkpoints and progress, and the outputs rank 0 writes at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from deepdpm_core.data import readonly_tensor
+from deepdpm_core.errors import DeepDPMError
+from deepdpm_core.model import DeepDPM
+from deepdpm_core.runtime import Communicator
+from deepdpm_core.training import Trainer
+from pipeline.fit.checkpoints import (
+    CHECKPOINT_FILE,
+    load_ray_checkpoint,
+    write_trainer_state,
+)
+from pipeline.fit.interrupts import FitInterrupted
+from pipeline.fit.request import FitRequest
+from pipeline.fit.runner import (
+    CONSISTENCY_EVERY,
+    FitHooks,
+    data_variance_summary,
+    epoch_callbacks,
+    run_epochs,
+)
+from pipeline.io.atomic_files import write_json_atomic
+from pipeline.io.feature_rows import feature_shape
+
+#: a user error the workers agreed on (bad rows, a checkpoint of other data), for the driver
+ERROR_FILE = "worker_error.json"
+
+
+#: the driver's Ctrl-C, for the workers (``{"requested": true}``), and rank 0's answer
+#: once every rank has stopped at an epoch's end (``{"stopped_after_epoch": E}``)
+STOP_FILE = "stop_requested"
+
+
+# --------------------------------------------------------------------------- workers
+def train_worker(loop: dict[str, Any]) -> None:
+    """Ray Train loop of one rank (see the module docstring)."""
+    import ray.train
+    import ray.train.torch
+
+    from pipeline.fit.distributed import communicator, ddp_wrapper, load_rank_rows
+    from pipeline.tracking.environment import environment_tags
+    from pipeline.tracking.fit_runs import fit_params
+
+    # Ray Train sets the root logger to INFO on its workers, which shows the INFO records
+    # of every library (and its own "Reporting training result ..." at each report,
+    # whose logger is named by a file path, outside ``ray.train``): back to Python's
+    # WARNING. Ray Train's own records follow RunConfig's LoggingConfig.
+    logging.getLogger().setLevel(logging.WARNING)
+    req = FitRequest(**loop["request"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device() if req.use_gpu else torch.device("cpu")
+    comm = communicator(device)
+    wrap = ddp_wrapper(device) if comm.world_size > 1 else None
+    config = req.fit_config().with_overrides({"device": device.type})
+    n, dim = feature_shape(req.input)
+
+    # every rank reads and checks its slice; the first bad rank's error ends the run
+    error, x = "", np.zeros((0, dim), np.float32)
+    try:
+        x, _ = load_rank_rows(req.input, n, rank, world)
+    except DeepDPMError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    error = _first_error(comm, error)
+    if error:
+        _stop_with(error, req, rank)
+        return
+
+    tracker = req.tracker(rank)
+    with tracker:
+        checkpoint = ray.train.get_checkpoint()
+        try:
+            if checkpoint is not None:
+                trainer = Trainer.from_state(load_ray_checkpoint(checkpoint), readonly_tensor(x),
+                                             comm, wrap, config=config)
+            else:
+                trainer = Trainer(config, readonly_tensor(x), comm, wrap)
+        except DeepDPMError as exc:  # decided from global quantities: the same on every rank
+            _stop_with(f"{type(exc).__name__}: {exc}", req, rank)
+            return
+        del x  # the trainer holds its own (shifted) copy
+        resumed_from = trainer.epoch if checkpoint is not None else None
+        tracker.log_params(fit_params(config.flat(), n, dim, num_workers=world))
+        tracker.set_tags({**environment_tags(req.input),
+                          **({"resumed_from_epoch": resumed_from} if resumed_from is not None else {})})
+        stop_file = Path(req.output) / STOP_FILE
+        hooks = FitHooks(
+            on_epoch=epoch_callbacks(trainer, tracker, _rank0_scores(req, config.seed))
+            if rank == 0 else [],
+            checkpoint=lambda t: _report(t, rank, final=False),
+            checkpoint_every=req.checkpoint_every,
+            consistency_every=CONSISTENCY_EVERY if world > 1 else 0,
+            progress=_ray_progress if rank == 0 and not req.quiet else None,
+            fault=loop.get("fault"),
+            stop=_DriverStop(comm, stop_file),
+            rank=rank,
+        )
+        t0 = time.perf_counter()
+        before = sum(r["seconds"] for r in trainer.history)
+        try:
+            run_epochs(trainer, hooks, restored=checkpoint is not None)
+        except FitInterrupted:  # the driver's Ctrl-C: every rank stands at this epoch's end
+            if rank == 0:
+                write_json_atomic({"stopped_after_epoch": trainer.epoch}, stop_file)
+            tracker.close("KILLED")
+            # what --resume continues from; once Ray Train has registered it, the driver
+            # may end the cluster
+            _report(trainer, rank, final=False)
+            return
+        except DeepDPMError as exc:
+            # a data error meets every rank alike (all-reduced statistics, rank 0's broadcast
+            # plan); Ray Train retries whatever a worker raises, so it ends the run here
+            tracker.close("FAILED")
+            _stop_with(f"{type(exc).__name__}: {exc}", req, rank)
+            return
+        _report(trainer, rank, final=True)
+        if rank == 0:
+            _write_outputs(trainer, req, Path(loop["staging"]), before + time.perf_counter() - t0,
+                           tracker,
+                           {"num_workers": world, "resumed_from_epoch": resumed_from,
+                            **data_variance_summary(trainer)})
+
+
+class _DriverStop:
+    """The driver's Ctrl-C (:data:`STOP_FILE`) as every rank sees it, for
+    :attr:`pipeline.fit.runner.FitHooks.stop`.
+
+    Reading :attr:`requested` is a collective: rank 0 looks for the file and one
+    all-reduce tells every rank, so all stop after the same epoch. The runner reads it
+    once per epoch on every rank.
+    """
+
+    def __init__(self, comm: Communicator, path: Path) -> None:
+        self.comm, self.path = comm, path
+        self.honoured = False
+
+    @property
+    def requested(self) -> bool:
+        asked = self.comm.rank == 0 and self.path.exists()
+        flag = torch.tensor([1.0 if asked else 0.0], dtype=torch.float64)
+        return bool(self.comm.all_reduce(flag, op="max").item() > 0)
+
+
+def _rank0_scores(req: FitRequest, seed: int):
+    """Per-epoch label scores on the rows a local fit of the same input scores."""
+    from pipeline.fit.epoch_scores import EpochLabelScores
+
+    return EpochLabelScores.from_file(req.input, seed=seed)
+
+
+def _report(trainer: Trainer, rank: int, final: bool) -> None:
+    """``ray.train.report`` on every rank (it is a barrier); rank 0 attaches the checkpoint."""
+    import ray.train
+
+    metrics = {"epoch": trainer.epoch, "n_clusters": trainer.n_clusters, "final": final}
+    if rank != 0:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory(prefix="deepdpm-ckpt-") as tmp:
+        write_trainer_state(trainer, Path(tmp) / CHECKPOINT_FILE)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+
+
+def _stop_with(error: str, req: FitRequest, rank: int) -> None:
+    """End the run cleanly on a user error that every rank agrees on: a retry could not
+    help, so no rank raises; rank 0 leaves the message for the driver."""
+    if rank == 0:
+        write_json_atomic({"error": error}, Path(req.output) / ERROR_FILE)
+
+
+def _first_error(comm: Communicator, error: str) -> str:
+    """The error of the lowest rank that has one, on every rank ("" when none)."""
+    w = comm.world_size
+    flag = torch.tensor([float(w - comm.rank) if error else 0.0], dtype=torch.float64)
+    top = int(comm.all_reduce(flag, op="max").item())
+    if top == 0:
+        return ""
+    return comm.broadcast_object(error, src=w - top)
+
+
+@contextlib.contextmanager
+def _ray_progress(trainer: Trainer) -> Iterator[Callable[[dict], None]]:
+    """Rank 0's progress bar, drawn by the Ray driver (``ray.experimental.tqdm_ray``, which
+    carries a count and a description only: K, and at the end why the fit stopped, go in
+    the description)."""
+    from ray.experimental import tqdm_ray
+
+    bar = tqdm_ray.tqdm(total=trainer.config.schedule.max_epochs, desc="deepdpm fit", unit="epoch")
+    bar.n = trainer.epoch  # a resumed fit goes on counting from its checkpoint
+
+    def show(record: dict) -> None:
+        description = f"deepdpm fit K={record['n_clusters']}"
+        reason = trainer.schedule.stop_reason(record["epoch"] + 1)  # the record's epoch counts from 0
+        if reason is not None:  # complete at the epochs run, not e.g. 33/200
+            bar.total = bar.n + 1
+            description += f" stopped: {reason}"
+        bar.set_description(description)
+        bar.update(1)
+
+    try:
+        yield show
+    finally:
+        bar.close()
+
+
+def _write_outputs(trainer: Trainer, req: FitRequest, staging: Path, fit_seconds: float,
+                   tracker: Any, extra: dict[str, Any]) -> None:
+    """Rank 0: predict every row (full table read now) and write the fit's outputs into
+    ``staging`` (the driver publishes them)."""
+    from pipeline.fit.outputs import write_fit_outputs
+    from pipeline.io.tables import read_features
+    from pipeline.tracking.fit_runs import log_fit_outputs
+
+    table = read_features(req.input)
+    shutil.rmtree(staging, ignore_errors=True)  # what an attempt that failed left
+    write_fit_outputs(staging, DeepDPM.from_trainer(trainer), table, fit_seconds, req.input,
+                      extra=extra, publish=False)
+    log_fit_outputs(tracker, staging)  # + final_nmi/ari/acc over all labelled rows
