@@ -116,8 +116,7 @@ def test_a_fit_names_the_moves_its_schedule_ran_and_stops_by_its_rule():
     history = trainer.history
     moves = [r["move"] for r in history]
     assert "split" in moves and set(moves) <= {None, "split", "merge"}
-    replayed = MoveSchedule(cfg.schedule, cfg.moves)
-    assert replayed.replay(history) == moves
+    replayed = _replayed(cfg, history)
     assert replayed.counters() == trainer.schedule.counters()
     # it stopped at the first epoch after which the schedule says stop
     assert _finished_after(cfg, history)
@@ -125,10 +124,18 @@ def test_a_fit_names_the_moves_its_schedule_ran_and_stops_by_its_rule():
     assert trainer.n_clusters == 4
 
 
-def _finished_after(cfg: Config, history: list[dict]) -> bool:
+def _replayed(cfg: Config, history: list[dict]) -> MoveSchedule:
+    """A schedule fed the move rounds of ``history`` as the fit fed its own."""
     sched = MoveSchedule(cfg.schedule, cfg.moves)
-    sched.replay(history)
-    return sched.finished(len(history))
+    for epoch, record in enumerate(history, start=1):
+        assert record["move"] == sched.move_at(epoch)
+        if record["move"]:
+            sched.moved(epoch, record["splits_accepted"] + record["merges_accepted"], record["n_clusters"])
+    return sched
+
+
+def _finished_after(cfg: Config, history: list[dict]) -> bool:
+    return _replayed(cfg, history).finished(len(history))
 
 
 def test_cycles_whose_ends_take_turns_between_two_values_stop_the_fit():

@@ -22,7 +22,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn.utils.validation import check_is_fitted
 
-from deepdpm_core import Config, ConfigError, DataError, DeepDPM
+from deepdpm_core import CheckpointError, Config, ConfigError, DataError, DeepDPM
 from deepdpm_core.data import make_mixture
 from deepdpm_core.model import FORMAT, FittedModel
 from deepdpm_core.training import Trainer
@@ -206,15 +206,10 @@ def test_fitted_estimator_holds_the_model_only_and_predicts_as_its_trainer(tmp_p
         assert loaded.history_ == history and loaded.get_config() == config
     assert (tmp_path / "model.pt").stat().st_size < (tmp_path / "trainer_state.pt").stat().st_size
 
-    # files written before the coordinates existed stored only the mean the rows were shifted by
-    legacy = {k: v for k, v in trainer.state_dict().items() if k != "coordinates"}
-    legacy.update(format=FORMAT, shift=torch.full((3,), 0.5, dtype=torch.float64))
-    old = FittedModel.from_state(legacy)
-    assert old.coords.kind == "none" and torch.equal(old.coords.center, legacy["shift"])
-    assert torch.equal(old.coords.mult, torch.ones(3, dtype=torch.float64))
-    with torch.no_grad():
-        expected = F.log_softmax(trainer.nets.cluster((x.double() - 0.5).float()), dim=1)
-    assert torch.equal(old.predict_log_proba(x), expected)
+    # a model file without its coordinates is refused in one line naming the key
+    without = {k: v for k, v in trainer.state_dict().items() if k != "coordinates"}
+    with pytest.raises(CheckpointError, match="without the key 'coordinates'"):
+        FittedModel.from_state({**without, "format": FORMAT})
 
 
 def test_readme_scikit_learn_example_runs():

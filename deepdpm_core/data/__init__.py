@@ -5,7 +5,6 @@ from deepdpm_core.data.coordinates import (
     FeatureCoordinates,
     fit_coordinates,
     resolve_transform,
-    stored_coordinates,
 )
 from deepdpm_core.data.datasets import make_mixture
 from deepdpm_core.data.metrics import (
@@ -28,5 +27,4 @@ __all__ = [
     "acc", "ari", "check_features", "check_init_labels", "clustering_scores", "contingency",
     "contingency_scores", "ContingencyCounts", "FeatureCoordinates", "fit_coordinates",
     "is_real_dtype", "make_mixture", "nmi", "readonly_tensor", "resolve_transform",
-    "stored_coordinates"
 ]

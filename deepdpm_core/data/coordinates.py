@@ -181,13 +181,3 @@ def fit_coordinates(x: Tensor, data: DataConfig, comm: Communicator, device: tor
         unit = 1.0
     coords = FeatureCoordinates(kind, mean, a / unit, unit, std * a)
     return coords, n, rank_rows
-
-
-def stored_coordinates(state: dict[str, Any]) -> FeatureCoordinates:
-    """The coordinates a state was fitted in; states without them (written before the
-    coordinates existed) shifted the rows by their mean and nothing else."""
-    if "coordinates" in state:
-        return FeatureCoordinates.from_state(state["coordinates"])
-    shift = state["shift"].to(torch.float64)
-    ones = torch.ones_like(shift)
-    return FeatureCoordinates("none", shift, ones, 1.0, ones)

@@ -78,16 +78,9 @@ def _section(config: Any, name: str) -> Any:
     return _get(config, name, {}) if config is not None else {}
 
 
-def move_kinds(history: Sequence[Mapping[str, Any]], schedule: Any, moves: Any) -> list[str | None]:
-    """The move each epoch ended with: ``"split"``, ``"merge"`` or None.
-
-    Read from the records' ``move``; records written before they named their move are
-    replayed through the fit's own :class:`~deepdpm_core.moves.schedule.MoveSchedule`, built
-    from the ``schedule`` and ``moves`` sections (dataclasses, dicts, or None: defaults).
-    """
-    if history and all("move" in record for record in history):
-        return [record["move"] for record in history]
-    return MoveSchedule(_typed(ScheduleConfig, schedule), _typed(MovesConfig, moves)).replay(list(history))
+def move_kinds(history: Sequence[Mapping[str, Any]]) -> list[str | None]:
+    """The move each epoch ended with, as its record names it: ``"split"``, ``"merge"`` or None."""
+    return [record.get("move") for record in history]
 
 
 def stop_reason(history: Sequence[Mapping[str, Any]], config: Any) -> str | None:
@@ -103,8 +96,7 @@ def stop_reason(history: Sequence[Mapping[str, Any]], config: Any) -> str | None
         return None
     schedule = MoveSchedule(_typed(ScheduleConfig, _section(config, "schedule")),
                             _typed(MovesConfig, _section(config, "moves")))
-    for epoch, (kind, record) in enumerate(zip(move_kinds(history, schedule.schedule, schedule.moves),
-                                               history, strict=True), start=1):
+    for epoch, (kind, record) in enumerate(zip(move_kinds(history), history, strict=True), start=1):
         if kind is not None:
             schedule.moved(epoch, int(record.get("splits_accepted") or 0)
                            + int(record.get("merges_accepted") or 0), int(record["n_clusters"]))
@@ -241,7 +233,7 @@ def diagnose(
     fitted = history[-1].get("prior_scale")
     out: list[Diagnostic] = []
 
-    kinds = move_kinds(history, rounds.schedule, rounds.moves)
+    kinds = move_kinds(history)
     stalled = 0  # split rounds since the last accepted split
     for epoch, (kind, record) in enumerate(zip(kinds, history, strict=True), start=1):
         if kind is None:

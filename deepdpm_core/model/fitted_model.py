@@ -34,7 +34,6 @@ from deepdpm_core.data import (
     FeatureCoordinates,
     check_features,
     readonly_tensor,
-    stored_coordinates,
 )
 from deepdpm_core.errors import CheckpointError, ConfigError
 from deepdpm_core.model.files import safe_load, save_checkpoint
@@ -49,7 +48,7 @@ FORMAT = "deepdpm-model/1"
 
 
 #: the keys of a model file that assigning rows reads (``shift``: files without coordinates)
-_ASSIGNER_KEYS = ("format", "config", "coordinates", "shift", "input_scale", "cluster_net")
+_ASSIGNER_KEYS = ("format", "config", "coordinates", "cluster_net")
 
 
 @dataclass(eq=False)
@@ -65,14 +64,11 @@ class ClusterAssigner:
         Raw rows -> the fit's coordinates x̃.
     cluster_net : ClusterNet
         f_cl: x̃ (B, D) -> logits (B, K).
-    input_scale : float
-        Factor on x̃ before the net (see :class:`FittedModel`).
     """
 
     config: Config
     coords: FeatureCoordinates
     cluster_net: ClusterNet
-    input_scale: float = 1.0
 
     @property
     def dim(self) -> int:
@@ -107,11 +103,10 @@ class ClusterAssigner:
             (hidden, dim), k = weights["hidden.weight"].shape, weights["out.weight"].shape[0]
             net = ClusterNet(int(dim), int(hidden), int(k), torch.Generator())
             net.load_state_dict(weights)
-            coords = stored_coordinates(state)
-            input_scale = float(state["input_scale"])
+            coords = FeatureCoordinates.from_state(state["coordinates"])
         except KeyError as exc:
             raise CheckpointError(f"a DeepDPM model checkpoint without the key {exc}") from exc
-        return cls(config, coords, net.to(device).eval().requires_grad_(False), input_scale)
+        return cls(config, coords, net.to(device).eval().requires_grad_(False))
 
     def state_dict(self) -> dict[str, Any]:
         """The assigner as tensors and plain containers: a model file's dict less the
@@ -120,7 +115,6 @@ class ClusterAssigner:
             "format": FORMAT,
             "config": self.config.to_dict(),
             "coordinates": self.coords.state_dict(),
-            "input_scale": self.input_scale,
             "cluster_net": {k: v.cpu() for k, v in self.cluster_net.state_dict().items()},
         }
 
@@ -156,7 +150,7 @@ class ClusterAssigner:
         for s in range(0, x.shape[0], batch_size):
             xb = self.coords.apply(x[s : s + batch_size].to(self.device)).float()
             with net_precision(precision, self.device):
-                logits = self.cluster_net(xb * self.input_scale)
+                logits = self.cluster_net(xb)
             yield F.log_softmax(logits.float(), dim=1).cpu()
 
     def predict_log_proba(self, x: Tensor, batch_size: int = 65536) -> Tensor:
@@ -235,9 +229,6 @@ class FittedModel:
         One record per epoch (see :class:`~deepdpm_core.model.estimator.DeepDPM`).
     n_total : int
         Rows it was fitted on.
-    input_scale : float
-        Factor on x̃ before the net (1 since the coordinates have unit mean variance;
-        older model files stored another).
     """
 
     config: Config
@@ -248,7 +239,6 @@ class FittedModel:
     log_weights: Tensor
     history: list[dict[str, Any]]
     n_total: int
-    input_scale: float = 1.0
 
     @property
     def dim(self) -> int:
@@ -300,7 +290,7 @@ class FittedModel:
             return cls(assigner.config, assigner.coords, assigner.cluster_net,
                        state["means"].to(device), state["covariances"].to(device),
                        state["log_weights"].to(device), list(state["history"]),
-                       int(state["n_total"]), assigner.input_scale).freeze()
+                       int(state["n_total"])).freeze()
         except KeyError as exc:
             raise CheckpointError(f"a DeepDPM model checkpoint without the key {exc}") from exc
 
@@ -312,7 +302,6 @@ class FittedModel:
             "dim": self.dim,
             "n_total": self.n_total,
             "coordinates": self.coords.state_dict(),
-            "input_scale": self.input_scale,
             "history": list(self.history),
             "means": self.means.cpu(),
             "covariances": self.covariances.cpu(),
@@ -342,7 +331,7 @@ class FittedModel:
     # ------------------------------------------------------------ inference
     def assigner(self) -> ClusterAssigner:
         """The part of the model that assigns rows (the net and the transform, shared)."""
-        return ClusterAssigner(self.config, self.coords, self.cluster_net, self.input_scale)
+        return ClusterAssigner(self.config, self.coords, self.cluster_net)
 
     def log_proba_batches(self, x: Tensor, batch_size: int = 65536) -> Iterator[Tensor]:
         """ln r = log_softmax(f_cl(x̃)) for raw rows x (N, D), one (B, K) CPU batch at a time."""

@@ -142,16 +142,3 @@ class MoveSchedule:
         self.rounds_without_move = int(state["rounds_without_move"])
         self.frozen_until = int(state["frozen_until"])
         self.round_k = [int(k) for k in state["round_k"]]
-
-    def replay(self, history: list[dict[str, Any]]) -> list[str | None]:
-        """The move that ended each epoch of ``history`` (records with ``splits_accepted``,
-        ``merges_accepted`` and ``n_clusters``, oldest first), advancing the counters as
-        the fit did."""
-        kinds = []
-        for index, record in enumerate(history):
-            kind = self.move_at(index + 1)
-            if kind is not None:
-                self.moved(index + 1, int(record.get("splits_accepted") or 0)
-                           + int(record.get("merges_accepted") or 0), int(record["n_clusters"]))
-            kinds.append(kind)
-        return kinds

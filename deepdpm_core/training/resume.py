@@ -24,7 +24,6 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
         "dim": trainer.dim,
         "n_total": trainer.n_total,
         "coordinates": trainer.coords.state_dict(),
-        "input_scale": 1.0,
         **trainer.prior_fit.state_dict(),
         "epoch": trainer.epoch,
         **trainer.schedule.counters(),

@@ -29,7 +29,7 @@ from torch import nn
 
 from deepdpm_core.bayes import PriorFit, SuffStats, grouped_stats, map_estimate
 from deepdpm_core.config import Config, from_dict
-from deepdpm_core.data import fit_coordinates, stored_coordinates
+from deepdpm_core.data import FeatureCoordinates, fit_coordinates
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.estep import (
     MixtureState,
@@ -396,6 +396,6 @@ class Trainer:
         if x.shape[1] != dim:
             raise CheckpointError(f"the checkpoint was trained on {dim}-D rows, these have {x.shape[1]}")
         trainer = cls(config or from_dict(state["config"]), x, comm, wrap, callbacks)
-        check_same_data(trainer, state, stored_coordinates(state).center)
+        check_same_data(trainer, state, FeatureCoordinates.from_state(state["coordinates"]).center)
         restore_trainer(trainer, state)
         return trainer

@@ -166,8 +166,6 @@ class FitRequest:
         path = Path(run_dir) / REQUEST_FILE
         try:
             data = json.loads(path.read_text())
-            if "in_process" in data:  # written before the modes had names
-                data["mode"] = "local" if data.pop("in_process") else "ray"
             return cls(**data)
         except (FileNotFoundError, NotADirectoryError):
             raise CheckpointError(
