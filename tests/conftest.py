@@ -1,7 +1,13 @@
-"""Shared test set-up: quiet, single-threaded BLAS, no MLflow telemetry."""
+"""Shared test set-up: quiet, single-threaded BLAS, no MLflow telemetry, and the tiers.
+
+The folders are the tiers: ``core/<package>/`` the method, one folder per package of
+deepdpm_core; ``pipeline/`` the CLI, files and fit modes in one process; ``system/`` Ray,
+MLflow servers and deployment files. Helpers live in ``support/``.
+"""
 
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
@@ -11,6 +17,19 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+#: the tier of each top folder of tests/ (``pytest -m core`` runs the method's unit tests)
+TIERS = ("core", "pipeline", "system")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark each test with its tier, from the folder it lives in."""
+    root = Path(__file__).parent
+    for item in items:
+        tier = Path(item.fspath).relative_to(root).parts[0]
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 #: the session's exit status, kept for :func:`pytest_unconfigure`

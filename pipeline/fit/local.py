@@ -99,7 +99,7 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
             fit_seconds = before + time.perf_counter() - t0
             extra = {"num_workers": 1, "resumed_from_epoch": resumed_from,
                      **data_variance_summary(trainer)}
-            # looked up in the module at call time: tests/fault_harness.py replaces it
+            # looked up in the module at call time: tests/support/fault_harness.py replaces it
             summary = outputs.write_fit_outputs(out, DeepDPM.from_trainer(trainer), table,
                                                 fit_seconds, request.input, extra=extra)
         except KeyboardInterrupt as exc:

@@ -1,0 +1,288 @@
+"""NIW math against independent references (Student-t chain rule, numerical integral)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import integrate, stats
+
+from deepdpm_core.bayes import (
+    NIWPrior,
+    SuffStats,
+    empirical_bayes_nu,
+    empirical_bayes_scale,
+    grouped_stats,
+    log_marginal_likelihood,
+    log_merge_hastings,
+    log_split_hastings,
+    map_estimate,
+    posterior,
+    sparse_stats,
+)
+from deepdpm_core.errors import ConfigError
+
+
+def _prior(d, kappa=0.5, nu=None, s=0.7, seed=0):
+    rng = np.random.default_rng(seed)
+    m0 = torch.tensor(rng.normal(size=d))
+    a = rng.normal(size=(d, d))
+    nu = d + 2.0 if nu is None else nu
+    scale = torch.tensor(a @ a.T + s * np.eye(d))
+    return NIWPrior(m0, kappa, nu, scale)
+
+
+def _stats(x):
+    x = torch.as_tensor(x, dtype=torch.float64)
+    return sparse_stats(x, torch.zeros(len(x), dtype=torch.long), torch.ones(len(x)), 1)
+
+
+def _chain_rule(prior, x):
+    """ln p(x_1..x_n) = Σ ln p(x_i | x_<i), each a Student-t posterior predictive."""
+    d = prior.dim
+    total = 0.0
+    for i in range(len(x)):
+        st = _stats(x[:i]) if i else SuffStats.zeros(1, d)
+        post = posterior(prior, st)
+        dof = float(post.nu[0]) - d + 1
+        shape = post.scale[0].numpy() * (float(post.kappa[0]) + 1) / (float(post.kappa[0]) * dof)
+        total += stats.multivariate_t(loc=post.mean[0].numpy(), shape=shape, df=dof).logpdf(x[i])
+    return total
+
+
+@pytest.mark.parametrize("d", [1, 3])
+def test_marginal_likelihood_matches_student_t_chain_rule(d):
+    x = np.random.default_rng(1).normal(size=(7, d)) * 1.5 + 0.3
+    prior = _prior(d)
+    ours = float(log_marginal_likelihood(prior, _stats(x))[0])
+    assert ours == pytest.approx(_chain_rule(prior, x), rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_marginal_likelihood_matches_numerical_integral_1d():
+    """1-D: ∫∫ Π N(x_i; μ, σ²) NIW(μ, σ²) dμ dσ² on a fine grid (σ² = e^t)."""
+    x = np.array([0.3, -1.1, 0.8, 1.9])
+    m0, k0, nu0, lam0 = 0.2, 0.8, 3.0, 2.0
+    prior = NIWPrior(torch.tensor([m0]), k0, nu0, torch.tensor([[lam0]]))
+    mu = np.linspace(-12.0, 12.0, 2401)[:, None]
+    t = np.linspace(-8.0, 6.0, 2801)[None, :]
+    var = np.exp(t)
+    log_f = (
+        stats.invgamma(a=nu0 / 2, scale=lam0 / 2).logpdf(var) + t  # dσ² = e^t dt
+        + stats.norm(m0, np.sqrt(var / k0)).logpdf(mu)
+        + stats.norm(mu[..., None], np.sqrt(var)[..., None]).logpdf(x).sum(-1)
+    )
+    peak = log_f.max()
+    val = integrate.trapezoid(integrate.trapezoid(np.exp(log_f - peak), t[0], axis=1), mu[:, 0])
+    ours = float(log_marginal_likelihood(prior, _stats(x[:, None]))[0])
+    assert ours == pytest.approx(peak + math.log(val), abs=1e-6)
+
+
+def test_map_is_posterior_mode_formula():
+    x = np.random.default_rng(2).normal(size=(50, 3))
+    prior = _prior(3)
+    mean, cov = map_estimate(prior, _stats(x))
+    kn = prior.kappa + 50
+    mn = (prior.kappa * prior.m0.numpy() + x.sum(0)) / kn
+    lam = (prior.scale.numpy() + prior.kappa * np.outer(prior.m0, prior.m0) + x.T @ x - kn * np.outer(mn, mn))
+    np.testing.assert_allclose(mean[0].numpy(), mn, rtol=1e-12)
+    np.testing.assert_allclose(cov[0].numpy(), lam / (prior.nu + 50 + 3 + 2), rtol=1e-10)
+    # weak prior: MAP ~ the sample moments
+    weak = NIWPrior(torch.zeros(3, dtype=torch.float64), 1e-6, 5.0, torch.eye(3, dtype=torch.float64) * 1e-8)
+    big = np.random.default_rng(3).normal(size=(20000, 3)) @ np.diag([1.0, 2.0, 0.5]) + 4
+    m, c = map_estimate(weak, _stats(big))
+    np.testing.assert_allclose(m[0].numpy(), big.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(c[0].numpy(), np.cov(big.T, bias=True), rtol=2e-3, atol=2e-3)
+
+
+def test_grouped_statistics_and_map_covariances_are_exactly_symmetric():
+    # the posterior has no symmetrising pass: symmetric statistics must give exactly
+    # symmetric covariances (the float32 GEMM's scatter block is symmetrised at the source)
+    rng = np.random.default_rng(4)
+    x = torch.tensor(rng.normal(size=(3000, 17)) * 5 + 40, dtype=torch.float32)
+    rows = torch.tensor(rng.integers(0, 5, size=3000))
+    stats = grouped_stats(x, torch.arange(3000), rows, torch.tensor(rng.random(3000)), 5, chunk_rows=300)
+    assert torch.equal(stats.s2, stats.s2.transpose(-1, -2))
+    prior = NIWPrior(torch.zeros(17, dtype=torch.float64), 1e-4, 19.0, torch.eye(17, dtype=torch.float64) * 0.1)
+    _, cov = map_estimate(prior, stats)
+    assert torch.equal(cov, cov.transpose(-1, -2))
+    torch.linalg.cholesky(cov)  # and positive definite
+
+
+def _two_way(x, z):
+    xt = torch.as_tensor(x, dtype=torch.float64)
+    return sparse_stats(xt, torch.as_tensor(z), torch.ones(len(x)), 2)
+
+
+def test_split_accepts_two_blobs_rejects_one_gaussian():
+    rng = np.random.default_rng(4)
+    prior = NIWPrior.from_shape(torch.zeros(2), torch.ones(2), 1e-4, None, 0.005)
+    blobs = np.concatenate([rng.normal(size=(300, 2)) - 4, rng.normal(size=(300, 2)) + 4])
+    z = np.repeat([0, 1], 300)
+    assert float(log_split_hastings(prior, 10.0, _two_way(blobs, z))[0]) > 50
+    one = rng.normal(size=(600, 2))
+    z = (one[:, 0] > 0).astype(int)  # the best 2-way cut of a single Gaussian
+    assert float(log_split_hastings(prior, 10.0, _two_way(one, z))[0]) < -5
+
+
+@pytest.mark.parametrize("alpha", [0.5, 10.0])
+def test_split_and_merge_hastings_ratios_are_eq_2_with_chain_rule_marginals(alpha):
+    """ln H_s = ln α + ln Γ(N1) f(X1) + ln Γ(N2) f(X2) − ln Γ(N) f(X) (paper Eq. 2), each
+    f written out by the Student-t chain rule; ln H_m of the same pair is its negative."""
+    rng = np.random.default_rng(8)
+    x = np.concatenate([rng.normal(size=(9, 2)) - 1.0, rng.normal(size=(14, 2)) * 0.7 + 1.5])
+    z = np.repeat([0, 1], [9, 14])
+    prior = _prior(2, kappa=0.3, s=0.4, seed=3)
+    expected = (math.log(alpha) + math.lgamma(9) + _chain_rule(prior, x[:9]) + math.lgamma(14)
+                + _chain_rule(prior, x[9:]) - math.lgamma(23) - _chain_rule(prior, x))
+    sub = _two_way(x, z)
+    assert float(log_split_hastings(prior, alpha, sub)[0]) == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    merge = log_merge_hastings(prior, alpha, sub.rows([0]), sub.rows([1]))
+    assert float(merge[0]) == pytest.approx(-expected, rel=1e-9, abs=1e-9)
+    # an empty side proposes nothing
+    lone = _two_way(x, np.zeros(23, dtype=int))
+    assert float(log_split_hastings(prior, alpha, lone)[0]) == -math.inf
+
+
+def test_nu_at_or_below_d_minus_1_is_a_config_error():
+    # the inverse-Wishart needs nu > D - 1; the CLI prints ConfigErrors as one line
+    with pytest.raises(ConfigError, match="prior.nu must exceed D - 1 = 3 for 4-dimensional data, got 3.0"):
+        NIWPrior.from_shape(torch.zeros(4), torch.ones(4), 1e-4, 3.0, 0.005)
+    assert NIWPrior.from_shape(torch.zeros(4), torch.ones(4), 1e-4, 3.5, 0.005).nu == 3.5
+
+
+def test_split_then_merge_restores_stats_and_negates_ratio():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(200, 3))
+    z = rng.integers(0, 2, 200)
+    sub = _two_way(x, z)
+    whole = _stats(x)
+    merged = sub.rows([0]) + sub.rows([1])
+    for a, b in ((merged.n, whole.n), (merged.s1, whole.s1), (merged.s2, whole.s2)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-10)
+    prior = _prior(3)
+    ls = log_split_hastings(prior, 10.0, sub)
+    lm = log_merge_hastings(prior, 10.0, sub.rows([0]), sub.rows([1]))
+    torch.testing.assert_close(lm, -ls)
+
+
+def test_proposals_in_row_chunks_equal_one_batch(monkeypatch):
+    """Hastings ratios are computed a bounded number of rows at a time: same decisions."""
+    from deepdpm_core.moves import proposals as moves
+
+    rng = np.random.default_rng(6)
+    k, d = 23, 3
+    x = torch.tensor(rng.normal(size=(2000, d)) + rng.integers(0, 6, size=(2000, 1)) * 3.0)
+    z = torch.tensor(rng.integers(0, 2 * k, 2000))
+    sub = sparse_stats(x, z[:, None], torch.ones(2000, 1, dtype=torch.float64), 2 * k)
+    hard = sub.pair_sums()
+    means = hard.s1 / hard.n[:, None]
+    prior = _prior(d)
+    whole = log_split_hastings(prior, 10.0, sub).numpy()
+    ref = (moves.propose_splits(prior, 10.0, sub, np.random.default_rng(0), 5.0),
+           moves.propose_merges(prior, 10.0, hard, means, np.random.default_rng(0), 3))
+    monkeypatch.setattr(moves, "_CHUNK_ELEMS", 4 * d * d)  # 4 rows per chunk
+    assert len(moves.hastings_chunks(k, d)) == 6
+    splits, log_h = moves.propose_splits(prior, 10.0, sub, np.random.default_rng(0), 5.0)
+    np.testing.assert_allclose(log_h[np.isfinite(log_h)], whole[np.isfinite(log_h)], rtol=1e-12)
+    assert splits == ref[0][0]
+    assert moves.propose_merges(prior, 10.0, hard, means, np.random.default_rng(0), 3) == ref[1]
+    assert ref[1], "the fixture should accept some merge"
+
+
+def _clusters(seed, d, sizes, spreads):
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([rng.normal(size=(n, d)) * sd + rng.normal(size=d) * 5 for n, sd in zip(sizes, spreads, strict=True)])
+    z = np.repeat(np.arange(len(sizes)), sizes)
+    xt = torch.as_tensor(x, dtype=torch.float64)
+    return sparse_stats(xt, torch.as_tensor(z), torch.ones(len(x)), len(sizes))
+
+
+@pytest.mark.parametrize("diagonal", [False, True])
+def test_empirical_bayes_scale_maximises_the_summed_marginal_likelihood(diagonal):
+    """The bisection's s against a brute-force search of Σ_k ln f(X_k; s) over ln s."""
+    d = 4
+    stats = _clusters(6, d, [40, 7, 120], [0.5, 2.0, 1.0])
+    shape = torch.tensor([1.0, 2.0, 0.5, 1.5], dtype=torch.float64)
+    base = NIWPrior.from_shape(torch.zeros(d), shape, 0.03, None, 1.0, diagonal=diagonal)
+
+    def total(log_s):
+        prior = base.with_scale(shape, math.exp(log_s), base.kappa)
+        return float(log_marginal_likelihood(prior, stats).sum())
+
+    grid = np.linspace(-8, 4, 2401)
+    best = grid[np.argmax([total(g) for g in grid])]
+    fine = np.linspace(best - 0.01, best + 0.01, 401)
+    best = fine[np.argmax([total(g) for g in fine])]
+    s = empirical_bayes_scale(base, stats, shape)
+    assert math.log(s) == pytest.approx(best, abs=1e-4)
+    # and it does not depend on the prior's current s (Λn − Λ0 does not)
+    other = base.with_scale(shape, 37.0, base.kappa)
+    assert empirical_bayes_scale(other, stats, shape) == pytest.approx(s, rel=1e-9)
+
+
+def test_empirical_bayes_scale_of_isotropic_clusters_is_their_variance():
+    # many points per cluster: the fixed point is s = sigma^2 (docstring)
+    stats = _clusters(7, 3, [20000, 20000], [0.3, 0.3])
+    prior = NIWPrior.from_shape(torch.zeros(3), torch.ones(3), 1e-4, None, 1.0)
+    assert empirical_bayes_scale(prior, stats, torch.ones(3, dtype=torch.float64)) == pytest.approx(0.09, rel=0.03)
+
+
+@pytest.mark.parametrize("diagonal", [False, True])
+def test_empirical_bayes_nu_maximises_the_summed_marginal_likelihood(diagonal):
+    """The golden-section ν0 against a brute-force search of Σ_k ln f(X_k; ν0) over ν0."""
+    d = 4
+    stats = _clusters(9, d, [60, 25, 90], [0.7, 0.8, 0.75])
+    shape = torch.tensor([1.0, 2.0, 0.5, 1.5], dtype=torch.float64)
+    base = NIWPrior.from_shape(torch.zeros(d), shape, 0.03, None, 1.0, diagonal=diagonal)
+    s = empirical_bayes_scale(base, stats, shape)
+
+    def total(nu0):
+        return float(log_marginal_likelihood(base.with_scale(shape, s, base.kappa, nu0), stats).sum())
+
+    floor = 3.0 if diagonal else d + 2.0
+    grid = np.linspace(math.log(floor), math.log(1e4 * floor), 301)
+    best = grid[int(np.argmax([total(math.exp(g)) for g in grid]))]
+    fine = np.linspace(max(best - 0.04, grid[0]), best + 0.04, 161)
+    values = [total(math.exp(g)) for g in fine]
+    best = fine[int(np.argmax(values))]
+    nu0 = empirical_bayes_nu(base, stats, shape, s)
+    assert total(nu0) >= max(values) - 1e-9
+    assert math.log(nu0) == pytest.approx(best, abs=1e-3)
+
+
+def test_empirical_bayes_nu_is_high_for_one_shared_shape_and_weak_for_varied_shapes():
+    d, shape = 8, torch.ones(8, dtype=torch.float64)
+    prior = NIWPrior.from_shape(torch.zeros(d), shape, 1e-4, None, 1.0)
+    same = _clusters(3, d, [300] * 4, [0.5] * 4)  # isotropic, one spread: Σ_k = 0.25 I
+    nu_same = empirical_bayes_nu(prior, same, shape, empirical_bayes_scale(prior, same, shape))
+    rng = np.random.default_rng(4)
+    x = np.concatenate([rng.normal(size=(300, d)) * rng.uniform(0.05, 3.0, size=d) + 10 * k for k in range(4)])
+    varied = sparse_stats(torch.as_tensor(x), torch.as_tensor(np.repeat(np.arange(4), 300)), torch.ones(len(x)), 4)
+    nu_varied = empirical_bayes_nu(prior, varied, shape, empirical_bayes_scale(prior, varied, shape))
+    assert nu_same > 50 * d
+    assert nu_varied == pytest.approx(d + 2.0, rel=1e-6)  # the weakest allowed: the paper's D + 2
+
+
+def test_diagonal_marginal_is_the_product_of_one_dimensional_models():
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(9, 3)) * [0.5, 1.0, 2.0] + 0.2
+    shape = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
+    diag = NIWPrior.from_shape(torch.zeros(3), shape, 0.3, 4.0, 0.7, diagonal=True)
+    per_feature = 0.0
+    for j in range(3):
+        one = NIWPrior(torch.zeros(1, dtype=torch.float64), 0.3, 4.0, diag.scale[j : j + 1, j : j + 1].clone())
+        per_feature += float(log_marginal_likelihood(one, _stats(x[:, j : j + 1]))[0])
+    assert float(log_marginal_likelihood(diag, _stats(x))[0]) == pytest.approx(per_feature, rel=1e-12)
+    mean, cov = map_estimate(diag, _stats(x))
+    for j in range(3):
+        one = NIWPrior(torch.zeros(1, dtype=torch.float64), 0.3, 4.0, diag.scale[j : j + 1, j : j + 1].clone())
+        m1, c1 = map_estimate(one, _stats(x[:, j : j + 1]))
+        assert float(mean[0, j]) == pytest.approx(float(m1[0, 0]), rel=1e-12)
+        assert float(cov[0, j, j]) == pytest.approx(float(c1[0, 0, 0]), rel=1e-12)
+    assert torch.count_nonzero(cov[0] - torch.diag(cov[0].diagonal())) == 0
+
+
+def test_diagonal_prior_defaults_to_three_degrees_of_freedom_per_feature():
+    assert NIWPrior.from_shape(torch.zeros(50), torch.ones(50), 1e-4, None, 1.0, diagonal=True).nu == 3.0
+    assert NIWPrior.from_shape(torch.zeros(50), torch.ones(50), 1e-4, None, 1.0).nu == 52.0

@@ -1,0 +1,73 @@
+"""Strict typed configs: every shipped YAML loads; bad keys and values are named."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from deepdpm_core.config import Config, ConfigError, from_dict, load_config, parse_overrides
+
+CONFIGS = sorted((Path(__file__).parents[3] / "cluster_configs").glob("*.yaml"))
+
+
+def test_default_yaml_equals_the_schema_defaults():
+    assert load_config(CONFIGS[0].parent / "default.yaml") == Config()
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    assert isinstance(load_config(path), Config)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"prior": {"alpah": 1.0}}, "unknown config key 'prior.alpah'"),
+        ({"optimizer": {}}, "unknown config key 'optimizer'"),
+        ({"optim": {"batch_size": 1.5}}, "optim.batch_size"),
+        ({"prior": {"psi": "diag"}}, "prior.psi"),
+        ({"prior": {"alpha": -1}}, "prior.alpha"),
+        ({"moves": {"split": "yes"}}, "moves.split"),
+        ({"prior": 3}, "prior"),
+        ({"prior": {"alpha": float("inf")}}, "'prior.alpha' must be a finite number"),
+        ({"prior": {"kappa": "inf"}}, "'prior.kappa' must be a finite number"),
+        ({"optim": {"lr_cluster": float("nan")}}, "'optim.lr_cluster' must be a finite number"),
+        ({"prior": {"nu": "1e400"}}, "'prior.nu' must be a finite number"),
+        ({"seed": -1}, "'seed' must be in [0, 2**31)"),
+        ({"embed": {"min_dist": 5.0}}, "'embed.min_dist' must be <= 1, got 5.0"),
+        ({"embed": {"n_neighbors": 1}}, "'embed.n_neighbors' must be >= 2, got 1"),
+        ({"seed": 2**40}, "'seed' must be in [0, 2**31)"),
+        ({"schedule.max_epoch": 3}, "unknown config key 'schedule.max_epoch' (did you mean "
+                                    "schedule.max_epochs?)"),
+        ({"schedule.max_epochs": 3, "schedule": {"max_epochs": 4}},
+         "config key 'schedule.max_epochs' is given twice"),
+        ({"seed": 1, "seed.x": 2}, "config key 'seed' is given as a value and as a section"),
+    ],
+)
+def test_bad_configs_name_the_key(data, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        from_dict(data)
+
+
+def test_dotted_keys_in_a_mapping_are_sections():
+    """``{"prior.alpha": 1}`` is ``{"prior": {"alpha": 1}}``, as ``--set`` names keys."""
+    cfg = from_dict({"schedule.max_epochs": 3, "prior": {"alpha": 2.0}, "prior.nu": None})
+    assert cfg.schedule.max_epochs == 3 and cfg.prior.alpha == 2.0 and cfg.prior.nu is None
+    assert cfg == from_dict({"schedule": {"max_epochs": 3}, "prior": {"alpha": 2.0, "nu": None}})
+
+
+def test_overrides_and_yaml_scalars(tmp_path):
+    cfg = Config().with_overrides(parse_overrides(["prior.sigma_scale=5e-3", "moves.merge=false",
+                                                   "optim.batch_size=256", "prior.nu=null"]))
+    assert cfg.prior.sigma_scale == 0.005 and cfg.moves.merge is False
+    assert cfg.optim.batch_size == 256 and cfg.prior.nu is None
+    with pytest.raises(ConfigError, match="unknown config key 'prior.sigma'"):
+        Config().with_overrides({"prior.sigma": 1})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("prior: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML") as err:
+        load_config(bad)
+    assert "\n" not in str(err.value)  # the CLI prints it as one line
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml")
+    assert Config().flat()["prior.alpha"] == 10.0

@@ -1,0 +1,122 @@
+"""The benchmarks that docs/benchmarks.md quotes still run and report what they claim, at small
+sizes.
+
+Each script runs as a user runs it (a subprocess from the repository root) and its
+``--json`` line is checked against what the run must have measured: the required keys,
+times that add up, and results a correct run gives on easy data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_json(script: str, *args: str) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, f"bench/{script}", *args, "--json"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_scale_bench_times_an_epoch_against_kmeans_and_fits():
+    # K = 40 is above estep.dense_max_k (32): the sparse E-step path scale.py measures
+    out = _run_json("scale.py", "--n", "6000", "--d", "8", "--k", "40", "--kmeans-iters", "2",
+                    "--epochs", "2", "--fit", "--set", "prior.sigma_scale=0.1", "schedule.max_epochs=30")
+    for key in ("epoch_seconds", "later_epoch_seconds", "estep_seconds", "kmeans_iter_seconds"):
+        assert math.isfinite(out[key]) and out[key] > 0, key
+    assert out["ratio"] == out["epoch_seconds"] / out["kmeans_iter_seconds"]
+    assert out["estep_seconds"] < out["epoch_seconds"] + out["later_epoch_seconds"]
+    assert out["top_m"] == 8 and out["k_epoch"] == 40 and out["device"] == "cpu"
+    assert 1.0 <= out["estep_support_per_point"] <= 8.0
+    assert out["peak_rss_mb"] >= out["data_rss_mb"] > 0
+    # the floor: every part timed, their sum below the real epoch's (a lower bound)
+    assert set(out["floor_seconds"]) == {"nets_gemm", "log_softmax", "adam", "log_density", "statistics"}
+    assert all(s > 0 for s in out["floor_seconds"].values()) and out["steps"] == 64
+    assert math.isclose(out["floor_ratio"] * out["kmeans_iter_seconds"], sum(out["floor_seconds"].values()))
+    assert out["floor_ratio"] < out["ratio"]
+    # seeds 0-3 give K 39-40 within the 30 epochs (NMI >= 0.999)
+    assert abs(out["fit_k"] - 40) <= 2 and out["fit_nmi"] > 0.98 and 0 < out["fit_epochs"] <= 30
+
+
+def test_vs_bgm_bench_reports_both_methods_on_the_same_data():
+    out = _run_json("vs_bgm.py", "--n", "4000")
+    assert set(out) == {"DeepDPM", "BayesianGaussianMixture(30, DP, full)"}
+    for name, row in out.items():
+        assert row["seconds"] > 0, name
+        assert 0.0 <= row["nmi"] <= 1.0 and 0.0 <= row["acc"] <= 1.0, name
+    assert out["DeepDPM"]["k"] == 10 and out["DeepDPM"]["nmi"] > 0.99
+
+
+def test_distributed_bench_counts_the_traffic_of_two_gloo_ranks():
+    n, dim, k, hidden = 2000, 16, 20, 50
+    out = _run_json("distributed.py", "--n", str(n), "--dim", str(dim), "--k", str(k), "--epochs", "1")
+    one, two = out["workers"]["1"], out["workers"]["2"]
+    assert one["k"] == two["k"] == k and one["steps"] == two["steps"] > 0
+    # once an epoch, whatever W: the float64 statistics of K clusters and 2K subclusters with
+    # the 3 loss sums in one buffer, and the step count's max
+    assert two["stats_bytes"] == one["stats_bytes"] == 8 * (3 * k * (1 + dim + dim * dim) + 3 + 1)
+    # DDP sends every float32 gradient of both nets once per step; one process sends none
+    params = (dim * hidden + hidden + hidden * k + k) + k * (dim * hidden + hidden + 2 * hidden + 2)
+    assert one["grad_bytes"] == 0 and two["grad_bytes"] == 4 * params * two["steps"]
+
+
+def test_busy_machine_bench_times_fits_alone_and_beside_spinning_neighbours():
+    out = _run_json("busy_machine.py", "--quick")
+    assert out["threads"] == 1 and out["neighbours"] == os.cpu_count() and out["max_epochs"] == 3
+    assert [(r["case"], r["mode"]) for r in out["rows"]] == [("iris", "before"), ("iris", "after")]
+    for row in out["rows"]:
+        for run in (*row["alone"], *row["busy"]):
+            assert not run["timed_out"] and run["seconds"] > 0 and run["epochs"] == 3
+        assert row["busy_over_alone"] == row["busy"][0]["seconds"] / row["alone"][0]["seconds"]
+        assert row["fair_slowdown"] == max(1.0, (out["neighbours"] + 1) / os.cpu_count())
+        assert math.isclose(row["over_fair"], row["busy_over_alone"] / row["fair_slowdown"])
+
+
+def test_busy_machine_bench_sets_the_old_and_the_new_thread_settings_and_kills_neighbours(
+        monkeypatch):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import busy_machine
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    monkeypatch.setenv("KMP_BLOCKTIME", "0")  # inherited settings never reach a fit
+    before = busy_machine.fit_environment("before", "demo", 2)
+    assert before["OMP_NUM_THREADS"] == "2"
+    assert not set(busy_machine.IDLE_VARIABLES) & set(before)  # the runtimes' own defaults
+    after = busy_machine.fit_environment("after", "demo", 2)
+    assert "OMP_WAIT_POLICY" not in after and "KMP_BLOCKTIME" not in after  # the library's
+    assert after["NUMBA_THREADING_LAYER"] == "workqueue"  # as the deepdpm command sets it
+    assert "NUMBA_THREADING_LAYER" not in busy_machine.fit_environment("after", "iris", 2)
+    with pytest.raises(KeyboardInterrupt), busy_machine.busy_neighbours(2) as procs:
+        raise KeyboardInterrupt  # Ctrl-C mid-run
+    assert len(procs) == 2 and all(proc.poll() is not None for proc in procs)
+
+
+def test_k_vs_n_bench_scores_each_family_against_its_own_k(tmp_path):
+    """The 1,000-cluster sphere family (the 1.28M row's) is judged against K = 1,000, its
+    k-means peer is FAISS's; the DeepDPM record carries its epochs and K path."""
+    out = tmp_path / "k_vs_n.json"
+    done = subprocess.run([sys.executable, "bench/k_vs_n.py", "--families", "sphere", "sphere-1000",
+                           "--n", "4000", "--seeds", "0", "--set", "schedule.max_epochs=6",
+                           "--json", str(out)], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = {(r["family"], r["method"]): r for r in json.loads(out.read_text())["records"]}
+    assert set(records) == {(f, m) for f in ("sphere", "sphere-1000")
+                            for m in ("DeepDPM", "k-means (true K)", "BGM-DP")}
+    assert records["sphere", "k-means (true K)"]["k"] == 10
+    assert 900 <= records["sphere-1000", "k-means (true K)"]["k"] <= 1000
+    deepdpm = records["sphere-1000", "DeepDPM"]
+    assert deepdpm["epochs"] == 6 and deepdpm["k_path"][-1] == deepdpm["k"]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| sphere-1000 | 4000 | DeepDPM |"))
+    assert (deepdpm["k"] < 900) == ("K ±10 % FAIL" in row), row
