@@ -31,7 +31,7 @@ from deepdpm_core.errors import ConfigError
 from deepdpm_core.model.diagnostics import diagnose, variance_summary
 from deepdpm_core.model.fitted_model import FORMAT, FittedModel
 from deepdpm_core.moves import rows_needed
-from deepdpm_core.training import Trainer, epoch_updater, progress_bar
+from deepdpm_core.training import EpochHooks, Trainer, epoch_updater, progress_bar
 
 __all__ = ["FORMAT", "DeepDPM", "resolve_config"]
 
@@ -251,10 +251,10 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         # while the bar is open, lines written to stderr (warnings) go above it
         with progress_bar(progress, total=config.schedule.max_epochs, desc="deepdpm fit",
                           unit="epoch") as bar:
-            trainer = Trainer(config, readonly_tensor(X), callbacks=cbs)
+            trainer = Trainer(config, readonly_tensor(X))
             if bar is not None:
-                trainer.callbacks.append(epoch_updater(bar, trainer.schedule))
-            trainer.fit(start_labels)
+                cbs.append(epoch_updater(bar, trainer.schedule))
+            trainer.fit(start_labels, EpochHooks(on_epoch=cbs))
         variances = variance_summary(trainer.feature_variance.cpu().numpy())
         found = {d.kind: d.message for d in diagnose(
             trainer.history, config, variances["median_feature_variance"],

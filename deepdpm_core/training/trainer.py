@@ -1,17 +1,11 @@
 """The DeepDPM epoch loop over a :class:`~deepdpm_core.runtime.communicator.Communicator`.
 
-One epoch (paper §3; docs/design.md, "One epoch"):
-
-1. minibatches: r = softmax(f_cl(x)); target r^E from the mixture frozen at the last
-   M-step (Eq. 5); cluster loss KL(r^E ‖ r) (Eq. 6); subcluster loss Σ_j r̃_ij ‖x_i − μ̃_{z_i j}‖²
-   (Eq. 7); accumulate soft cluster statistics (weights r) and hard subcluster statistics
-   (z_i = argmax r_i, j_i = argmax r̃_i) — never an N × K array;
-2. one all-reduce of all statistics as a flat float64 tensor;
-3. M-step on every rank (NIW MAP, :mod:`deepdpm_core.bayes.niw`), unless parameters are frozen;
-4. when the :class:`~deepdpm_core.moves.schedule.MoveSchedule` says so, splits or merges decided
-   on rank 0 from the reduced statistics and broadcast as a
-   :class:`~deepdpm_core.moves.MovePlan` that every rank applies identically
-   (:mod:`deepdpm_core.moves.surgery`).
+One epoch (paper §3; docs/design.md, "One epoch"): the nets' minibatch steps against the
+E-step targets with the statistics of one pass (:mod:`~deepdpm_core.training.minibatch_epoch`;
+exact EM on small data, :mod:`~deepdpm_core.training.em_epoch`), one all-reduce of the
+statistics as a flat float64 tensor, the M-step on every rank (NIW MAP) unless the parameters
+are frozen, and, when the :class:`~deepdpm_core.moves.schedule.MoveSchedule` says so, a
+split or merge round (:mod:`~deepdpm_core.training.move_round`).
 
 Data live on the device as one (N_local, D) float32 tensor in the fit's own coordinates
 (:mod:`deepdpm_core.data.coordinates`: centred, so the prior mean is 0 and uncentred float64
@@ -20,7 +14,7 @@ sums stay accurate, and scaled to unit mean variance, so nothing depends on the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,13 +57,13 @@ from deepdpm_core.training.batching import (
 )
 from deepdpm_core.training.consistency import check_ranks_agree, position_checksum
 from deepdpm_core.training.em_epoch import em_epoch
+from deepdpm_core.training.hooks import EpochHooks, RecordCallback
 from deepdpm_core.training.minibatch_epoch import minibatch_epoch
 from deepdpm_core.training.move_round import move_round, prune_unowned
 from deepdpm_core.training.resume import check_same_data, restore_trainer, trainer_state
 from deepdpm_core.training.small_data import distil
 
 Tensor = torch.Tensor
-EpochCallback = Callable[[dict[str, Any]], None]
 
 #: the parts of an epoch's ``seconds`` in its history record (key ``seconds_<phase>``), in order
 EPOCH_PHASES: tuple[tuple[str, str], ...] = (
@@ -93,8 +87,6 @@ class Trainer:
         Defaults to single-process.
     wrap : callable, optional
         Applied to each net after it is built or reshaped (e.g. DDP); identity by default.
-    callbacks : list of callables, optional
-        Called on every rank with each epoch's history record.
 
     Attributes
     ----------
@@ -109,12 +101,10 @@ class Trainer:
     """
 
     def __init__(self, config: Config, x: Tensor, comm: Communicator | None = None,
-                 wrap: Callable[[nn.Module], nn.Module] | None = None,
-                 callbacks: list[EpochCallback] | None = None) -> None:
+                 wrap: Callable[[nn.Module], nn.Module] | None = None) -> None:
         self.config = config
         self.comm = comm or LocalCommunicator()
         self.wrap = wrap or (lambda m: m)
-        self.callbacks = list(callbacks or [])
         self.device = resolve_device(config.device)
         self.precision = resolve_precision(config.model.precision, self.device)
         self.dim = int(x.shape[1])
@@ -282,8 +272,9 @@ class Trainer:
         return new_row.cpu()
 
     # --------------------------------------------------------------------- fit
-    def step_epoch(self) -> dict:
-        """Train one epoch, M-step, maybe a move; returns the history record.
+    def step_epoch(self, on_epoch: Sequence[RecordCallback] = ()) -> dict:
+        """Train one epoch, M-step, maybe a move; returns the history record, which each
+        of ``on_epoch`` is called with first (within the epoch).
 
         Raises
         ------
@@ -293,11 +284,11 @@ class Trainer:
         """
         with flush_denormals():
             try:
-                return self._step_epoch()
+                return self._step_epoch(on_epoch)
             except torch.linalg.LinAlgError as exc:
                 raise self.prior_fit.numerical_failure(self.epoch) from exc
 
-    def _step_epoch(self) -> dict:
+    def _step_epoch(self, on_epoch: Sequence[RecordCallback]) -> dict:
         t0 = device_clock(self.device)
         phases: dict[str, float] = {}
         epoch = self.epoch + 1  # 1-based, as the schedule counts
@@ -343,8 +334,8 @@ class Trainer:
         }
         self.history.append(record)
         self.epoch += 1
-        for cb in self.callbacks:
-            cb(record)
+        for callback in on_epoch:
+            callback(record)
         return record
 
     @property
@@ -352,13 +343,21 @@ class Trainer:
         """The schedule stops the fit here (``max_epochs`` reached, or converged)."""
         return self.schedule.finished(self.epoch)
 
-    def fit(self, init_labels: Tensor | None = None) -> None:
-        """Initialise if needed (from ``init_labels`` when given), then run epochs until
-        the schedule stops the fit."""
+    def fit(self, init_labels: Tensor | None = None, hooks: EpochHooks | None = None) -> None:
+        """Initialise unless restored (from ``init_labels`` when given), then run epochs
+        until the schedule stops the fit: the one epoch loop of every fit, with what the
+        caller adds as ``hooks``."""
+        hooks = hooks or EpochHooks()
         if not hasattr(self, "nets"):
             self.initialize(init_labels)
         while not self.finished:
-            self.step_epoch()
+            for before in hooks.before_epoch:
+                before(self)
+            self.step_epoch(hooks.on_epoch)
+            for after in hooks.after_epoch:
+                after(self)
+        for done in hooks.after_fit:
+            done(self)
 
     def check_consistency(self, rtol: float = 1e-9) -> None:
         """Raise RuntimeError if the ranks' models differ (by :meth:`checksum`, relative
@@ -381,10 +380,10 @@ class Trainer:
     @classmethod
     def from_state(cls, state: dict[str, Any], x: Tensor, comm: Communicator | None = None,
                    wrap: Callable[[nn.Module], nn.Module] | None = None,
-                   callbacks: list[EpochCallback] | None = None, config: Config | None = None) -> Trainer:
+                   config: Config | None = None) -> Trainer:
         """A trainer resuming from :meth:`state_dict` output on this rank's rows ``x``
-        (N_local, D), which must be the rows the state was trained on. ``comm``, ``wrap``
-        and ``callbacks`` are as for the constructor; ``config`` replaces the stored one
+        (N_local, D), which must be the rows the state was trained on. ``comm`` and ``wrap``
+        are as for the constructor; ``config`` replaces the stored one
         (e.g. another device).
 
         Raises
@@ -395,7 +394,7 @@ class Trainer:
         dim = int(state["dim"])
         if x.shape[1] != dim:
             raise CheckpointError(f"the checkpoint was trained on {dim}-D rows, these have {x.shape[1]}")
-        trainer = cls(config or from_dict(state["config"]), x, comm, wrap, callbacks)
+        trainer = cls(config or from_dict(state["config"]), x, comm, wrap)
         check_same_data(trainer, state, FeatureCoordinates.from_state(state["coordinates"]).center)
         restore_trainer(trainer, state)
         return trainer

@@ -95,7 +95,7 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
                     fault=fault,
                     stop=stop,
                 )
-                run_epochs(trainer, hooks, restored=state is not None)
+                run_epochs(trainer, hooks)
             fit_seconds = before + time.perf_counter() - t0
             extra = {"num_workers": 1, "resumed_from_epoch": resumed_from,
                      **data_variance_summary(trainer)}

@@ -114,7 +114,7 @@ def train_worker(loop: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         before = sum(r["seconds"] for r in trainer.history)
         try:
-            run_epochs(trainer, hooks, restored=checkpoint is not None)
+            run_epochs(trainer, hooks)
         except FitInterrupted:  # the driver's Ctrl-C: every rank stands at this epoch's end
             if rank == 0:
                 write_json_atomic({"stopped_after_epoch": trainer.epoch}, stop_file)

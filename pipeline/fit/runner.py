@@ -1,9 +1,8 @@
 """The one epoch loop of every fit: local, each Ray worker, each alternation round.
 
-:func:`run_epochs` drives a :class:`~deepdpm_core.training.trainer.Trainer` through its public
-API: ``initialize`` (unless it was restored from a checkpoint), then ``step_epoch``
-until the trainer's schedule says it is ``finished``, as :meth:`Trainer.fit` does. What a mode
-adds comes in as :class:`FitHooks`:
+The loop is :meth:`Trainer.fit <deepdpm_core.training.trainer.Trainer.fit>`;
+:func:`run_epochs` runs it with the trainer's hooks (:func:`epoch_hooks`) built from what a
+mode adds, a :class:`FitHooks`:
 
 - ``on_epoch``: per-epoch callbacks on the epoch record, in order: the label scores
   first (they add ``nmi``/``ari``/``acc`` to the record), then tracking and diagnostics
@@ -32,7 +31,7 @@ import numpy as np
 import torch
 
 from deepdpm_core.model import FittedModel, variance_summary
-from deepdpm_core.training import Trainer, epoch_updater, progress_bar
+from deepdpm_core.training import EpochHooks, Trainer, epoch_updater, progress_bar
 from pipeline.fit.interrupts import FitInterrupted, StopRequest
 
 #: a per-epoch callback on the epoch record (it may add keys to it)
@@ -81,9 +80,10 @@ class FitHooks:
     rank: int = 0
 
 
-def run_epochs(trainer: Trainer, hooks: FitHooks, init_labels: torch.Tensor | None = None,
-               restored: bool = False) -> None:
-    """Initialise ``trainer`` (unless ``restored``) and run its remaining epochs.
+def run_epochs(trainer: Trainer, hooks: FitHooks, init_labels: torch.Tensor | None = None) -> None:
+    """:meth:`Trainer.fit` with the :class:`~deepdpm_core.training.EpochHooks` that ``hooks``
+    stand for, inside the mode's progress bar: initialise ``trainer`` unless it was restored
+    from a checkpoint (:meth:`Trainer.from_state`), then run its remaining epochs.
 
     Parameters
     ----------
@@ -91,39 +91,49 @@ def run_epochs(trainer: Trainer, hooks: FitHooks, init_labels: torch.Tensor | No
     hooks : FitHooks
     init_labels : Tensor of shape (N_rank,), optional
         Warm start for :meth:`Trainer.initialize` (the alternation's previous clusters).
-    restored : bool
-        The trainer comes from a checkpoint (:meth:`Trainer.from_state`): it continues.
 
     Raises
     ------
     FitInterrupted
         ``hooks.stop`` was requested: the trainer stands at the end of an epoch.
     """
-    if not restored:
-        trainer.initialize(init_labels)
     with hooks.progress(trainer) if hooks.progress else contextlib.nullcontext() as show:
-        added = [*hooks.on_epoch, *([show] if show is not None else [])]
-        trainer.callbacks.extend(added)
-        try:
-            while not trainer.finished:
-                if hooks.fault is not None:
-                    hooks.fault(trainer.epoch, hooks.rank)
-                trainer.step_epoch()
-                if hooks.stop is not None and hooks.stop.requested:
-                    hooks.stop.honoured = True
-                    raise FitInterrupted
-                if trainer.finished:
-                    break
-                if hooks.consistency_every and trainer.epoch % hooks.consistency_every == 0:
-                    trainer.check_consistency()
-                if hooks.checkpoint and hooks.checkpoint_every \
-                        and trainer.epoch % hooks.checkpoint_every == 0:
-                    hooks.checkpoint(trainer)
-        finally:
-            for callback in added:
-                trainer.callbacks.remove(callback)
+        trainer.fit(init_labels, epoch_hooks(hooks, show))
+
+
+def epoch_hooks(hooks: FitHooks, show: EpochCallback | None = None) -> EpochHooks:
+    """The trainer's hooks of a mode's ``hooks`` (and its progress callback ``show``): the
+    per-epoch callbacks, the bar last; after each epoch the stop request, then, unless it
+    was the last, the consistency check and the checkpoint; the consistency check once more
+    after the last epoch (it pruned the clusters that own no point)."""
+    after: list[Callable[[Trainer], None]] = []
+    if hooks.stop is not None:
+        after.append(lambda trainer: _stop_if_requested(hooks.stop))
     if hooks.consistency_every:
-        trainer.check_consistency()  # the last epoch pruned clusters that own no point
+        after.append(_every(hooks.consistency_every, lambda trainer: trainer.check_consistency()))
+    if hooks.checkpoint and hooks.checkpoint_every:
+        after.append(_every(hooks.checkpoint_every, hooks.checkpoint))
+    fault = hooks.fault
+    return EpochHooks(
+        on_epoch=[*hooks.on_epoch, *([show] if show is not None else [])],
+        before_epoch=[lambda trainer: fault(trainer.epoch, hooks.rank)] if fault is not None else [],
+        after_epoch=after,
+        after_fit=[lambda trainer: trainer.check_consistency()] if hooks.consistency_every else [],
+    )
+
+
+def _stop_if_requested(stop: StopRequest) -> None:
+    if stop.requested:
+        stop.honoured = True
+        raise FitInterrupted
+
+
+def _every(epochs: int, action: Callable[[Trainer], None]) -> Callable[[Trainer], None]:
+    """``action`` after every ``epochs``-th epoch but the last (the fit's outputs follow it)."""
+    def maybe(trainer: Trainer) -> None:
+        if not trainer.finished and trainer.epoch % epochs == 0:
+            action(trainer)
+    return maybe
 
 
 def data_variance_summary(trainer: Trainer) -> dict[str, float]:
@@ -190,4 +200,4 @@ def console_progress(enabled: bool) -> ProgressFactory | None:
 
 __all__ = ["CONSISTENCY_EVERY", "EpochCallback", "FaultHook", "FitHooks", "ProgressFactory",
            "TrainerModel", "console_progress", "data_variance_summary", "epoch_callbacks",
-           "run_epochs"]
+           "epoch_hooks", "run_epochs"]

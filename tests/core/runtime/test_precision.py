@@ -75,11 +75,10 @@ def test_epochs_flush_subnormals_and_restore_the_mode():
     tiny = torch.finfo(torch.float32).tiny
     seen = []
     X, _ = make_mixture(600, 3, 3, random_state=0)
-    trainer = Trainer(Config().with_overrides({"init.n_clusters": 3, "device": "cpu"}), torch.from_numpy(X),
-                      callbacks=[lambda rec: seen.append(float(torch.tensor([tiny / 4]) * 1.0))])
+    trainer = Trainer(Config().with_overrides({"init.n_clusters": 3, "device": "cpu"}), torch.from_numpy(X))
     trainer.initialize()
     assert float(torch.tensor([tiny / 4]) * 1.0) > 0  # the default: subnormals kept
-    trainer.step_epoch()
+    trainer.step_epoch([lambda rec: seen.append(float(torch.tensor([tiny / 4]) * 1.0))])
     assert seen == [0.0]  # inside the epoch (callbacks run in it): flushed
     assert float(torch.tensor([tiny / 4]) * 1.0) > 0  # and the mode is restored after it
     torch.set_flush_denormal(True)
