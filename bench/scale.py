@@ -49,7 +49,7 @@ from deepdpm_core.data import (
     make_mixture,  # noqa: E402
     nmi,  # noqa: E402
 )
-from deepdpm_core.estep import top_m  # noqa: E402
+from deepdpm_core.estep import SparseEStep  # noqa: E402
 from deepdpm_core.model import FittedModel  # noqa: E402
 from deepdpm_core.runtime import device_clock  # noqa: E402
 from deepdpm_core.training import EPOCH_PHASES, Trainer  # noqa: E402
@@ -76,9 +76,9 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 
     t = device_clock(dev)
     trainer.initialize()
     init_s = device_clock(dev) - t
-    m = top_m(cfg.estep, trainer.n_clusters)
+    m = trainer.estep.support(trainer.n_clusters)
     t = device_clock(dev)
-    _, log_resp = trainer.mixture.sparse_log_responsibilities(trainer.x, m, anchors=trainer.anchors)
+    _, log_resp = SparseEStep(trainer.mixture).log_responsibilities(trainer.x, m, anchors=trainer.anchors)
     support = float(torch.isfinite(log_resp).sum()) / len(log_resp)
     estep_s = device_clock(dev) - t
     t = device_clock(dev)

@@ -8,20 +8,49 @@ group, and at K = 1000 on an H100 that left the device idle for most of an epoch
 items sorted by group are laid out in blocks of ``b`` rows of one group
 (:func:`segment_blocks`), and each chunk of blocks (:func:`block_chunks`) is one ``bmm``
 with the groups' matrices gathered per block. Callers choose by device; tests run both
-on the CPU and compare.
+on the CPU and compare. The sizes are a :class:`BlockLayout`, which callers hold.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 Tensor = torch.Tensor
 
-#: rows per block: padding adds at most R·(b − 1) rows to T items in R groups
-BLOCK_ROWS = 256
-#: bound on the elements one chunk of blocks holds at once (its padded input, gathered
-#: matrices and output), 128 MiB of float32
-CHUNK_ELEMS = 1 << 25
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """The sizes of the blocked path.
+
+    Attributes
+    ----------
+    rows : int
+        b, the rows of a block: padding adds at most R·(b − 1) rows to T items in R groups.
+    chunk_elems : int
+        Bound on the elements one chunk of blocks holds at once (its padded input, gathered
+        matrices and output); the default is 128 MiB of float32.
+    """
+
+    rows: int = 256
+    chunk_elems: int = 1 << 25
+
+    def segment(self, counts: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """:func:`segment_blocks` in blocks of :attr:`rows`."""
+        return segment_blocks(counts, self.rows)
+
+    def chunks(self, block: Tensor, n_blocks: int, elems_per_block: int) -> list[tuple[int, int, int, int]]:
+        """:func:`block_chunks` of at most :attr:`chunk_elems` elements."""
+        return block_chunks(block, n_blocks, elems_per_block, self.chunk_elems)
+
+    def pack(self, values: Tensor, at: tuple[Tensor, Tensor], n_blocks: int, fill: float = 0.0) -> Tensor:
+        """:func:`pack` into blocks of :attr:`rows`."""
+        return pack(values, at, n_blocks, self.rows, fill)
+
+
+#: the sizes a caller gets unless it passes its own
+DEFAULT_LAYOUT = BlockLayout()
 
 
 def use_blocks(x: Tensor, batched: bool | None) -> bool:
@@ -29,7 +58,7 @@ def use_blocks(x: Tensor, batched: bool | None) -> bool:
     return x.device.type != "cpu" if batched is None else batched
 
 
-def segment_blocks(counts: Tensor, block_rows: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def segment_blocks(counts: Tensor, block_rows: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Blocks of ``block_rows`` items over consecutive segments.
 
     Items are sorted by segment, segment r holding ``counts[r]`` of them; segment r gets
@@ -38,8 +67,8 @@ def segment_blocks(counts: Tensor, block_rows: int | None = None) -> tuple[Tenso
     Parameters
     ----------
     counts : Tensor of shape (R,), int64
-    block_rows : int, optional
-        b (default :data:`BLOCK_ROWS`).
+    block_rows : int
+        b.
 
     Returns
     -------
@@ -48,7 +77,7 @@ def segment_blocks(counts: Tensor, block_rows: int | None = None) -> tuple[Tenso
     segment : Tensor of shape (n_blocks,), int64 — segment of each block.
     first : Tensor of shape (R,), int64 — first block of each segment.
     """
-    dev, block_rows = counts.device, block_rows or BLOCK_ROWS
+    dev = counts.device
     n_blocks = -(-counts // block_rows)
     first = torch.cumsum(n_blocks, 0) - n_blocks
     segment_of_item = torch.repeat_interleave(torch.arange(len(counts), device=dev), counts)
@@ -57,8 +86,9 @@ def segment_blocks(counts: Tensor, block_rows: int | None = None) -> tuple[Tenso
     return block, pos % block_rows, torch.repeat_interleave(torch.arange(len(counts), device=dev), n_blocks), first
 
 
-def block_chunks(block: Tensor, n_blocks: int, elems_per_block: int) -> list[tuple[int, int, int, int]]:
-    """Consecutive blocks in chunks of at most :data:`CHUNK_ELEMS` elements.
+def block_chunks(block: Tensor, n_blocks: int, elems_per_block: int, chunk_elems: int
+                 ) -> list[tuple[int, int, int, int]]:
+    """Consecutive blocks in chunks of at most ``chunk_elems`` elements.
 
     Parameters
     ----------
@@ -71,7 +101,7 @@ def block_chunks(block: Tensor, n_blocks: int, elems_per_block: int) -> list[tup
     -------
     list of (first block, end block, first item, end item), one per chunk (one host sync)
     """
-    per_chunk = max(1, CHUNK_ELEMS // max(1, elems_per_block))
+    per_chunk = max(1, chunk_elems // max(1, elems_per_block))
     starts = torch.arange(0, n_blocks + per_chunk, per_chunk, device=block.device).clamp_max(n_blocks)
     items = torch.searchsorted(block, starts).tolist()
     starts = starts.tolist()
@@ -79,9 +109,9 @@ def block_chunks(block: Tensor, n_blocks: int, elems_per_block: int) -> list[tup
             for i in range(len(starts) - 1) if starts[i] < starts[i + 1]]
 
 
-def pack(values: Tensor, at: tuple[Tensor, Tensor], n_blocks: int, block_rows: int | None = None,
-         fill: float = 0.0) -> Tensor:
-    """Items (n, ...) into their (block, slot) places of an (n_blocks, b, ...) tensor
-    (b default :data:`BLOCK_ROWS`), the rest ``fill``."""
-    out = values.new_full((n_blocks, block_rows or BLOCK_ROWS, *values.shape[1:]), fill)
+def pack(values: Tensor, at: tuple[Tensor, Tensor], n_blocks: int, block_rows: int, fill: float = 0.0
+         ) -> Tensor:
+    """Items (n, ...) into their (block, slot) places of an (n_blocks, b, ...) tensor, the
+    rest ``fill``."""
+    out = values.new_full((n_blocks, block_rows, *values.shape[1:]), fill)
     return out.index_put_(at, values)

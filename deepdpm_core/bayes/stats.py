@@ -181,6 +181,7 @@ def gather_chunk_rows(dim: int, device: torch.device | str) -> int:
 def grouped_stats(
     x: Tensor, points: Tensor, rows: Tensor, weights: Tensor, n_rows: int, chunk_rows: int | None = None,
     dtype: torch.dtype | None = None, out: SuffStats | None = None, batched: bool | None = None,
+    layout: blocks.BlockLayout = blocks.DEFAULT_LAYOUT,
 ) -> SuffStats:
     """Statistics from (point, row, weight) triples, one GEMM per row.
 
@@ -208,8 +209,7 @@ def grouped_stats(
         Weight of each triple.
     n_rows : int
     chunk_rows : int, optional
-        Most points in one GEMM (default :func:`gather_chunk_rows`; batched: the rows of
-        a block, default :data:`~deepdpm_core.bayes.blocks.BLOCK_ROWS`).
+        Most points in one GEMM of the loop (default :func:`gather_chunk_rows`).
     dtype : torch.dtype, optional
         dtype of the GEMMs.
     out : SuffStats, optional
@@ -217,6 +217,8 @@ def grouped_stats(
         by default.
     batched : bool, optional
         Use :func:`_blocked_scatter` (default: on a GPU).
+    layout : BlockLayout
+        The blocked path's sizes.
 
     Returns
     -------
@@ -231,7 +233,7 @@ def grouped_stats(
     points, weights = points.index_select(0, order), weights.index_select(0, order).to(torch.float64)
     counts = torch.bincount(rows, minlength=n_rows)
     if blocks.use_blocks(x, batched):
-        return _blocked_scatter(x, points, counts, weights, dtype, out, chunk_rows or blocks.BLOCK_ROWS)
+        return _blocked_scatter(x, points, counts, weights, dtype, out, layout)
     chunk_rows = chunk_rows or gather_chunk_rows(d, x.device)
     weights_work = weights.to(dtype)
     start = 0
@@ -249,7 +251,7 @@ def grouped_stats(
 
 
 def _blocked_scatter(x: Tensor, points: Tensor, counts: Tensor, weights: Tensor, dtype: torch.dtype,
-                     out: SuffStats, block_rows: int) -> SuffStats:
+                     out: SuffStats, layout: blocks.BlockLayout) -> SuffStats:
     """The per-row sums of :func:`grouped_stats` as batched GEMMs over
     :func:`~deepdpm_core.bayes.blocks.segment_blocks`.
 
@@ -265,20 +267,19 @@ def _blocked_scatter(x: Tensor, points: Tensor, counts: Tensor, weights: Tensor,
     weights : Tensor of shape (T,), float64 — in the same order.
     dtype : torch.dtype
     out : SuffStats with R rows, ``n`` already added
-    block_rows : int
-        b, the rows of a block.
+    layout : BlockLayout
     """
     n_rows, d, dev = len(counts), x.shape[1], x.device
-    block, slot, segment, first = blocks.segment_blocks(counts, block_rows)
+    block, slot, segment, first = layout.segment(counts)
     centre = torch.zeros(n_rows, d, dtype=dtype, device=dev)
     n = torch.zeros(n_rows, dtype=torch.float64, device=dev).index_add_(
         0, torch.repeat_interleave(torch.arange(n_rows, device=dev), counts), weights)
     s1c = torch.zeros(n_rows, d, dtype=torch.float64, device=dev)
     s2c = torch.zeros(n_rows, d, d, dtype=torch.float64, device=dev)
-    for b0, b1, t0, t1 in blocks.block_chunks(block, len(segment), block_rows * d + 3 * d * d):
+    for b0, b1, t0, t1 in layout.chunks(block, len(segment), layout.rows * d + 3 * d * d):
         at = (block[t0:t1] - b0, slot[t0:t1])
-        xs = blocks.pack(x.index_select(0, points[t0:t1]).to(dtype), at, b1 - b0, block_rows)
-        ws = blocks.pack(weights[t0:t1].to(dtype), at, b1 - b0, block_rows)
+        xs = layout.pack(x.index_select(0, points[t0:t1]).to(dtype), at, b1 - b0)
+        ws = layout.pack(weights[t0:t1].to(dtype), at, b1 - b0)
         seg = segment[b0:b1]
         # a row's first block sets its centre; later blocks (later chunks too) reuse it
         lead = torch.nonzero(first[seg] == torch.arange(b0, b1, device=dev)).squeeze(1)

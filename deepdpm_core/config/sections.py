@@ -226,7 +226,7 @@ class MovesConfig(Section):
 class EStepConfig(Section):
     """E-step targets and soft statistics.
 
-    The E-step (:meth:`~deepdpm_core.estep.gmm.GaussianMixture.sparse_log_responsibilities`)
+    The E-step (:class:`~deepdpm_core.estep.EStep`)
     rules out, by a lower bound on each cluster's Mahalanobis distance, the clusters whose
     responsibility is provably below float32 resolution, and computes exact log-densities
     for the rest. While K <= ``dense_max_k`` a point may keep every cluster (the targets are

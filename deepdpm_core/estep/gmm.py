@@ -5,10 +5,10 @@ minibatch, with parameters frozen for the whole epoch. The precision Cholesky fa
 are computed once per M-step (as in scikit-learn's ``_estimate_log_gaussian_prob``), so a
 batch costs one (B, D) x (D, K·D) matrix product and no factorisation.
 
-At large K the sparse E-step (:mod:`deepdpm_core.estep.sparse_support`, whose methods
-:class:`GaussianMixture` inherits) evaluates exact log-densities only where they can
-matter; its bounds and the isotropic candidate proxy are in
-:mod:`deepdpm_core.estep.support_bounds`.
+At large K the sparse E-step (:class:`~deepdpm_core.estep.sparse_support.SparseEStep`, composed
+with a mixture) evaluates exact log-densities only where they can matter, through the
+per-pair evaluation and the cached factors here; its bounds and the isotropic candidate proxy
+are in :mod:`deepdpm_core.estep.support_bounds`.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ from dataclasses import dataclass, field
 import torch
 
 from deepdpm_core.bayes import blocks, cholesky_jittered, gather_chunk_rows
-from deepdpm_core.estep.sparse_support import SparseSupport
 from deepdpm_core.estep.support_bounds import faiss_proxy_keys, proxy_top_m_faiss, proxy_top_m_torch
 
 Tensor = torch.Tensor
 
 
 @dataclass
-class GaussianMixture(SparseSupport):
+class GaussianMixture:
     """Mixture parameters with derived factors.
 
     Attributes
@@ -40,6 +39,14 @@ class GaussianMixture(SparseSupport):
     work_dtype : torch.dtype
         dtype of the whitening GEMMs of the top-m path (points are centred first, so
         float32 loses only ~1e-7 of each Mahalanobis distance).
+    layout : BlockLayout
+        The sizes of the batched per-component GEMMs (the GPU path).
+    prec_chol : Tensor of shape (K, D, D), float64
+        P_k = L_k^{-T} with Σ_k = L_k L_kᵀ, so Σ_k^{-1} = P_k P_kᵀ (cached by :meth:`refresh`).
+    log_norm : Tensor of shape (K,), ``compute_dtype``
+        L_k = ln π_k − ½ ln|2πΣ_k|.
+    means_work, prec_chol_work : Tensor of shape (K, D) and (K, D, D), ``work_dtype``
+        The means and factors the per-pair GEMMs use.
     """
 
     means: Tensor
@@ -47,13 +54,13 @@ class GaussianMixture(SparseSupport):
     log_weights: Tensor
     compute_dtype: torch.dtype = torch.float64
     work_dtype: torch.dtype = torch.float32
-    _prec_chol: Tensor = field(init=False, repr=False)
+    layout: blocks.BlockLayout = blocks.DEFAULT_LAYOUT
+    prec_chol: Tensor = field(init=False, repr=False)
+    log_norm: Tensor = field(init=False, repr=False)
+    means_work: Tensor = field(init=False, repr=False)
+    prec_chol_work: Tensor = field(init=False, repr=False)
     _whitened_means: Tensor = field(init=False, repr=False)
-    _log_norm: Tensor = field(init=False, repr=False)
     _dense: tuple[Tensor, Tensor] | None = field(init=False, repr=False)
-    _lam_max: Tensor | None = field(init=False, repr=False)
-    _means_work: Tensor = field(init=False, repr=False)
-    _prec_chol_work: Tensor = field(init=False, repr=False)
     _proxy: tuple[Tensor, Tensor, Tensor] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -74,17 +81,16 @@ class GaussianMixture(SparseSupport):
         # P = L^{-T}: Σ^{-1} = P Pᵀ and ||(x − μ)ᵀ P||² is the Mahalanobis distance
         prec_chol = torch.linalg.solve_triangular(chol, eye, upper=False).transpose(-1, -2)
         log_det = 2.0 * torch.log(chol.diagonal(dim1=-2, dim2=-1)).sum(-1)
-        self._log_norm = (
+        self.log_norm = (
             self.log_weights - 0.5 * (self.dim * math.log(2 * math.pi) + log_det)
         ).to(self.compute_dtype)
-        self._prec_chol = prec_chol  # (K, D, D), float64
+        self.prec_chol = prec_chol  # (K, D, D), float64
         self._whitened_means = torch.einsum("kd,kde->ke", self.means, prec_chol)  # (K, D): Pᵀμ
         self._dense = None  # weighted_log_prob's all-components layout, built on first use
-        self._lam_max = None  # largest eigenvalue of each Σ_k, for the sparse E-step's bound
         # per-component factors for the grouped top-m path, (K, D) and (K, D, D), in the
         # dtype of the data (float32: its GEMMs are ~8x faster than float64 on CPU)
-        self._means_work = self.means.to(self.work_dtype)
-        self._prec_chol_work = prec_chol.to(self.work_dtype)
+        self.means_work = self.means.to(self.work_dtype)
+        self.prec_chol_work = prec_chol.to(self.work_dtype)
         # candidate proxy: each component replaced by the isotropic Gaussian with the same
         # mean variance v_k = tr Σ_k / D, so the score is one (B, D) x (D, K) float32 GEMM:
         # ln π_k − D/2 ln 2πv_k − ‖x − μ_k‖²/(2 v_k) = x·μ_k/v_k − ‖x‖²/(2 v_k) + c_k
@@ -110,12 +116,12 @@ class GaussianMixture(SparseSupport):
         """
         if self._dense is None:
             # (D, K·D) so one matmul projects a batch into every component's whitened frame
-            self._dense = (self._prec_chol.permute(1, 0, 2).reshape(self.dim, -1).to(self.compute_dtype),
+            self._dense = (self.prec_chol.permute(1, 0, 2).reshape(self.dim, -1).to(self.compute_dtype),
                            self._whitened_means.reshape(-1).to(self.compute_dtype))
         prec_chol, shifted_means = self._dense
         y = x.to(self.compute_dtype) @ prec_chol - shifted_means
         maha = y.view(x.shape[0], self.n_components, self.dim).square().sum(-1)
-        return self._log_norm - 0.5 * maha
+        return self.log_norm - 0.5 * maha
 
     def candidates(self, x: Tensor, m: int, chunk_elems: int = 1 << 22) -> Tensor:
         """The m most likely components of each point under the isotropic proxy.
@@ -170,7 +176,7 @@ class GaussianMixture(SparseSupport):
         Tensor of shape (P,), in ``compute_dtype``
         """
         if blocks.use_blocks(x, batched):
-            return self._log_prob_blocked(x, points, comps)[0]
+            return self.log_prob_blocked(x, points, comps)[0]
         chunk_rows = chunk_rows or gather_chunk_rows(self.dim, x.device)
         order = torch.argsort(comps.to(torch.int32), stable=True)  # same order, 2x faster than int64
         counts = torch.bincount(comps, minlength=self.n_components).tolist()
@@ -180,46 +186,47 @@ class GaussianMixture(SparseSupport):
             for s in range(start, start + count, chunk_rows):
                 pairs = order[s : min(s + chunk_rows, start + count)]
                 xs = x.index_select(0, points.index_select(0, pairs))
-                out[pairs] = self._log_prob_centred(self._centre(xs, k), k)
+                out[pairs] = self.log_prob_centred(self.centre(xs, k), k)
             start += count
         return out
 
-    def _centre(self, xs: Tensor, k: int | Tensor) -> Tensor:
+    def centre(self, xs: Tensor, k: int | Tensor) -> Tensor:
         """x − μ_k in ``work_dtype`` (k: one component, or one per row): centred before the
         (float32) GEMMs, so their rounding is relative to the component's spread, not to
         its offset."""
-        return xs.to(self.work_dtype) - self._means_work[k]
+        return xs.to(self.work_dtype) - self.means_work[k]
 
-    def _log_prob_centred(self, delta: Tensor, k: int) -> Tensor:
+    def log_prob_centred(self, delta: Tensor, k: int) -> Tensor:
         """ln π_k + ln N(μ_k + delta; μ_k, Σ_k) for rows delta (n, D); (n,) in ``compute_dtype``."""
-        return self._log_prob_whitened(delta @ self._prec_chol_work[k], k)
+        return self.log_prob_whitened(delta @ self.prec_chol_work[k], k)
 
-    def _log_prob_whitened(self, y: Tensor, k: int | Tensor) -> Tensor:
+    def log_prob_whitened(self, y: Tensor, k: int | Tensor) -> Tensor:
         """ln π_k − ½ ln|2πΣ_k| − ½‖y‖² for whitened rows y = P_kᵀ(x − μ_k) (n, D); k: one
         component, or one per row. (n,) in ``compute_dtype``."""
-        return self._log_norm[k] - 0.5 * y.square().sum(1).to(self.compute_dtype)
+        return self.log_norm[k] - 0.5 * y.square().sum(1).to(self.compute_dtype)
 
-    def _log_prob_blocked(self, x: Tensor, points: Tensor, comps: Tensor) -> tuple[Tensor, Tensor]:
+    def log_prob_blocked(self, x: Tensor, points: Tensor, comps: Tensor) -> tuple[Tensor, Tensor]:
         """:meth:`weighted_log_prob_pairs` as batched GEMMs over blocks of same-component
         pairs, and the offsets ‖x_p − μ_k‖ (both (P,), ``compute_dtype`` and ``work_dtype``)."""
         order = torch.argsort(comps, stable=True)
         points, comps = points.index_select(0, order), comps.index_select(0, order)
-        block, slot, segment, _ = blocks.segment_blocks(torch.bincount(comps, minlength=self.n_components))
+        layout = self.layout
+        block, slot, segment, _ = layout.segment(torch.bincount(comps, minlength=self.n_components))
         lp = torch.empty(len(comps), dtype=self.compute_dtype, device=x.device)
         offset = torch.empty(len(comps), dtype=self.work_dtype, device=x.device)
         d = self.dim
-        for b0, b1, t0, t1 in blocks.block_chunks(block, len(segment), 2 * blocks.BLOCK_ROWS * d + d * d):
+        for b0, b1, t0, t1 in layout.chunks(block, len(segment), 2 * layout.rows * d + d * d):
             at, k, dest = (block[t0:t1] - b0, slot[t0:t1]), comps[t0:t1], order[t0:t1]
-            delta = self._centre(x.index_select(0, points[t0:t1]), k)
-            y = torch.bmm(blocks.pack(delta, at, b1 - b0), self._prec_chol_work[segment[b0:b1]])[at]
-            lp[dest] = self._log_prob_whitened(y, k)
+            delta = self.centre(x.index_select(0, points[t0:t1]), k)
+            y = torch.bmm(layout.pack(delta, at, b1 - b0), self.prec_chol_work[segment[b0:b1]])[at]
+            lp[dest] = self.log_prob_whitened(y, k)
             offset[dest] = delta.norm(dim=1)
         return lp, offset
 
     def to(self, device: torch.device | str) -> GaussianMixture:
         return GaussianMixture(
             self.means.to(device), self.covariances.to(device), self.log_weights.to(device),
-            self.compute_dtype, self.work_dtype,
+            self.compute_dtype, self.work_dtype, self.layout,
         )
 
 

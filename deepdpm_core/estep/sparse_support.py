@@ -1,8 +1,8 @@
 """The sparse E-step: exact log-densities only for the components that can matter.
 
 At large K the dense E-step's product (:mod:`deepdpm_core.estep.gmm`), O(B·K·D²), dominates an
-epoch. The sparse E-step (:meth:`GaussianMixture.sparse_log_responsibilities`) evaluates
-exact log-densities only where they can matter. Each point's *anchor*, a component it
+epoch. The sparse E-step (:meth:`SparseEStep.log_responsibilities`) evaluates exact
+log-densities only where they can matter. Each point's *anchor*, a component it
 likely belongs to (its best under the previous E-step, or under a cheap isotropic proxy:
 an O(K·D) inner-product search), is evaluated exactly; every other component k is then
 ruled out, if it can be, by an upper bound on its log-density, L_k − ½ Maha_k(x) with
@@ -32,7 +32,8 @@ resolution of the best.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -43,29 +44,45 @@ from deepdpm_core.estep.support_bounds import (
     largest_eigenvalue_bound,
 )
 
+if TYPE_CHECKING:
+    from deepdpm_core.estep.gmm import GaussianMixture
+
 Tensor = torch.Tensor
 
 
-class SparseSupport:
-    """The sparse E-step's methods of :class:`~deepdpm_core.estep.gmm.GaussianMixture`.
+class SparseEStep:
+    """The sparse E-step of one :class:`~deepdpm_core.estep.gmm.GaussianMixture`.
 
-    A mixin: it reads the mixture's parameters (``means``, ``covariances``) and cached
-    factors (``_log_norm``, ``_prec_chol``, ``_means_work``, ``_lam_max``, ...) and its
-    exact per-pair evaluation (``_centre``, ``_log_prob_centred``, ``_log_prob_blocked``,
-    :meth:`~deepdpm_core.estep.gmm.GaussianMixture.weighted_log_prob_pairs`,
-    :meth:`~deepdpm_core.estep.gmm.GaussianMixture.candidates`).
+    Composed with the mixture: it reads its parameters, cached factors (``log_norm``,
+    ``prec_chol``, ``means_work``), block layout and exact per-pair evaluation
+    (:meth:`~deepdpm_core.estep.gmm.GaussianMixture.weighted_log_prob_pairs`,
+    :meth:`~deepdpm_core.estep.gmm.GaussianMixture.candidates`). Build one per mixture: it
+    caches the level-1 bound's λ_max of each covariance.
+
+    Parameters
+    ----------
+    mixture : GaussianMixture
+    eigen_bound : callable, optional
+        Upper bounds (K,) on the largest eigenvalue of covariances (K, D, D), for level 1
+        (default :func:`~deepdpm_core.estep.support_bounds.largest_eigenvalue_bound`).
     """
+
+    def __init__(self, mixture: GaussianMixture,
+                 eigen_bound: Callable[[Tensor], Tensor] = largest_eigenvalue_bound) -> None:
+        self.mixture = mixture
+        self.eigen_bound = eigen_bound
+        self._lam_max: Tensor | None = None
 
     def _survival_limit(self, lp_anchor: Tensor, j: int | Tensor, rho: float | Tensor) -> Tensor:
         """Level 3's threshold on ẑ²/(1 + ρ) − 2 L_k (:meth:`_bound_survivors`), (n,) in
         ``work_dtype``: 2 (gap − lp_low) + ρ, lp_low the anchor's log-density lowered by its
         own float32 rounding allowance. j: the anchor, or one per row; ρ likewise."""
-        lp_low = lp_anchor - self._rounding(self.work_dtype) * (self._log_norm[j] - lp_anchor).clamp_min(0)
-        return (2.0 * (SUPPORT_LOG_GAP + BOUND_MARGIN - lp_low) + rho).to(self.work_dtype)
+        lp_low = lp_anchor - self._rounding(self.mixture.work_dtype) * (self.mixture.log_norm[j] - lp_anchor).clamp_min(0)
+        return (2.0 * (SUPPORT_LOG_GAP + BOUND_MARGIN - lp_low) + rho).to(self.mixture.work_dtype)
 
     def _rounding(self, dtype: torch.dtype) -> float:
         """Relative rounding allowance of a length-D dot product in ``dtype``, (D + 2)·ε."""
-        return (self.dim + 2) * torch.finfo(dtype).eps
+        return (self.mixture.dim + 2) * torch.finfo(dtype).eps
 
     def pair_directions(self, anchors: Tensor, comps: Tensor, batched: bool | None = None) -> tuple[Tensor, Tensor]:
         """The Cauchy–Schwarz bound's vectors for pairs (anchor j, component k).
@@ -86,27 +103,27 @@ class SparseSupport:
         u : Tensor of shape (P, D), float64
         a : Tensor of shape (P,), float64
         """
-        u = torch.empty(len(comps), self.dim, dtype=torch.float64, device=self.means.device)
-        a = torch.empty(len(comps), dtype=torch.float64, device=self.means.device)
-        if blocks.use_blocks(self.means, batched):  # P_k gathered per pair, in chunks
-            step = max(1, blocks.CHUNK_ELEMS // self.dim**2)
+        u = torch.empty(len(comps), self.mixture.dim, dtype=torch.float64, device=self.mixture.means.device)
+        a = torch.empty(len(comps), dtype=torch.float64, device=self.mixture.means.device)
+        if blocks.use_blocks(self.mixture.means, batched):  # P_k gathered per pair, in chunks
+            step = max(1, self.mixture.layout.chunk_elems // self.mixture.dim**2)
             for s in range(0, len(comps), step):
                 j, k = anchors[s : s + step], comps[s : s + step]
-                prec = self._prec_chol[k]
-                w = torch.bmm((self.means[j] - self.means[k])[:, None], prec)  # (c, 1, D): rows P_kᵀΔ
+                prec = self.mixture.prec_chol[k]
+                w = torch.bmm((self.mixture.means[j] - self.mixture.means[k])[:, None], prec)  # (c, 1, D): rows P_kᵀΔ
                 norm = w.norm(dim=2, keepdim=True)
                 a[s : s + step] = norm[:, 0, 0]
                 u[s : s + step] = (torch.bmm(w, prec.transpose(1, 2)) * torch.where(norm > 0, 1.0 / norm, 0.0))[:, 0]
             return u, a
         order = torch.argsort(comps.to(torch.int32), stable=True)
         start = 0
-        for k, count in enumerate(torch.bincount(comps, minlength=self.n_components).tolist()):
+        for k, count in enumerate(torch.bincount(comps, minlength=self.mixture.n_components).tolist()):
             if count:
                 sel = order[start : start + count]
-                w = (self.means[anchors[sel]] - self.means[k]) @ self._prec_chol[k]  # rows P_kᵀΔ
+                w = (self.mixture.means[anchors[sel]] - self.mixture.means[k]) @ self.mixture.prec_chol[k]  # rows P_kᵀΔ
                 norm = w.norm(dim=1)
                 a[sel] = norm
-                u[sel] = (w @ self._prec_chol[k].T) * torch.where(norm > 0, 1.0 / norm, 0.0)[:, None]
+                u[sel] = (w @ self.mixture.prec_chol[k].T) * torch.where(norm > 0, 1.0 / norm, 0.0)[:, None]
             start += count
         return u, a
 
@@ -135,20 +152,20 @@ class SparseSupport:
         a : Tensor of shape (P,), ``work_dtype``
         """
         if self._lam_max is None:
-            self._lam_max = largest_eigenvalue_bound(self.covariances)
+            self._lam_max = self.eigen_bound(self.mixture.covariances)
         gap = SUPPORT_LOG_GAP + BOUND_MARGIN
-        log_norm = self._log_norm.to(torch.float64)
-        sq_norms = self.means.square().sum(1)
+        log_norm = self.mixture.log_norm.to(torch.float64)
+        sq_norms = self.mixture.means.square().sum(1)
         rounding = self._rounding(torch.float64)
         pair_anchor, pair_comp, pair_room, pair_radius = [], [], [], []
-        rows = max(1, block_elems // max(1, self.n_components))
+        rows = max(1, block_elems // max(1, self.mixture.n_components))
         for s in range(0, len(anchors), rows):
             anc, rad = anchors[s : s + rows], radius[s : s + rows, None]
             room = 2.0 * (log_norm - floor[s : s + rows, None] + gap)  # (J, K): bound on 2(L_k − lp + gap)
             # squared distances between means as ‖μ_j‖² + ‖μ_k‖² − 2 μ_j·μ_k, less a bound on
             # that formula's rounding: a lower bound even for nearly equal means
             both = sq_norms[anc, None] + sq_norms
-            dist2 = torch.addmm(both, self.means[anc], self.means.T, alpha=-2.0) - rounding * both
+            dist2 = torch.addmm(both, self.mixture.means[anc], self.mixture.means.T, alpha=-2.0) - rounding * both
             dist = dist2.clamp_min(0).sqrt()
             ok = (room >= 0) & ((dist - rad).clamp_min(0).square() <= self._lam_max * room)
             ok[torch.arange(len(anc), device=ok.device), anc] = False
@@ -162,7 +179,7 @@ class SparseSupport:
         keep = (a - u.norm(dim=1) * rad).clamp_min(0).square() <= room
         order = torch.argsort(pair_anchor[keep].to(torch.int32), stable=True)
         return (pair_anchor[keep][order], pair_comp[keep][order],
-                u[keep][order].to(self.work_dtype), a[keep][order].to(self.work_dtype))
+                u[keep][order].to(self.mixture.work_dtype), a[keep][order].to(self.mixture.work_dtype))
 
     def _bound_survivors(self, delta: Tensor, lp_anchor: Tensor, j: int, comps: Tensor, u: Tensor,
                          a: Tensor, cap: int) -> tuple[Tensor, Tensor]:
@@ -196,12 +213,12 @@ class SparseSupport:
         row, comp : Tensor of shape (S,), int64
             Row of ``delta`` and component of each survivor.
         """
-        rounding = self._rounding(self.work_dtype)
-        rho = rounding * float(u.norm(dim=1).max() * (delta.norm(dim=1).max() + self._means_work[j].norm())
+        rounding = self._rounding(self.mixture.work_dtype)
+        rho = rounding * float(u.norm(dim=1).max() * (delta.norm(dim=1).max() + self.mixture.means_work[j].norm())
                                + a.max())
         scale = (1.0 + rho) ** -0.5
         score = torch.addmm(a * scale, delta, u.T * scale).square_()  # ẑ²/(1 + ρ), (n, C)
-        score -= 2.0 * self._log_norm[comps].to(self.work_dtype)
+        score -= 2.0 * self.mixture.log_norm[comps].to(self.mixture.work_dtype)
         limit = self._survival_limit(lp_anchor, j, rho)[:, None]
         reach = score <= limit
         over = torch.nonzero(reach.sum(1) > cap).squeeze(1)
@@ -234,7 +251,7 @@ class SparseSupport:
         point, comp : Tensor of shape (S,), int64
         """
         pair_anchor, pair_comp, u, a = pairs
-        k, d, dev, work = self.n_components, self.dim, x.device, self.work_dtype
+        k, d, dev, work = self.mixture.n_components, self.mixture.dim, x.device, self.mixture.work_dtype
         per_anchor = torch.bincount(pair_anchor, minlength=k)
         width = int(per_anchor.max())
         # each anchor's pairs as a row of (K, width) tables; unused places never reach
@@ -244,33 +261,34 @@ class SparseSupport:
         rounding = self._rounding(work)
         zeros = torch.zeros(k, dtype=torch.float64, device=dev)
         rho = rounding * (zeros.scatter_reduce(0, pair_anchor, u.norm(dim=1).double(), "amax")
-                          * (offset + self._means_work.norm(dim=1).double())
+                          * (offset + self.mixture.means_work.norm(dim=1).double())
                           + zeros.scatter_reduce(0, pair_anchor, a.double(), "amax"))
         scale = ((1.0 + rho) ** -0.5).to(work)
         u_of = torch.zeros(k, width, d, dtype=work, device=dev).index_put_(at, u * scale[pair_anchor, None])
         a_of = torch.zeros(k, width, dtype=work, device=dev).index_put_(at, a * scale[pair_anchor])
-        log_norm_of = self._log_norm.to(work)[comp_of]
+        log_norm_of = self.mixture.log_norm.to(work)[comp_of]
         order = torch.argsort(anchor, stable=True)
-        block, slot, segment, _ = blocks.segment_blocks(torch.bincount(anchor, minlength=k))
+        layout = self.mixture.layout
+        block, slot, segment, _ = layout.segment(torch.bincount(anchor, minlength=k))
         found_points, found_comps = [], []
-        for b0, b1, t0, t1 in blocks.block_chunks(block, len(segment), blocks.BLOCK_ROWS * (d + width) + width * d):
+        for b0, b1, t0, t1 in layout.chunks(block, len(segment), layout.rows * (d + width) + width * d):
             at, pts, seg = (block[t0:t1] - b0, slot[t0:t1]), order[t0:t1], segment[b0:b1]
             j = anchor[pts]
-            delta = blocks.pack(self._centre(x.index_select(0, pts), j), at, b1 - b0)
+            delta = layout.pack(self.mixture.centre(x.index_select(0, pts), j), at, b1 - b0)
             score = torch.baddbmm(a_of[seg, None, :], delta, u_of[seg].transpose(1, 2)).square_()  # ẑ²/(1 + ρ)
             score -= 2.0 * log_norm_of[seg, None, :]
-            limit = blocks.pack(self._survival_limit(lp_anchor[pts], j, rho[j]), at, b1 - b0, fill=-math.inf)
+            limit = layout.pack(self._survival_limit(lp_anchor[pts], j, rho[j]), at, b1 - b0, fill=-math.inf)
             reach = (score <= limit[:, :, None]) & used[seg, None, :]
             over = torch.nonzero(reach.sum(2) > cap, as_tuple=True)
             if len(over[0]):  # keep the cap components with the highest upper bounds (lowest score)
                 keep = score[over].masked_fill(~reach[over], math.inf).topk(cap, dim=1, largest=False).indices
                 reach[over] = torch.zeros_like(reach[over]).scatter_(1, keep, True) & reach[over]
             blk, row, col = reach.nonzero(as_tuple=True)
-            found_points.append(blocks.pack(pts, at, b1 - b0)[blk, row])
+            found_points.append(layout.pack(pts, at, b1 - b0)[blk, row])
             found_comps.append(comp_of[seg[blk], col])
         return torch.cat(found_points), torch.cat(found_comps)
 
-    def sparse_log_responsibilities(self, x: Tensor, max_support: int, chunk_rows: int | None = None,
+    def log_responsibilities(self, x: Tensor, max_support: int, chunk_rows: int | None = None,
                                     anchors: Tensor | None = None, batched: bool | None = None,
                                     ) -> tuple[Tensor, Tensor]:
         """E-step ln r^E restricted to the components that can matter (module docstring).
@@ -297,16 +315,16 @@ class SparseSupport:
         log_resp : Tensor of shape (N, m), ``compute_dtype``
             ln r^E, −inf off the support (responsibility below float32 ε).
         """
-        n, k = x.shape[0], self.n_components
+        n, k = x.shape[0], self.mixture.n_components
         m = max(1, min(max_support, k))
-        chunk_rows = chunk_rows or gather_chunk_rows(self.dim, x.device)
+        chunk_rows = chunk_rows or gather_chunk_rows(self.mixture.dim, x.device)
         anchor = (torch.full((n,), -1, dtype=torch.long, device=x.device) if anchors is None
                   else anchors.to(device=x.device, dtype=torch.long, copy=True))
         missing = torch.nonzero(anchor < 0).squeeze(1)
         if len(missing):
-            anchor[missing] = self.candidates(x.index_select(0, missing), 1)[:, 0]
+            anchor[missing] = self.mixture.candidates(x.index_select(0, missing), 1)[:, 0]
         index = anchor[:, None].repeat(1, m)
-        lp = torch.full((n, m), -math.inf, dtype=self.compute_dtype, device=x.device)
+        lp = torch.full((n, m), -math.inf, dtype=self.mixture.compute_dtype, device=x.device)
         counts = torch.bincount(anchor, minlength=k)
         present = torch.nonzero(counts).squeeze(1)
         batched = blocks.use_blocks(x, batched)
@@ -318,12 +336,12 @@ class SparseSupport:
             def anchor_chunks(j: int) -> Iterator[tuple[Tensor, Tensor]]:
                 for s in range(starts[j], ends[j], chunk_rows):
                     rows = by_anchor[s : min(s + chunk_rows, ends[j])]
-                    yield rows, self._centre(x.index_select(0, rows), j)
+                    yield rows, self.mixture.centre(x.index_select(0, rows), j)
 
         # the anchors, exactly; their points' largest offset and lowest log-density
-        slack = self._rounding(self.work_dtype)  # of delta and of the anchor's log-density
+        slack = self._rounding(self.mixture.work_dtype)  # of delta and of the anchor's log-density
         if batched:
-            lp[:, 0], offset = self._log_prob_blocked(x, torch.arange(n, device=x.device), anchor)
+            lp[:, 0], offset = self.mixture.log_prob_blocked(x, torch.arange(n, device=x.device), anchor)
             init = torch.zeros(k, dtype=torch.float64, device=x.device)
             offset = init.scatter_reduce(0, anchor, offset.double(), "amax")
             low = init.scatter_reduce(0, anchor, lp[:, 0].double(), "amin", include_self=False)
@@ -333,14 +351,14 @@ class SparseSupport:
             for j in present.tolist():
                 r, f = 0.0, math.inf
                 for rows, delta in anchor_chunks(j):
-                    lp_anchor = self._log_prob_centred(delta, j)
+                    lp_anchor = self.mixture.log_prob_centred(delta, j)
                     lp[rows, 0] = lp_anchor
                     r, f = max(r, float(delta.norm(dim=1).max())), min(f, float(lp_anchor.min()))
                 radius.append(r)
                 floor.append(f)
             radius, floor = (torch.tensor(v, dtype=torch.float64, device=x.device) for v in (radius, floor))
-        widened = (radius + slack * (radius + self._means_work[present].norm(dim=1).double()),
-                   floor - slack * (self._log_norm[present].double() - floor))
+        widened = (radius + slack * (radius + self.mixture.means_work[present].norm(dim=1).double()),
+                   floor - slack * (self.mixture.log_norm[present].double() - floor))
         if m > 1 and len(present):
             pairs = self._reachable_pairs(present, *widened, batched=batched)
             if batched:
@@ -360,7 +378,7 @@ class SparseSupport:
                         found.append((rows[row], comp))
                 points, comps = (torch.cat(t) for t in zip(*found, strict=True))
             if len(points):
-                values = self.weighted_log_prob_pairs(x, points, comps, chunk_rows, batched)
+                values = self.mixture.weighted_log_prob_pairs(x, points, comps, chunk_rows, batched)
                 # each point's m − 1 most likely survivors, in slots 1..m−1
                 by_value = torch.argsort(values, descending=True, stable=True)
                 by_point = by_value[torch.argsort(points[by_value], stable=True)]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepdpm_core.bayes import SuffStats
-from deepdpm_core.estep import EpochStats, slot_targets, top_m
+from deepdpm_core.estep import EpochStats, slot_targets
 from deepdpm_core.nets import slot_kl
 from deepdpm_core.runtime import device_clock, net_precision
 from deepdpm_core.training.batching import global_batch
@@ -33,7 +33,7 @@ def minibatch_epoch(trainer: Trainer, train: bool = True, seconds: dict[str, flo
     if n_steps > one_pass and n_local:  # extra training-only batches, re-drawn at random
         extra = torch.randint(n_local, ((n_steps - one_pass) * bsz,), generator=gen).to(trainer.device)
         perm = torch.cat([perm, extra])
-    m = top_m(trainer.config.estep, k)
+    m = trainer.estep.support(k)
     candidates, resp = trainer.estep_targets()
     t_estep = device_clock(trainer.device)
     trainer.cluster_model.train(train)

@@ -41,7 +41,7 @@ def exact_statistics(x: Tensor, state: MixtureState, candidates: Tensor, resp: T
         K clusters and their subclusters, frozen at the last M-step.
     candidates, resp : Tensor of shape (N_local, m)
         Each row's E-step support and r^E on it
-        (:func:`~deepdpm_core.estep.estep_targets`).
+        (:meth:`~deepdpm_core.estep.EStep.targets`).
     z : Tensor of shape (N_local,), int64
         Each row's most responsible cluster.
 

@@ -26,10 +26,9 @@ from deepdpm_core.config import Config, from_dict
 from deepdpm_core.data import FeatureCoordinates, fit_coordinates
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.estep import (
+    EStep,
     MixtureState,
-    estep_targets,
     log_weights_from_counts,
-    top_m,
 )
 from deepdpm_core.moves import (
     MovePlan,
@@ -107,6 +106,7 @@ class Trainer:
         self.wrap = wrap or (lambda m: m)
         self.device = resolve_device(config.device)
         self.precision = resolve_precision(config.model.precision, self.device)
+        self.estep = EStep(config.estep)
         self.dim = int(x.shape[1])
         self.rng = np.random.default_rng(config.seed)  # move decisions (rank 0) and init
         self.torch_gen = torch.Generator().manual_seed(config.seed)  # net initialisation
@@ -208,14 +208,13 @@ class Trainer:
                            self.comm, self.device)
 
     def estep_targets(self) -> tuple[Tensor, Tensor]:
-        """:func:`~deepdpm_core.estep.estep_targets` of the local rows under the current
+        """:meth:`~deepdpm_core.estep.EStep.targets` of the local rows under the current
         mixture (candidates and r^E, (N_local, m) each); the anchors move to each row's best."""
         k = self.n_clusters
-        m = top_m(self.config.estep, k)
         # with every cluster allowed (m = K) the search starts from the mixture alone, so the
         # targets are a function of the checkpointed state and a resumed fit repeats them
-        anchors = self.anchors if m < k else None
-        candidates, resp, self.anchors = estep_targets(self.mixture, self.x, m, anchors)
+        anchors = self.anchors if self.estep.support(k) < k else None
+        candidates, resp, self.anchors = self.estep.targets(self.mixture, self.x, anchors)
         return candidates, resp
 
     def run_epoch(self, train: bool = True, seconds: dict[str, float] | None = None

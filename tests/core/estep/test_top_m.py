@@ -7,9 +7,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from deepdpm_core.bayes import TripleBuffer, grouped_stats, sparse_stats
+from deepdpm_core.bayes.blocks import DEFAULT_LAYOUT, BlockLayout
 from deepdpm_core.config import Config
 from deepdpm_core.data import make_mixture, nmi
-from deepdpm_core.estep import GaussianMixture
+from deepdpm_core.estep import GaussianMixture, SparseEStep
 from deepdpm_core.estep.support_bounds import (
     SUPPORT_LOG_GAP,
     faiss_proxy_keys,
@@ -22,7 +23,7 @@ from deepdpm_core.model import FittedModel
 from deepdpm_core.training import Trainer
 
 
-def _mixture(k=12, d=5, seed=0, work_dtype=torch.float64, thin=False, offset=0.0):
+def _mixture(k=12, d=5, seed=0, work_dtype=torch.float64, thin=False, offset=0.0, layout=DEFAULT_LAYOUT):
     """Random full covariances; ``thin`` gives axis scales spread over 1e-3..1 (near-degenerate)."""
     rng = np.random.default_rng(seed)
     means = rng.normal(size=(k, d)) * 8 + offset
@@ -32,7 +33,8 @@ def _mixture(k=12, d=5, seed=0, work_dtype=torch.float64, thin=False, offset=0.0
     else:
         covs = np.stack([a @ a.T / d + 0.2 * np.eye(d) for a in rng.normal(size=(k, d, d))])
     logw = np.log(rng.dirichlet(np.ones(k)))
-    gmm = GaussianMixture(torch.tensor(means), torch.tensor(covs), torch.tensor(logw), work_dtype=work_dtype)
+    gmm = GaussianMixture(torch.tensor(means), torch.tensor(covs), torch.tensor(logw), work_dtype=work_dtype,
+                          layout=layout)
     return gmm, means
 
 
@@ -90,7 +92,7 @@ def test_faiss_and_torch_rank_the_proxy_alike():
 def test_pair_bound_never_exceeds_the_mahalanobis_distance(thin):
     gmm, means = _mixture(k=10, d=6, thin=thin)
     anchors, comps = torch.arange(10).repeat_interleave(10), torch.arange(10).repeat(10)
-    u, a = gmm.pair_directions(anchors, comps)
+    u, a = SparseEStep(gmm).pair_directions(anchors, comps)
     mu, cov = gmm.means, gmm.covariances
     # u_jk is a unit vector in Σ_k's metric and a_jk the Mahalanobis distance of μ_j under k
     off = anchors != comps
@@ -105,7 +107,7 @@ def test_pair_bound_never_exceeds_the_mahalanobis_distance(thin):
     u, a = u.view(10, 10, 6), a.view(10, 10)
     anchor = torch.arange(10).repeat_interleave(40)
     bound = (a[anchor] + torch.einsum("nkd,nd->nk", u[anchor], x - mu[anchor])).square()
-    exact = -2 * (gmm.weighted_log_prob(x) - gmm._log_norm)  # Maha_k(x), (N, K)
+    exact = -2 * (gmm.weighted_log_prob(x) - gmm.log_norm)  # Maha_k(x), (N, K)
     assert (bound <= exact * (1 + 1e-9) + 1e-9).all()
 
 
@@ -116,7 +118,7 @@ def test_sparse_e_step_is_the_dense_e_step_on_its_support(thin, offset, spread):
     # from the origin: no component above float32 ε may be dropped
     gmm, means = _mixture(k=12, d=5, thin=thin, offset=offset, work_dtype=torch.float32)
     x = (torch.tensor(means).repeat_interleave(40, 0) + torch.randn(480, 5, dtype=torch.float64, generator=_gen()) * spread).float()
-    index, log_resp = gmm.sparse_log_responsibilities(x, 12, chunk_rows=17)
+    index, log_resp = SparseEStep(gmm).log_responsibilities(x, 12, chunk_rows=17)
     dense = _dense_log_resp(gmm, x.double()).gather(1, index)
     kept = torch.isfinite(log_resp)
     # float32 points 300 units out, Mahalanobis distances ~1e4: whitening rounding ~1e-2
@@ -138,7 +140,7 @@ def test_sparse_e_step_keeps_components_with_nearly_equal_means():
     gmm = GaussianMixture(means, base.covariances[[0, 0, *range(2, 30)]],
                           torch.zeros(30, dtype=torch.float64).log_softmax(0))
     x = (means[0] + torch.randn(200, 5, dtype=torch.float64, generator=_gen()) * 0.3).float()
-    index, log_resp = gmm.sparse_log_responsibilities(x, 4)
+    index, log_resp = SparseEStep(gmm).log_responsibilities(x, 4)
     kept = torch.isfinite(log_resp)
     both = torch.zeros(200, 30, dtype=torch.long).scatter_add_(1, index, kept.long())[:, :2]
     assert (both == 1).all()
@@ -155,7 +157,7 @@ def test_sparse_e_step_evaluates_only_what_the_bound_cannot_rule_out(monkeypatch
         return exact_pairs(self, x, points, comps, chunk_rows)
 
     monkeypatch.setattr(GaussianMixture, "weighted_log_prob_pairs", counting)
-    index, log_resp = gmm.sparse_log_responsibilities(x, 12)
+    index, log_resp = SparseEStep(gmm).log_responsibilities(x, 12)
     monkeypatch.undo()
     # the anchors are evaluated in the same pass as the bound; then a few of 11 x 600
     assert sum(evaluated) < 60, evaluated
@@ -168,48 +170,45 @@ def test_sparse_e_step_is_the_same_from_any_anchors():
     # anchors only decide how much the bound has to rule out, never the result
     gmm, means = _mixture(thin=True, work_dtype=torch.float32)
     x = (torch.tensor(means).repeat_interleave(30, 0) + torch.randn(360, 5, dtype=torch.float64, generator=_gen())).float()
-    ref_index, ref = gmm.sparse_log_responsibilities(x, 6)
+    ref_index, ref = SparseEStep(gmm).log_responsibilities(x, 6)
     best = ref_index.gather(1, ref.argmax(1, keepdim=True)).squeeze(1)
     some_missing = best.clone()
     some_missing[::3] = -1
     for anchors in (best, some_missing, torch.randint(0, 12, (360,), generator=_gen(1))):
-        index, log_resp = gmm.sparse_log_responsibilities(x, 6, anchors=anchors)
+        index, log_resp = SparseEStep(gmm).log_responsibilities(x, 6, anchors=anchors)
         # per cluster (unused slots repeat the anchor with −inf, so take the max)
         dense_ref = torch.full((360, 12), -torch.inf, dtype=torch.float64).scatter_reduce(1, ref_index, ref, "amax")
         dense_got = torch.full((360, 12), -torch.inf, dtype=torch.float64).scatter_reduce(1, index, log_resp, "amax")
         torch.testing.assert_close(dense_got, dense_ref, rtol=1e-5, atol=1e-5)
 
 
-def test_batched_log_prob_pairs_and_pair_directions_equal_the_loops(monkeypatch):
+def test_batched_log_prob_pairs_and_pair_directions_equal_the_loops():
     # what CUDA runs (blocks of 5 pairs, 3 blocks or 2 pairs per chunk), checked on the CPU
-    monkeypatch.setattr("deepdpm_core.bayes.blocks.BLOCK_ROWS", 5)
-    monkeypatch.setattr("deepdpm_core.bayes.blocks.CHUNK_ELEMS", 3 * (2 * 5 * 5 + 5 * 5))
-    gmm, _ = _mixture(work_dtype=torch.float32)
+    gmm, _ = _mixture(work_dtype=torch.float32, layout=BlockLayout(rows=5, chunk_elems=3 * (2 * 5 * 5 + 5 * 5)))
     x = torch.randn(300, 5, dtype=torch.float64, generator=_gen()).float() * 8
     points, comps = _pairs(torch.randint(0, 12, (300, 3), generator=_gen(2)))
     got = gmm.weighted_log_prob_pairs(x, points, comps, batched=True)
     torch.testing.assert_close(got, gmm.weighted_log_prob_pairs(x, points, comps, batched=False), rtol=1e-6, atol=1e-5)
     anchors, comps = torch.arange(12).repeat_interleave(12), torch.arange(12).repeat(12)
-    for got, ref in zip(gmm.pair_directions(anchors, comps, batched=True),
-                        gmm.pair_directions(anchors, comps, batched=False), strict=True):
+    for got, ref in zip(SparseEStep(gmm).pair_directions(anchors, comps, batched=True),
+                        SparseEStep(gmm).pair_directions(anchors, comps, batched=False), strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(("thin", "offset", "spread", "m", "atol"), [
     (False, 0.0, 0.5, 12, 1e-4), (True, 0.0, 0.5, 12, 1e-4), (False, 0.0, 4.0, 12, 1e-4),
     (True, 300.0, 2.0, 12, 5e-2), (False, 0.0, 20.0, 3, 1e-3)])
-def test_batched_sparse_e_step_equals_the_loops(thin, offset, spread, m, atol, monkeypatch):
+def test_batched_sparse_e_step_equals_the_loops(thin, offset, spread, m, atol):
     # the GPU path on the CPU, in blocks of 7 points and small chunks: the same support and
     # values to float32 rounding of the whitening (larger where Mahalanobis distances are:
     # far from the origin, or spread 20, where the cap binds)
-    monkeypatch.setattr("deepdpm_core.bayes.blocks.BLOCK_ROWS", 7)
-    monkeypatch.setattr("deepdpm_core.bayes.blocks.CHUNK_ELEMS", 2000)
-    gmm, means = _mixture(k=12, d=5, thin=thin, offset=offset, work_dtype=torch.float32)
+    gmm, means = _mixture(k=12, d=5, thin=thin, offset=offset, work_dtype=torch.float32,
+                          layout=BlockLayout(rows=7, chunk_elems=2000))
     x = (torch.tensor(means).repeat_interleave(40, 0) + torch.randn(480, 5, dtype=torch.float64, generator=_gen()) * spread).float()
     anchors = torch.randint(0, 12, (480,), generator=_gen(3))
     anchors[::5] = -1
-    ref_index, ref = gmm.sparse_log_responsibilities(x, m, chunk_rows=17, anchors=anchors, batched=False)
-    index, log_resp = gmm.sparse_log_responsibilities(x, m, anchors=anchors, batched=True)
+    ref_index, ref = SparseEStep(gmm).log_responsibilities(x, m, chunk_rows=17, anchors=anchors, batched=False)
+    index, log_resp = SparseEStep(gmm).log_responsibilities(x, m, anchors=anchors, batched=True)
     assert torch.equal(index[:, 0], ref_index[:, 0])
 
     def dense(idx, lr):
@@ -239,15 +238,13 @@ def test_trace_power_bound_is_an_upper_bound_within_d_to_the_one_over_q():
 
 
 @pytest.mark.parametrize("thin", [False, True])
-def test_sparse_e_step_is_the_same_with_the_trace_power_bound(thin, monkeypatch):
+def test_sparse_e_step_is_the_same_with_the_trace_power_bound(thin):
     # what CUDA uses for level 1 (at most D^(1/32) above λ_max, so level 1 may keep more
     # pairs for levels 2 and 3): the same result. (A bound 1000x too low loses 23 entries.)
     gmm, means = _mixture(k=30, d=6, thin=thin, work_dtype=torch.float32)
     x = (torch.tensor(means).repeat_interleave(20, 0) + torch.randn(600, 6, dtype=torch.float64, generator=_gen()) * 2).float()
-    ref_index, ref = gmm.sparse_log_responsibilities(x, 6, chunk_rows=13)
-    monkeypatch.setattr("deepdpm_core.estep.sparse_support.largest_eigenvalue_bound", trace_power_bound)
-    gmm.refresh()
-    index, log_resp = gmm.sparse_log_responsibilities(x, 6, chunk_rows=13)
+    ref_index, ref = SparseEStep(gmm).log_responsibilities(x, 6, chunk_rows=13)
+    index, log_resp = SparseEStep(gmm, eigen_bound=trace_power_bound).log_responsibilities(x, 6, chunk_rows=13)
 
     def dense(idx, lr):
         return torch.full((600, 30), -torch.inf).scatter_reduce(1, idx, lr.float(), "amax")
@@ -261,7 +258,7 @@ def test_sparse_e_step_caps_the_support_at_m():
     base, means = _mixture(k=12, d=3)
     gmm = GaussianMixture(base.means, base.covariances * 400, base.log_weights)
     x = torch.tensor(means).repeat_interleave(25, 0) + torch.randn(300, 3, dtype=torch.float64, generator=_gen()) * 20
-    index, log_resp = gmm.sparse_log_responsibilities(x, 3)
+    index, log_resp = SparseEStep(gmm).log_responsibilities(x, 3)
     assert index.shape == log_resp.shape == (300, 3)
     kept = torch.isfinite(log_resp)
     assert kept.any(1).all() and (kept.sum(1) <= 3).all() and (kept.sum(1) == 3).sum() > 30
@@ -278,7 +275,7 @@ def test_sparse_e_step_caps_the_support_at_m():
 def test_sparse_e_step_keeps_the_mass_on_separated_clusters():
     gmm, means = _mixture()
     x = torch.tensor(means).repeat_interleave(20, 0) + torch.randn(240, 5, dtype=torch.float64, generator=_gen()) * 0.5
-    index, log_resp = gmm.sparse_log_responsibilities(x, 3)
+    index, log_resp = SparseEStep(gmm).log_responsibilities(x, 3)
     dense = _dense_log_resp(gmm, x).exp()
     kept = dense.gather(1, index).masked_fill(~torch.isfinite(log_resp), 0).sum(1)
     assert kept.min() > 1 - 1e-6
@@ -312,21 +309,21 @@ def test_grouped_and_buffered_stats_match_sparse_stats():
 
 
 @pytest.mark.parametrize("chunk_elems", [1 << 25, 7 * (11 * 4 + 3 * 4 * 4)])
-def test_batched_grouped_stats_match_the_row_loop(chunk_elems, monkeypatch):
+def test_batched_grouped_stats_match_the_row_loop(chunk_elems):
     # what CUDA runs: blocks of 11 rows, and (second case) 7 blocks per batched GEMM, so
     # rows span several blocks and chunks; imbalanced rows, empty rows, float32 far out
-    monkeypatch.setattr("deepdpm_core.bayes.blocks.CHUNK_ELEMS", chunk_elems)
+    layout = BlockLayout(rows=11, chunk_elems=chunk_elems)
     rng = np.random.default_rng(5)
     x = torch.tensor(rng.normal(size=(400, 4)) + 50.0)
     rows = torch.tensor(rng.choice(9, size=(400, 2), p=[.4, .2, .1, .1, .1, .05, .05, 0, 0]))
     w = torch.tensor(rng.random(size=(400, 2)))
     pts = torch.arange(400)[:, None].expand(400, 2).reshape(-1)
     ref = sparse_stats(x, rows, w, 9)
-    got = grouped_stats(x, pts, rows.reshape(-1), w.reshape(-1), 9, chunk_rows=11, batched=True)
+    got = grouped_stats(x, pts, rows.reshape(-1), w.reshape(-1), 9, batched=True, layout=layout)
     torch.testing.assert_close(got.flat(), ref.flat(), rtol=1e-12, atol=1e-9)
     assert (got.n[7:] == 0).all() and (got.s2[7:] == 0).all()
     loop32 = grouped_stats(x.float(), pts, rows.reshape(-1), w.reshape(-1), 9, batched=False)
-    got32 = grouped_stats(x.float(), pts, rows.reshape(-1), w.reshape(-1), 9, chunk_rows=11, batched=True)
+    got32 = grouped_stats(x.float(), pts, rows.reshape(-1), w.reshape(-1), 9, batched=True, layout=layout)
     torch.testing.assert_close(got32.s1, ref.s1, rtol=1e-6, atol=0)
     torch.testing.assert_close(_covariance(got32), _covariance(ref), rtol=0, atol=1e-5)
     torch.testing.assert_close(_covariance(got32), _covariance(loop32), rtol=0, atol=1e-5)

@@ -10,7 +10,7 @@ import torch
 from deepdpm_core.bayes import grouped_stats, sparse_stats
 from deepdpm_core.config import Config
 from deepdpm_core.data import make_mixture, nmi
-from deepdpm_core.estep import top_m
+from deepdpm_core.estep import SparseEStep
 from deepdpm_core.model import FittedModel
 from deepdpm_core.nets import SubclusterNets
 from deepdpm_core.training import Trainer
@@ -47,7 +47,7 @@ def test_sparse_estep_fit_on_cuda_finds_the_dense_clusters():
     sparse, lab_sparse = _fit(x, "cuda", **{"init.n_clusters": 60, "estep.dense_max_k": 16,
                                              "estep.top_m": 8})
     dense, lab_dense = _fit(x, "cuda", **{"init.n_clusters": 60, "estep.dense_max_k": 1000})
-    assert top_m(sparse.config.estep, sparse.n_clusters) == 8 and top_m(dense.config.estep, dense.n_clusters) == dense.n_clusters
+    assert sparse.estep.support(sparse.n_clusters) == 8 and dense.estep.support(dense.n_clusters) == dense.n_clusters
     assert sparse.n_clusters == dense.n_clusters
     assert abs(nmi(y, lab_sparse) - nmi(y, lab_dense)) <= 0.01
 
@@ -57,8 +57,8 @@ def test_sparse_responsibilities_on_cuda_equal_the_cpu_ones():
     cfg = Config().with_overrides({"device": "cpu", "init.n_clusters": 120})
     trainer = Trainer(cfg, torch.as_tensor(x))
     trainer.initialize()
-    cpu_index, cpu_lr = trainer.mixture.sparse_log_responsibilities(trainer.x, 6)
-    gpu_index, gpu_lr = trainer.mixture.to(CUDA).sparse_log_responsibilities(trainer.x.to(CUDA), 6)
+    cpu_index, cpu_lr = SparseEStep(trainer.mixture).log_responsibilities(trainer.x, 6)
+    gpu_index, gpu_lr = SparseEStep(trainer.mixture.to(CUDA)).log_responsibilities(trainer.x.to(CUDA), 6)
     lp = trainer.mixture.weighted_log_prob(trainer.x)
     dense = lp - torch.logsumexp(lp, dim=1, keepdim=True)  # every component: the reference
     for index, lr in ((cpu_index, cpu_lr), (gpu_index.cpu(), gpu_lr.cpu())):
