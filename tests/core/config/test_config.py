@@ -4,14 +4,24 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from deepdpm_core.config import Config, ConfigError, from_dict, load_config, parse_overrides
 
 CONFIGS = sorted((Path(__file__).parents[3] / "cluster_configs").glob("*.yaml"))
 
 
-def test_default_yaml_equals_the_schema_defaults():
-    assert load_config(CONFIGS[0].parent / "default.yaml") == Config()
+def test_default_yaml_documents_every_key_of_the_schema_with_its_default():
+    path = CONFIGS[0].parent / "default.yaml"
+    assert load_config(path) == Config()
+    # every key is written out (a missing one would load as its default too), with a comment
+    text = yaml.safe_load(path.read_text())
+    written = {f"{section}.{key}" for section, keys in text.items() if isinstance(keys, dict) for key in keys}
+    written |= {key for key, value in text.items() if not isinstance(value, dict)}
+    assert written == set(Config().flat())
+    values = [line for line in path.read_text().splitlines()
+              if not line.lstrip().startswith("#") and ":" in line and line.split(":", 1)[1].split("#")[0].strip()]
+    assert len(values) == len(written) and all("#" in line for line in values)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
