@@ -98,7 +98,7 @@ class ClusterAssigner:
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise CheckpointError(f"not a DeepDPM model checkpoint ({FORMAT})")
         try:
-            config = from_dict(state["config"]).with_overrides({"device": device})
+            config = from_dict({**state["config"], "device": device})
             weights = state["cluster_net"]
             (hidden, dim), k = weights["hidden.weight"].shape, weights["out.weight"].shape[0]
             net = ClusterNet(int(dim), int(hidden), int(k), torch.Generator())

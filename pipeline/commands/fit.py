@@ -110,7 +110,7 @@ def _new_request(args: argparse.Namespace) -> FitRequest:
     return FitRequest(
         input=str(Path(args.input).resolve()),
         output=str(Path(args.output).resolve()),
-        config=config.to_dict(),
+        config=config,
         mode=mode,
         num_workers=(2 if args.num_workers is None else args.num_workers) if distributed else 1,
         use_gpu=args.use_gpu,

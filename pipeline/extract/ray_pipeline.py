@@ -104,7 +104,7 @@ def ensure_ray(address: str | None = None) -> None:
     ``ray job submit``), else a fresh local instance (never a stranger's cluster)."""
     import ray
 
-    from pipeline.ray.local_cluster import init_local_ray
+    from pipeline.ray_cluster.local import init_local_ray
 
     if ray.is_initialized():
         return

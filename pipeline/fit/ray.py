@@ -34,7 +34,7 @@ gone on. The driver then raises :class:`~pipeline.fit.interrupts.FitInterrupted`
 Ctrl-C stops the driver at once; the run's latest checkpoint is kept.
 
 A Ray fit's stderr holds the project's lines and the progress bar, not Ray's routine
-messages (:data:`RAY_TRAIN_SETTINGS`, :data:`LOCAL_RAY_TRAIN_SETTINGS`, :mod:`pipeline.ray.bars`);
+messages (:data:`RAY_TRAIN_SETTINGS`, :data:`LOCAL_RAY_TRAIN_SETTINGS`, :mod:`pipeline.ray_cluster.bars`);
 warnings and errors of Ray and of the workers still show.
 
 Tests inject crashes with ``run_ray_fit(request, fault=...)``: the callable travels to
@@ -74,8 +74,8 @@ from pipeline.fit.runner import (
 from pipeline.io.atomic_files import write_json_atomic
 from pipeline.io.feature_rows import feature_shape
 from pipeline.io.run_folder import publish_run, staging_folder
-from pipeline.ray.bars import plain_log_prefix, plain_ray_bars
-from pipeline.ray.local_cluster import connect_ray
+from pipeline.ray_cluster.bars import plain_log_prefix, plain_ray_bars
+from pipeline.ray_cluster.local import connect_ray
 
 #: Ray Train settings of every Ray fit, passed on to its controller and workers (a value
 #: set in the environment wins):

@@ -68,7 +68,7 @@ def train_worker(loop: dict[str, Any]) -> None:
     device = ray.train.torch.get_device() if req.use_gpu else torch.device("cpu")
     comm = communicator(device)
     wrap = ddp_wrapper(device) if comm.world_size > 1 else None
-    config = req.fit_config().with_overrides({"device": device.type})
+    config = req.fit_config().model_copy(update={"device": device.type})
     n, dim = feature_shape(req.input)
 
     # every rank reads and checks its slice; the first bad rank's error ends the run

@@ -60,8 +60,8 @@ class FitRequest:
     ----------
     input, output : str
         Feature file (``.npy``, ``.npz``, Parquet) and output folder.
-    config : dict
-        The full config (:meth:`Config.to_dict`).
+    config : Config
+        The full config, validated once (a mapping is validated into one: :func:`from_dict`).
     mode : {"ray", "local", "alternating"}
     num_workers : int
         Ray Train workers (1 for the in-process modes).
@@ -92,7 +92,7 @@ class FitRequest:
 
     input: str
     output: str
-    config: dict[str, Any]
+    config: Config
     mode: FitMode = "ray"
     num_workers: int = 2
     use_gpu: bool = False
@@ -113,6 +113,8 @@ class FitRequest:
     wait_for_workers_s: float = 120.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.config, Config):
+            object.__setattr__(self, "config", from_dict(self.config))
         if self.mode not in MODES:
             raise ConfigError(f"fit mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.num_workers < 1:  # Ray Train's 0 (local mode) would drop the checkpoints
@@ -133,10 +135,9 @@ class FitRequest:
     def fit_config(self) -> Config:
         """The config the fit runs with (``use_gpu`` in process: ``device=cuda``; a Ray
         worker sets the device it was given itself)."""
-        config = from_dict(self.config)
         if self.use_gpu and self.in_process:
-            config = config.with_overrides({"device": "cuda"})
-        return config
+            return self.config.model_copy(update={"device": "cuda"})
+        return self.config
 
     def tracker(self, rank: int = 0):
         """A :class:`pipeline.tracking.run_tracker.RunTracker` for this fit (inactive off rank 0)."""
@@ -152,7 +153,8 @@ class FitRequest:
 
         # how this invocation started is not part of the run: a resume starts afresh
         stored = self.with_(resume=False, overwrite=False)
-        write_json_atomic(dataclasses.asdict(stored), Path(self.output) / REQUEST_FILE)
+        write_json_atomic({**dataclasses.asdict(stored), "config": stored.config.to_dict()},
+                          Path(self.output) / REQUEST_FILE)
 
     @classmethod
     def load(cls, run_dir: str | Path) -> FitRequest:

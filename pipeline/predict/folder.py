@@ -61,7 +61,7 @@ from pipeline.predict.files import (
     shared_columns,
     write_output,
 )
-from pipeline.ray.local_cluster import connect_ray
+from pipeline.ray_cluster.local import connect_ray
 
 #: seconds an existing cluster may take to offer the actors' resources (nodes joining)
 WAIT_FOR_RESOURCES_S = 120.0

@@ -191,7 +191,7 @@ def test_extract_killed_mid_shard_leaves_no_cluster_and_its_rerun_loses_and_repe
     and leaves no temporary file."""
     from pipeline.extract.shards import digits_image_folder, write_shards
     from pipeline.io.tables import read_features
-    from pipeline.ray.guard import descendants, start_time
+    from pipeline.ray_cluster.guard import descendants, start_time
 
     shards = tmp_path / "shards"
     write_shards(digits_image_folder(tmp_path / "images"), shards, shard_size=300, progress=False)

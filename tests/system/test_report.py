@@ -24,6 +24,7 @@ from PIL import Image
 
 from pipeline.cli import main
 from pipeline.tracking.run_tracker import RunTracker
+from tests.support.histories import named_rounds
 from tests.support.mlflow_server import mlflow_env  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
@@ -188,7 +189,7 @@ def test_report_warns_about_a_stalled_fit(tmp_path):
         json.dumps(
             {
                 "n_clusters": 1,
-                "history": [
+                "history": named_rounds([
                     {
                         "epoch": e,
                         "n_clusters": 1,
@@ -199,7 +200,7 @@ def test_report_warns_about_a_stalled_fit(tmp_path):
                         "seconds": 0.1,
                     }
                     for e in range(40)
-                ],
+                ]),
             }
         )  # fmt: skip
     )

@@ -28,6 +28,7 @@ from pipeline.tracking.fit_runs import (
 )
 from pipeline.tracking.options import add_tracking_arguments
 from pipeline.tracking.run_tracker import HTTP_ENV_DEFAULTS, RunTracker, epoch_metrics
+from tests.support.histories import named_rounds
 from tests.support.mlflow_server import MlflowServer, mlflow_env, mlflow_server  # noqa: F401
 
 
@@ -249,10 +250,10 @@ def test_fit_output_directory_and_diagnostics_logged(
     out = tmp_path / "fit"
     out.mkdir()
     config = Config()
-    history = [
+    history = named_rounds([
         {**r, "n_clusters": 1, "splits_accepted": 0, "merges_accepted": 0}
         for r in _records(30, with_labels=False)
-    ]  # a fit that never splits: both diagnostics fire
+    ], config)  # a fit that never splits: both diagnostics fire
     (out / "config.yaml").write_text(yaml.safe_dump(config.to_dict()))
     summary = {"n_clusters": 1, "epochs": 30, "fit_seconds": 3.5, "history": history}
     (out / "summary.json").write_text(json.dumps({**summary, "metrics": {"nmi": 0.0}}))

@@ -18,7 +18,7 @@ from deepdpm_core.model.diagnostics import (
     move_kinds,
     variance_summary,
 )
-from deepdpm_core.moves import MoveSchedule
+from tests.support.histories import named_rounds
 
 
 def _record(epoch: int, k: int, splits: int = 0, merges: int = 0) -> dict:
@@ -28,20 +28,6 @@ def _record(epoch: int, k: int, splits: int = 0, merges: int = 0) -> dict:
     }  # fmt: skip
 
 
-def _named(history: list[dict], config=None) -> list[dict]:
-    """``history`` with the round each record ends (``move``), as the fit's schedule
-    (``config``: a Config, its dict, or None for the defaults) names it."""
-    cfg = config if isinstance(config, Config) else from_dict(config)
-    sched = MoveSchedule(cfg.schedule, cfg.moves)
-    named = []
-    for epoch, record in enumerate(history, start=1):
-        move = sched.move_at(epoch)
-        if move:
-            sched.moved(epoch, record["splits_accepted"] + record["merges_accepted"], record["n_clusters"])
-        named.append({**record, "move": move})
-    return named
-
-
 def _sched(schedule: dict, moves: dict | None = None) -> Config:
     return from_dict({"schedule": schedule, "moves": moves or {}})
 
@@ -49,20 +35,20 @@ def _sched(schedule: dict, moves: dict | None = None) -> Config:
 def test_move_kinds_are_the_rounds_the_schedule_ran():
     schedule = {"warmup_epochs": 5, "move_every": 5, "freeze_epochs": 2}
     quiet = [_record(e, 1) for e in range(20)]
-    kinds = move_kinds(_named(quiet, _sched(schedule, {"split": True, "merge": True})))
+    kinds = move_kinds(named_rounds(quiet, _sched(schedule, {"split": True, "merge": True})))
     # the nets are frozen through the warm-up, so the first round ends epoch 10 (index 9)
     assert [(i, k) for i, k in enumerate(kinds) if k] == [
         (9, "split"),
         (14, "merge"),
         (19, "split"),
     ]
-    assert [k for k in move_kinds(_named(quiet, _sched(schedule, {"merge": False}))) if k] == ["split"] * 3
+    assert [k for k in move_kinds(named_rounds(quiet, _sched(schedule, {"merge": False}))) if k] == ["split"] * 3
     # an accepted move freezes the nets: a round falling in the freeze is skipped and
     # the alternation does not advance
     busy = list(quiet)
     busy[5] = _record(5, 3, splits=2)
     sched = {"warmup_epochs": 5, "move_every": 1, "freeze_epochs": 2}
-    kinds = move_kinds(_named(busy[:10], _sched(sched)))
+    kinds = move_kinds(named_rounds(busy[:10], _sched(sched)))
     assert [(i, k) for i, k in enumerate(kinds) if k] == [(5, "split"), (8, "merge"), (9, "split")]
 
 
@@ -70,13 +56,13 @@ def test_no_warning_for_a_healthy_fit():
     cfg = Config()
     history = [_record(e, 1) for e in range(5)] + [_record(5, 4, splits=3)]
     history += [_record(e, 4) for e in range(6, 20)] + [_record(20, 6, splits=2)]
-    assert diagnose(_named(history, cfg), cfg) == []
+    assert diagnose(named_rounds(history, cfg), cfg) == []
 
 
 def test_stalled_splits_name_every_knob_with_its_value():
     cfg = Config().with_overrides({"prior.alpha": 3.0, "prior.sigma_scale": 0.005})
     history = [_record(e, 5) for e in range(30)]  # K_init = 5, no move in 5 rounds
-    (warning,) = diagnose(_named(history, cfg), cfg)
+    (warning,) = diagnose(named_rounds(history, cfg), cfg)
     assert warning.kind == "no_split"
     assert "no split accepted in the last 3 split rounds" in warning.message
     assert "raise prior.alpha (now 3.0" in warning.message
@@ -98,9 +84,9 @@ def test_sigma_scale_direction_follows_the_data_variance():
 
 def test_collapse_to_one_or_two_clusters():
     history = [_record(e, 8) for e in range(10)] + [_record(10, 2, merges=6)]
-    kinds = {d.kind for d in diagnose(_named(history, Config().to_dict()), Config().to_dict())}
+    kinds = {d.kind for d in diagnose(named_rounds(history, Config().to_dict()), Config().to_dict())}
     assert kinds == {"collapsed"}
-    (warning,) = [d for d in diagnose(_named(history, None), None) if d.kind == "collapsed"]
+    (warning,) = [d for d in diagnose(named_rounds(history, None), None) if d.kind == "collapsed"]
     assert "K collapsed to 2 (largest K so far: 8)" in warning.message
 
 
@@ -111,28 +97,28 @@ def test_growing_from_one_cluster_is_not_a_collapse():
                                    "prior.sigma_scale": 0.005})
     growing = [_record(e, 1) for e in range(9)] + [_record(9, 2, splits=1)]
     growing += [_record(e, 2) for e in range(10, 19)]
-    assert diagnose(_named(growing, cfg), cfg) == []
+    assert diagnose(named_rounds(growing, cfg), cfg) == []
     # K stays at 2 through the merge (14), split (19) and merge (24) rounds: 3 idle
     # rounds = patience, the fit stops there, after one idle split round
     ended = growing + [_record(e, 2) for e in range(19, 25)]
-    assert diagnose(_named(ended[:-1], cfg), cfg) == []
-    (warning,) = diagnose(_named(ended, cfg), cfg, feature_variance=36.0)
+    assert diagnose(named_rounds(ended[:-1], cfg), cfg) == []
+    (warning,) = diagnose(named_rounds(ended, cfg), cfg, feature_variance=36.0)
     assert warning.kind == "collapsed"
     assert warning.message.startswith("K stayed at 2: the last split round accepted no split.")
     assert "raise prior.sigma_scale (now 0.005" in warning.message
     # a fit that goes on needs 2 idle split rounds (19 and 29) before K counts as stuck
     patient = cfg.with_overrides({"schedule.patience": 10})
     stuck = growing + [_record(e, 2) for e in range(19, 30)]
-    assert diagnose(_named(ended, patient), patient) == []
-    assert diagnose(_named(stuck[:-1], patient), patient) == []
-    (warning,) = diagnose(_named(stuck, patient), patient)
+    assert diagnose(named_rounds(ended, patient), patient) == []
+    assert diagnose(named_rounds(stuck[:-1], patient), patient) == []
+    (warning,) = diagnose(named_rounds(stuck, patient), patient)
     assert warning.message.startswith("K stayed at 2: the last 2 split rounds accepted no split.")
 
 
 def test_monitor_reports_each_kind_once():
     messages: list[str] = []
     monitor = DiagnosticsMonitor(Config(), messages.append)
-    for record in _named([_record(e, 1) for e in range(60)]):
+    for record in named_rounds([_record(e, 1) for e in range(60)]):
         monitor(record)
     assert len(messages) == 2
     assert {d.kind for d in monitor.reported} == {"no_split", "collapsed"}
@@ -140,7 +126,7 @@ def test_monitor_reports_each_kind_once():
 
 def test_fitted_prior_scale_is_named_when_it_is_fitted():
     history = [{**_record(e, 5), "prior_scale": 0.0123} for e in range(30)]
-    (warning,) = diagnose(_named(history), Config().with_overrides({"prior.sigma_scale": "evidence"}))
+    (warning,) = diagnose(named_rounds(history), Config().with_overrides({"prior.sigma_scale": "evidence"}))
     assert "prior.sigma_scale is fitted to the clusters (last fitted s = 0.0123)" in warning.message
     assert "prior.covariance_type=diag" in warning.message
 
@@ -151,11 +137,11 @@ def test_features_in_different_units_are_named_before_the_prior_knobs():
     assert summary["feature_variance_ratio"] == pytest.approx(1e5 / 0.7)  # constant column ignored
     assert variance_summary([0.0, 0.0])["feature_variance_ratio"] == 1.0
     history = [_record(e, 8) for e in range(10)] + [_record(10, 1, merges=7)]
-    (units,) = diagnose(_named(history), Config(), 0.6, summary["feature_variance_ratio"])
+    (units,) = diagnose(named_rounds(history), Config(), 0.6, summary["feature_variance_ratio"])
     assert units.message.startswith("K collapsed to 1 (largest K so far: 8).")
     assert "data.transform=standard" in units.message and "prior.nu" not in units.message
     # one unit: the prior knobs
-    (knobs,) = diagnose(_named(history), Config(), 1.0, UNITS_RATIO / 2)
+    (knobs,) = diagnose(named_rounds(history), Config(), 1.0, UNITS_RATIO / 2)
     assert "data.transform" not in knobs.message and "lower prior.nu" in knobs.message
 
 

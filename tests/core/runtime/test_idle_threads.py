@@ -48,7 +48,7 @@ def test_the_command_sets_numbas_too():
 
 def test_the_workers_of_a_local_ray_cluster_get_them(monkeypatch):
     ray = pytest.importorskip("ray")
-    from pipeline.ray import local_cluster as ray_local
+    from pipeline.ray_cluster import local as ray_local
 
     calls = []
     monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))

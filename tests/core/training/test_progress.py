@@ -38,7 +38,7 @@ def test_rays_driver_draws_whole_counts_no_worker_prefix_and_closes_bars_left_op
     import tqdm.auto
     from ray.experimental import tqdm_ray
 
-    from pipeline.ray.bars import plain_ray_bars
+    from pipeline.ray_cluster.bars import plain_ray_bars
 
     # Ray's own drawing (an earlier Ray fit in this process may have replaced it already);
     # monkeypatch puts back whatever was there after the test

@@ -4,8 +4,8 @@
 monitor) as children that the kernel kills with their parent, but the raylet's own
 children (the dashboard and runtime-env agents) only notice the raylet's death after
 about a minute: after ``kill -9`` of a command they kept running that long.
-:func:`pipeline.ray.local_cluster.init_local_ray` therefore starts this guard
-(``python -m pipeline.ray.guard PID:START ...``, the head processes) with the read end
+:func:`pipeline.ray_cluster.local.init_local_ray` therefore starts this guard
+(``python -m pipeline.ray_cluster.guard PID:START ...``, the head processes) with the read end
 of a pipe whose write end only the command holds. While the command runs, the guard
 notes every second which processes descend from the head processes; when the command
 ends, however it ends, the pipe reaches end-of-file and the guard terminates all of

@@ -12,7 +12,7 @@ Connecting to a cluster (an address, ``$RAY_ADDRESS``) goes through plain ``ray.
 and keeps every message Ray prints.
 
 A cluster started here ends with the command, even one killed with ``kill -9``: a guard
-process (:mod:`pipeline.ray.guard`) waits for the command's end and then terminates the
+process (:mod:`pipeline.ray_cluster.guard`) waits for the command's end and then terminates the
 cluster's processes, which Ray alone leaves running for about a minute.
 """
 
@@ -109,11 +109,11 @@ def connect_ray(address: str | None, **local_kwargs: Any) -> str | None:
 
 
 def _guard_cluster() -> None:
-    """Start the guard (:mod:`pipeline.ray.guard`) of the cluster ``ray.init`` just started."""
+    """Start the guard (:mod:`pipeline.ray_cluster.guard`) of the cluster ``ray.init`` just started."""
     global _guard
     from ray._private import worker
 
-    from pipeline.ray.guard import start_time
+    from pipeline.ray_cluster.guard import start_time
 
     processes = worker._global_node.all_processes  # type -> [ProcessInfo]
     head = [f"{info.process.pid}:{start_time(info.process.pid)}"
@@ -123,7 +123,7 @@ def _guard_cluster() -> None:
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    guard = subprocess.Popen([sys.executable, "-m", "pipeline.ray.guard", *head],
+    guard = subprocess.Popen([sys.executable, "-m", "pipeline.ray_cluster.guard", *head],
                              stdin=read_end, env=env, start_new_session=True)
     os.close(read_end)
     if _guard is not None:  # the guard of an earlier cluster of this process: let it end
