@@ -1,11 +1,7 @@
 """The data side of the method: input checks, the fit's coordinates, generated
 mixtures and clustering metrics."""
 
-from deepdpm_core.data.coordinates import (
-    FeatureCoordinates,
-    fit_coordinates,
-    resolve_transform,
-)
+from deepdpm_core.data.coordinates import FeatureCoordinates, fit_coordinates
 from deepdpm_core.data.datasets import make_mixture
 from deepdpm_core.data.metrics import (
     ContingencyCounts,
@@ -26,5 +22,5 @@ from deepdpm_core.data.validation import (
 __all__ = [
     "acc", "ari", "check_features", "check_init_labels", "clustering_scores", "contingency",
     "contingency_scores", "ContingencyCounts", "FeatureCoordinates", "fit_coordinates",
-    "is_real_dtype", "make_mixture", "nmi", "readonly_tensor", "resolve_transform",
+    "is_real_dtype", "make_mixture", "nmi", "readonly_tensor"
 ]

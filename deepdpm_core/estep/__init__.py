@@ -5,17 +5,9 @@ from deepdpm_core.estep.epoch_stats import R_FLOOR, EpochStats
 from deepdpm_core.estep.gmm import GaussianMixture, log_weights_from_counts
 from deepdpm_core.estep.mixture_state import MixtureState
 from deepdpm_core.estep.sparse_support import SparseEStep
-from deepdpm_core.estep.support_bounds import (
-    faiss_proxy_keys,
-    largest_eigenvalue_bound,
-    proxy_top_m_faiss,
-    proxy_top_m_torch,
-    trace_power_bound,
-)
 from deepdpm_core.estep.targets import EStep, slot_targets
 
 __all__ = [
-    "EpochStats", "EStep", "faiss_proxy_keys", "GaussianMixture", "largest_eigenvalue_bound",
-    "log_weights_from_counts", "MixtureState", "proxy_top_m_faiss", "proxy_top_m_torch", "R_FLOOR",
-    "slot_targets", "SparseEStep", "trace_power_bound"
+    "EpochStats", "EStep", "GaussianMixture", "log_weights_from_counts", "MixtureState", "R_FLOOR",
+    "slot_targets", "SparseEStep"
 ]

@@ -4,8 +4,6 @@ fit's K."""
 from deepdpm_core.model.diagnostics import (
     DiagnosticsMonitor,
     diagnose,
-    knob_advice,
-    move_kinds,
     stop_reason,
     variance_summary,
 )
@@ -15,5 +13,5 @@ from deepdpm_core.model.fitted_model import FORMAT, ClusterAssigner, FittedModel
 
 __all__ = [
     "ClusterAssigner", "DeepDPM", "diagnose", "DiagnosticsMonitor", "FittedModel", "FORMAT",
-    "knob_advice", "move_kinds", "safe_load", "save_checkpoint", "stop_reason", "variance_summary"
+    "safe_load", "save_checkpoint", "stop_reason", "variance_summary"
 ]

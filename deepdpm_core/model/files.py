@@ -12,11 +12,9 @@ the global; it never passes on torch's advice to load the file with ``weights_on
 from __future__ import annotations
 
 import collections
-import os
 import pickle
 import pickletools
 import re
-import secrets
 import warnings
 import zipfile
 from pathlib import Path
@@ -24,6 +22,7 @@ from typing import Any
 
 import torch
 
+from deepdpm_core.atomic_files import atomic_path
 from deepdpm_core.errors import CheckpointError
 
 #: torch's wordings of a refused global (``Unsupported global: GLOBAL m.f was not an
@@ -114,23 +113,14 @@ def _collect_globals(stream, names: list[str]) -> None:
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
-    """``torch.save(state, path)`` atomically: into a new temporary file beside ``path``,
-    then renamed over it, so a reader never sees half a file and a crash leaves the old
-    one. The file gets the mode ``open(path, "w")`` would give (the umask's).
+    """``torch.save(state, path)`` atomically (:func:`~deepdpm_core.atomic_files.atomic_path`):
+    a reader never sees half a file, a crash leaves the old one, and the file gets the mode
+    ``open(path, "w")`` would give (the umask's).
 
     Raises
     ------
     IsADirectoryError
         ``path`` is a folder (before anything is written).
     """
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"output {path} is a folder; expected a file path")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "xb") as fh:  # a new file, as open() makes one: the umask's mode
-            torch.save(state, fh)
-        os.replace(tmp, path)
-    finally:  # a failed write leaves no temporary file behind
-        tmp.unlink(missing_ok=True)
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)

@@ -88,9 +88,9 @@ def _run_file(args: argparse.Namespace) -> int:
     import numpy as np
     import pyarrow.parquet as pq
 
+    from deepdpm_core.atomic_files import atomic_path
     from deepdpm_core.data import ContingencyCounts, contingency_scores
     from deepdpm_core.model import ClusterAssigner
-    from pipeline.io.atomic_files import atomic_path
     from pipeline.io.results import print_result, scores_text, shown_path
     from pipeline.io.tables import assignments_table, feature_batches
 

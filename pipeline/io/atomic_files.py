@@ -1,64 +1,19 @@
 """Writing outputs atomically: a file is either its old content or its new, never half.
 
-:func:`atomic_path` writes beside the final path and renames over it; JSON is written
-strict (NaN and ±inf as ``null``) through :func:`write_json_atomic`.
+Files are written through :func:`deepdpm_core.atomic_files.atomic_path` (beside the final
+path, then renamed over it); JSON is written strict (NaN and ±inf as ``null``) through
+:func:`write_json_atomic`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-
-def current_umask() -> int:
-    """The process umask, read without changing it where the OS allows (Linux:
-    ``/proc/self/status``); elsewhere set and restored at once."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def default_file_mode() -> int:
-    """The mode ``open(path, "w")`` gives a new file: ``0o666`` less the umask."""
-    return 0o666 & ~current_umask()
-
-
-@contextmanager
-def atomic_path(final: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``final``; rename it over ``final`` on success.
-
-    A crash mid-write leaves ``final`` untouched (old content or absent). The file gets
-    the mode a plain ``open(final, "w")`` would (``0o666`` less the umask), not
-    ``mkstemp``'s private ``0o600``.
-    """
-    final = Path(final)
-    if final.is_dir():  # before anything is written; os.replace would name the temporary file
-        raise IsADirectoryError(f"output {final} is a folder; expected a file path")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        os.chmod(tmp_path, default_file_mode())
-        os.replace(tmp_path, final)
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+from deepdpm_core.atomic_files import atomic_path
 
 
 def json_text(obj: object, indent: int | None = 2) -> str:

@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from deepdpm_core.atomic_files import atomic_path
 from deepdpm_core.errors import DataError
-from pipeline.io.atomic_files import atomic_path
 
 
 def feature_schema(dim: int) -> pa.Schema:

@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from deepdpm_core.atomic_files import atomic_path
 from deepdpm_core.errors import CheckpointError, ConfigError, DataError
-from pipeline.io.atomic_files import atomic_path
 from pipeline.io.tables import FeatureTable, assignments_table, open_parquet, parquet_labelled
 
 #: the output's Parquet metadata key: ``{"rows": n, "model_sha256": ...}``

@@ -26,9 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from deepdpm_core.atomic_files import atomic_path
 from deepdpm_core.errors import DataError
 from deepdpm_core.model import diagnose, stop_reason
-from pipeline.io.atomic_files import atomic_path
 from pipeline.report import plots, run_source
 from pipeline.report.sample_images import find_images, image_strip, sample_keys
 

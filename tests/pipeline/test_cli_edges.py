@@ -71,7 +71,7 @@ def test_every_output_file_honours_the_umask(tmp_path, blobs, umask, capsys):
 
 
 def test_atomic_path_gives_the_mode_open_would(tmp_path):
-    from pipeline.io.atomic_files import atomic_path
+    from deepdpm_core.atomic_files import atomic_path
 
     old = os.umask(0o002)
     try:

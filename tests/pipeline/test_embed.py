@@ -17,7 +17,8 @@ from sklearn.datasets import load_digits
 
 from deepdpm_core.config import Config
 from deepdpm_core.errors import ConfigError, DataError
-from deepdpm_core.features import as_feature_matrix, embed, pca_embed
+from deepdpm_core.features import as_feature_matrix, embed
+from deepdpm_core.features.embedding import pca_embed
 from pipeline.cli import main
 from pipeline.fit.checkpoints import load_autoencoder
 from pipeline.io.tables import features_table, read_features, write_parquet_atomic
@@ -304,7 +305,7 @@ def test_digits_ae_umap_then_fit_finds_the_digits(tmp_path, digits_npz):
 
 
 def test_command_methods_match_the_core():
-    from deepdpm_core.features import METHODS
+    from deepdpm_core.features.embedding import METHODS
     from pipeline.commands import embed as command
 
     assert command.METHODS == METHODS

@@ -28,7 +28,7 @@ from PIL import Image
 
 from deepdpm_core import DeepDPM
 from deepdpm_core.config import Config
-from deepdpm_core.model import move_kinds
+from deepdpm_core.model.diagnostics import move_kinds
 from pipeline.cli import main
 from pipeline.tracking.run_tracker import EPOCH_METRICS as TRACKING_EPOCH_METRICS
 from pipeline.tracking.run_tracker import HTTP_ENV_DEFAULTS

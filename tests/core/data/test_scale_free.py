@@ -10,7 +10,8 @@ from sklearn.preprocessing import StandardScaler
 
 from deepdpm_core import DeepDPM
 from deepdpm_core.config import DataConfig
-from deepdpm_core.data import clustering_scores, make_mixture, resolve_transform
+from deepdpm_core.data import clustering_scores, make_mixture
+from deepdpm_core.data.coordinates import resolve_transform
 
 QUICK = {"schedule__max_epochs": 14}
 

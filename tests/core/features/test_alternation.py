@@ -191,7 +191,7 @@ def test_deepdpm_warm_start_from_labels(digits):
 
 
 def PCA_10(X: np.ndarray) -> np.ndarray:
-    from deepdpm_core.features import pca_embed
+    from deepdpm_core.features.embedding import pca_embed
 
     return pca_embed(X, 10)
 
@@ -336,7 +336,7 @@ def test_alternation_with_deepdpm_on_digits_tightens_clusters_and_keeps_nmi(digi
     show them, so this checks the mechanism and that NMI does not degrade.
     """
     from deepdpm_core.data import nmi
-    from deepdpm_core.features import default_cluster_fn
+    from deepdpm_core.features.alternation import default_cluster_fn
 
     X, y = digits
     cfg = Config().with_overrides(

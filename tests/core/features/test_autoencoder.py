@@ -12,12 +12,11 @@ import torch
 from sklearn.datasets import load_digits
 
 from deepdpm_core.errors import DataError
-from deepdpm_core.features import (
+from deepdpm_core.features import MLPAutoencoder, encode
+from deepdpm_core.features.autoencoder import (
     AETrainSettings,
-    MLPAutoencoder,
     build_autoencoder,
     cluster_loss,
-    encode,
     reconstruction_loss,
     train_autoencoder,
 )

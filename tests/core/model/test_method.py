@@ -9,7 +9,7 @@ from sklearn.datasets import load_digits
 
 from deepdpm_core import DeepDPM
 from deepdpm_core.data import clustering_scores, make_mixture
-from deepdpm_core.features import umap_embed
+from deepdpm_core.features.embedding import umap_embed
 
 # (n, D, true K, Dirichlet imbalance or None, initial K)
 CASES = [

@@ -19,21 +19,18 @@ from deepdpm_core.bayes import (
 from deepdpm_core.config import Config
 from deepdpm_core.data import clustering_scores
 from deepdpm_core.estep import MixtureState
-from deepdpm_core.moves import (
+from deepdpm_core.moves import Nets, apply_births, birth_min_points, choose_births
+from deepdpm_core.moves.births import (
     BirthProposal,
-    Nets,
     accepted_births,
-    apply_births,
     birth_kmeans,
-    birth_min_points,
     birth_seeds,
-    choose_births,
-    coarsened,
     coarser,
     log_birth_hastings,
     nearest_part_pairs,
     principal_plane,
 )
+from deepdpm_core.moves.proposals import coarsened
 from deepdpm_core.nets import ClusterNet, SubclusterNets
 from deepdpm_core.runtime import LocalCommunicator
 from tests.support.blobs import grid_blobs

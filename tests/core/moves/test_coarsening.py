@@ -13,7 +13,8 @@ from deepdpm_core.bayes import (
     log_marginal_likelihood,
     log_split_hastings,
 )
-from deepdpm_core.moves import coarsened, coarsening_constant, propose_merges, propose_splits
+from deepdpm_core.moves import coarsening_constant
+from deepdpm_core.moves.proposals import coarsened, propose_merges, propose_splits
 
 ALPHA = 10.0
 

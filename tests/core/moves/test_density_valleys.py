@@ -13,7 +13,6 @@ from deepdpm_core.bayes import NIWPrior, grouped_stats
 from deepdpm_core.config import MovesConfig
 from deepdpm_core.data import clustering_scores
 from deepdpm_core.estep import MixtureState
-from deepdpm_core.moves import propose_merges, propose_splits
 from deepdpm_core.moves.density_valleys import (
     BINS,
     SPAN,
@@ -23,6 +22,7 @@ from deepdpm_core.moves.density_valleys import (
     split_axes,
     valley_ratios,
 )
+from deepdpm_core.moves.proposals import propose_merges, propose_splits
 
 #: the valley rules' defaults (``moves.valley_bandwidth``, ``moves.valley_min_points``)
 BANDWIDTH = MovesConfig().valley_bandwidth

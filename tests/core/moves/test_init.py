@@ -7,7 +7,8 @@ from sklearn.datasets import make_blobs
 
 from deepdpm_core import DeepDPM
 from deepdpm_core.data import make_mixture
-from deepdpm_core.moves import initial_cluster_count, kmeans_centers, kmeans_pp_seeds, rows_needed
+from deepdpm_core.moves import rows_needed
+from deepdpm_core.moves.initial import initial_cluster_count, kmeans_centers, kmeans_pp_seeds
 
 
 def test_second_seed_follows_the_d2_distribution():

@@ -9,9 +9,10 @@ import torch
 
 from deepdpm_core.bayes import NIWPrior, grouped_stats, map_estimate
 from deepdpm_core.estep import MixtureState, log_weights_from_counts
-from deepdpm_core.moves import MovePlan, Nets, apply_plan, principal_split, reset_subclusters
+from deepdpm_core.moves import MovePlan, Nets, apply_plan, reset_subclusters
+from deepdpm_core.moves.initial import principal_split
 from deepdpm_core.nets import ClusterNet, SubclusterNets
-from deepdpm_core.training import adam
+from deepdpm_core.training.batching import adam
 
 D, H, SUB_H = 2, 16, 8
 CENTRES = torch.tensor([[0.0, 0.0], [6.0, 0.0], [0.0, 6.0], [6.0, 6.0]], dtype=torch.float64)

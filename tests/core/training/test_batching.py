@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from deepdpm_core.config import Config
-from deepdpm_core.training import Trainer, auto_batch_size, scaled_lr
+from deepdpm_core.training import Trainer, auto_batch_size
+from deepdpm_core.training.batching import scaled_lr
 
 
 @pytest.mark.parametrize("n, expected", [

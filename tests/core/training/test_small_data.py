@@ -10,7 +10,8 @@ from deepdpm_core.config import Config
 from deepdpm_core.estep import GaussianMixture, MixtureState
 from deepdpm_core.nets import ClusterNet
 from deepdpm_core.runtime import LocalCommunicator
-from deepdpm_core.training import Trainer, distil, exact_statistics
+from deepdpm_core.training import Trainer
+from deepdpm_core.training.small_data import distil, exact_statistics
 
 
 def _state(rng, k, d):
