@@ -52,7 +52,7 @@ from deepdpm_core.data import (
 from deepdpm_core.estep import SparseEStep  # noqa: E402
 from deepdpm_core.model import FittedModel  # noqa: E402
 from deepdpm_core.runtime import device_clock  # noqa: E402
-from deepdpm_core.training import EPOCH_PHASES, Trainer  # noqa: E402
+from deepdpm_core.training import EPOCH_PHASES, EpochHooks, Trainer  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -190,12 +190,12 @@ def full_fit(x: np.ndarray, y: np.ndarray, init_k: int, seed: int, overrides: di
         print(f"fit epoch {rec['epoch']:3d}: K = {rec['n_clusters']:4d}, {rec['seconds']:6.1f} s, "
               f"peak RSS {peak_rss_mb():.0f} MiB", file=sys.stderr, flush=True)
 
-    trainer = Trainer(cfg, torch.from_numpy(x), callbacks=[progress])
+    trainer = Trainer(cfg, torch.from_numpy(x))
     t = device_clock(trainer.device)
     trainer.initialize()
     print(f"fit initialised with K = {trainer.n_clusters} in {device_clock(trainer.device) - t:.1f} s",
           file=sys.stderr, flush=True)
-    trainer.fit()
+    trainer.fit(hooks=EpochHooks(on_epoch=[progress]))
     seconds = device_clock(trainer.device) - t
     labels = FittedModel.from_trainer(trainer).predict_assignments(torch.from_numpy(x))[0].numpy()
     return {"fit_k": trainer.n_clusters, "fit_nmi": nmi(y, labels), "fit_seconds": seconds,

@@ -205,7 +205,7 @@ def test_extract_killed_mid_shard_leaves_no_cluster_and_its_rerun_loses_and_repe
             return descendants({first.pid: start_time(first.pid)})
 
         # embedding has begun once a guard watches the cluster and encoder actors run
-        _wait_for(lambda: any("ray_guard" in _cmdline(p) for p in cluster())
+        _wait_for(lambda: any("pipeline.ray_cluster.guard" in _cmdline(p) for p in cluster())
                   and any("MapWorker" in _cmdline(p) for p in cluster()), what="the encoders")
         other = _deepdpm(*extract, "--pixel-size", "4")
         assert other.returncode == 2
