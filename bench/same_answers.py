@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     k_suite = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(k_suite)
     answers = {**estimator_fits(k_suite), "deepdpm fit (MLflow metrics)": cli_fit(checkout)}
+    answers = json.loads(json.dumps(answers))  # as a JSON file holds them (lists, not tuples)
     other = json.loads(args.against.read_text()) if args.against else {}
     print(f"{'fit':30s} {'K':>3s} {'labels':16s}" + ("  against" if other else ""))
     for name, got in answers.items():
