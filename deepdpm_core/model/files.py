@@ -122,5 +122,7 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
     IsADirectoryError
         ``path`` is a folder (before anything is written).
     """
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    # through a file object: given a path, torch.save names the archive's records after the
+    # (temporary, random) file name, and the same state would give different bytes
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        torch.save(state, fh)

@@ -69,6 +69,11 @@ def test_checkpoints_are_written_atomically_with_the_umask_mode(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    # the same state gives the same bytes (the model hash predictions carry depends on it)
+    again = tmp_path / "again.pt"
+    save_checkpoint({"w": torch.ones(3)}, again)
+    assert again.read_bytes() == path.read_bytes()
+    again.unlink()
     # a write that fails keeps the old file and leaves no temporary file
     with pytest.raises(TypeError, match="pickle"):  # a generator cannot be pickled
         save_checkpoint({"w": (i for i in range(3))}, path)
