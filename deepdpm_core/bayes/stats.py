@@ -253,7 +253,7 @@ def grouped_stats(
 def _blocked_scatter(x: Tensor, points: Tensor, counts: Tensor, weights: Tensor, dtype: torch.dtype,
                      out: SuffStats, layout: blocks.BlockLayout) -> SuffStats:
     """The per-row sums of :func:`grouped_stats` as batched GEMMs over
-    :func:`~deepdpm_core.bayes.blocks.segment_blocks`.
+    :meth:`~deepdpm_core.bayes.blocks.BlockLayout.segment`.
 
     Each row's points are centred at c_r, the mean of its first block; each block's
     (D, b) x (b, D) GEMM runs in ``dtype``, one ``bmm`` per chunk of blocks, and the

@@ -9,11 +9,12 @@ from deepdpm_core.config.schema import (
     MovesConfig,
     PriorConfig,
     ScheduleConfig,
+    config_sections,
     from_dict,
 )
 from deepdpm_core.errors import ConfigError
 
 __all__ = [
-    "Config", "ConfigError", "DataConfig", "EStepConfig", "from_dict", "InitConfig", "load_config",
+    "Config", "config_sections", "ConfigError", "DataConfig", "EStepConfig", "from_dict", "InitConfig", "load_config",
     "MovesConfig", "parse_overrides", "PriorConfig", "ScheduleConfig"
 ]

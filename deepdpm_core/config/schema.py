@@ -89,6 +89,12 @@ class Config(Section):
         return from_dict(data)
 
 
+def config_sections() -> list[str]:
+    """Names of the config's sections (``data``, ``prior``, ...)."""
+    return [name for name, field in Config.model_fields.items()
+            if isinstance(field.annotation, type) and issubclass(field.annotation, Section)]
+
+
 #: characters of a value an error message shows at most
 _SHOWN_CHARS = 120
 
@@ -108,8 +114,7 @@ def _unknown_key(dotted: str) -> ConfigError:
     ``unknown config key 'prior.sigma_scal' (did you mean prior.sigma_scale?)``."""
     import difflib
 
-    sections = [name for name, value in Config().to_dict().items() if isinstance(value, dict)]
-    known = [*Config().flat(), *sections]
+    known = [*Config().flat(), *config_sections()]
     close = difflib.get_close_matches(str(dotted), known, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     return ConfigError(f"unknown config key '{dotted}'{hint}")
@@ -161,8 +166,6 @@ def _dotted(loc: tuple[Any, ...]) -> str:
         elif isinstance(model, type) and issubclass(model, BaseModel) and part in model.model_fields:
             key += f".{part}" if key else part
             model = model.model_fields[part].annotation
-        elif model is None or not (isinstance(model, type) and issubclass(model, BaseModel)):
-            continue
     return key
 
 
@@ -218,5 +221,6 @@ __all__ = [
     "PriorConfig",
     "ScheduleConfig",
     "SmallDataConfig",
+    "config_sections",
     "from_dict",
 ]

@@ -87,24 +87,30 @@ def stop_reason(history: Sequence[Mapping[str, Any]], config: Any) -> str | None
     """Why a finished fit stopped, as its progress bar said: ``"K settled after 33 epochs
     (3 move rounds in a row accepted nothing)"`` or ``"max_epochs (200) reached"``.
 
-    The move rounds are read from the records (:func:`move_kinds`) and fed to a
-    :class:`~deepdpm_core.moves.schedule.MoveSchedule` built from ``config``'s ``schedule`` and
-    ``moves`` sections (dataclasses, dicts or None); None when those rounds do not end
+    The move rounds are read from the records (:func:`move_kinds`) and fed to the fit's
+    :class:`~deepdpm_core.moves.schedule.MoveSchedule`; None when those rounds do not end
     the fit (e.g. records of an interrupted fit).
     """
     if not history:
         return None
+    return _schedule_after(history, config).stop_reason(len(history))
+
+
+def _schedule_after(history: Sequence[Mapping[str, Any]], config: Any) -> MoveSchedule:
+    """The fit's :class:`~deepdpm_core.moves.schedule.MoveSchedule` (``config``'s
+    ``schedule`` and ``moves`` sections: models, dicts or None) fed the move rounds the
+    records name, as the fit fed it."""
     schedule = MoveSchedule(_typed(ScheduleConfig, _section(config, "schedule")),
                             _typed(MovesConfig, _section(config, "moves")))
     for epoch, (kind, record) in enumerate(zip(move_kinds(history), history, strict=True), start=1):
         if kind is not None:
             schedule.moved(epoch, int(record.get("splits_accepted") or 0)
                            + int(record.get("merges_accepted") or 0), int(record["n_clusters"]))
-    return schedule.stop_reason(len(history))
+    return schedule
 
 
 def _typed(cls: type, section: Any) -> Any:
-    """A config section as its dataclass (``cls``), from a dataclass, a dict or None."""
+    """A config section as its model (``cls``), from a model, a dict or None."""
     if isinstance(section, cls):
         return section
     return cls(**dict(section or {}))
@@ -227,22 +233,16 @@ def diagnose(
     if not history:
         return []
     prior = _section(config, "prior")
-    rounds = MoveSchedule(_typed(ScheduleConfig, _section(config, "schedule")),
-                          _typed(MovesConfig, _section(config, "moves")))
     k_now = int(history[-1]["n_clusters"])
     fitted = history[-1].get("prior_scale")
     out: list[Diagnostic] = []
 
     kinds = move_kinds(history)
     stalled = 0  # split rounds since the last accepted split
-    for epoch, (kind, record) in enumerate(zip(kinds, history, strict=True), start=1):
-        if kind is None:
-            continue
-        rounds.moved(epoch, int(record.get("splits_accepted") or 0) + int(record.get("merges_accepted") or 0),
-                     int(record["n_clusters"]))
+    for kind, record in zip(kinds, history, strict=True):
         if kind == "split":
             stalled = 0 if int(record.get("splits_accepted") or 0) else stalled + 1
-    converged = rounds.converged(len(history))  # the fit's own stop rule
+    converged = _schedule_after(history, config).converged(len(history))  # the fit's own stop rule
     if stalled >= STALL_SPLIT_ROUNDS:
         out.append(
             Diagnostic(

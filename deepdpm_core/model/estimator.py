@@ -25,7 +25,7 @@ import torch
 from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.utils.validation import check_is_fitted
 
-from deepdpm_core.config import Config, from_dict, load_config
+from deepdpm_core.config import Config, config_sections, from_dict, load_config
 from deepdpm_core.data import check_features, check_init_labels, readonly_tensor
 from deepdpm_core.errors import ConfigError
 from deepdpm_core.model.diagnostics import diagnose, variance_summary
@@ -36,11 +36,6 @@ from deepdpm_core.training import EpochHooks, Trainer, epoch_updater, progress_b
 __all__ = ["FORMAT", "DeepDPM", "resolve_config"]
 
 _NOT_FITTED = "This %(name)s instance is not fitted yet: call fit() or DeepDPM.load() first"
-
-
-def _sections() -> list[str]:
-    """Names of the config's sections (``prior``, ``init``, ...)."""
-    return [name for name, value in Config().to_dict().items() if isinstance(value, dict)]
 
 
 def _leaf_index() -> dict[str, list[str]]:
@@ -70,7 +65,7 @@ def _param_names(key: str, value: Any) -> list[tuple[str, Any]]:
             # the config's own error for it, "unknown config key ... (did you mean ...?)"
             Config().with_overrides({dotted: value})
         return [(dotted.replace(".", "__"), value)]
-    if dotted in _sections():
+    if dotted in config_sections():
         if not isinstance(value, dict):  # a section given as a non-mapping: fit names it
             return [(dotted, value)]
         return [pair for k, v in value.items() for pair in _param_names(f"{dotted}.{k}", v)]
@@ -79,7 +74,7 @@ def _param_names(key: str, value: Any) -> list[tuple[str, Any]]:
         return [(leaves[dotted][0].replace(".", "__"), value)]
     if dotted in leaves:
         raise ConfigError(f"ambiguous parameter '{key}': use one of {', '.join(leaves[dotted])}")
-    close = difflib.get_close_matches(dotted, [*leaves, *_sections()], n=1)
+    close = difflib.get_close_matches(dotted, [*leaves, *config_sections()], n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     raise ConfigError(f"unknown parameter '{key}'{hint}")
 
@@ -107,7 +102,7 @@ def resolve_config(config: Config | dict | str | Path | None, overrides: dict[st
     dotted: dict[str, Any] = {}
     for key, value in overrides.items():
         for name, v in _param_names(key, value):
-            if name in _sections():  # a section that is not a mapping
+            if name in config_sections():  # a section that is not a mapping
                 raise ConfigError(f"config key '{name}' must be a mapping, got {v!r}")
             dotted[name.replace("__", ".")] = v
     return cfg.with_overrides(dotted) if dotted else cfg

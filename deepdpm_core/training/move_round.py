@@ -53,7 +53,9 @@ def prune_unowned(trainer: Trainer, batch_size: int = 65536) -> None:
             counts += torch.bincount(z, minlength=trainer.n_clusters).to(counts)
     empty = [int(k) for k in torch.nonzero(trainer.comm.all_reduce(counts) <= 0).squeeze(1).tolist()]
     if empty and len(empty) < trainer.n_clusters:
-        trainer.apply_plan(MovePlan(prunes=empty), SuffStats.zeros(trainer.n_clusters, trainer.dim, device=trainer.device))
+        trainer.apply_plan(MovePlan(prunes=empty),
+                           SuffStats.zeros(trainer.n_clusters, trainer.dim, device=trainer.device))
+
 
 def _decide(trainer: Trainer, kind: str, sub: SuffStats) -> MovePlan:
     """Rank 0 decides the moves and broadcasts the plan, or the DataError it ran into,
@@ -63,7 +65,7 @@ def _decide(trainer: Trainer, kind: str, sub: SuffStats) -> MovePlan:
     if trainer.comm.rank == 0:
         try:
             plan = plan_moves(kind, sub, trainer.state.means, trainer.prior_fit.prior, trainer.config.moves,
-                              trainer.config.prior.alpha, trainer.rng, coarsening(trainer), valleys)
+                              trainer.config.prior.alpha, trainer.rng, _coarsening(trainer), valleys)
         except torch.linalg.LinAlgError:
             plan = trainer.prior_fit.numerical_failure(trainer.epoch)
     plan = trainer.comm.broadcast_object(plan, src=0)
@@ -72,7 +74,7 @@ def _decide(trainer: Trainer, kind: str, sub: SuffStats) -> MovePlan:
     return plan
 
 
-def coarsening(trainer: Trainer) -> float | None:
+def _coarsening(trainer: Trainer) -> float | None:
     """c of the coarsened move ratios (:func:`~deepdpm_core.moves.coarsening_constant`)."""
     p, prior = trainer.config.prior, trainer.prior_fit.prior
     return coarsening_constant(p.coarsening, p.coarsening_per_parameter, prior.dim, prior.diagonal)
@@ -102,14 +104,14 @@ def _births(trainer: Trainer, candidates: list[int]) -> int:
     hold :func:`~deepdpm_core.moves.births.birth_min_points` points. Rank 0 chooses, every
     rank cuts; returns the births made."""
     mc = trainer.config.moves
-    counts = trainer.comm.all_reduce(torch.bincount(trainer.anchors[trainer.anchors >= 0], minlength=trainer.n_clusters)
-                                  .to(torch.float64))
+    counts = trainer.comm.all_reduce(
+        torch.bincount(trainer.anchors[trainer.anchors >= 0], minlength=trainer.n_clusters).to(torch.float64))
     rows = [k for k in candidates if counts[k] >= birth_min_points(mc, trainer.dim)]
     if not rows:
         return 0
     prior = trainer.prior_fit.prior
-    proposals = birth_proposals(trainer.x, trainer.anchors, trainer.state, rows, prior, trainer.config.prior.alpha, mc,
-                                coarsening(trainer), trainer.comm)
+    proposals = birth_proposals(trainer.x, trainer.anchors, trainer.state, rows, prior, trainer.config.prior.alpha,
+                                mc, _coarsening(trainer), trainer.comm)
     chosen = trainer.comm.broadcast_object(choose_births(proposals) if trainer.comm.rank == 0 else None, src=0)
     for i, prop in enumerate(proposals):
         born = [b for b, j in chosen.items() if j == i]
@@ -117,7 +119,7 @@ def _births(trainer: Trainer, candidates: list[int]) -> int:
             continue
         keep = torch.tensor([b * prop.parts + j for b in born for j in range(prop.parts)], dtype=torch.long)
         trainer.state, part_rows = apply_births(trainer.state, trainer.nets, [rows[b] for b in born],
-                                             prop.stats.rows(keep), prior, trainer.torch_gen)
+                                                prop.stats.rows(keep), prior, trainer.torch_gen)
         # the rows of a cut cluster move to their part's row
         to_row = torch.full((len(rows) * prop.parts,), -1, dtype=torch.long, device=trainer.device)
         to_row[keep.to(trainer.device)] = part_rows.to(trainer.device)

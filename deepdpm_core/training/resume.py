@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from deepdpm_core.data import FeatureCoordinates
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.estep import MixtureState
 
@@ -38,9 +39,10 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def check_same_data(trainer: Trainer, state: dict[str, Any], stored_center: torch.Tensor) -> None:
+def check_same_data(trainer: Trainer, state: dict[str, Any]) -> None:
     """Raise CheckpointError unless the trainer's rows are those ``state`` was trained on:
-    the same N over all ranks and, to round-off, the same mean ``stored_center`` (D,)."""
+    the same N over all ranks and, to round-off, the same mean."""
+    stored_center = FeatureCoordinates.from_state(state["coordinates"]).center
     if trainer.n_total != int(state["n_total"]) or not torch.allclose(
             trainer.coords.center, stored_center, rtol=0, atol=1e-5 * trainer.coords.unit):
         raise CheckpointError(

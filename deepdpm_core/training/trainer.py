@@ -23,7 +23,7 @@ from torch import nn
 
 from deepdpm_core.bayes import PriorFit, SuffStats, grouped_stats, map_estimate
 from deepdpm_core.config import Config, from_dict
-from deepdpm_core.data import FeatureCoordinates, fit_coordinates
+from deepdpm_core.data import fit_coordinates
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.estep import (
     EStep,
@@ -373,7 +373,7 @@ class Trainer:
 
     # ---------------------------------------------------------- checkpointing
     def state_dict(self) -> dict[str, Any]:
-        """:func:`~deepdpm_core.model.files.trainer_state`: what resuming needs."""
+        """:func:`~deepdpm_core.training.resume.trainer_state`: what resuming needs."""
         return trainer_state(self)
 
     @classmethod
@@ -394,6 +394,6 @@ class Trainer:
         if x.shape[1] != dim:
             raise CheckpointError(f"the checkpoint was trained on {dim}-D rows, these have {x.shape[1]}")
         trainer = cls(config or from_dict(state["config"]), x, comm, wrap)
-        check_same_data(trainer, state, FeatureCoordinates.from_state(state["coordinates"]).center)
+        check_same_data(trainer, state)
         restore_trainer(trainer, state)
         return trainer
