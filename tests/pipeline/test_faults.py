@@ -353,6 +353,7 @@ def test_ctrl_c_stops_a_fit_at_an_epoch_end_resumably_and_resume_gives_the_same_
         seconds = time.monotonic() - t0
     print(f"SIGINT to exit: {seconds:.2f} s")
     assert fit.returncode == 130 and out == b""
+    assert seconds < 10  # the epoch under way, the checkpoint and the exit (about 1 s)
     lines = [s for s in re.split(r"[\r\n]", err_path.read_text()) if s.strip()]
     interrupted = [s for s in lines if "interrupted" in s]
     assert len(interrupted) == 1 and lines[-1] == interrupted[0]

@@ -147,7 +147,8 @@ def test_ctrl_c_stops_a_ray_fit_at_an_epoch_end_resumably_and_resume_ends_as_the
     # the epoch under way at the Ctrl-C: no more than a few (of about a second each) after
     # the first checkpoint (epoch 2), far from the 15 of the whole fit
     assert 2 <= stopped_at <= 8, stopped_at
-    assert seconds < 30  # Ray's shutdown and Python's exit take most of it
+    # the epoch under way, then Ray's shutdown of its cluster (about 1.4 s) takes most of it
+    assert seconds < 10
     # the request and Ray Train's checkpoints, whose latest is of that epoch; nothing else,
     # here or beside the folder (no staging folder)
     assert sorted(p.name for p in run.iterdir()) == ["fit_request.json", "ray_train"]
