@@ -34,6 +34,9 @@ def bundled_recipe(name: str) -> Path:
 #: the fit's recipe: the demo clusters a UMAP embedding
 N2D_RECIPE = bundled_recipe("n2d.yaml")
 
+#: where ``mlflow ui`` serves by default: the demo names its run's page there
+MLFLOW_UI = "http://127.0.0.1:5000"
+
 HELP = ("run shards → extract → embed → fit → predict → report on scikit-learn's digits, tracked "
         "in MLflow (no downloads)")
 
@@ -233,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
         log_fit_outputs(tracker, out / "fit")
         tracker.log_artifacts([report])
     run_id = None if args.no_tracking else tracker.run_id
+    run_page = None if args.no_tracking else tracker.run_page(MLFLOW_UI)
     scores = clustering_scores(emb_table.labels, pred)
     true_k = len(np.unique(emb_table.labels))
     lines = [
@@ -244,11 +248,11 @@ def run(args: argparse.Namespace) -> int:
     ]
     if run_id:
         lines.append(f"MLflow:  run {run_id} in {tracking_uri} "
-                     f"(to browse: mlflow ui --backend-store-uri {tracking_uri})")
+                     f"(to browse: mlflow ui --backend-store-uri {tracking_uri}, then {run_page})")
     print_result(args, lines, {
         "output": shown_path(out), "n_clusters": summary["n_clusters"], "true_k": true_k,
         "metrics": scores, "fit_seconds": round(fit_seconds, 3), "report": shown_path(report),
         "fit": shown_path(out / "fit"), "mlflow_tracking_uri": tracking_uri if run_id else None,
-        "mlflow_run_id": run_id, "reused": stages.reused,
+        "mlflow_run_id": run_id, "mlflow_run_page": run_page, "reused": stages.reused,
     })  # fmt: skip
     return 0

@@ -250,15 +250,18 @@ class RunTracker:
 
     @property
     def run_url(self) -> str | None:
-        """The run's page in the MLflow UI of an ``http(s)://`` tracking server (else None),
+        """The run's page in the MLflow UI of an ``http(s)://`` tracking server (else None);
+        see :meth:`run_page`."""
+        base = _redacted(self.tracking_uri)
+        return self.run_page(base) if base.startswith(("http://", "https://")) else None
+
+    def run_page(self, ui: str) -> str | None:
+        """The run's page in the MLflow UI served at ``ui`` (None before the run exists),
         opened on the UI's model-training view (``workflowType=machine_learning``: MLflow
         3's UI picks its view from that, not from the experiment's kind tag)."""
         if self._run_id is None or self._experiment_id is None:
             return None
-        base = _redacted(self.tracking_uri)
-        if not base.startswith(("http://", "https://")):
-            return None
-        return (f"{base.rstrip('/')}/#/experiments/{self._experiment_id}/runs/{self._run_id}"
+        return (f"{ui.rstrip('/')}/#/experiments/{self._experiment_id}/runs/{self._run_id}"
                 "?workflowType=machine_learning")  # fmt: skip
 
     @property

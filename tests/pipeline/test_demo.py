@@ -38,8 +38,12 @@ def test_demo_clusters_the_digits_with_the_n2d_recipe(tmp_path, capsys, monkeypa
     assert f"report:  {report}" in printed
     assert f"DeepDPM report: K = {k}" in report.read_text()
     uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
-    found = re.search(rf"MLflow:  run ([0-9a-f]{{32}}) in {re.escape(uri)}", printed)
+    found = re.search(rf"MLflow:  run ([0-9a-f]{{32}}) in {re.escape(uri)} \(to browse: mlflow ui "
+                      rf"--backend-store-uri {re.escape(uri)}, then (\S+)\)", printed)
     assert found, printed
+    # the run's page, opened on the UI's model-training view rather than its GenAI default
+    assert re.fullmatch(rf"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/{found[1]}"
+                        r"\?workflowType=machine_learning", found[2]), found[2]
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
