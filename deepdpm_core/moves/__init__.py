@@ -2,7 +2,12 @@
 the surgery that applies them, and the schedule that says when."""
 
 from deepdpm_core.moves.births import birth_min_points, birth_proposals, choose_births
-from deepdpm_core.moves.density_valleys import pair_histograms, projection_histograms, valley_ratios
+from deepdpm_core.moves.density_valleys import (
+    PAIR_SIDE_SHARE,
+    pair_histograms,
+    projection_histograms,
+    valley_ratios,
+)
 from deepdpm_core.moves.initial import initial_clusters, rows_needed
 from deepdpm_core.moves.proposals import MovePlan, coarsening_constant, merge_candidates, plan_moves
 from deepdpm_core.moves.schedule import MoveSchedule
@@ -11,6 +16,6 @@ from deepdpm_core.moves.surgery import Nets, apply_births, apply_plan, reset_sub
 __all__ = [
     "apply_births", "apply_plan", "birth_min_points", "birth_proposals", "choose_births",
     "coarsening_constant", "initial_clusters", "merge_candidates", "MovePlan", "MoveSchedule",
-    "Nets", "pair_histograms", "plan_moves", "projection_histograms", "reset_subclusters",
+    "Nets", "PAIR_SIDE_SHARE", "pair_histograms", "plan_moves", "projection_histograms", "reset_subclusters",
     "rows_needed", "valley_ratios"
 ]

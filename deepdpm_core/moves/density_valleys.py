@@ -38,9 +38,16 @@ from deepdpm_core.estep import MixtureState
 #: histogram bins over [−SPAN, SPAN] standard deviations of the cluster along the axis
 BINS = 128
 SPAN = 4.0
-#: a valley counts only if each side holds this share of the cluster's points (and at
-#: least ``moves.min_subcluster_size`` points): a few stray points in a tail are no mode
+#: a split's valley counts only if each side holds this share of the cluster's points (and
+#: at least ``moves.min_subcluster_size`` points): a few stray points in a tail are no mode
 MIN_SIDE_SHARE = 0.01
+#: a pair's two means lie within this share of the span from its centre, however unequal
+#: the pair (:func:`pair_axes`)
+MEANS_WITHIN = 0.5
+#: a pair's valley needs on each side at most this share of the smaller cluster's points
+#: (rather than :data:`MIN_SIDE_SHARE` of the pair, which a cluster under 1 % of the pair
+#: cannot hold: the valley before it would not count, and the pair would merge as one mode)
+PAIR_SIDE_SHARE = 0.5
 
 
 def split_axes(state: MixtureState) -> tuple[Tensor, Tensor, Tensor]:
@@ -82,7 +89,10 @@ def pair_axes(state: MixtureState, pairs: list[tuple[int, int]]) -> tuple[Tensor
         clusters' weights.
     scale : Tensor of shape (P,)
         The standard deviation along it of the two clusters pooled with their weights
-        (within plus between).
+        (within plus between), or more where that would leave a mean beyond
+        :data:`MEANS_WITHIN` of the span: the pooled deviation of a pair of unequal
+        weights is about the larger cluster's own, and the smaller one, many of those
+        away, would fall outside the histogram and show no valley.
     """
     a = torch.tensor([p[0] for p in pairs], dtype=torch.long, device=state.means.device)
     b = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=state.means.device)
@@ -93,7 +103,8 @@ def pair_axes(state: MixtureState, pairs: list[tuple[int, int]]) -> tuple[Tensor
     within = torch.stack([torch.einsum("pi,pij,pj->p", unit, covs[c], unit) for c in (a, b)], 1)
     gap = ((means[a] - means[b]) * unit).sum(1)
     var = (w * within).sum(1) + w[:, 0] * w[:, 1] * gap.square()
-    return (means[a] + means[b]) / 2, unit, var.clamp_min(1e-300).sqrt()
+    scale = torch.maximum(var.clamp_min(1e-300).sqrt(), gap.abs() / (2 * MEANS_WITHIN * SPAN))
+    return (means[a] + means[b]) / 2, unit, scale
 
 
 def _discriminant(diff: Tensor, within: Tensor) -> Tensor:
@@ -195,22 +206,26 @@ def smoothed(hist: np.ndarray, bandwidth: float) -> np.ndarray:
     return out
 
 
-def valley_ratios(hist: np.ndarray, min_side: float, bandwidth: float) -> np.ndarray:
+def valley_ratios(hist: np.ndarray, min_side: float, bandwidth: float,
+                  share_cap: np.ndarray | None = None) -> np.ndarray:
     """The deepest valley of each smoothed projection, as floor / lower side peak.
 
     For a bin i with mass on both sides, the valley ratio is f(i) / min(max f left of i,
     max f right of i); the ratio of a row is its smallest over the bins whose two sides
-    each hold at least ``min_side`` points and :data:`MIN_SIDE_SHARE` of the row. A
-    unimodal row has none below 1.
+    each hold at least ``min_side`` points and :data:`MIN_SIDE_SHARE` of the row (or
+    ``share_cap`` points, where fewer). A unimodal row has none below 1.
 
     Parameters
     ----------
     hist : ndarray of shape (K, B)
-        Counts along each cluster's split axis (summed over ranks).
+        Counts along each cluster's split axis, or each pair's merge axis (summed over ranks).
     min_side : float
         Fewest points on either side of a valley (``moves.min_subcluster_size``).
     bandwidth : float
         The smoothing kernel's width factor (:func:`smoothed`).
+    share_cap : ndarray of shape (K,), optional
+        The most points the share rule may ask of a side: for a pair,
+        :data:`PAIR_SIDE_SHARE` of its smaller cluster; none for a split.
 
     Returns
     -------
@@ -227,7 +242,8 @@ def valley_ratios(hist: np.ndarray, min_side: float, bandwidth: float) -> np.nda
     # the peaks strictly beside bin i
     left_peak = np.concatenate([np.zeros((f.shape[0], 1)), left_peak[:, :-1]], 1)
     right_peak = np.concatenate([right_peak[:, 1:], np.zeros((f.shape[0], 1))], 1)
-    side = np.maximum(min_side, MIN_SIDE_SHARE * n)
+    share = MIN_SIDE_SHARE * n if share_cap is None else np.minimum(MIN_SIDE_SHARE * n, share_cap[:, None])
+    side = np.maximum(min_side, share)
     counted = (left_mass >= side) & (right_mass >= side)
     lower = np.minimum(left_peak, right_peak)
     ratio = np.where(counted & (lower > 0), f / np.where(lower > 0, lower, 1.0), 1.0)

@@ -12,6 +12,7 @@ import torch
 from deepdpm_core.bayes import SuffStats
 from deepdpm_core.errors import DataError
 from deepdpm_core.moves import (
+    PAIR_SIDE_SHARE,
     MovePlan,
     apply_births,
     birth_min_points,
@@ -61,7 +62,7 @@ def _decide(trainer: Trainer, kind: str, sub: SuffStats) -> MovePlan:
     """Rank 0 decides the moves and broadcasts the plan, or the DataError it ran into,
     so that every rank raises it rather than wait for a plan."""
     plan: MovePlan | DataError | None = None
-    valleys = _valleys(trainer, kind)
+    valleys = _valleys(trainer, kind, sub.n.view(-1, 2).sum(1).cpu().numpy())
     if trainer.comm.rank == 0:
         try:
             plan = plan_moves(kind, sub, trainer.state.means, trainer.prior_fit.prior, trainer.config.moves,
@@ -80,12 +81,14 @@ def _coarsening(trainer: Trainer) -> float | None:
     return coarsening_constant(p.coarsening, p.coarsening_per_parameter, prior.dim, prior.diagonal)
 
 
-def _valleys(trainer: Trainer, kind: str) -> np.ndarray | dict[tuple[int, int], float] | None:
+def _valleys(trainer: Trainer, kind: str, sizes: np.ndarray
+             ) -> np.ndarray | dict[tuple[int, int], float] | None:
     """The density valleys a move round judges (:mod:`deepdpm_core.moves.density_valleys`;
     collective): a split round's along each cluster's split axis, a merge round's
     along each candidate pair's axis, from the rows of each row's best cluster (the
-    epoch's E-step anchors) summed over ranks. None when the round's rule
-    (``moves.split_valley`` or ``moves.merge_valley``) is off."""
+    epoch's E-step anchors) summed over ranks; ``sizes`` (K,) are the clusters' points
+    (all-reduced). None when the round's rule (``moves.split_valley`` or
+    ``moves.merge_valley``) is off."""
     mc = trainer.config.moves
     if (mc.split_valley if kind == "split" else mc.merge_valley) is None:
         return None
@@ -94,7 +97,9 @@ def _valleys(trainer: Trainer, kind: str) -> np.ndarray | dict[tuple[int, int], 
         return valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, mc.valley_bandwidth)
     pairs = merge_candidates(trainer.state.means, mc.merge_neighbours)
     hist = trainer.comm.all_reduce(pair_histograms(trainer.x, trainer.anchors, trainer.state, pairs))
-    ratios = valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, mc.valley_bandwidth)
+    smaller = np.array([min(sizes[a], sizes[b]) for a, b in pairs], dtype=np.float64)
+    ratios = valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, mc.valley_bandwidth,
+                           share_cap=PAIR_SIDE_SHARE * smaller)
     return dict(zip(pairs, ratios.tolist(), strict=True))
 
 

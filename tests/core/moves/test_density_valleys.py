@@ -11,10 +11,12 @@ from torch import Tensor
 from deepdpm_core import DeepDPM
 from deepdpm_core.bayes import NIWPrior, grouped_stats
 from deepdpm_core.config import MovesConfig
-from deepdpm_core.data import clustering_scores
+from deepdpm_core.data import clustering_scores, make_mixture
 from deepdpm_core.estep import MixtureState
 from deepdpm_core.moves.density_valleys import (
     BINS,
+    MEANS_WITHIN,
+    PAIR_SIDE_SHARE,
     SPAN,
     pair_axes,
     pair_histograms,
@@ -153,6 +155,43 @@ def test_the_valley_ratio_is_the_floor_over_the_lower_side_peak(gap):
     counts = _counts(t)
     got = valley_ratios(counts[None], 5.0, BANDWIDTH)[0]
     assert got == pytest.approx(_ratio_by_hand(counts, 5.0), rel=1e-9, abs=1e-12)
+
+
+def test_a_small_cluster_far_from_a_large_one_shows_its_valley():
+    """A cluster of 60 points 12 standard deviations from one of 8,000 (0.7 % of the
+    pair): the pooled spread is about the large cluster's own, yet both means lie inside
+    the pair's histogram, and the valley between them counts (a side need not hold 1 % of
+    the pair, only half the smaller cluster), so the merge rule does not take the pair for
+    one mode."""
+    rng = np.random.default_rng(3)
+    d, sizes = 4, (8000, 60)
+    means = torch.zeros(2, d, dtype=torch.float64)
+    means[1, 0] = 12.0
+    covs = torch.eye(d, dtype=torch.float64).repeat(2, 1, 1)
+    weights = torch.tensor(sizes, dtype=torch.float64) / sum(sizes)
+    state = MixtureState.without_subclusters(means, covs, weights.log())
+    x = torch.as_tensor(np.concatenate([rng.normal(size=(n, d)) + means[c].numpy()
+                                        for c, n in enumerate(sizes)]), dtype=torch.float32)
+    labels = torch.repeat_interleave(torch.arange(2), torch.tensor(sizes))
+    _, _, scale = pair_axes(state, [(0, 1)])
+    assert 6.0 / float(scale[0]) == pytest.approx(MEANS_WITHIN * SPAN)  # half the gap, at half the span
+    hist = pair_histograms(x, labels, state, [(0, 1)]).numpy()
+    assert hist.sum() == sum(sizes)  # every point of both clusters inside
+    assert valley_ratios(hist, 5.0, BANDWIDTH, share_cap=np.array([PAIR_SIDE_SHARE * 60]))[0] < 0.05
+    assert valley_ratios(hist, 5.0, BANDWIDTH)[0] == 1.0
+
+
+@pytest.mark.slow
+def test_the_smallest_cluster_of_an_unequal_mixture_in_128_d_is_kept():
+    """10 Gaussians in 128-D with Dirichlet(0.5) weights (20,000 rows; the smallest of 108
+    rows, 0.9 % of the largest's pair): found exactly. The merge rule took the smallest
+    and the largest cluster for one mode when their pair's histogram left the smaller
+    one out (K = 9, the 10 classes scoring 30,967 nats higher under the fit's own prior)."""
+    x, y = make_mixture(20_000, 128, 10, imbalance=0.5, min_weight=0.005, random_state=2)
+    assert np.bincount(y).min() == 108
+    fit = DeepDPM(random_state=2).fit(x)
+    assert fit.n_clusters_ == 10
+    assert clustering_scores(y, fit.labels_)["nmi"] > 0.999
 
 
 def test_one_mode_has_no_valley_and_two_apart_have_a_deep_one():
