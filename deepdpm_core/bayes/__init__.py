@@ -13,7 +13,7 @@ from deepdpm_core.bayes.niw import (
     map_estimate,
     posterior,
 )
-from deepdpm_core.bayes.partition_evidence import log_crp, partition_evidence
+from deepdpm_core.bayes.partition_evidence import fitted_log_joint, log_crp, partition_evidence
 from deepdpm_core.bayes.prior_fit import PriorFit
 from deepdpm_core.bayes.stats import (
     SuffStats,
@@ -26,6 +26,7 @@ from deepdpm_core.bayes.stats import (
 
 __all__ = [
     "blocks", "cholesky_jittered", "dense_stats", "empirical_bayes_nu", "empirical_bayes_scale",
+    "fitted_log_joint",
     "gather_chunk_rows", "grouped_stats", "log_crp", "log_marginal_likelihood",
     "log_merge_hastings", "log_split_hastings", "map_estimate", "NIWPrior", "partition_evidence",
     "posterior", "PriorFit", "sparse_stats", "SuffStats", "symmetric_eigh", "TripleBuffer"

@@ -26,7 +26,7 @@ import torch
 
 from deepdpm_core.bayes.niw import log_marginal_likelihood
 from deepdpm_core.bayes.prior_fit import PriorFit
-from deepdpm_core.bayes.stats import grouped_stats
+from deepdpm_core.bayes.stats import SuffStats, grouped_stats
 from deepdpm_core.config import Config
 from deepdpm_core.data import check_features, fit_coordinates
 from deepdpm_core.errors import DataError
@@ -106,14 +106,21 @@ def partition_evidence(X: np.ndarray, labels: np.ndarray, config: Config | None 
     rows = torch.as_tensor(group, dtype=torch.long)
     stats = grouped_stats(xt, torch.arange(len(rows)), rows, torch.ones(len(rows), dtype=torch.float64),
                           len(counts))
-    prior_fit = PriorFit(config.prior, coords, cpu)
+    return fitted_log_joint(stats, PriorFit(config.prior, coords, cpu), config.prior.alpha)
+
+
+def fitted_log_joint(stats: SuffStats, prior_fit: PriorFit, alpha: float,
+                     rtol: float = 1e-10) -> PartitionEvidence:
+    """ln p(X, z) of the groups whose statistics are ``stats`` (K groups, none empty), with
+    ``prior_fit`` fitted to them (it is refitted in place until s and ν0 change by less
+    than ``rtol``, relative)."""
     for _ in range(MAX_PRIOR_ROUNDS):  # the fitted s and ν0 depend on each other: a fixed point
         before = (prior_fit.sigma_scale, prior_fit.prior.nu)
         prior_fit.fit(stats)
-        if math.isclose(before[0], prior_fit.sigma_scale, rel_tol=1e-10) and \
-                math.isclose(before[1], prior_fit.prior.nu, rel_tol=1e-10):
+        if math.isclose(before[0], prior_fit.sigma_scale, rel_tol=rtol) and \
+                math.isclose(before[1], prior_fit.prior.nu, rel_tol=rtol):
             break
-    marginals = log_marginal_likelihood(prior_fit.prior, stats).numpy()
-    partition = log_crp(counts, config.prior.alpha)
+    marginals = log_marginal_likelihood(prior_fit.prior, stats).cpu().numpy()
+    partition = log_crp(stats.n.cpu().numpy(), alpha)
     return PartitionEvidence(partition + float(marginals.sum()), partition, marginals,
                              prior_fit.sigma_scale, float(prior_fit.prior.nu))

@@ -59,6 +59,7 @@ from deepdpm_core.training.em_epoch import em_epoch
 from deepdpm_core.training.hooks import EpochHooks, RecordCallback
 from deepdpm_core.training.minibatch_epoch import minibatch_epoch
 from deepdpm_core.training.move_round import move_round, prune_unowned
+from deepdpm_core.training.polish import polish
 from deepdpm_core.training.resume import check_same_data, restore_trainer, trainer_state
 from deepdpm_core.training.small_data import distil
 
@@ -307,8 +308,8 @@ class Trainer:
             self.schedule.moved(epoch, splits + merges, self.n_clusters)
         distilled = {}
         if self.schedule.finished(epoch):
-            if self.small:  # the net learns the clusters the search found
-                distilled = self.distil()
+            if self.small:  # the model's best partition of K or K - 1, then the net learns it
+                distilled = {"polished": int(polish(self)), **self.distil()}
             prune_unowned(self)  # last epoch: K = clusters that own points
         t_end = device_clock(self.device)
         prior = self.prior_fit.prior

@@ -31,8 +31,8 @@ def test_fit_attributes_and_history(fitted, data):
             "prior_scale", "prior_nu", "diagonal_covariances",
             "merges_accepted", "seconds", *phases}
     assert all(set(h) == keys for h in m.history_[:-1])
-    # small data (exact EM): the last epoch also fits the clustering net to the result
-    assert set(m.history_[-1]) == keys | {"distil_steps", "distil_agreement"}
+    # small data (exact EM): the last epoch also polishes the partition and fits the clustering net to it
+    assert set(m.history_[-1]) == keys | {"polished", "distil_steps", "distil_agreement"}
     assert {h["move"] for h in m.history_} <= {None, "split", "merge"}
     for h in m.history_:  # the phases are the epoch's parts: they add up to its seconds
         assert min(h[p] for p in phases) >= 0
