@@ -117,7 +117,7 @@ def script() -> None:
     as the exit handlers registered while it ran (Ray's, MLflow's, torch's) have run,
     without the interpreter's teardown of torch, faiss and Ray, which takes about a second.
     """
-    code = INTERRUPTED + 1  # not yet known
+    code: int | None = None
 
     def leave_if_interrupted() -> None:  # registered first, so it runs after the others
         if code == INTERRUPTED:

@@ -62,7 +62,7 @@ def _decide(trainer: Trainer, kind: str, sub: SuffStats) -> MovePlan:
     """Rank 0 decides the moves and broadcasts the plan, or the DataError it ran into,
     so that every rank raises it rather than wait for a plan."""
     plan: MovePlan | DataError | None = None
-    valleys = _valleys(trainer, kind, sub.n.view(-1, 2).sum(1).cpu().numpy())
+    valleys = _valleys(trainer, kind, sub)
     if trainer.comm.rank == 0:
         try:
             plan = plan_moves(kind, sub, trainer.state.means, trainer.prior_fit.prior, trainer.config.moves,
@@ -81,14 +81,14 @@ def _coarsening(trainer: Trainer) -> float | None:
     return coarsening_constant(p.coarsening, p.coarsening_per_parameter, prior.dim, prior.diagonal)
 
 
-def _valleys(trainer: Trainer, kind: str, sizes: np.ndarray
+def _valleys(trainer: Trainer, kind: str, sub: SuffStats
              ) -> np.ndarray | dict[tuple[int, int], float] | None:
     """The density valleys a move round judges (:mod:`deepdpm_core.moves.density_valleys`;
     collective): a split round's along each cluster's split axis, a merge round's
     along each candidate pair's axis, from the rows of each row's best cluster (the
-    epoch's E-step anchors) summed over ranks; ``sizes`` (K,) are the clusters' points
-    (all-reduced). None when the round's rule (``moves.split_valley`` or
-    ``moves.merge_valley``) is off."""
+    epoch's E-step anchors) summed over ranks; a pair's sides are sized by its clusters'
+    points in ``sub`` (the reduced subcluster statistics, 2 per cluster). None when the
+    round's rule (``moves.split_valley`` or ``moves.merge_valley``) is off."""
     mc = trainer.config.moves
     if (mc.split_valley if kind == "split" else mc.merge_valley) is None:
         return None
@@ -97,6 +97,7 @@ def _valleys(trainer: Trainer, kind: str, sizes: np.ndarray
         return valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, mc.valley_bandwidth)
     pairs = merge_candidates(trainer.state.means, mc.merge_neighbours)
     hist = trainer.comm.all_reduce(pair_histograms(trainer.x, trainer.anchors, trainer.state, pairs))
+    sizes = sub.n.view(-1, 2).sum(1).cpu().numpy()
     smaller = np.array([min(sizes[a], sizes[b]) for a, b in pairs], dtype=np.float64)
     ratios = valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, mc.valley_bandwidth,
                            share_cap=PAIR_SIDE_SHARE * smaller)

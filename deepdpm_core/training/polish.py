@@ -24,10 +24,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
 from torch import Tensor
 
-from deepdpm_core.bayes import PriorFit, SuffStats, fitted_log_joint, grouped_stats
+from deepdpm_core.bayes import PriorFit, fitted_log_joint
 from deepdpm_core.moves import initial_clusters
 
 if TYPE_CHECKING:
@@ -46,10 +45,7 @@ PRIOR_RTOL = 1e-3
 def partition_score(trainer: Trainer, labels: Tensor, n_groups: int) -> float:
     """ln p(X, z) of the partition ``labels`` (this rank's rows, int64 in [0, n_groups))
     over all ranks, with the prior fitted to it (collective)."""
-    local = grouped_stats(trainer.x, torch.arange(labels.shape[0], device=trainer.device), labels,
-                          torch.ones_like(labels, dtype=torch.float64), n_groups, dtype=torch.float64)
-    stats = SuffStats.from_flat(trainer.comm.all_reduce(local.flat()), n_groups, trainer.dim)
-    stats = stats.rows(torch.nonzero(stats.n > 0).squeeze(1))
+    stats, _ = trainer.partition_stats(labels, n_groups)
     prior_fit = PriorFit(trainer.config.prior, trainer.coords, trainer.device)
     return fitted_log_joint(stats, prior_fit, trainer.config.prior.alpha, rtol=PRIOR_RTOL).log_joint
 

@@ -159,12 +159,7 @@ class Trainer:
         cfg = self.config
         z, n_init = initial_clusters(self.x, cfg.init, self.n_total, self.rank_rows, self.comm, self.rng,
                                      init_labels)
-        # float64 GEMMs: the initial mixture is the same to round-off on any number of ranks
-        local = grouped_stats(self.x, torch.arange(z.shape[0], device=self.device), z,
-                              torch.ones_like(z, dtype=torch.float64), n_init, dtype=torch.float64)
-        stats = SuffStats.from_flat(self.comm.all_reduce(local.flat()), n_init, self.dim)
-        keep = torch.nonzero(stats.n > 0).squeeze(1)
-        stats = stats.rows(keep)
+        stats, keep = self.partition_stats(z, n_init)
         self.anchors = new_row_of(keep, n_init)[z]
         self.prior_fit.fit(stats)
         means, covs = map_estimate(self.prior_fit.prior, stats)
@@ -174,6 +169,17 @@ class Trainer:
         reset_subclusters(self.state, self.nets, torch.arange(self.n_clusters, device=self.device),
                           self.torch_gen)
         self.reshaped()
+
+    def partition_stats(self, labels: Tensor, n_groups: int) -> tuple[SuffStats, Tensor]:
+        """The statistics of the hard partition ``labels`` (this rank's rows, int64 in
+        [0, ``n_groups``)) over all ranks (collective), and which groups they are: the
+        non-empty ones, shape (K',), in order."""
+        # float64 GEMMs: the statistics are the same to round-off on any number of ranks
+        local = grouped_stats(self.x, torch.arange(labels.shape[0], device=self.device), labels,
+                              torch.ones_like(labels, dtype=torch.float64), n_groups, dtype=torch.float64)
+        stats = SuffStats.from_flat(self.comm.all_reduce(local.flat()), n_groups, self.dim)
+        keep = torch.nonzero(stats.n > 0).squeeze(1)
+        return stats.rows(keep), keep
 
     def build_nets(self, k: int) -> None:
         """Fresh nets for K = ``k`` clusters (from ``torch_gen``) and their optimisers."""
@@ -306,10 +312,10 @@ class Trainer:
         if move is not None:
             splits, merges = move_round(self, move, soft, sub)
             self.schedule.moved(epoch, splits + merges, self.n_clusters)
-        distilled = {}
+        final = {}
         if self.schedule.finished(epoch):
             if self.small:  # the model's best partition of K or K - 1, then the net learns it
-                distilled = {"polished": int(polish(self)), **self.distil()}
+                final = {"polished": int(polish(self)), **self.distil()}
             prune_unowned(self)  # last epoch: K = clusters that own points
         t_end = device_clock(self.device)
         prior = self.prior_fit.prior
@@ -330,7 +336,7 @@ class Trainer:
             **{f"seconds_{name}": seconds for name, seconds in phases.items()},
             "seconds_mstep": t_moves - t_mstep,
             "seconds_moves": t_end - t_moves,
-            **distilled,
+            **final,
         }
         self.history.append(record)
         self.epoch += 1
