@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
 from deepdpm_core.bayes import PriorFit, fitted_log_joint
@@ -44,10 +45,22 @@ PRIOR_RTOL = 1e-3
 
 def partition_score(trainer: Trainer, labels: Tensor, n_groups: int) -> float:
     """ln p(X, z) of the partition ``labels`` (this rank's rows, int64 in [0, n_groups))
-    over all ranks, with the prior fitted to it (collective)."""
+    over all ranks, with the prior fitted to it (collective). The prior's fit starts from
+    the fit's own prior: fewer rounds to the same fixed point."""
     stats, _ = trainer.partition_stats(labels, n_groups)
     prior_fit = PriorFit(trainer.config.prior, trainer.coords, trainer.device)
+    prior_fit.restore(trainer.prior_fit.state_dict())
     return fitted_log_joint(stats, prior_fit, trainer.config.prior.alpha, rtol=PRIOR_RTOL).log_joint
+
+
+def same_partition(trainer: Trainer, a: tuple[Tensor, int], b: tuple[Tensor, int]) -> bool:
+    """Whether two partitions of the rows (labels of this rank's rows and their number of
+    groups) group the rows alike, whatever the groups' names (collective): every non-empty
+    cell of their contingency table is the only one of its row and of its column."""
+    (la, na), (lb, nb) = a, b
+    table = trainer.comm.all_reduce(torch.bincount(la * nb + lb, minlength=na * nb).to(torch.float64))
+    cells = table.view(na, nb) > 0
+    return bool((cells.sum(0) <= 1).all() and (cells.sum(1) <= 1).all())
 
 
 def polish(trainer: Trainer) -> bool:
@@ -56,11 +69,15 @@ def polish(trainer: Trainer) -> bool:
     k = trainer.n_clusters
     trainer.estep_targets()  # the anchors: each row's best cluster under the final mixture
     best, chosen = partition_score(trainer, trainer.anchors, k), None
+    scored = [(trainer.anchors, k)]
     for size in (k - 1, k) if k > 1 else ():
         init = trainer.config.init.model_copy(update={"n_clusters": size})
         for _ in range(RESTARTS):
             labels, n_groups = initial_clusters(trainer.x, init, trainer.n_total, trainer.rank_rows,
                                                 trainer.comm, trainer.rng)
+            if any(same_partition(trainer, (labels, n_groups), other) for other in scored):
+                continue  # k-means found a partition already scored (often the fit's own)
+            scored.append((labels, n_groups))
             score = partition_score(trainer, labels, n_groups)
             if score > best + (MARGIN_NATS if chosen is None else 0.0):
                 best, chosen = score, labels

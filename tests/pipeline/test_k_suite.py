@@ -210,12 +210,31 @@ def test_the_gap_is_to_the_best_of_the_classes_and_the_peers_that_ran():
 def test_the_verdict_names_a_search_failure_or_the_model_s_preference():
     assert [suite.k_tolerance(k) for k in (1, 7, 15, 19, 20, 100)] == [1, 1, 1, 1, 2, 10]
     # DeepDPM's K 15 on a 100-cluster generated set: outside 90..110
+    # k-means' K 100 meets the K target and its partition scores higher at seed 0
     fails = _records("blobs2d-100", {"DeepDPM": [-5.0, 4.0], "BGM-DP": [-20.0, 1.0],
-                                     "k-means (true K)": [3.0, 2.0], "HDBSCAN": [None, 0.5]})
+                                     "k-means (true K)": [3.0, 2.0], "HDBSCAN": [None, 0.5]},
+                     **{"k-means (true K)": {"k": 100}})
     rows = {m: [r for r in fails if r["method"] == m] for m in suite.METHODS}
     ok, verdict = suite.targets("blobs2d-100", 100, rows)
     assert not ok and "K 90..110 FAIL" in verdict
-    assert "search failure: k-means (true K)'s partition scores 8 higher at seed 0" in verdict and "seed 1" not in verdict
+    assert "K 90..110 FAIL (search failure: k-means (true K)'s partition scores 8 higher at seed 0)" in verdict
+    assert "seed 1" not in verdict and "miss the targets too" not in verdict
+    # with k-means' K 15 it misses the target as DeepDPM does: the classes are the rival
+    # that meets it, and k-means' higher score is named apart
+    fails = _records("blobs2d-100", {"DeepDPM": [-5.0], "BGM-DP": [-20.0], "k-means (true K)": [3.0],
+                                     "HDBSCAN": [None]})
+    rows = {m: [r for r in fails if r["method"] == m] for m in suite.METHODS}
+    verdict = suite.targets("blobs2d-100", 100, rows)[1]
+    assert "K 90..110 FAIL (search failure: the classes score 5 higher at seed 0)" in verdict
+    assert "higher-scoring partitions that miss the targets too: k-means (true K)'s by 8 at seed 0" in verdict
+    # an NMI miss: the higher-NMI peer scores lower under the model (the model's choice), a
+    # lower-NMI peer scores higher (named, but it does not explain the miss)
+    nmi = _records("x", {"DeepDPM": [5.0], "BGM-DP": [9.0], "k-means (true K)": [1.0], "HDBSCAN": [None]},
+                   **{"k-means (true K)": {"nmi": 0.95}, "BGM-DP": {"nmi": 0.8}})
+    rows = {m: [r for r in nmi if r["method"] == m] for m in suite.METHODS}
+    ok, verdict = suite.targets("x", 15, rows)
+    assert not ok and "NMI vs best peer -0.050 FAIL (the model prefers" in verdict
+    assert "BGM-DP's by 4 at seed 0" in verdict
     prefers = _records("blobs2d-100", {"DeepDPM": [5.0], "BGM-DP": [-20.0],
                                        "k-means (true K)": [3.0], "HDBSCAN": [5.0]})
     rows = {m: [r for r in prefers if r["method"] == m] for m in suite.METHODS}

@@ -11,7 +11,7 @@ from deepdpm_core.bayes import partition_evidence
 from deepdpm_core.config import Config
 from deepdpm_core.data import clustering_scores
 from deepdpm_core.training import Trainer
-from deepdpm_core.training.polish import partition_score, polish
+from deepdpm_core.training.polish import partition_score, polish, same_partition
 
 
 def _blobs(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -37,6 +37,19 @@ def test_the_partition_score_is_the_partitions_evidence():
     trainer = _trainer_at(x, y)
     assert partition_score(trainer, torch.as_tensor(y), 3) == pytest.approx(
         partition_evidence(x, y).log_joint, rel=1e-6)
+
+
+def test_partitions_are_the_same_whatever_their_groups_names():
+    x, y = _blobs()
+    trainer = _trainer_at(x, y)
+    labels = torch.as_tensor(y)
+    assert same_partition(trainer, (labels, 3), ((labels + 1) % 3, 3))
+    assert same_partition(trainer, (labels, 3), (2 * labels, 5))  # groups 1 and 3 empty
+    moved = labels.clone()
+    moved[0] = 1  # one row to another group
+    assert not same_partition(trainer, (labels, 3), (moved, 3))
+    assert not same_partition(trainer, (labels, 3), (torch.where(labels == 2, 1, labels), 2))
+    assert not same_partition(trainer, (torch.where(labels == 2, 1, labels), 2), (labels, 3))
 
 
 def test_a_settled_partition_that_joins_two_blobs_is_replaced_by_a_better_one():
