@@ -30,7 +30,8 @@ Data sets (``--datasets`` takes these names or globs such as ``'blobs16*'``):
   ``blobs2d-dense`` (15 blobs of 40 in 2-D, 8 crowding a dense centre), ``blobs2d-overlap``
   (15 overlapping blobs, 5000 x 2), ``blobs2d-unequal`` (7 blobs of 30 .. 220 points,
   anisotropic), ``blobs2d-50`` (50 blobs of 150 points, the layout of the A3 set, 7,500 x 2),
-  ``blobs2d-100`` (100 blobs on a jittered grid, 100,000 x 2),
+  ``blobs2d-100`` (100 blobs on a jittered grid, 100,000 x 2), ``blobs128-40`` (40 blobs of
+  75 points in 128-D: fewer points a cluster than dimensions, 4 clusters an initial one),
   ``table-degenerate`` (2000 x 13: a constant column, binary columns, 10 % duplicate rows,
   a class of 3 rows) and ``table-mixed-units`` (4 clusters in 13-D, features x 0.1 .. 1000).
 
@@ -122,7 +123,7 @@ TIE_NATS = 0.01
 SCALES = {"1e-3": 1e-3, "1e3": 1e3}
 GENERATED = ("blobs16", "sphere128", "imbalanced128", "blobs512")
 HARD = ("blobs2d-dense", "blobs2d-overlap", "blobs2d-unequal", "blobs2d-50", "blobs2d-100",
-        "table-degenerate", "table-mixed-units")
+        "blobs128-40", "table-degenerate", "table-mixed-units")
 BLOB_SIZES = (30, 120, 250, 360, 600, 800, 1000)
 UNEQUAL_SIZES = (30, 50, 80, 110, 140, 170, 220)
 QUICK_BLOB_SIZES = (20, 40, 60, 80, 100, 120, 140)
@@ -318,6 +319,17 @@ def blobs2d_100(seed: int, quick: bool = False) -> Dataset:
     return X.astype(np.float32), y, f"100 x {per} points, jittered 10 x 10 grid (pitch 10), std 1"
 
 
+def blobs128_40(seed: int, quick: bool = False) -> Dataset:
+    """40 isotropic blobs (std 1) in 128-D, 75 points each, N = 3000 (``make_blobs`` centres
+    in [-10, 10]^128): each of the 10 initial k-means clusters holds about 4 blobs, and the
+    prior fitted to those wide clusters makes every cut of them cost more than it explains
+    (before the growth step: K 2/2/2). Already small: ``quick`` keeps it."""
+    del quick
+    X, y = make_blobs(n_samples=3000, centers=40, n_features=128, cluster_std=1.0,
+                      center_box=(-10.0, 10.0), random_state=seed)
+    return X.astype(np.float32), y, "make_blobs 3000 points, 40 centres in [-10, 10]^128, std 1"
+
+
 def table_degenerate(seed: int, quick: bool = False) -> Dataset:
     """A real-looking table, N = 2000 x 13, with the defects of real data.
 
@@ -395,7 +407,8 @@ def make_datasets(quick: bool = False,
             out[f"{name}@{label}"] = partial(rescaled, base=out[name], factor=factor, label=label)
     hard = {"blobs2d-dense": blobs2d_dense, "blobs2d-overlap": blobs2d_overlap,
             "blobs2d-unequal": blobs2d_unequal, "blobs2d-50": blobs2d_50, "blobs2d-100": blobs2d_100,
-            "table-degenerate": table_degenerate, "table-mixed-units": table_mixed_units}
+            "blobs128-40": blobs128_40, "table-degenerate": table_degenerate,
+            "table-mixed-units": table_mixed_units}
     for name in HARD:
         out[name] = partial(hard[name], quick=quick)
     return out

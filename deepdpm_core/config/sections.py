@@ -178,7 +178,10 @@ class SmallDataConfig(Section):
     for, moves come every ``move_every`` epochs after ``warmup_epochs``, with no freeze.
     Once K has settled, the clustering net is fitted to the final responsibilities
     (full batch, Adam at ``distil_lr``) until its argmax agrees with theirs on
-    ``distil_agreement`` of the rows, or stops improving, or ``distil_max_steps``.
+    ``distil_agreement`` of the rows, or stops improving, or ``distil_max_steps``. Before
+    that, the search starts again from a k-means partition of 2K, 4K, ... clusters whose
+    coarsened ln p(X, z) is ``growth_gain`` nats a row above the settled partition's
+    (:mod:`deepdpm_core.training.growth`; None: never).
     """
 
     max_rows: NonNegativeInt = 100_000
@@ -187,6 +190,7 @@ class SmallDataConfig(Section):
     distil_lr: Positive = 0.02
     distil_agreement: Annotated[Number, Field(gt=0, le=1)] = 0.99
     distil_max_steps: NonNegativeInt = 1000
+    growth_gain: Positive | None = 1.0
 
 
 class MovesConfig(Section):

@@ -47,6 +47,8 @@ class MoveSchedule:
         The M-step and moves wait until after this epoch (1-based).
     round_k : list of int
         K after each move round so far.
+    growths : int
+        Times the search started again from a grown partition (:meth:`restart`).
     """
 
     schedule: ScheduleConfig
@@ -55,6 +57,7 @@ class MoveSchedule:
     rounds_without_move: int = 0
     frozen_until: int | None = None
     round_k: list[int] = field(default_factory=list)
+    growths: int = 0
 
     def __post_init__(self) -> None:
         if self.frozen_until is None:  # the warm-up: the nets first learn the initial clusters
@@ -131,10 +134,19 @@ class MoveSchedule:
             return f"max_epochs ({self.schedule.max_epochs}) reached"
         return None
 
+    def restart(self, epoch: int) -> None:
+        """Search again after epoch ``epoch`` (1-based), from a new partition: the warm-up,
+        then move rounds, with the counters that decide when K has settled cleared."""
+        self.move_round = self.rounds_without_move = 0
+        self.round_k = []
+        self.frozen_until = epoch + self.schedule.warmup_epochs
+        self.growths += 1
+
     def counters(self) -> dict[str, int]:
         """The counters, for a checkpoint."""
         return {"move_round": self.move_round, "rounds_without_move": self.rounds_without_move,
-                "frozen_until": int(self.frozen_until), "round_k": list(self.round_k)}
+                "frozen_until": int(self.frozen_until), "round_k": list(self.round_k),
+                "growths": self.growths}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Set the counters from :meth:`counters` output (other keys are ignored)."""
@@ -142,3 +154,4 @@ class MoveSchedule:
         self.rounds_without_move = int(state["rounds_without_move"])
         self.frozen_until = int(state["frozen_until"])
         self.round_k = [int(k) for k in state["round_k"]]
+        self.growths = int(state["growths"])

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from deepdpm_core.bayes import PriorFit, fitted_log_joint
+from deepdpm_core.bayes import PriorFit, SuffStats, fitted_log_joint
 from deepdpm_core.moves import initial_clusters
 
 if TYPE_CHECKING:
@@ -43,14 +43,22 @@ MARGIN_NATS = 1.0
 PRIOR_RTOL = 1e-3
 
 
-def partition_score(trainer: Trainer, labels: Tensor, n_groups: int) -> float:
-    """ln p(X, z) of the partition ``labels`` (this rank's rows, int64 in [0, n_groups))
-    over all ranks, with the prior fitted to it (collective). The prior's fit starts from
-    the fit's own prior: fewer rounds to the same fixed point."""
+def fitted_prior(trainer: Trainer, labels: Tensor, n_groups: int, rtol: float = PRIOR_RTOL
+                 ) -> tuple[SuffStats, PriorFit, float]:
+    """The statistics of the partition ``labels`` (this rank's rows, int64 in [0, n_groups))
+    over all ranks, the prior fitted to them (until s and ν0 move by less than ``rtol``)
+    and ln p(X, z) under it (collective). The prior's fit starts from the fit's own prior:
+    fewer rounds to the same fixed point."""
     stats, _ = trainer.partition_stats(labels, n_groups)
     prior_fit = PriorFit(trainer.config.prior, trainer.coords, trainer.device)
     prior_fit.restore(trainer.prior_fit.state_dict())
-    return fitted_log_joint(stats, prior_fit, trainer.config.prior.alpha, rtol=PRIOR_RTOL).log_joint
+    log_joint = fitted_log_joint(stats, prior_fit, trainer.config.prior.alpha, rtol=rtol).log_joint
+    return stats, prior_fit, log_joint
+
+
+def partition_score(trainer: Trainer, labels: Tensor, n_groups: int) -> float:
+    """ln p(X, z) of the partition ``labels`` with the prior fitted to it (:func:`fitted_prior`)."""
+    return fitted_prior(trainer, labels, n_groups)[2]
 
 
 def same_partition(trainer: Trainer, a: tuple[Tensor, int], b: tuple[Tensor, int]) -> bool:

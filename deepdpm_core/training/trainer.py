@@ -56,6 +56,7 @@ from deepdpm_core.training.batching import (
 )
 from deepdpm_core.training.consistency import check_ranks_agree, position_checksum
 from deepdpm_core.training.em_epoch import em_epoch
+from deepdpm_core.training.growth import MAX_GROWTHS, grow
 from deepdpm_core.training.hooks import EpochHooks, RecordCallback
 from deepdpm_core.training.minibatch_epoch import minibatch_epoch
 from deepdpm_core.training.move_round import move_round, prune_unowned
@@ -312,11 +313,7 @@ class Trainer:
         if move is not None:
             splits, merges = move_round(self, move, soft, sub)
             self.schedule.moved(epoch, splits + merges, self.n_clusters)
-        final = {}
-        if self.schedule.finished(epoch):
-            if self.small:  # the model's best partition of K or K - 1, then the net learns it
-                final = {"polished": int(polish(self)), **self.distil()}
-            prune_unowned(self)  # last epoch: K = clusters that own points
+        final = self._settle(epoch) if self.schedule.finished(epoch) else {}
         t_end = device_clock(self.device)
         prior = self.prior_fit.prior
         record = {
@@ -343,6 +340,22 @@ class Trainer:
         for callback in on_epoch:
             callback(record)
         return record
+
+    def _settle(self, epoch: int) -> dict:
+        """Where the search settled after epoch ``epoch`` (1-based): on small data the model's
+        best partition of K or K − 1 (:func:`polish`), then either a search again from a grown
+        partition (:func:`grow`) or the net fitted to the result; the last epoch's K is the
+        clusters that own points. Returns the record's entries."""
+        final = {}
+        if self.small:
+            final["polished"] = int(polish(self))
+            if epoch < self.schedule.schedule.max_epochs and self.schedule.growths < MAX_GROWTHS \
+                    and grow(self):
+                self.schedule.restart(epoch)  # settled far below the model's answer: search again
+                return {**final, "grown": self.n_clusters}
+            final.update(self.distil())
+        prune_unowned(self)
+        return final
 
     @property
     def finished(self) -> bool:

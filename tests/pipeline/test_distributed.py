@@ -22,7 +22,7 @@ from deepdpm_core.config import Config, from_dict
 from deepdpm_core.training import Trainer
 from pipeline.fit.distributed import TorchDistCommunicator, ddp_wrapper, load_rank_rows
 from pipeline.io.feature_rows import rank_rows
-from tests.support.blobs import grid_blobs
+from tests.support.blobs import grid_blobs, many_blobs
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -184,7 +184,8 @@ def _unequal_blobs() -> tuple[np.ndarray, int]:
     return x.astype(np.float32), 15
 
 
-@pytest.mark.parametrize("data", ["mixture", "unequal 50-D blobs", "2-D blob grid (births)"])
+@pytest.mark.parametrize("data", ["mixture", "unequal 50-D blobs", "2-D blob grid (births)",
+                                  "40 blobs in 64-D (growth)"])
 def test_small_data_fit_is_the_same_on_two_ranks(tmp_path, data):
     # exact EM (small_data): no minibatch order to differ, the E-step is per row and the
     # statistics are all-reduced, so two ranks take the one process's moves (births'
@@ -193,8 +194,10 @@ def test_small_data_fit_is_the_same_on_two_ranks(tmp_path, data):
         x, k = _mixture(), None
     elif data == "unequal 50-D blobs":
         x, k = _unequal_blobs()
-    else:  # 49 blobs that need births (tests/core/moves/test_births.py)
+    elif data == "2-D blob grid (births)":  # 49 blobs that need births (tests/core/moves/test_births.py)
         x, k = grid_blobs(7, 60, 1)[0], 49
+    else:  # settles at 5 clusters, then grows (tests/core/training/test_growth.py)
+        x, k = many_blobs()[0], 40
     config = _config(**{"small_data.max_rows": 10_000, "schedule.max_epochs": 60,
                         "init.n_clusters": 8 if k is None else "auto", "init.max_points": 200_000,
                         "optim.batch_size": "auto"})
@@ -208,6 +211,9 @@ def test_small_data_fit_is_the_same_on_two_ranks(tmp_path, data):
     assert any(r["splits_accepted"] or r["merges_accepted"] for r in single.history)
     if k is not None:
         assert single.n_clusters == k
+    grown = lambda h: [(r["epoch"], r.get("grown")) for r in h if "grown" in r]  # noqa: E731
+    assert grown(hist0) == grown(hist1) == grown(single.history)
+    assert bool(grown(single.history)) == (k == 40)
     assert hist0[-1]["distil_agreement"] == pytest.approx(single.history[-1]["distil_agreement"], abs=0.01)
 
 

@@ -44,10 +44,10 @@ def test_the_suite_names_every_data_set_at_three_scales():
     for base in ("blobs16", "imbalanced128", "sphere128", "blobs512"):
         assert {base, f"{base}@1e-3", f"{base}@1e3"} <= set(names)
     assert names[6:9] == ["wine-raw", "breast-cancer-raw", "digits-raw"]
-    assert names[-7:] == list(suite.HARD) == [
-        "blobs2d-dense", "blobs2d-overlap", "blobs2d-unequal", "blobs2d-50", "blobs2d-100", "table-degenerate",
-        "table-mixed-units"]
-    assert len(names) == 28
+    assert names[-8:] == list(suite.HARD) == [
+        "blobs2d-dense", "blobs2d-overlap", "blobs2d-unequal", "blobs2d-50", "blobs2d-100", "blobs128-40",
+        "table-degenerate", "table-mixed-units"]
+    assert len(names) == 29
     assert suite.select(suite.DATASETS, ["blobs16*", "iris-std"]) == [
         "iris-std", "blobs16", "blobs16@1e-3", "blobs16@1e3"]
     with pytest.raises(SystemExit, match="no data set matches nope"):

@@ -1,0 +1,94 @@
+"""Growth: a settled small-data search against k-means partitions of 2K, 4K, ... clusters,
+each scored by the coarsened ln p(X, z) with the prior fitted to it."""
+
+import numpy as np
+import pytest
+import torch
+
+from deepdpm_core import DeepDPM
+from deepdpm_core.bayes import (
+    PriorFit,
+    fitted_log_joint,
+    grouped_stats,
+    log_crp,
+    log_marginal_likelihood,
+)
+from deepdpm_core.config import Config
+from deepdpm_core.data import clustering_scores
+from deepdpm_core.moves import MoveSchedule, coarsening_constant
+from deepdpm_core.training import Trainer
+from deepdpm_core.training.growth import coarsened_score, grow
+from deepdpm_core.training.polish import partition_score
+from tests.support.blobs import many_blobs
+
+
+def _trainer_at(x: np.ndarray, labels: np.ndarray, **overrides) -> Trainer:
+    trainer = Trainer(Config().with_overrides({"seed": 0, **overrides}), torch.as_tensor(x))
+    trainer.initialize(torch.as_tensor(labels))
+    return trainer
+
+
+def test_without_coarsening_the_score_is_the_partitions_evidence():
+    x, y = many_blobs()
+    trainer = _trainer_at(x, y % 8, **{"prior.coarsening": None})
+    # the same fixed point of the prior's fit, to the tolerances its two callers refit it to
+    assert coarsened_score(trainer, torch.as_tensor(y), 40) == pytest.approx(
+        partition_score(trainer, torch.as_tensor(y), 40), rel=1e-5)
+
+
+def test_the_coarsened_score_tempers_every_row_by_zeta():
+    """Against the same joint computed from statistics whose rows weigh ζ = c/(c + N)."""
+    x, y = many_blobs()
+    trainer = _trainer_at(x, y % 8)
+    labels = torch.as_tensor(y)
+    stats, _ = trainer.partition_stats(labels, 40)
+    prior_fit = PriorFit(trainer.config.prior, trainer.coords, trainer.device)
+    prior_fit.restore(trainer.prior_fit.state_dict())
+    fitted_log_joint(stats, prior_fit, trainer.config.prior.alpha, rtol=1e-2)
+    p = trainer.config.prior
+    c = coarsening_constant(p.coarsening, p.coarsening_per_parameter, x.shape[1], False)
+    zeta = c / (c + len(x))
+    weighted = grouped_stats(trainer.x.double(), torch.arange(len(y)), labels,
+                             torch.full((len(y),), zeta, dtype=torch.float64), 40)
+    expected = log_crp(np.bincount(y) * zeta, p.alpha) + float(log_marginal_likelihood(prior_fit.prior, weighted).sum())
+    assert coarsened_score(trainer, labels, 40) == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_partition_of_wide_clusters_grows_to_many_more():
+    """Ten clusters of about 4 blobs each: 20 and 40 k-means clusters score far higher."""
+    x, y = many_blobs()
+    trainer = _trainer_at(x, y % 10)
+    assert grow(trainer)
+    assert trainer.n_clusters in (20, 40)
+
+
+def test_the_true_partition_does_not_grow():
+    x, y = many_blobs()
+    trainer = _trainer_at(x, y)
+    assert not grow(trainer)
+    assert trainer.n_clusters == 40
+
+
+def test_a_restarted_schedule_searches_again_and_counts_its_growths():
+    config = Config().with_overrides({"small_data.max_rows": 10})
+    schedule = MoveSchedule(config.schedule, config.moves)
+    for epoch in range(1, 40):
+        if schedule.move_at(epoch):
+            schedule.moved(epoch, 0, 5)
+        if schedule.finished(epoch):
+            break
+    schedule.restart(epoch)
+    assert not schedule.finished(epoch) and schedule.frozen(epoch + 1)
+    assert schedule.counters()["growths"] == 1 and schedule.round_k == []
+    again = MoveSchedule(config.schedule, config.moves)
+    again.restore(schedule.counters())
+    assert again.counters() == schedule.counters()
+
+
+@pytest.mark.slow
+def test_forty_blobs_in_64_dimensions_are_found_from_the_default_start():
+    x, y = many_blobs()
+    fit = DeepDPM(random_state=0).fit(x)
+    assert fit.n_clusters_ == 40
+    assert clustering_scores(y, fit.labels_)["nmi"] == pytest.approx(1.0)
+    assert [r["grown"] for r in fit.history_ if "grown" in r]
