@@ -154,4 +154,4 @@ class MoveSchedule:
         self.rounds_without_move = int(state["rounds_without_move"])
         self.frozen_until = int(state["frozen_until"])
         self.round_k = [int(k) for k in state["round_k"]]
-        self.growths = int(state["growths"])
+        self.growths = int(state.get("growths", 0))  # a state from before growth had none
