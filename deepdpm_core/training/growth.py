@@ -80,13 +80,15 @@ def coarsened_score(trainer: Trainer, labels: Tensor, n_groups: int) -> float:
 
 def grow(trainer: Trainer) -> bool:
     """Restart ``trainer``'s mixture from the best-scoring k-means partition of 2K, 4K or
-    8K clusters if it scores above the settled partition (collective; the caller restarts
-    the schedule); returns whether it did."""
+    8K clusters if it scores above the settled partition, its anchors (each row's best
+    cluster under the settled mixture), at most :data:`MAX_GROWTHS` times a fit
+    (collective; the caller restarts the schedule); returns whether it did."""
     k = trainer.n_clusters
-    trainer.estep_targets()  # the anchors: each row's best cluster under the settled mixture
     gain, prior = trainer.config.small_data.growth_gain, trainer.prior_fit.prior
     weakest = 3.0 if prior.diagonal else prior.dim + 2.0
-    if gain is None or prior.nu > WEAK_NU * weakest:
+    if gain is None or trainer.schedule.growths >= MAX_GROWTHS:
+        return False
+    if prior.nu > WEAK_NU * weakest:
         return False  # the clusters agree on one shape: none of them holds several
     best, chosen = coarsened_score(trainer, trainer.anchors, k) + gain * trainer.n_total, None
     size, last = k, -math.inf

@@ -73,7 +73,8 @@ def same_partition(trainer: Trainer, a: tuple[Tensor, int], b: tuple[Tensor, int
 
 def polish(trainer: Trainer) -> bool:
     """Restart ``trainer`` from the best-scoring k-means partition of K or K − 1 clusters
-    if it scores above the fit's own hard partition (collective); returns whether it did."""
+    if it scores above the fit's own hard partition (collective); returns whether it did.
+    Either way the anchors end as each row's best cluster under the mixture."""
     k = trainer.n_clusters
     trainer.estep_targets()  # the anchors: each row's best cluster under the final mixture
     best, chosen = partition_score(trainer, trainer.anchors, k), None
@@ -92,4 +93,5 @@ def polish(trainer: Trainer) -> bool:
     if chosen is None:
         return False
     trainer.initialize(chosen)
+    trainer.estep_targets()
     return True

@@ -56,7 +56,7 @@ from deepdpm_core.training.batching import (
 )
 from deepdpm_core.training.consistency import check_ranks_agree, position_checksum
 from deepdpm_core.training.em_epoch import em_epoch
-from deepdpm_core.training.growth import MAX_GROWTHS, grow
+from deepdpm_core.training.growth import grow
 from deepdpm_core.training.hooks import EpochHooks, RecordCallback
 from deepdpm_core.training.minibatch_epoch import minibatch_epoch
 from deepdpm_core.training.move_round import move_round, prune_unowned
@@ -349,8 +349,7 @@ class Trainer:
         final = {}
         if self.small:
             final["polished"] = int(polish(self))
-            if epoch < self.schedule.schedule.max_epochs and self.schedule.growths < MAX_GROWTHS \
-                    and grow(self):
+            if epoch < self.schedule.schedule.max_epochs and grow(self):
                 self.schedule.restart(epoch)  # settled far below the model's answer: search again
                 return {**final, "grown": self.n_clusters}
             final.update(self.distil())

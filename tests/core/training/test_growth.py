@@ -25,6 +25,7 @@ from tests.support.blobs import many_blobs
 def _trainer_at(x: np.ndarray, labels: np.ndarray, **overrides) -> Trainer:
     trainer = Trainer(Config().with_overrides({"seed": 0, **overrides}), torch.as_tensor(x))
     trainer.initialize(torch.as_tensor(labels))
+    trainer.estep_targets()  # the anchors of a settled fit: each row's best cluster
     return trainer
 
 
