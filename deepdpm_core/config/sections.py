@@ -6,13 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 
 def _yaml_number(value: Any) -> Any:

@@ -30,11 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from deepdpm_core.config import Config, from_dict
-from deepdpm_core.data import (
-    FeatureCoordinates,
-    check_features,
-    readonly_tensor,
-)
+from deepdpm_core.data import FeatureCoordinates, check_features, readonly_tensor
 from deepdpm_core.errors import CheckpointError, ConfigError
 from deepdpm_core.model.files import safe_load, save_checkpoint
 from deepdpm_core.nets import ClusterNet

@@ -25,11 +25,7 @@ from deepdpm_core.bayes import PriorFit, SuffStats, grouped_stats, map_estimate
 from deepdpm_core.config import Config, from_dict
 from deepdpm_core.data import fit_coordinates
 from deepdpm_core.errors import CheckpointError
-from deepdpm_core.estep import (
-    EStep,
-    MixtureState,
-    log_weights_from_counts,
-)
+from deepdpm_core.estep import EStep, MixtureState, log_weights_from_counts
 from deepdpm_core.moves import (
     MovePlan,
     MoveSchedule,
@@ -48,12 +44,7 @@ from deepdpm_core.runtime import (
     resolve_device,
     resolve_precision,
 )
-from deepdpm_core.training.batching import (
-    adam,
-    auto_batch_size,
-    epoch_steps,
-    scaled_lr,
-)
+from deepdpm_core.training.batching import adam, auto_batch_size, epoch_steps, scaled_lr
 from deepdpm_core.training.consistency import check_ranks_agree, position_checksum
 from deepdpm_core.training.em_epoch import em_epoch
 from deepdpm_core.training.growth import grow

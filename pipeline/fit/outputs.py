@@ -22,11 +22,7 @@ from deepdpm_core.atomic_files import atomic_path
 from deepdpm_core.data import clustering_scores
 from pipeline.io.atomic_files import write_json_atomic
 from pipeline.io.run_folder import publish_run, staging_folder
-from pipeline.io.tables import (
-    FeatureTable,
-    assignments_table,
-    write_parquet_atomic,
-)
+from pipeline.io.tables import FeatureTable, assignments_table, write_parquet_atomic
 from pipeline.report.plots import write_fit_plots
 
 #: what every fit leaves in its output folder

@@ -68,9 +68,7 @@ from pipeline.fit.interrupts import FitInterrupted, stop_between_epochs
 from pipeline.fit.outputs import RUN_OUTPUTS, FitResult
 from pipeline.fit.ray_worker import ERROR_FILE, STOP_FILE, train_worker
 from pipeline.fit.request import REQUEST_FILE, FitRequest
-from pipeline.fit.runner import (
-    FaultHook,
-)
+from pipeline.fit.runner import FaultHook
 from pipeline.io.atomic_files import write_json_atomic
 from pipeline.io.feature_rows import feature_shape
 from pipeline.io.run_folder import publish_run, staging_folder

@@ -21,11 +21,7 @@ from deepdpm_core.errors import DeepDPMError
 from deepdpm_core.model import DeepDPM
 from deepdpm_core.runtime import Communicator
 from deepdpm_core.training import Trainer
-from pipeline.fit.checkpoints import (
-    CHECKPOINT_FILE,
-    load_ray_checkpoint,
-    write_trainer_state,
-)
+from pipeline.fit.checkpoints import CHECKPOINT_FILE, load_ray_checkpoint, write_trainer_state
 from pipeline.fit.interrupts import FitInterrupted
 from pipeline.fit.request import FitRequest
 from pipeline.fit.runner import (

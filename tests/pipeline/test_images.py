@@ -22,14 +22,7 @@ from pathlib import Path
 import pytest
 
 from deepdpm_core.config import load_config
-from tests.support.deploy_files import (
-    CONFIGS,
-    DOCKER,
-    REPO,
-    constraints,
-    dockerfile_arg,
-    of_kind,
-)
+from tests.support.deploy_files import CONFIGS, DOCKER, REPO, constraints, dockerfile_arg, of_kind
 
 
 # ----------------------------------------------------------------------------- docker

@@ -21,12 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.data import (
-    ContingencyCounts,
-    clustering_scores,
-    contingency,
-    contingency_scores,
-)
+from deepdpm_core.data import ContingencyCounts, clustering_scores, contingency, contingency_scores
 from deepdpm_core.model import ClusterAssigner
 from pipeline.cli import main
 from pipeline.fit.outputs import label_metrics
