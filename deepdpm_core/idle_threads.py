@@ -1,12 +1,10 @@
 """Idle threads that sleep instead of spinning, for machines shared with other work.
 
-An OpenMP runtime's idle worker threads spin-wait for the next parallel region before
-they sleep (GNU libgomp, which PyTorch and scikit-learn ship: a spin count; Intel's
-libiomp: ``KMP_BLOCKTIME``, 200 ms). On a machine whose cores are all busy, those spinning
-threads take time from the threads doing the work, the fit's own included. Each runtime
-reads its settings from the environment once, when it is loaded, so they must be set
-before the first import of torch, numpy's BLAS, scikit-learn or numba; a value the user
-has set is kept.
+An OpenMP runtime's idle threads spin-wait before they sleep (libgomp: a spin count; Intel's
+libiomp: ``KMP_BLOCKTIME``, 200 ms), taking time from the working threads of a busy machine
+(docs/benchmarks.md, "A default fit on a busy machine, before and after idle threads
+sleep"). Each runtime reads its settings once, when loaded, so they must be set before the
+first import of torch, numpy's BLAS, scikit-learn or numba; a value the user set is kept.
 """
 
 from __future__ import annotations

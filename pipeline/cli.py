@@ -1,14 +1,12 @@
 """The ``deepdpm`` command: one entry point, one module per subcommand.
 
 Each subcommand module exposes ``HELP`` (one line), ``add_arguments(parser)`` and
-``run(args) -> int``. Modules are imported lazily so ``deepdpm --help`` stays fast and
-a subcommand's heavy imports (Ray, MLflow) cost nothing to the others. Every error a
-user can cause (:class:`deepdpm_core.errors.DeepDPMError`, missing files) is printed
-as one line and exits with code 2, without a traceback; each command checks its arguments
-and input paths before its heavy imports, so such an error comes at once. A command that
-writes an output holds that output's lock while it runs (:mod:`pipeline.io.locks`). Idle
-OpenMP and numba threads of the command (and of the Ray workers it starts) sleep instead
-of spinning (:mod:`deepdpm_core.idle_threads`), unless the environment says otherwise.
+``run(args) -> int``, and is imported lazily so ``deepdpm --help`` stays fast. Every error a
+user can cause (:class:`deepdpm_core.errors.DeepDPMError`, missing files) is one line and
+exit code 2, without a traceback, and comes before the command's heavy imports. A command
+that writes an output holds its lock while it runs (:mod:`pipeline.io.locks`). Idle OpenMP
+and numba threads (the command's and its Ray workers') sleep instead of spinning
+(:mod:`deepdpm_core.idle_threads`), unless the environment says otherwise.
 """
 
 from __future__ import annotations

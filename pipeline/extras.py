@@ -7,9 +7,8 @@
 Pillow, torchvision and Ray), ``umap`` (``embed --method umap|ae-umap``, ``demo``), and
 ``all`` (every one of them but ``gpu``). A command checks for the extra a path needs with
 :func:`require` before it imports any of it, so a missing one is answered at once with
-one line, ``deepdpm fit: error: … pip install "deepdpm[ray]"``, and exit code 2.
-
-Nothing here imports the packages it checks for.
+one line, ``deepdpm fit: error: … pip install "deepdpm[ray]"``, and exit code 2. Nothing
+here imports the packages it checks for.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Blocks of same-group rows: per-group GEMMs as a few batched ones (the GPU path).
 
-The sparse E-step and the grouped statistics multiply each component's (or
-subcluster's) rows by that group's own matrix. On the CPU a Python loop over the groups
-is fastest: the loop's overhead is small next to the GEMMs, and padding costs
-arithmetic. On a GPU the same loop launches a dozen tiny kernels and syncs the host per
-group, and at K = 1000 on an H100 that left the device idle for most of an epoch. Here
-items sorted by group are laid out in blocks of ``b`` rows of one group
-(:meth:`BlockLayout.segment`), and each chunk of blocks (:meth:`BlockLayout.chunks`) is one ``bmm``
-with the groups' matrices gathered per block. Callers choose by device; tests run both
-on the CPU and compare. The sizes are a :class:`BlockLayout`, which callers hold.
+The sparse E-step and the grouped statistics multiply each group's rows by that group's
+own matrix. On the CPU a Python loop over the groups is fastest (padding costs arithmetic);
+on a GPU it launches tiny kernels and syncs the host per group, which at K = 1000 on an
+H100 left the device idle for most of an epoch. Here items sorted by group are laid out in
+blocks of ``b`` rows of one group (:meth:`BlockLayout.segment`), and each chunk of blocks
+(:meth:`BlockLayout.chunks`) is one ``bmm``. Callers choose by device; tests compare both.
 """
 
 from __future__ import annotations

@@ -42,9 +42,8 @@ def empirical_bayes_scale(prior: NIWPrior, stats: SuffStats, shape: Tensor,
     derivative ½ Σ_k [ν0 D − νn,k Σ_i t / (t + β_ki)] falling from ½ Σ_k (ν0 D − νn,k ·
     #{β_ki = 0}) to −½ Σ_k n_k D, so bisection in ln t finds its root. A set whose
     derivative is negative everywhere (degenerate rows, e.g. single points) gets the lower
-    end of the bracket, 1e-12 of the mean β. For isotropic clusters of variance σ² it is
-    s = σ²: the prior's scale is the clusters' own spread. Sees only the (all-reduced)
-    statistics, so every rank gets the same s.
+    end of the bracket, 1e-12 of the mean β. Isotropic clusters of variance σ² give s = σ².
+    Sees only the (all-reduced) statistics, so every rank gets the same s.
 
     Parameters
     ----------
@@ -86,12 +85,9 @@ def empirical_bayes_nu(prior: NIWPrior, stats: SuffStats, shape: Tensor, sigma_s
                        floor: float | None = None, ceiling: float | None = None, iters: int = 60) -> float:
     """Type-II maximum likelihood of the prior's degrees of freedom ν0, given s.
 
-    Maximises Σ_k ln f(X_k; m0, κ0, ν0, ν0·s·P) over ν0 with m0, κ0, s and P fixed. The
-    prior's mode Σ̂0 = ν0·s·P / (ν0 + D + 1) barely moves with ν0; what ν0 sets is how
-    tightly the clusters' covariances are held to it. Clusters of one common shape (e.g.
-    isotropic blobs of one spread) drive ν0 up, so that a cluster's covariance costs
-    little evidence even when it has few points per dimension (D = 128, 600 points a
-    cluster); clusters of varied shapes keep it at the weak end. With t = ν0·s the ν0-terms
+    Maximises Σ_k ln f(X_k; m0, κ0, ν0, ν0·s·P) over ν0 with m0, κ0, s and P fixed: how
+    tightly the clusters' covariances are held to the prior's mode ν0·s·P / (ν0 + D + 1),
+    which barely moves with ν0 (docs/design.md, "Self-calibration"). With t = ν0·s the ν0-terms
     of ln f(X_k) are (:func:`_scale_spectrum`, G = ln Γ_D for full covariances, D·ln Γ
     for diagonal ones)::
 
@@ -129,7 +125,7 @@ def empirical_bayes_nu(prior: NIWPrior, stats: SuffStats, shape: Tensor, sigma_s
     n = stats.n[keep].cpu().to(torch.float64)
     offset = 0.0 if prior.diagonal else d - 1.0  # ν0 must exceed it
 
-    def log_gamma(a: Tensor) -> Tensor:  # G(a) of deepdpm_core.bayes.niw's docstring, for every row
+    def log_gamma(a: Tensor) -> Tensor:  # G(a) of the docstring above, for every row
         return d * torch.lgamma(a) if prior.diagonal else torch.special.multigammaln(a, d)
 
     def evidence(u: float) -> float:

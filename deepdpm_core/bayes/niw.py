@@ -1,44 +1,20 @@
 """Normal-Inverse-Wishart prior: posterior, marginal likelihood, MAP, Hastings ratios.
 
-Parameterisation (paper Supmat, "The NIW Prior"): (μ, Σ) ~ NIW(m0, κ0, ν0, Λ0) with
-Σ ~ W⁻¹(ν0, Λ0) and μ | Σ ~ N(m0, Σ/κ0). The paper writes the inverse-Wishart scale as
-ν·Ψ; here Λ0 = ν0·Ψ0 with Ψ0 = s·I (``psi="identity"``) or s·diag(std(X))
-(``psi="data_std"``), s = ``prior.sigma_scale``.
+(μ, Σ) ~ NIW(m0, κ0, ν0, Λ0): Σ ~ W⁻¹(ν0, Λ0), μ | Σ ~ N(m0, Σ/κ0), with Λ0 = ν0·Ψ0 (paper
+Supmat, "The NIW Prior"; docs/design.md, "The prior"). From the statistics (n, s1 = Σ x,
+s2 = Σ x xᵀ) of the points, hard or soft (Supmat Eqs. NIWposteriorUpdates 1–4, LL_post)::
 
-Posterior from the statistics (n, s1 = Σ x, s2 = Σ x xᵀ) of the points (Supmat
-Eqs. NIWposteriorUpdates 1–4, also with soft weights)::
-
-    κn = κ0 + n
-    mn = (κ0 m0 + s1) / κn
-    νn = ν0 + n
+    κn = κ0 + n,  mn = (κ0 m0 + s1) / κn,  νn = ν0 + n
     Λn = Λ0 + κ0 m0 m0ᵀ + s2 + n·diag(δ) − κn mn mnᵀ
-
-δ is the prior's covariance floor: every value is taken as known only to a variance δ_j
-(the expected statistics of the points plus independent N(0, diag(δ)) noise), so a
-cluster whose points share a value, or lie on a line, still has a positive-definite Λn
-and a finite evidence. δ = 0 is the paper's model.
-
-Log marginal likelihood (Supmat Eq. LL_post)::
-
     ln f(X) = −(n D / 2) ln π + ln Γ_D(νn/2) − ln Γ_D(ν0/2)
               + (ν0/2) ln|Λ0| − (νn/2) ln|Λn| + (D/2)(ln κ0 − ln κn)
+    MAP (mode of the joint posterior):  μ̂ = mn,  Σ̂ = Λn / (νn + D + 2)
 
-MAP estimate = mode of the joint NIW posterior::
-
-    μ̂ = mn,    Σ̂ = Λn / (νn + D + 2)
-
-Diagonal covariances (``diagonal=True``, the reference code's Normal-Inverse-Gamma prior)
-are D independent one-dimensional NIW models, one per feature: the same formulas with
-D = 1 on the diagonal of Λ0 and Λn, summed over features, and Σ̂ = diag(Λn) / (νn + 3).
-
-The prior's scale can be fitted to the clusters (:func:`empirical_bayes_scale`): with
-Λ0 = ν0·s·P for a fixed diagonal shape P, the s that maximises Σ_k ln f(X_k) (type-II
-maximum likelihood, or empirical Bayes, of the inverse-Wishart scale) solves a
-one-dimensional monotone equation in the eigenvalues of each cluster's Λn − Λ0; given s,
-the degrees of freedom ν0 too (:func:`empirical_bayes_nu`): how tightly the clusters'
-covariances are held to the prior's shape.
-
-All math is float64; log-determinants come from Cholesky factors.
+δ is the covariance floor: each value known only to a variance δ_j, so a cluster whose
+points share a value or lie on a line keeps a positive-definite Λn; δ = 0 is the paper's
+model. Diagonal covariances (``diagonal=True``) are D one-dimensional NIW models (the same
+formulas with D = 1 per feature, summed), with Σ̂ = diag(Λn) / (νn + 3). All math is
+float64; log-determinants come from Cholesky factors.
 """
 
 from __future__ import annotations

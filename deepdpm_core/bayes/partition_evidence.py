@@ -1,19 +1,15 @@
 """The model's own score of a hard partition: ln p(X, z) under the DP–NIW mixture.
 
-For a partition z of the N rows into K groups of sizes n_k, with the prior fitted to the
-groups as a fit fits it (type-II maximum likelihood, :class:`~deepdpm_core.bayes.prior_fit.PriorFit`)::
+For groups of sizes n_k, with the prior fitted to them as a fit fits it
+(:class:`~deepdpm_core.bayes.prior_fit.PriorFit`) and f the NIW marginal likelihood::
 
     ln p(X, z) = ln p(z | α) + Σ_k ln f(X_k)
     ln p(z | α) = K ln α + ln Γ(α) − ln Γ(α + N) + Σ_k ln Γ(n_k)     (Chinese restaurant)
 
-with f the NIW marginal likelihood (:func:`~deepdpm_core.bayes.niw.log_marginal_likelihood`).
-It is what the split/merge Hastings ratios compare one move at a time (paper Eq. 2), so it
-tells two failures apart: where a fit's partition scores *below* the true classes the
-search stopped at a worse optimum; where it scores above them the model itself prefers
-the fit's answer (the classes are not Gaussian clusters), and no search would find them.
-
-Rows are scored in the fit's coordinates (``data.transform``, then centred and divided by
-one global scale), so partitions of the same data compare whatever the features' units.
+The Hastings ratios compare it one move at a time (paper Eq. 2). A fit's partition that
+scores below the true classes means the search stopped short; one that scores above them,
+that the model prefers it (the classes are not Gaussian clusters). Rows are scored in the
+fit's coordinates, so partitions compare whatever the features' units.
 """
 
 from __future__ import annotations

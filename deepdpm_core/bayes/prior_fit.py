@@ -1,11 +1,9 @@
 """The fit's NIW prior and its refit to the clusters (type-II maximum likelihood).
 
-Ψ0 = s·P with P the prior's shape (I or diag of the features' standard deviations, in
-the fit's coordinates x̃) and s ``prior.sigma_scale``: a number in the features' units,
-or fitted to the current clusters' sufficient statistics at every M-step (``auto``: per
-feature; ``evidence``: the prior's own evidence). With ``prior.nu: auto`` ν0 is fitted
-given s; with ``covariance_type: auto`` a full- and a diagonal-covariance prior are both
-fitted and the one with the larger evidence is used. See docs/design.md, "The prior".
+Ψ0 = s·P, P the prior's shape (I or diag of the features' standard deviations, on x̃), s
+``prior.sigma_scale`` (a number, or fitted at every M-step), ν0 fitted given s with
+``prior.nu: auto``, and with ``covariance_type: auto`` the full or diagonal prior of larger
+evidence (docs/design.md, "The prior" and "Self-calibration").
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Sufficient statistics of weighted Gaussian data, as a small type that adds.
 
-For rows r = 1..R (clusters or subclusters) the statistics of points x_i with weights
-w_ir are the uncentred sums
-
-    n_r  = Σ_i w_ir                 shape (R,)
-    s1_r = Σ_i w_ir x_i             shape (R, D)
-    s2_r = Σ_i w_ir x_i x_iᵀ        shape (R, D, D)
-
-kept in float64. Uncentred sums make aggregation exact: stats(A ∪ B) = stats(A) +
-stats(B), an all-reduce is a sum of the flat tensor, and merging two clusters is the sum
-of their rows. (Data are shifted by the global mean before accumulation, so the
-uncentred sums do not lose precision to a large common offset.)
+For rows r = 1..R (clusters or subclusters) and points x_i with weights w_ir, the float64
+uncentred sums n_r = Σ_i w_ir (R,), s1_r = Σ_i w_ir x_i (R, D), s2_r = Σ_i w_ir x_i x_iᵀ
+(R, D, D). So stats(A ∪ B) = stats(A) + stats(B): an all-reduce or a merge is a sum
+(docs/design.md, "Sufficient statistics"). The data are centred first, so the uncentred
+sums keep their precision.
 """
 
 from __future__ import annotations

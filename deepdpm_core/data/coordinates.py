@@ -1,18 +1,10 @@
 """The fit's own coordinates: the optional ``data.transform``, then centring and one scale.
 
-A fit never sees the user's units. Every row x becomes
-
-    x̃ = (r(x) − c) ⊙ a / σ̄
-
-where r is the identity or the row's L2 normalisation (``data.transform: normalize``),
-c the mean of r(x), a a per-feature factor (1; 1/std for ``standard``; 1/(max − min) for
-``min_max``) and σ̄² the mean per-feature variance of (r(x) − c) ⊙ a. So the features
-the nets, k-means and the NIW prior see have mean 0 and mean per-feature variance 1 for
-any units: for the same seed, X, 1e-3·X + 7 and 1e3·X give the same x̃ (to float64
-round-off before the float32 copy), hence the same fit. σ̄ is one scalar, so with
-``transform: none`` a rotation of the data rotates x̃ and the isotropic prior with it.
-
-The moments are sums all-reduced over the ranks, so every rank builds the same transform.
+Every row x becomes x̃ = (r(x) − c) ⊙ a / σ̄: r the identity or the row's L2 normalisation,
+c the mean of r(x), a the transform's per-feature factor and σ̄² the mean per-feature
+variance of (r(x) − c) ⊙ a, so x̃ has mean 0 and mean variance 1 in any units (docs/design.md,
+"Coordinates"). The moments are sums all-reduced over the ranks, so every rank builds the
+same transform.
 """
 
 from __future__ import annotations
@@ -113,19 +105,11 @@ def _moments(x: Tensor, normalize_rows: bool, comm: Communicator, device: torch.
 def resolve_transform(data: DataConfig, variance: Tensor) -> str:
     """The transform ``data.transform: auto`` stands for, from the per-feature variances (D,).
 
-    Features in different units (a table of grams, metres and counts) leave the one or two
-    features of the largest units in charge of every distance and of the prior's single
-    scale: ``standard`` then. Features that share one unit (image embeddings, UMAP or PCA
-    coordinates, pixels) spread their variance over many features, or have scales within
-    a factor of ``data.auto_min_std_ratio`` (30) of each other: ``none``, so their relative
-    scales, which carry the clusters, are kept. Both tests must hold (the participation
-    ratio (Σv)²/Σv² below ``data.auto_max_participation``, 3, and the scales spread): one
-    dominant feature alone (PCA scores) or a few dead features beside many live ones
-    (embeddings) do not standardise. Sklearn's wine (participation 1.0, scales 2500 apart)
-    and breast cancer (1.7, 2·10⁵) are standardised, and so is a table whose two
-    largest-unit features are of the same size (2.0, 14,000); iris in centimetres (2.0, 4),
-    digit pixels (39, 277), UMAP and PCA coordinates are not. Every other transform is returned
-    as it is.
+    ``standard`` when the features are in different units: the participation ratio
+    (Σv)²/Σv² is below ``data.auto_max_participation`` (3) and the standard deviations
+    span more than ``data.auto_min_std_ratio`` (30×); else ``none``, so the relative scales
+    that carry the clusters are kept (docs/design.md, "Coordinates", for the data sets that
+    set these bounds). Every other transform is returned as it is.
     """
     if data.transform != "auto":
         return data.transform

@@ -62,10 +62,9 @@ class EpochStats:
         sum_cl, sum_sub : Tensor
             The batch's summed cluster and subcluster losses.
         """
-        # the net's responsibilities less those below float32 resolution of a point's unit
-        # mass: a trained net puts one or two clusters above it, not K
-        if self.soft_buf is not None:  # on the support of the point's target r^E (where
-            # the KL puts the net's mass; not renormalised), reduced once per epoch
+        # the net's r less those below R_FLOOR: a trained net puts one or two clusters above it
+        if self.soft_buf is not None:  # on r^E's support, where the KL puts the net's mass
+            # (not renormalised), reduced once per epoch
             r = log_r_slots.exp()
             point, j = ((r >= R_FLOOR) & (target > 0)).nonzero(as_tuple=True)
             self.soft_buf.add(idx.index_select(0, point), slots[point, j], r[point, j])

@@ -1,14 +1,10 @@
-"""Gaussian-mixture parameters with cached Cholesky factors and the batched E-step.
+"""Gaussian-mixture parameters with cached Cholesky factors and the batched E-step (paper
+Eq. 5; docs/design.md, "E-step").
 
-The E-step (paper Eq. 5) needs ln π_k + ln N(x; μ_k, Σ_k) for every point of every
-minibatch, with parameters frozen for the whole epoch. The precision Cholesky factors
-are computed once per M-step (as in scikit-learn's ``_estimate_log_gaussian_prob``), so a
-batch costs one (B, D) x (D, K·D) matrix product and no factorisation.
-
-At large K the sparse E-step (:class:`~deepdpm_core.estep.sparse_support.SparseEStep`, composed
-with a mixture) evaluates exact log-densities only where they can matter, through the
-per-pair evaluation and the cached factors here; its bounds and the isotropic candidate proxy
-are in :mod:`deepdpm_core.estep.support_bounds`.
+The precision Cholesky factors are computed once per M-step (as in scikit-learn's
+``_estimate_log_gaussian_prob``), so a batch costs one (B, D) x (D, K·D) matrix product and
+no factorisation. The sparse E-step (:class:`~deepdpm_core.estep.sparse_support.SparseEStep`)
+works through the per-pair evaluation and the cached factors here.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The per-cluster state of a fit: the mixture and its subclusters, as one object.
-
-Six tensors share a leading cluster axis: the K clusters' means, covariances and log
-weights (the mixture the E-step targets come from, paper Eq. 5) and each cluster's two
-subclusters (the split proposals, paper §3.2). Every operation that changes K (a move's
-surgery, pruning) or the device, and every checkpoint, goes through this object, so the
+"""The per-cluster state of a fit: the mixture (paper Eq. 5) and each cluster's two
+subclusters (paper §3.2), six tensors with a leading cluster axis. Every change of K
+(surgery, pruning) or of device, and every checkpoint, goes through this object, so the
 six are listed here and nowhere else.
 """
 

@@ -1,32 +1,23 @@
-"""The sparse E-step: exact log-densities only for the components that can matter.
+"""The sparse E-step: exact log-densities only for the components that can matter
+(docs/design.md, "E-step").
 
-At large K the dense E-step's product (:mod:`deepdpm_core.estep.gmm`), O(B·K·D²), dominates an
-epoch. The sparse E-step (:meth:`SparseEStep.log_responsibilities`) evaluates exact
-log-densities only where they can matter. Each point's *anchor*, a component it
-likely belongs to (its best under the previous E-step, or under a cheap isotropic proxy:
-an O(K·D) inner-product search), is evaluated exactly; every other component k is then
-ruled out, if it can be, by an upper bound on its log-density, L_k − ½ Maha_k(x) with
-L_k = ln π_k − ½ ln|2πΣ_k|, that falls
-:data:`~deepdpm_core.estep.support_bounds.SUPPORT_LOG_GAP` below the anchor's (responsibility
-provably below float32's resolution of 1). The lower bounds on the Mahalanobis distance
-come in three levels, each applied only to what the previous one kept:
+Each point's *anchor* (its best component under the previous E-step, or under a cheap
+isotropic proxy) is evaluated exactly; any other component k is ruled out when an upper
+bound on its log-density, L_k − ½ Maha_k(x) with L_k = ln π_k − ½ ln|2πΣ_k|, falls
+:data:`~deepdpm_core.estep.support_bounds.SUPPORT_LOG_GAP` below the anchor's (its
+responsibility then provably below float32's resolution of 1). The lower bounds on the
+Mahalanobis distance come in three levels, each applied only to what the previous one kept:
 
-1. for an anchor j and all of its points at once (they lie within ‖x − μ_j‖ ≤ ρ_j):
-   Maha_k(x) ≥ (‖μ_j − μ_k‖ − ρ_j)² / λ_max(Σ_k) — a K x K table of distances between
-   means;
-2. for the (j, k) pairs left, Cauchy–Schwarz along v = Σ_k⁻¹(μ_j − μ_k), since
-   (vᵀ(x − μ_k))² ≤ (vᵀΣ_k v)·Maha_k(x): Maha_k(x) ≥ (a_jk + u_jkᵀ(x − μ_j))² with a_jk
-   the Mahalanobis distance of μ_j under component k and u_jk = v / a_jk, hence
+1. per anchor j, for all its points (‖x − μ_j‖ ≤ ρ_j):
+   Maha_k(x) ≥ (‖μ_j − μ_k‖ − ρ_j)² / λ_max(Σ_k), a K x K table of distances between means;
+2. per pair (j, k), Cauchy–Schwarz along v = Σ_k⁻¹(μ_j − μ_k):
+   Maha_k(x) ≥ (a_jk + u_jkᵀ(x − μ_j))² (:meth:`SparseEStep.pair_directions`), hence
    ≥ (a_jk − ‖u_jk‖ ρ_j)² for every point of the anchor;
-3. for each point, the same bound with its own x: one (n_j, D) x (D, C_j) GEMM over the
-   C_j pairs left for its anchor (a few at most).
+3. per point, the same bound with its own x: one (n_j, D) x (D, C_j) GEMM.
 
-The components that survive (on separated clusters a fraction of one per point) are
-evaluated exactly, grouped by component so each costs one GEMM. So the targets are the
-dense E-step's to float32 resolution, whatever the anchors, and memory is O(N·m): a point
-keeps its anchor and at most m − 1 other components (``estep.top_m`` = m), its most
-likely ones, which only matters where more than m − 1 components are within float32
-resolution of the best.
+The survivors are evaluated exactly, grouped by component, so the targets are the dense
+E-step's to float32 resolution whatever the anchors; a point keeps its anchor and at most
+m − 1 other components (``estep.top_m`` = m), its most likely ones.
 """
 
 from __future__ import annotations
@@ -53,11 +44,9 @@ Tensor = torch.Tensor
 class SparseEStep:
     """The sparse E-step of one :class:`~deepdpm_core.estep.gmm.GaussianMixture`.
 
-    Composed with the mixture: it reads its parameters, cached factors (``log_norm``,
-    ``prec_chol``, ``means_work``), block layout and exact per-pair evaluation
-    (:meth:`~deepdpm_core.estep.gmm.GaussianMixture.weighted_log_prob_pairs`,
-    :meth:`~deepdpm_core.estep.gmm.GaussianMixture.candidates`). Build one per mixture: it
-    caches the level-1 bound's λ_max of each covariance.
+    Composed with the mixture, whose parameters, cached factors, block layout and exact
+    per-pair evaluation it reads. Build one per mixture: it caches the level-1 bound's
+    λ_max of each covariance.
 
     Parameters
     ----------

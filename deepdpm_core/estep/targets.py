@@ -22,11 +22,9 @@ class EStep:
     """The E-step targets of every local row, once per epoch (the mixture is frozen all
     epoch, and extra training batches re-use rows).
 
-    Dense or bounded by one rule: while K ≤ ``config.dense_max_k`` a point may keep every
-    cluster (the targets are the dense E-step's to float32 resolution), above it its
-    ``config.top_m`` most likely. Either way exact log-densities are computed only where the
-    bound cannot rule a cluster out (:class:`~deepdpm_core.estep.sparse_support.SparseEStep`):
-    about one per point, against all K of a dense E-step.
+    While K ≤ ``config.dense_max_k`` a point may keep every cluster, above it its
+    ``config.top_m`` most likely; either way exact log-densities are computed only where the
+    bound cannot rule a cluster out (:class:`~deepdpm_core.estep.sparse_support.SparseEStep`).
 
     Attributes
     ----------

@@ -1,19 +1,12 @@
 """Jointly learning features and clusters: the AE <-> DeepDPM alternation (paper Supmat).
 
-The loop (DCN-style, Yang et al. 2017, as adapted by the paper):
-
-1. pretrain the autoencoder on the raw data (reconstruction only);
-2. cluster its embeddings ``f(x)`` with DeepDPM (the AE frozen);
-3. train the AE with ``recon_weight * ||g(f(x)) - x||^2 + (beta/2) * ||f(x) - mu_{z(x)}||^2``
-   with the clusters held fixed (assignments ``z`` and centres ``mu`` from step 2);
-4. re-cluster the new embeddings with DeepDPM, starting from the previous clusters;
-5. repeat 3-4 ``ae.alternations`` times, or stop early once K is unchanged
-   (``ae.stop_when_k_stable``; "we stop the alternations once DeepDPM's inferred K
-   stabilizes", Supmat 'Number of alternations').
-
-How a clustering is computed is a parameter (``cluster_fn``), so the pipeline can run the
-DeepDPM step distributed, log it, or checkpoint it; the default fits the single-process
-:class:`deepdpm_core.DeepDPM`. Pure computation, no I/O.
+DCN-style (Yang et al. 2017, as the paper adapts it; docs/features.md, "Learned feature
+spaces"): pretrain the AE, cluster its embedding, train the AE with the clusters held
+fixed, re-cluster from the previous clusters; repeat ``ae.alternations`` times, or until K
+is unchanged (``ae.stop_when_k_stable``, Supmat 'Number of alternations'). How a clustering
+is computed is a parameter (``cluster_fn``), so the pipeline can distribute, log or
+checkpoint it; the default fits the single-process :class:`deepdpm_core.DeepDPM`. Pure
+computation, no I/O.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """MLP autoencoder, its losses and its training loop (paper Supmat 'Jointly Learning Features').
 
-The architecture is the DEC/DCN/n2d one the paper uses, ``D-500-500-2000-d``: ReLU after
-every hidden layer, linear latent and linear reconstruction. Training minimises, per sample,
+The DEC/DCN/n2d architecture ``D-500-500-2000-d`` (ReLU after every hidden layer, linear
+latent and reconstruction), trained on the per-sample loss, averaged over the minibatch,
 
     recon_weight * ||g(f(x)) - x||^2  +  (beta / 2) * ||f(x) - mu_{z(x)}||^2
 
-averaged over the minibatch, where ``f`` is the encoder, ``g`` the decoder and, during the
-alternation, ``mu_{z(x)}`` the (fixed) centre of the DeepDPM cluster ``x`` was assigned to.
-Pretraining is the same loop with ``beta = 0``.
-
-Inputs are scaled by one global offset and scale (``input_scaling="global"``: the mean and
-standard deviation of all entries). A single scalar keeps the relative variance of pixels
-(per-feature standardisation would blow up near-constant border pixels) while making the
-learning rate independent of the data's units (0..1, 0..16 or 0..255 pixels, MoCo features).
-The scaling is stored in the module's buffers, so a saved model encodes new raw data.
-
-Pure torch, no I/O. Every random choice (weight init, minibatch order) derives from ``seed``.
+with ``mu_{z(x)}`` the fixed centre of x's DeepDPM cluster during the alternation, and
+``beta = 0`` when pretraining. Inputs are scaled by one global offset and scale
+(``input_scaling="global"``: mean and std of all entries, kept in the module's buffers):
+unlike per-feature standardisation it does not blow up near-constant border pixels, and it
+frees the learning rate from the data's units (0..1, 0..255 pixels, MoCo features). Pure
+torch, no I/O; every random choice derives from ``seed``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Feature spaces to cluster in: autoencoder, UMAP, autoencoder + UMAP (n2d) and PCA.
 
-The paper's comparison with classical methods clusters n2d features (McConville et al.,
-ICPR 2021): an MLP autoencoder trained on the raw data, whose embedding is then
-transformed by UMAP (``n_neighbors=20, min_dist=0``). ``umap-learn`` is an optional
-dependency (``pip install "deepdpm[umap]"``) imported only when a UMAP method runs.
-UMAP is not scalable to ImageNet-size N; use ``ae`` or ``pca`` there.
-
-Pure computation, no I/O.
+n2d (McConville et al., ICPR 2021; the paper's comparison with classical methods) is UMAP
+(``n_neighbors=20, min_dist=0``) of an autoencoder's embedding. ``umap-learn`` is imported
+only when a UMAP method runs, and UMAP does not scale to ImageNet-size N: use ``ae`` or
+``pca`` there (docs/features.md). Pure computation, no I/O.
 """
 
 from __future__ import annotations

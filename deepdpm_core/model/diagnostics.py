@@ -1,32 +1,14 @@
 """Warnings for fits whose K is stuck, and which prior knob moves it.
 
-DeepDPM infers K, but K still depends on the prior (paper Supmat "The Factors Affecting
-K"): the DP concentration α, and the NIW scale Ψ = s·I (``prior.sigma_scale``, fitted
-to the clusters by default) and pseudo-count ν (``prior.nu``). Users of the reference code get no hint when the
-split/merge moves have stalled; :func:`diagnose` looks at the epoch records of
-``DeepDPM.history_`` and says what to turn and which way. :class:`DiagnosticsMonitor`
-applies it live, once per kind of warning, as a per-epoch callback (the CLI);
-``DeepDPM.fit`` runs it once on the finished fit and issues a ``UserWarning`` for each.
-
-Before the prior, the units: the fit divides all features by one global scale, so a
-feature whose variance is orders of magnitude above the others' (wine's proline,
-breast cancer's areas in raw units) is nearly all the fit sees, and K collapses to 1
-whatever the prior. When the largest per-feature variance is :data:`UNITS_RATIO` times
-the median or more, the warnings name ``data.transform=standard`` instead of the knobs.
-
-What moves K was measured with this project's core (``deepdpm_core``, 3 data sets:
-6 and 12 Gaussian blobs in 8-D, sklearn digits PCA-16; one knob at a time from the
-defaults, K after up to 80 epochs; ``bench/prior_knobs.py`` measures it):
-
-- ``prior.nu``: raising ν gives FEWER clusters (digits: ν = 26 → K 12, 64 → 6,
-  320 → 1). Our Λ0 = ν0·Ψ0 grows with ν, so a larger ν is a heavier prior.
-- a fixed ``prior.sigma_scale`` (s): non-monotone. K peaks when s is roughly 0.1–30 % of the
-  median per-feature variance of the data; far below that each extra cluster pays the
-  (ν0/2)·ln|Λ0| normaliser and K drops (digits s = 1e-4 → K 6), near or above it the
-  prior swamps the subclusters' scatter and splits stop (digits s = 0.5 → K 4, 5 → 1).
-  So the advice depends on s / variance; :data:`SIGMA_PIVOT` is the boundary.
-- ``prior.alpha``: negligible at these N (α = 0.01 and 1000 gave the default's K on the
-  blobs, and within 2 of it on digits), as the paper's Supmat says for α ≪ N; named last.
+K still depends on the prior (paper Supmat "The Factors Affecting K"): α, the NIW scale
+s (``prior.sigma_scale``) and ν0 (``prior.nu``). :func:`diagnose` reads a fit's epoch
+records and says what to turn and which way (:class:`DiagnosticsMonitor`: live, per epoch,
+in the CLI; ``DeepDPM.fit``: once at the end). From a largest per-feature variance
+:data:`UNITS_RATIO` times the median (features in different units) it names
+``data.transform=standard`` instead of the knobs. Measured by ``bench/prior_knobs.py``
+(docs/design.md, "Tracking and reports"): a larger ν0 gives fewer clusters; a fixed s
+moves K non-monotonically, peaking for s at roughly 0.1–30 % of the median per-feature
+variance (:data:`SIGMA_PIVOT`); α barely matters.
 """
 
 from __future__ import annotations

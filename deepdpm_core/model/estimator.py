@@ -1,14 +1,11 @@
 """``DeepDPM``: the method as a scikit-learn estimator (clusterer).
 
-The parameters are ``config`` (a :class:`~deepdpm_core.config.Config`, a nested mapping,
-a YAML path or None), ``random_state`` (the seed) and any config key as a keyword. They
-are stored as given; the config they make is built and checked by :meth:`DeepDPM.fit`
-(unknown key names fail at once, as an unknown keyword argument does). ``get_params``
-names every config key ``section__key`` (``prior__sigma_scale``), so ``set_params``,
-``clone``, ``Pipeline`` (``dpm__prior__alpha``) and ``GridSearchCV`` reach each of them.
-
-A fitted estimator holds a :class:`~deepdpm_core.model.fitted_model.FittedModel` (``model_``):
-the clustering net, the input transform and the mixture parameters, not the trainer.
+Its parameters are ``config`` (a :class:`~deepdpm_core.config.Config`, a nested mapping, a
+YAML path or None), ``random_state`` (the seed) and any config key as a keyword, stored as
+given: names are checked at once, values when :meth:`DeepDPM.fit` builds the config.
+``get_params`` names every config key ``section__key`` (``prior__sigma_scale``), so
+``set_params``, ``clone``, ``Pipeline`` (``dpm__prior__alpha``) and ``GridSearchCV`` reach
+each of them. A fitted estimator holds a :class:`FittedModel` (``model_``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
-"""Model and checkpoint files: written atomically, read safely
-(``torch.load(weights_only=True)``) with one-line errors.
+"""Model and checkpoint files: written atomically (:func:`save_checkpoint`), read safely
+(:func:`safe_load`, ``torch.load(weights_only=True)``) with one-line errors.
 
-Every checkpoint the project reads (models, autoencoders, encoder weights, the
-checkpoints a stopped fit resumes from) goes through :func:`safe_load`, and every one it
-writes through :func:`save_checkpoint`. A pickle that
-references a Python global other than tensors and plain containers (``posix.system``,
-``builtins.eval``, a class) is refused before anything in it runs, and the error names
-the global; it never passes on torch's advice to load the file with ``weights_only=False``.
+Every checkpoint the project reads or writes goes through these two. A pickle that
+references a Python global other than tensors and plain containers is refused, by name,
+before anything in it runs (docs/reliability.md, "Checkpoints that would run code are
+refused by name"); torch's advice to load it with ``weights_only=False`` is never passed on.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """The fitted model: what predicting needs, and nothing of the training.
 
-Predictions come from the clustering net alone, applied to rows in the fit's own
-coordinates (:mod:`deepdpm_core.data.coordinates`); the mixture parameters describe the
-clusters. So a fitted model is the clustering net, the input transform, the cluster
-means, covariances and weights, the config and the epoch history. The trainer's float32
-copy of the training data, its subclustering nets and its Adam state stay with the
-trainer and are freed with it.
-
-Assigning rows needs less: :class:`ClusterAssigner` is the clustering net and the input
-transform alone, and :meth:`ClusterAssigner.load` reads just those from a model file (at
-K = 1000, D = 128 its K x D x D covariances are 131 MB of the file's 132 MB).
-
-Model files (``model.pt``, format ``deepdpm-model/1``) are a dict of tensors and plain
-containers, read only through :func:`deepdpm_core.model.files.safe_load`. The fitted
-model writes the keys below; a full trainer state (a checkpoint of a distributed fit, or
-a model file written when models kept the trainer) carries them too and is read the same
-way.
+A fitted model is the clustering net, the input transform, the cluster means, covariances
+and weights, the config and the epoch history; the trainer's copy of the data, its
+subclustering nets and its Adam state stay with the trainer. :class:`ClusterAssigner` is the
+net and the transform alone: :meth:`ClusterAssigner.load` reads just those from a model file
+(at K = 1000, D = 128 the covariances are 131 MB of the file's 132 MB). Model files
+(``model.pt``, format ``deepdpm-model/1``; a full trainer state carries the same keys) are
+read through :func:`deepdpm_core.model.files.safe_load` (docs/design.md, "Fitted model and
+file formats").
 """
 
 from __future__ import annotations

@@ -1,26 +1,19 @@
-"""Birth moves: a cluster split into several parts at once, where no two-way cut pays.
+"""Birth moves: a cluster split into several parts at once, where no two-way cut pays
+(docs/design.md, "Births").
 
-A split proposal cuts a cluster into its two subclusters, and the Hastings ratio (paper
-Eq. 2) takes the cut only if two Gaussians beat one. A cluster that holds several groups
-side by side (eight blobs in a 2 x 4 block) may have no such cut: any two halves are as
-badly Gaussian as the whole, though the groups themselves are far better, and the search
-stops with the groups in one cluster (docs/design.md, "Births"). A birth proposes the cut
-into P = ``moves.birth_parts`` parts found by k-means inside the cluster, and the cuts
-into P − 1, ..., 3 parts made from it by joining the nearest parts (three blobs in a row
-have no two-way cut across valleys either), judged by the same ratio for P parts,
+A cluster that holds several groups side by side (eight blobs in a 2 x 4 block) may have no
+two-way cut the Hastings ratio (paper Eq. 2) takes. A birth proposes the cut into
+P = ``moves.birth_parts`` parts found by k-means inside the cluster, and the cuts into
+P − 1, ..., 3 parts made from it by joining the nearest parts, judged by the paper's split
+ratio with P instead of 2,
 
     ln H_b = (P − 1) ln α + Σ_j [ln Γ(n_j) + ln f(X_j)] − ln Γ(n) − ln f(X),
 
-the paper's split ratio with P instead of 2 (the DP prior's exchangeable partition
-probability; bnpy's birth moves, Hughes & Sudderth, NeurIPS 2013, judge k-way proposals by
-the same evidence). The statistics are coarsened as a split's (:func:`~deepdpm_core.moves.coarsened`),
-and a birth must cut across density valleys as a split must
-(:mod:`deepdpm_core.moves.density_valleys`): each part needs a valley towards its nearest part.
-Of the cuts a cluster passes, the one of the largest ratio is made.
-
-Everything a decision sees is all-reduced: the k-means runs on every rank from the same
-seeds (an ellipse in each cluster's principal plane, a function of its parameters) with its
-sums all-reduced at each iteration, so every rank holds the same parts and statistics.
+on statistics coarsened as a split's (:func:`~deepdpm_core.moves.coarsened`); each part
+needs a density valley towards its nearest part (:mod:`deepdpm_core.moves.density_valleys`).
+Of the cuts a cluster passes, the one of the largest ratio is made. The k-means seeds are a
+function of each cluster's parameters and its sums are all-reduced at each iteration, so
+every rank holds the same parts and statistics.
 """
 
 from __future__ import annotations
@@ -334,8 +327,7 @@ def birth_proposals(x: Tensor, labels: Tensor, state: MixtureState, clusters: li
                     alpha: float, moves: MovesConfig, coarsening: float | None,
                     comm: Communicator) -> list[BirthProposal]:
     """Each of ``clusters`` cut into P = ``moves.birth_parts`` parts by k-means, then into
-    P − 1, ..., 3 by :func:`coarser` (three blobs in a row, cut into four, lose the cut
-    through the middle one first), with the ratios and valley checks of every cut
+    P − 1, ..., 3 by :func:`coarser`, with the ratios and valley checks of every cut
     (collective; the same on every rank).
 
     Parameters

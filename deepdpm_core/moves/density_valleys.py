@@ -1,27 +1,16 @@
-"""Density valleys along split axes: a split must cut where the cluster's density dips.
+"""Density valleys along split and merge axes: a split must cut where the cluster's density
+dips (docs/design.md, "Density valleys").
 
-A Gaussian fitted to a curved or heavy-tailed cluster gains likelihood when the cluster is
-cut into two Gaussians, although the cluster has one mode: the Hastings ratio of such a
-split grows with the points, so K grows with N on non-Gaussian clusters. Cutting where the
-density has no valley is what separates those splits from the splits of clusters that hold
-two groups of points. Dip-means (Kalogeratos & Likas, NeurIPS 2012) splits a cluster only
-where a unimodality test on its points fails; Hennig (2010, "Methods for merging Gaussian
-mixture components", ADAC 4) merges mixture components whose pair density has no deep
-valley (the ridgeline ratio; his "dipuni" tests the points projected on the pair's
-discriminant coordinate). Here a split is proposed only if the density of the cluster's
-points projected on Fisher's discriminant of its two subclusters has a valley whose floor
-is at most ``moves.split_valley`` of the lower of the peaks on its two sides; two
-clusters whose points, projected on their own discriminant, show no valley deeper than
-``moves.merge_valley`` are merged whatever their Hastings ratio.
-
-The projection is a histogram per cluster, summed over ranks (K × B counts, the same
-all-reduce as the statistics), and rank 0 reads the valleys from it: the decision still
-sees only reduced statistics.
-
-For two Gaussians the model itself splits, the valley is deep: under the DP prior, two
-equal Gaussians d standard deviations apart are worth splitting only when
-½·ln(1 + d²/4) > ln 2 (the labels' cost), i.e. d > 3.46, where the floor is 0.43 of the
-peaks; a single Gaussian, a banana or a Student-t cluster projects to one mode (ratio 1).
+A Gaussian fitted to a curved or heavy-tailed cluster gains likelihood from a cut into two
+Gaussians although the cluster has one mode, so K grows with N on such clusters. A split is
+proposed only if the cluster's points, projected on Fisher's discriminant of its two
+subclusters, show a valley whose floor is at most ``moves.split_valley`` of the lower of
+the peaks on its two sides; two clusters whose points, projected on their own
+discriminant, show no valley deeper than ``moves.merge_valley`` are merged whatever their
+Hastings ratio. The projections are histograms summed over ranks like the statistics, and
+rank 0 reads the valleys from them. Two equal Gaussians the model itself splits (d > 3.46
+standard deviations apart) leave a floor of 0.43 of the peaks; a single Gaussian, a banana
+or a Student-t cluster projects to one mode.
 """
 
 from __future__ import annotations
@@ -54,9 +43,8 @@ def split_axes(state: MixtureState) -> tuple[Tensor, Tensor, Tensor]:
     """Each cluster's split axis: Fisher's discriminant of its two subclusters.
 
     The direction is Σ_w⁻¹ (μ̃_k1 − μ̃_k2), Σ_w the subclusters' covariances pooled with
-    their weights: the line along which the two halves are furthest apart for their
-    spread (two elongated clusters side by side overlap on the line between their means,
-    not on this one).
+    their weights (two elongated clusters side by side overlap on the line between their
+    means, not on this one).
 
     Returns
     -------
@@ -89,10 +77,8 @@ def pair_axes(state: MixtureState, pairs: list[tuple[int, int]]) -> tuple[Tensor
         clusters' weights.
     scale : Tensor of shape (P,)
         The standard deviation along it of the two clusters pooled with their weights
-        (within plus between), or more where that would leave a mean beyond
-        :data:`MEANS_WITHIN` of the span: the pooled deviation of a pair of unequal
-        weights is about the larger cluster's own, and the smaller one, many of those
-        away, would fall outside the histogram and show no valley.
+        (within plus between), widened where a mean would lie beyond :data:`MEANS_WITHIN`
+        of the span (the smaller of two unequal clusters would fall outside the histogram).
     """
     a = torch.tensor([p[0] for p in pairs], dtype=torch.long, device=state.means.device)
     b = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=state.means.device)

@@ -25,23 +25,10 @@ AUTO_ROWS_PER_CLUSTER = 10
 
 def initial_cluster_count(setting: int | str, n_rows: int) -> int:
     """The initial K of a fit: ``init.n_clusters`` itself, or (``auto``) max(10, N/10,000)
-    clusters, fewer when the data have under 100 rows.
-
-    Why not K = 1: the prior is fitted to the clusters (empirical Bayes), and one cluster
-    of all the data makes it see the spread between the clusters as their own. In many
-    dimensions the first split then costs more evidence than it explains and K stays at 1
-    (5 blobs in 512-D, 400 points each: ln H = -1.8e5 for the true split under the prior
-    fitted at K = 1). Ten k-means clusters give the fit within-cluster statistics; merges
-    remove the clusters that are not needed (a merge in many dimensions gains the same
-    evidence that holds a split back).
-
-    Why N/10,000 beyond 100,000 rows (the paper's advice, Supmat "The initial value for
-    K"): in many dimensions a cluster that holds many classes has no cut that pays. Ten
-    k-means clusters of 1.28M rows on the sphere of R^128 in 1,000 classes hold ~100 classes
-    each, and a two-way cut gains 0.002-0.05 nats a row (exact ln H +0.2k to +6k nats per
-    cluster) where the coarsened posterior asks ~0.7 (ln H −4k to −6k): K stays 10. Clusters
-    of ~8 classes (N/10,000 of them) gain +12k to +27k nats per cut, and merges remove
-    the clusters that are not needed.
+    clusters, fewer when the data have under 100 rows. Not K = 1: a prior fitted to one
+    cluster of all the data takes the spread between the clusters for their own and no
+    split pays; N/10,000 beyond 100,000 rows: a cluster that holds many classes has no cut
+    that pays (docs/design.md, "Why the fit starts from 10 clusters, or N/10,000").
 
     Parameters
     ----------
@@ -64,11 +51,10 @@ def kmeans_pp_seeds(x: np.ndarray, n_clusters: int, rng: np.random.Generator) ->
     """k-means++ seeding (Arthur & Vassilvitskii 2007): each next seed is a row drawn with
     probability proportional to its squared distance to the nearest seed so far.
 
-    FAISS seeds with uniformly drawn rows, which on imbalanced data leaves small clusters
-    without a centre and puts two in large ones (on a 1.28M x 128 mixture of 1000 Gaussians
-    k-means from random seeds covered 656 of them, from k-means++ seeds 865); DeepDPM then
-    has to recover every missed cluster by a split (scikit-learn's KMeans seeds this way
-    by default). One matrix-vector product per seed: O(N·K·D) time, O(N) memory.
+    FAISS's uniformly drawn seeds leave small clusters of imbalanced data without a centre,
+    each then to be recovered by a split (1.28M x 128, 1000 Gaussians: 656 covered from
+    random seeds, 865 from k-means++). One matrix-vector product per seed: O(N·K·D) time,
+    O(N) memory.
 
     Parameters
     ----------
@@ -232,11 +218,10 @@ def kmeans_sample(x: Tensor, n_total: int, max_points: int, rank_rows: list[int]
                   rng: np.random.Generator) -> Tensor:
     """The rows k-means sees, shape (min(N, max_points), D): the same for any W.
 
-    Global row indices are drawn with the seeded generator (identically on every rank,
-    as the single-process sampling in :func:`kmeans_centers` would); each rank fills in
-    the rows it holds and one all-reduce assembles the sample (exact: each row has one
-    non-zero contributor). Rows are taken to be split over ranks in rank order, which is
-    how ``pipeline`` slices inputs; any other split still gives a valid random sample.
+    Global row indices are drawn with the seeded generator, identically on every rank; each
+    rank fills in the rows it holds and one all-reduce assembles the sample (exact: one
+    non-zero contributor a row). Rows are taken to be split over ranks in rank order, as
+    ``pipeline`` slices inputs; any other split still gives a valid random sample.
     """
     idx = np.arange(n_total) if n_total <= max_points else np.sort(rng.choice(n_total, size=max_points,
                                                                                replace=False))

@@ -1,9 +1,7 @@
-"""Split and merge proposals from reduced statistics, decided into a :class:`MovePlan`.
-
-Decisions see only sufficient statistics and the cluster means, and draw their Hastings
-coins from an explicit ``numpy.random.Generator``. In a distributed fit rank 0 decides
-and broadcasts the plan; every rank then applies the same plan (docs/design.md, section
-Distribution).
+"""Split and merge proposals from reduced statistics, decided into a :class:`MovePlan`
+(docs/design.md, "Split and merge moves"). Decisions see only sufficient statistics and the
+cluster means and draw their Hastings coins from an explicit ``numpy.random.Generator``; in
+a distributed fit rank 0 decides and broadcasts the plan (docs/design.md, "Distribution").
 """
 
 from __future__ import annotations
@@ -68,16 +66,10 @@ def _accept(log_h: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def coarsened(stats: SuffStats, union_n: Tensor, coarsening: float | None) -> SuffStats:
     """The statistics a move's Hastings ratio sees under the coarsened posterior.
 
-    Miller & Dunson (JASA 2019, "Robust Bayesian inference via coarsening") raise the
-    likelihood to ζ = c / (c + n): the posterior of a model that need only match the data
-    to within a discrepancy of about 1/c nats per point. Here ζ is taken per move, with n
-    the points of the cluster the move splits or creates (``union_n``), and the whole
-    complete-data likelihood (cluster labels and points) is tempered, which for the NIW
-    model is the same formula on statistics scaled by ζ. A split of n ≫ c points then
-    needs a gain of more than its penalty at c points, ~1/c nats per point, whatever n: a
-    Gaussian cluster that is not quite Gaussian is not split further as N grows, while
-    clusters that are apart gain several nats per point. Both sides of a ratio see the
-    same ζ, so the units still cancel; n ≪ c is the exact DP posterior.
+    The likelihood raised to ζ = c / (c + n) (Miller & Dunson, JASA 2019), n the points of
+    the cluster the move splits or creates (``union_n``): the whole complete-data
+    likelihood is tempered, which for the NIW model is the same formula on statistics
+    scaled by ζ (docs/design.md, "Coarsening"). n ≪ c is the exact DP posterior.
 
     Parameters
     ----------
@@ -96,13 +88,10 @@ def coarsening_constant(coarsening: float | None, per_parameter: float | None, d
                         diagonal: bool) -> float | None:
     """c of :func:`coarsened` for clusters in ``dim`` features: max(c, c_p·P).
 
-    P is a cluster's free parameters (mean and covariance: D + D(D + 1)/2, or 2D when
-    diagonal). A split of n ≫ c points must gain about P·ln(c)/(2c) nats per point
-    (the NIW penalty at c points, spread over them), so a fixed c would ask more of every
-    split as D grows: 0.4 nats per point in 10-D at c = 500, 3 in 30-D, 13 in 64-D, and
-    tables in tens of features would lose clusters that are plainly apart. c_p·P keeps
-    that demand about the same in every dimension; c keeps the low-dimensional end
-    (2-D blobs lose clusters when c falls below ~150).
+    P is a cluster's free parameters (D + D(D + 1)/2, or 2D when diagonal). A split of
+    n ≫ c points must gain about P·ln(c)/(2c) nats per point; c_p·P keeps that demand about
+    the same in every dimension, c the low-dimensional end (docs/design.md, "Coarsening in
+    many features").
 
     Parameters
     ----------
@@ -125,14 +114,9 @@ def exact_across_deep_valleys(union_n: Tensor, valleys: np.ndarray, judged: np.n
                               exact_valley: float | None) -> Tensor:
     """``union_n`` with 0 (ζ = 1 in :func:`coarsened`: the exact posterior) for the moves
     that cut across a valley whose floor is at most ``exact_valley`` of the lower peak
-    (``moves.exact_valley``), where the valley was judged.
-
-    Coarsening stands for a model that is only roughly right about each cluster's shape,
-    so that a cluster which is one mode is not cut further as N grows. A cut through a
-    valley that deep separates two modes whatever their shapes, and the exact posterior
-    judges it: with n ≫ c points it could otherwise gain only what c points gain, and a
-    cluster holding ten blobs of 1,000 points, whose two-way cuts gain little per point
-    (each half as far from Gaussian as the whole), would never be opened.
+    (``moves.exact_valley``), where the valley was judged: such a cut separates two modes
+    whatever their shapes, which coarsening need not guard (docs/design.md, "Moves across
+    deep valleys are not coarsened").
 
     Parameters
     ----------
@@ -260,14 +244,11 @@ def propose_merges(
     coarsening : float, optional
         c of :func:`coarsened`.
     valleys : dict of (a, b) -> float, optional
-        The deepest density valley of each candidate pair's points along the line between
-        their means (:func:`~deepdpm_core.moves.density_valleys.valley_ratios`).
+        The deepest density valley of each candidate pair's points along the pair's merge
+        axis (:func:`~deepdpm_core.moves.density_valleys.valley_ratios`).
     max_valley : float, optional
-        A pair with no valley this deep (one mode: a cluster that a split cut where its
-        density does not dip) is merged whatever its Hastings ratio (``moves.merge_valley``,
-        above ``moves.split_valley`` so that sampling noise in a valley's depth cannot
-        undo a split at the next round), where both clusters hold at least
-        ``valley_min_points``.
+        A pair with no valley this deep (one mode) is merged whatever its Hastings ratio
+        (``moves.merge_valley``), where both clusters hold at least ``valley_min_points``.
     valley_min_points : float
         Fewest points a side for the valley rule to judge (``moves.valley_min_points``).
     exact_valley : float, optional

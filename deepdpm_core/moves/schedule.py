@@ -1,25 +1,17 @@
 """When a fit moves and when it stops: the one schedule every fit mode and the
-diagnostics follow.
+diagnostics follow (docs/design.md, "Schedule").
 
-Epochs are counted from 1 here (epoch e is the e-th epoch run). A move round ends epoch
-e when e ≥ ``warmup_epochs``, (e − warmup) is a multiple of ``move_every``, and the
-parameters are not frozen; rounds alternate over the enabled kinds (split, merge). An
-accepted move freezes the M-step (and the next moves) for ``freeze_epochs`` epochs, so the
-nets can learn the new clusters first (paper §3.2). The fit stops after ``max_epochs``,
-or once K has settled (and ``min_epochs`` are done): ``patience`` move rounds in a row
-accepted nothing, or K after each of the last 2·``patience`` + 1 rounds stayed within one
-value of itself (a split and a merge of the same cluster taking turns: another round
-would only repeat them), or K at the end of each of the last ``patience`` + 1 cycles (a
-split round and a merge round) stayed within ``settled_spread`` of itself, rounded down
-(below 100 clusters: the same K): at K = 1,000 a split round may take five clusters apart
-that the merge round joins again, round after round, and K never settles to within one.
-A cycle that ends one cluster lower each time is a search still merging, not a settled one.
-Nor does a search settle while the ends of its cycles take turns between two values (11,
-10, 11, 10, ...: two splits, a merge, nothing, a merge, and again), so K at the end of each
-of the last 2·``patience`` cycles taking turns between two values stops it too. These three
-rules are read at the end of a cycle only: the cuts of a split round stand once the merge
-round after it has judged them (10 curved clusters in 20,000 rows stopped at 12 clusters
-after a split round, where the merge round joins them to 11).
+Epochs count from 1. A move round ends epoch e when e ≥ ``warmup_epochs``, (e − warmup) is
+a multiple of ``move_every`` and the parameters are not frozen; rounds alternate over the
+enabled kinds (split, merge), and an accepted move freezes the M-step and the moves for
+``freeze_epochs`` epochs, so the nets learn the new clusters first (paper §3.2). The fit
+stops after ``max_epochs``, or once ``min_epochs`` are done and K has settled: ``patience``
+move rounds in a row accepted nothing; or, read at the end of a cycle (a split round and a
+merge round) only, so that a split round's cuts stand once a merge round has judged them:
+K after each of the last 2·``patience`` + 1 rounds stayed within one value, K after each
+of the last ``patience`` + 1 cycles stayed within ``settled_spread`` of itself (rounded
+down: below 100 clusters the same K), or K after each of the last 2·``patience`` cycles
+took turns between two values.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Split/merge surgery: a :class:`~deepdpm_core.moves.MovePlan` applied to the mixture
-state, the two nets and their optimisers (paper §3.2, Eq. 8).
-
-Functions of (state, nets, statistics, prior, generator) only: no data, no communication.
-Every rank applies the same plan to the same state with a generator in the same state,
-so the ranks stay identical (see docs/design.md, "Distribution").
+state, the two nets and their optimisers (paper §3.2, Eq. 8; docs/design.md, "Surgery").
+Functions of (state, nets, statistics, prior, generator) only, with no data and no
+communication, so every rank applies the same plan identically.
 """
 
 from __future__ import annotations
@@ -241,13 +239,11 @@ def _reshape_cluster_net(nets: Nets, new: MixtureState, old: MixtureState, src: 
                          soft: SuffStats) -> None:
     """Clustering net: duplicate the split unit, drop removed ones (paper §3.2).
 
-    The halves' biases are shifted so they share the old unit's mass in proportion to the
-    subclusters, then tilted apart (:func:`separate_halves`). A merged cluster keeps the
-    output unit (weights and Adam state) of its larger part, its bias raised by
-    ln(1 + n_small / n_large) <= ln 2 for the added mass. (Adding the two biases in log
-    space would be wrong: a unit's bias is only meaningful with its own weights, and a
-    large bias offset by its weights made the merged unit win every point of every
-    cluster.)
+    The halves' biases share the old unit's mass in proportion to the subclusters, then
+    are tilted apart (:func:`separate_halves`). A merged cluster keeps the output unit
+    (weights and Adam state) of its larger part, its bias raised by ln(1 + n_small /
+    n_large) <= ln 2. (Not the two biases added in log space: a bias means something only
+    with its own weights, and a large bias offset by its weights won every point.)
     """
     out = nets.cluster.out
     old_bias = out.bias.detach().clone()
@@ -275,21 +271,16 @@ def separate_halves(net: ClusterNet, state: MixtureState, rows: tuple[int, int],
     """Tilt the two duplicated output units of a split apart along the hidden-feature
     difference of the subcluster means, so each half wins its own subcluster.
 
-    Duplicated units have the same weights, so the net starts out unable to tell the
-    halves apart and must break the symmetry by training alone; a small half often
-    never wins a point before the next move round and is pruned, and the split is
-    proposed again. Here the halves' logit gap g(x) = a·δ·h(x) + c (δ = h(μ₁) − h(μ₂),
-    h the hidden layer) is set to the subclusters' own log-odds at their two means
-    (clipped to ±``max_gap``: odds e² ≈ 7 at each mean are enough for each half to win
-    its subcluster), and the mean of the two units is unchanged.
-
-    The tilt is linear in h(x), so far from the split cluster it lifts the better half
-    by |g(x)|/2 and can outbid other clusters' units (a split of one cluster of a
-    barely trained 4-cluster net took up to 1200 of 1500 points). So the tilt is scaled
-    back, g_t = (1 − t)·Δb + t·g with Δb the untilted bias gap, by the largest
-    t ∈ [0, 1] for which, at every other cluster's mean, the better half is no higher
-    than the split unit was (bias ``unit_bias``) or stays ``margin`` below the best
-    other unit. A function of the parameters only, so every rank does the same.
+    Duplicated units cannot tell the halves apart, and a small half that wins no point
+    before the next move round is pruned and proposed again. The halves' logit gap
+    g(x) = a·δ·h(x) + c (δ = h(μ₁) − h(μ₂), h the hidden layer) is set to the subclusters'
+    own log-odds at their two means, clipped to ±``max_gap`` (odds e² ≈ 7 suffice), with
+    the mean of the two units unchanged. Far from the split cluster the tilt lifts the
+    better half by |g(x)|/2 and can outbid other clusters' units (a split in a barely
+    trained 4-cluster net took up to 1200 of 1500 points), so it is scaled back,
+    g_t = (1 − t)·Δb + t·g with Δb the untilted bias gap, by the largest t ∈ [0, 1] for
+    which, at every other cluster's mean, the better half is no higher than the split
+    unit was (bias ``unit_bias``) or stays ``margin`` below the best other unit.
 
     Parameters
     ----------

@@ -1,15 +1,10 @@
-"""The clustering net, the batched subclustering nets, and split/merge surgery.
+"""The clustering net, the batched subclustering nets, and the row maps of surgery.
 
-Both are one-hidden-layer MLPs (paper §3.1). The K subclustering nets are stored as one
-parameter tensor per layer with a leading K axis, and each point is run through the net
-of its hard cluster by batched GEMMs over blocks of same-cluster points — O(B·D·H) per
-batch, whatever K is (the reference code uses a dense block-masked layer whose size grows
-with K²).
-
-Surgery changes the leading (cluster) axis of some parameters. It builds new
-:class:`torch.nn.Parameter` objects from a row map and moves the Adam state along the
-same map, so units that are kept keep their optimiser state (docs/design.md, section
-Split and merge moves).
+Both are one-hidden-layer MLPs (paper §3.1). The K subclustering nets are one parameter
+tensor per layer with a leading K axis, run by batched GEMMs over blocks of same-cluster
+points: O(B·D·H) per batch whatever K is (the reference code's block-masked layer grows
+with K²). Surgery builds new parameters from a row map and moves the Adam state along the
+same map (docs/design.md, "Surgery").
 """
 
 from __future__ import annotations
@@ -92,14 +87,12 @@ class SubclusterNets(nn.Module):
 class _BlockMLP(torch.autograd.Function):
     """The K one-hidden-layer nets over the :func:`cluster_blocks` layout, both passes.
 
-    The K primary blocks multiply the weight tensors as they are; only the overflow
-    blocks read gathered copies, and the backward writes the primary blocks' weight
-    gradients straight into (K, ...) tensors and adds the overflow blocks' into them.
-    Gathering a copy per block (what autograd through ``index_select`` needs) costs up to
-    2x the weights per step, forward and backward: at K = 1000, D = 128, B = 4096 that is
-    over glibc's 32 MB mmap limit, so every step faulted fresh pages in. In the epochs of
-    a fit at 320k x 128 x 1000 (one CPU core) the subnets' forward took 0.95 s that way
-    and 0.51 s this way, the backward of both nets 1.9-2.3 s and 1.4 s.
+    Only the overflow blocks read gathered copies of the weights; the backward writes the
+    primary blocks' gradients straight into (K, ...) tensors and adds the overflow blocks'.
+    A copy per block (autograd through ``index_select``) costs up to 2x the weights per
+    step, over glibc's 32 MB mmap limit at K = 1000, D = 128, B = 4096 (fresh pages every
+    step): in the epochs of a fit at 320k x 128 x 1000 (one CPU core) the subnets' forward
+    took 0.95 s that way and 0.51 s this way, the backward of both nets 1.9-2.3 s and 1.4 s.
     """
 
     @staticmethod
@@ -176,11 +169,9 @@ def axis_aligned_subnet(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Data-free initial weights of one subclustering net splitting along ``direction``.
 
-    Two hidden units compute relu(±(x − c)·v / spread); each drives one subcluster's
-    logit, so the net starts out separating the two halves of the cluster along its
-    principal axis (or along the line between two merged clusters). The remaining units
-    start small and random. Being a function of parameters only, it is identical on
-    every rank.
+    Two hidden units compute relu(±(x − c)·v / spread), each driving one subcluster's
+    logit, so the net starts out halving the cluster along ``direction``; the other units
+    start small and random. A function of the parameters only: the same on every rank.
 
     Returns
     -------
@@ -262,10 +253,8 @@ def new_row_of(kept: Tensor, n_old: int) -> Tensor:
 
 
 def cluster_row_map(n_clusters: int, splits: list[int], removed: list[int]) -> Tensor:
-    """Row map of a move: kept clusters in order, then the second half of each split.
-
-    A split cluster k keeps its row for its first half (k1) and appends a copy of it for
-    its second half (k2); removed clusters (merged away or empty) disappear.
+    """Row map of a move: kept clusters in order (a split one as its first half), then the
+    second half of each split; removed clusters (merged away or empty) disappear.
 
     Returns
     -------

@@ -1,9 +1,7 @@
-"""The one seam between the trainer and the distributed world.
+"""The one seam between the trainer and the distributed world (docs/design.md, "Distribution").
 
-The trainer only ever all-reduces flat tensors and broadcasts small Python objects
-(move plans, k-means centres) through a :class:`Communicator`. :class:`LocalCommunicator`
-is the single-process no-op; ``pipeline`` provides the ``torch.distributed`` one, so
-the method itself never calls ``torch.distributed``.
+The trainer only all-reduces flat tensors and broadcasts small Python objects through a
+:class:`Communicator`; ``pipeline`` provides the ``torch.distributed`` one.
 """
 
 from __future__ import annotations

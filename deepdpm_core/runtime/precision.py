@@ -1,19 +1,12 @@
 """Reduced-precision matmuls for the two nets only, and subnormal floats flushed to zero.
 
-The nets' GEMMs are a large share of an epoch's arithmetic (≈ 9 of ≈ 25 G multiply-adds
-at 200k x 64 x 200, K = 200), and their outputs only need to be as good as the
-responsibilities they feed: TF32 (10-bit mantissa) or bf16 (7-bit) inputs with float32
-accumulation. The E-step, the statistics and the NIW math never run under
-these contexts: they keep float32 GEMMs on centred points and float64 sums.
-
-``model.precision`` picks one of
-
-* ``float32``: IEEE float32 everywhere;
-* ``tf32``: CUDA matmuls of both passes take TF32 inputs (no effect off CUDA, where no
-  TF32 unit exists);
-* ``bf16``: the forward pass runs under :func:`torch.autocast` with bfloat16 (CPU or
-  CUDA); the backward pass follows the forward's dtypes, as autocast prescribes;
-* ``auto``: ``tf32`` on CUDA, ``float32`` elsewhere.
+The nets' GEMMs are a large share of an epoch's arithmetic (≈ 9 of ≈ 25 G multiply-adds at
+200k x 64 x 200, K = 200), and their outputs need only be as good as the responsibilities
+they feed. ``model.precision``: ``float32``; ``tf32``, TF32 inputs for CUDA matmuls of both
+passes (no effect off CUDA); ``bf16``, the forward pass under :func:`torch.autocast` with
+bfloat16 (the backward follows its dtypes); ``auto``, ``tf32`` on CUDA, else ``float32``.
+Accumulation stays float32; the E-step, statistics and NIW math never run under these
+contexts (docs/design.md, "Math conventions").
 """
 
 from __future__ import annotations
@@ -75,11 +68,9 @@ def flush_denormals() -> Iterator[None]:
     """Subnormal floats (|x| < 1.2e-38 in float32) flushed to zero on the CPU inside the
     block; the previous mode is restored after it.
 
-    Adam's moments of weights whose gradient stays 0 (e.g. dead ReLU units of the K
-    subclustering nets) decay geometrically into the subnormal range, where x86 arithmetic
-    is many times slower: at 1.28M x 128 x 1000 the epochs of a fit went from 27 to 45 s
-    while they lasted. Values that small are below anything the fit can see (Adam's eps
-    is 1e-8). No effect on GPUs, which handle subnormals at full speed.
+    Adam's moments of weights whose gradient stays 0 (dead ReLU units) decay into the
+    subnormal range, where x86 arithmetic is many times slower (docs/benchmarks.md,
+    "Scale"); values that small are far below Adam's eps (1e-8). No effect on GPUs.
     """
     before = _flushing_denormals()
     torch.set_flush_denormal(True)

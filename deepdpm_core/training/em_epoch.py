@@ -19,13 +19,11 @@ if TYPE_CHECKING:
 
 def em_epoch(trainer: Trainer, train: bool = True, seconds: dict[str, float] | None = None
              ) -> tuple[SuffStats, SuffStats, dict[str, float]]:
-    """One exact EM epoch (:func:`~deepdpm_core.training.small_data.exact_statistics`): soft
-    statistics from r^E, hard 2-way subclusters; returns what
-    :meth:`~deepdpm_core.training.trainer.Trainer.run_epoch` does.
-
-    The clustering net takes one full-batch step on KL(r^E ‖ r) (with ``train``), so it
-    follows the clusters through the moves and its loss is reported; it is fitted for
-    good once K has settled (:meth:`~deepdpm_core.training.trainer.Trainer.distil`).
+    """One exact EM epoch (:func:`~deepdpm_core.training.small_data.exact_statistics`;
+    collective); returns what :meth:`~deepdpm_core.training.trainer.Trainer.run_epoch` does.
+    With ``train`` the clustering net takes one full-batch step on KL(r^E ‖ r), so it follows
+    the clusters through the moves; it is fitted for good once K has settled
+    (:meth:`~deepdpm_core.training.trainer.Trainer.distil`).
     """
     t_start = device_clock(trainer.device)
     k, n_local = trainer.n_clusters, trainer.x.shape[0]

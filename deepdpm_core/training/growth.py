@@ -1,36 +1,19 @@
 """Growth: a small-data search that settled far below the model's answer starts again from
-a k-means partition of several times as many clusters.
+a k-means partition of several times as many clusters (docs/design.md, "Growth").
 
-The split and birth moves are judged under the prior the current clusters chose. When
-the initial clusters each hold several true clusters of few points in many dimensions (40
-Gaussians of 75 points in 128-D, 10 initial clusters), that prior is fitted to wide,
-odd-shaped clusters: its ν0 stays at the weakest D + 2, so each new cluster's covariance
-costs the full Occam factor of D(D + 1)/2 parameters, no cut pays, and the fit settles at
-2–5 clusters, 250,000 nats below the true partition (docs/design.md, "Growth").
-
-Once K has settled, k-means partitions of 2K, 4K and 8K clusters (at most N/10; doubled on
-past 8K while the score still rises) are each
-scored by the coarsened joint the moves climb: ln p(X, z) with the likelihood raised to
+When each initial cluster holds several true clusters of few points in many dimensions,
+the prior fitted to these wide, odd-shaped clusters keeps ν0 at its weakest (D + 2), no cut
+pays, and the fit settles far too low. Once K has settled, k-means partitions of 2K, 4K and
+8K clusters (at most N/10; doubled on past 8K while the score still rises) are each scored
+by the coarsened joint the moves climb: ln p(X, z) with the likelihood raised to
 ζ = c/(c + N) (:func:`~deepdpm_core.moves.coarsened`, c of the fit's moves) and the prior
 fitted to the partition. The best one that scores ``small_data.growth_gain`` (1) nats a row
-above the settled partition becomes the mixture, and the search starts again from it (the
-schedule's warm-up, then move rounds), at most :data:`MAX_GROWTHS` times a fit. A growth
-re-partitions every row at once; where it is needed the gain is 3–17 nats a row (40 or 80
-Gaussians of 50–75 points in 32–128-D), elsewhere it is negative, or 0.03 (4 curved
-clusters in 6-D, 2,000 rows, where 12 k-means clusters score 64 nats higher). The
-coarsening is what keeps clusters that are merely not Gaussian whole: the exact joint
-prefers 2K k-means clusters to 10 curved or Student-t clusters by 2,000–35,000 nats at
-20,000–70,000 rows, the coarsened one prefers the 10 by 200–700 nats; on the four families
-of K against N at 2,000–70,000 rows and on the K suite's digits, wine, iris, breast cancer,
-2-D blob and table sets the coarsened joint of 2K and 4K k-means clusters is lower.
-
-Growth is tried only while the prior fitted to the settled clusters is near the weakest it
-can be (ν0 within :data:`WEAK_NU` times D + 2): clusters that each hold several are wide and
-of unlike shapes.
-
-The k-means partitions are those of the initialisation (k-means on a sample gathered from
-all ranks), and the scores come from all-reduced statistics, so every rank makes the same
-choice.
+above the settled partition (3–17 where growth was needed; elsewhere negative, or 0.03)
+becomes the mixture, and the search starts again from it, at most :data:`MAX_GROWTHS`
+times a fit and only while ν0 is within :data:`WEAK_NU` times its weakest. The coarsening
+keeps clusters that are merely not Gaussian whole. The k-means partitions are those of the
+initialisation and the scores come from all-reduced statistics, so every rank makes the
+same choice.
 """
 
 from __future__ import annotations
@@ -56,11 +39,10 @@ MAX_GROWTHS = 2
 #: the prior fitted to a partition is refitted until s and ν0 change by less than this: the
 #: sizes tried differ by thousands of nats where growth matters
 PRIOR_RTOL = 1e-2
-#: growth is tried only while the fitted ν0 is within this factor of the weakest the prior
-#: allows (D + 2; 3 when diagonal): clusters that hold several are wide and of unlike
-#: shapes, which keeps ν0 near it (1.0–1.5 times it where growth was needed), while
-#: clusters of one common shape raise it 300 times and more (blobs in 16–512-D, the
-#: sphere family), and there the scores of 2K–8K clusters would cost 10 s in 512-D
+#: growth is tried only while the fitted ν0 is within this factor of the weakest (D + 2; 3
+#: when diagonal): 1.0–1.5 times it where growth was needed, 300 times and more for
+#: clusters of one common shape (blobs in 16–512-D, the sphere family), where scoring 2K–8K
+#: clusters would cost 10 s in 512-D
 WEAK_NU = 10.0
 #: a partition tried has at least this many rows a cluster on average
 MIN_ROWS_PER_CLUSTER = 10

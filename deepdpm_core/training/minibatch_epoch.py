@@ -55,11 +55,10 @@ def minibatch_epoch(trainer: Trainer, train: bool = True, seconds: dict[str, flo
             sub_logits = trainer.sub_model(x, z)
             sub_r = torch.softmax(sub_logits, dim=1)
             dist2 = (x[:, None, :] - trainer.sub_means32.index_select(0, z)).square().sum(-1)
-            # KL(r^E || r) and the subcluster loss summed over the local batch, divided
-            # by G/W with G the step's points over all ranks: DDP averages gradients
-            # over the W ranks, so the update is that of the per-point mean over the
-            # global batch (W = 1: the batch mean). A rank with no rows left runs an
-            # empty batch (zero gradients) so every rank takes the same steps.
+            # both losses summed over the local batch, divided by G/W (G the step's points
+            # over all ranks): after DDP's averaging, the per-point mean over the global
+            # batch; a rank out of rows runs an empty batch, so every rank takes the same
+            # steps (docs/design.md, "One epoch")
             sum_sub = (sub_r * dist2).sum()
             per_rank = max(global_batch(step, one_pass, bsz, trainer.rank_rows), 1) / trainer.comm.world_size
             loss_cl, loss_sub = sum_cl / per_rank, sum_sub / per_rank

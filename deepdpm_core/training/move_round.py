@@ -84,11 +84,9 @@ def _coarsening(trainer: Trainer) -> float | None:
 def _valleys(trainer: Trainer, kind: str, sub: SuffStats
              ) -> np.ndarray | dict[tuple[int, int], float] | None:
     """The density valleys a move round judges (:mod:`deepdpm_core.moves.density_valleys`;
-    collective): a split round's along each cluster's split axis, a merge round's
-    along each candidate pair's axis, from the rows of each row's best cluster (the
-    epoch's E-step anchors) summed over ranks; a pair's sides are sized by its clusters'
-    points in ``sub`` (the reduced subcluster statistics, 2 per cluster). None when the
-    round's rule (``moves.split_valley`` or ``moves.merge_valley``) is off."""
+    collective), along each cluster's split axis or each candidate pair's merge axis, each
+    row counted in its E-step anchor; a pair's sides are sized by its clusters' points in
+    ``sub``. None when the round's rule (``moves.split_valley`` or ``merge_valley``) is off."""
     mc = trainer.config.moves
     if (mc.split_valley if kind == "split" else mc.merge_valley) is None:
         return None

@@ -1,23 +1,17 @@
 """The last move of a small-data fit: the settled partition against k-means partitions of
-the same size and one cluster fewer, judged by the model's own evidence.
+the same size and one cluster fewer, judged by the model's own evidence (docs/design.md,
+"Polish").
 
-The split and merge moves are judged under the prior the current clusters chose, so a
-coarse partition (one wide cluster and a few outliers) picks a wide prior under which no
-cut of the wide cluster pays, though another partition of as many clusters scores far
-higher once the prior is fitted to it (docs/design.md, "Polish"). Once K has settled, the
-fit's hard partition and k-means partitions with K and K − 1 clusters are each scored by
-ln p(X, z) with the prior fitted to that partition
-(:func:`~deepdpm_core.bayes.partition_evidence.fitted_log_joint`); where a k-means
-partition scores :data:`MARGIN_NATS` higher, the mixture becomes its MAP parameters (the subclusters and the
-net start afresh, and the net then learns the mixture's E-step, as after any small-data
-search). No EM epoch follows: from a k-means partition of breast cancer's rows, EM drifts
-back to a wide cluster beside a narrow one (NMI 0.18 after 5 epochs, against 0.51). K
-never grows here: on clusters that are not Gaussian the Gaussian evidence prefers more
-clusters than there are.
-
-The k-means partitions are those of the initialisation (:func:`~deepdpm_core.moves.initial_clusters`:
-k-means on a sample gathered from all ranks, every row assigned to its nearest centre),
-and the scores come from all-reduced statistics, so every rank makes the same choice.
+A coarse partition picks a wide prior under which no cut pays. Once K has settled, the
+fit's hard partition and k-means partitions with K and K − 1 clusters (those of the
+initialisation, :func:`~deepdpm_core.moves.initial_clusters`) are each scored by ln p(X, z)
+with the prior fitted to that partition
+(:func:`~deepdpm_core.bayes.partition_evidence.fitted_log_joint`); where a k-means partition
+scores :data:`MARGIN_NATS` higher, the mixture becomes its MAP parameters and the net learns
+them, as after any small-data search. No EM epoch follows (it drifts back to a wide cluster
+beside a narrow one), and K never grows here (on clusters that are not Gaussian the
+Gaussian evidence prefers more clusters than there are). The scores come from all-reduced
+statistics, so every rank makes the same choice.
 """
 
 from __future__ import annotations

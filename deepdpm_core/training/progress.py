@@ -1,10 +1,7 @@
-"""Progress bars that other output cannot break.
-
-While a bar made by :func:`progress_bar` is open, every line written to ``sys.stderr``
-(``print(..., file=sys.stderr)``, Python warnings, logging handlers on the console) is
-written through ``tqdm.write``: the bar is cleared, the line printed on its own, and the
-bar redrawn below it. Without this a warning printed mid-fit lands on the end of the
-bar's line (``...sub=9.32]deepdpm: warning: K stayed at 1``).
+"""Progress bars that other output cannot break: while a bar made by :func:`progress_bar`
+is open, every line written to ``sys.stderr`` (prints, warnings, console log handlers) goes
+through ``tqdm.write``, printed on its own line above the bar, not on the end of the bar's
+line (``...sub=9.32]deepdpm: warning: K stayed at 1``).
 """
 
 from __future__ import annotations
@@ -88,10 +85,8 @@ def epoch_updater(bar: Any, schedule: MoveSchedule) -> Callable[[dict], None]:
 
 
 def finish_bar(bar: Any, reason: str) -> None:
-    """Show a fit's bar as complete at the epochs it ran, and why it stopped.
-
-    A fit that stops early would otherwise leave its bar at e.g. ``16% 33/200``, as if
-    it had been cut short.
+    """Show a fit's bar as complete at the epochs it ran, and why it stopped, rather than
+    at e.g. ``16% 33/200``, as if it had been cut short.
 
     Parameters
     ----------

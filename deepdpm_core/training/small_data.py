@@ -1,18 +1,13 @@
-"""Small data: one epoch of exact EM, and the clustering net fitted to its result.
+"""Small data: one epoch of exact EM, and the clustering net fitted to its result
+(docs/design.md, "Small data").
 
-On a few thousand rows the nets' minibatch steps are nearly all of a fit's time (a
-150-row fit: 2,600 steps for 40 epochs), while the E-step they learn to imitate costs
-milliseconds. So up to ``small_data.max_rows`` rows the search runs on the exact
-quantities the nets approximate (docs/design.md, "Small data"):
-
-* the soft cluster statistics take the E-step responsibilities r^E (paper Eq. 5), the
-  target the clustering net's KL loss (Eq. 6) drives its output r towards;
-* each point's subcluster is the nearer of its cluster's two subcluster means: a 2-means
-  step, the minimiser of the subclustering nets' loss (Eq. 7) for the current means;
-
-and the M-step, the prior, the split/merge moves and the stop rule are unchanged. Once K
-has settled, :func:`distil` fits the clustering net to the final responsibilities, so
-``predict`` works as after any fit.
+Up to ``small_data.max_rows`` rows the search runs on the exact quantities the nets
+approximate: the soft cluster statistics take the E-step responsibilities r^E (paper
+Eq. 5), the target of the clustering net's KL loss (Eq. 6); each point's subcluster is the
+nearer of its cluster's two subcluster means, the minimiser of the subclustering nets' loss
+(Eq. 7) for the current means. The M-step, the prior, the moves and the stop rule are
+unchanged. Once K has settled, :func:`distil` fits the clustering net to the final
+responsibilities, so ``predict`` works as after any fit.
 """
 
 from __future__ import annotations

@@ -57,16 +57,6 @@ from deepdpm_core.training.small_data import distil
 
 Tensor = torch.Tensor
 
-#: the parts of an epoch's ``seconds`` in its history record (key ``seconds_<phase>``), in order
-EPOCH_PHASES: tuple[tuple[str, str], ...] = (
-    ("estep", "E-step targets"),
-    ("train", "minibatch steps"),
-    ("stats", "statistics + all-reduce"),
-    ("mstep", "M-step"),
-    ("moves", "split / merge round"),
-)
-
-
 class Trainer:
     """Fits DeepDPM to this rank's rows; collective steps go through ``comm``.
 

@@ -2,12 +2,10 @@
 
 scikit-learn's digits rendered as PNGs → webdataset shards → ``extract`` (pixels, Ray
 Data) → ``embed`` (UMAP, the paper's n2d features) → ``fit`` (K unknown) → ``predict`` →
-``report`` (``DIR/report.html``, with sample images per cluster), the fit tracked as an
-MLflow run in ``DIR/mlflow.db`` (``mlflow ui --backend-store-uri sqlite:///DIR/mlflow.db``).
-
-A rerun in the same folder reuses the data stages (images, shards, features, embedding)
-that an earlier demo finished with the same settings (``DIR/demo_stages.json``) and fits
-again, as a new MLflow run; ``--overwrite`` redoes every stage.
+``report`` (``DIR/report.html``), the fit tracked as an MLflow run in ``DIR/mlflow.db``. A
+rerun reuses the data stages an earlier demo finished with the same settings
+(``DIR/demo_stages.json``; docs/reliability.md, "A second demo reuses only what an earlier
+one finished"); ``--overwrite`` redoes every stage.
 """
 
 from __future__ import annotations
@@ -64,10 +62,8 @@ def _step(name: str, path: Path | str, t0: float, reused: bool = False) -> None:
 
 class DemoStages:
     """The data stages earlier demos finished in one folder, each with the settings it ran
-    with (its key), in ``OUTPUT/demo_stages.json``.
-
-    A stage's key holds the key of the stage before it, so a stage redone with other
-    settings is never followed by a reused stage built from its old output.
+    with (its key), in ``OUTPUT/demo_stages.json``. A stage's key holds the key of the
+    stage before it, so a redone stage is never followed by one built from its old output.
 
     Parameters
     ----------

@@ -1,10 +1,8 @@
 """``deepdpm embed``: learn a feature space to cluster in (AE, UMAP, AE + UMAP, PCA).
 
 Reads raw pixel arrays (``.npz`` with ``X`` [N, ...] and optional ``y``, or ``.npy``) or a
-Parquet feature table from ``deepdpm extract``, and writes a feature table (key, embedding,
-label carried through) that ``deepdpm fit`` reads. With ``--save-model`` the trained
-autoencoder is saved too (``torch.load(..., weights_only=True)``-safe), so new data can
-be encoded the same way.
+Parquet feature table, and writes a feature table (key, embedding, label) for ``deepdpm
+fit``; ``--save-model`` keeps the trained autoencoder (safe to load) to encode new data.
 """
 
 from __future__ import annotations

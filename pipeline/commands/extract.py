@@ -1,8 +1,7 @@
 """``deepdpm extract``: webdataset shards -> embeddings (Parquet), with Ray Data actors.
 
-Each run is an MLflow run (see :mod:`pipeline.tracking`): the options as params, the
-counts and throughput of :meth:`pipeline.extract.manifest.ExtractReport.metrics` as metrics, the
-manifest as an artifact.
+Each run is an MLflow run: the options as params, the counts and throughput of
+:meth:`pipeline.extract.manifest.ExtractReport.metrics` as metrics, the manifest as an artifact.
 """
 
 from __future__ import annotations

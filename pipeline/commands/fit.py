@@ -136,6 +136,9 @@ def _new_request(args: argparse.Namespace) -> FitRequest:
 def request_from_args(args: argparse.Namespace) -> FitRequest:
     """The :class:`~pipeline.fit.request.FitRequest` of ``deepdpm fit`` flags, checked.
 
+    Nothing heavy (torch, scikit-learn, MLflow, Ray) is imported here, so a bad flag, path,
+    config key or missing extra (:mod:`pipeline.extras`) is answered at once.
+
     Parameters
     ----------
     args : argparse.Namespace
@@ -154,11 +157,6 @@ def request_from_args(args: argparse.Namespace) -> FitRequest:
         and not installed.
     FileNotFoundError
         ``--input`` does not exist.
-
-    Notes
-    -----
-    Nothing heavy (torch, scikit-learn, MLflow, Ray) is imported here, so a bad flag,
-    path or config key, or a missing extra (:mod:`pipeline.extras`), is answered at once.
     """
     from deepdpm_core.errors import ConfigError
     from pipeline.extras import require

@@ -1,20 +1,13 @@
 """Image encoders for feature extraction: MoCo v1/v2/v3 and torchvision ResNets, raw pixels.
 
-Checkpoint layouts understood (the published ones):
-
-* ``moco_v2`` (also MoCo v1; facebookresearch/moco ``main_moco.py``): ``{"state_dict": ...}``
-  with the query encoder under ``module.encoder_q.``. Its ``fc`` is ``Linear(2048, 128)``
-  (v1) or the v2 MLP head ``fc.0 = Linear(2048, 2048)``, ReLU, ``fc.2 = Linear(2048, 128)``.
-* ``moco_v3`` (facebookresearch/moco-v3 ``main_moco.py``): the base encoder under
-  ``module.base_encoder.``; its ``fc`` is the projector ``Linear(2048, 4096, bias=False)``,
-  ``BatchNorm1d(4096)``, ReLU, ``Linear(4096, 256, bias=False)``, ``BatchNorm1d(256, affine=False)``.
-* ``torchvision``: a plain torchvision ResNet ``state_dict`` (optionally under
-  ``state_dict``/``model`` and/or with a ``module.`` prefix from DDP).
-
-Without ``--head`` the encoder returns the global-average-pooled trunk (2048-D for
-ResNet-50, the usual linear-probe feature); with ``--head`` it returns the projection
-output (128-D for MoCo v2, the ImageNet-50 features DeepDPM clusters; 256-D for v3;
-the 1000 logits for torchvision).
+Checkpoint layouts understood (the published ones): ``moco_v2`` (also MoCo v1;
+facebookresearch/moco), the query encoder under ``module.encoder_q.``; ``moco_v3``
+(facebookresearch/moco-v3), the base encoder under ``module.base_encoder.``;
+``torchvision``, a plain ResNet ``state_dict`` (optionally under ``state_dict``/``model``
+and/or with DDP's ``module.`` prefix). Their ``fc`` heads: :func:`_default_head`,
+:func:`head_from_state`. Without ``--head`` the encoder returns the pooled trunk (2048-D
+for ResNet-50), with it the projection output (128-D for MoCo v2, the ImageNet-50 features
+DeepDPM clusters; 256-D for v3; the 1000 logits for torchvision); docs/features.md.
 """
 
 from __future__ import annotations

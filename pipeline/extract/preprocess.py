@@ -1,8 +1,7 @@
 """Decoding webdataset samples into encoder inputs (CPU side of ``deepdpm extract``).
 
-This module imports only numpy and PIL: it runs inside Ray Data's read tasks (it is
-the ``decoder`` of ``read_webdataset``), which then never load torch. Doing the decode
-in the read task guarantees it stays on CPU workers and is never fused into the
+Imports only numpy and PIL: it is the ``decoder`` of Ray Data's ``read_webdataset``, so the
+decode stays in the CPU read tasks, which never load torch, and is never fused into the
 (GPU) encoder actors.
 """
 

@@ -7,17 +7,13 @@ Pipeline (one Ray Data dataset over every shard still to do)::
       -> driver: rows grouped by source shard; a shard whose rows are all in is
          written as one Parquet file
 
-Why the driver groups rows: Ray Data writes one file per *block*, and blocks of different
-shards interleave, but a resumable, lossless run needs exactly one output per input
-shard. The driver knows how many samples each shard holds (a cheap scan of the tar
-headers before the run), so it writes ``<shard>.parquet`` atomically the moment the last
-row of that shard arrives; a crash loses only shards in flight, and a rerun skips every
-shard whose output exists. Each output carries its own counts and skipped keys in its
-Parquet metadata, so ``_manifest.json`` can always be rebuilt from the outputs.
-
-A sample whose image is missing or fails to decode is skipped and counted (with its
-key and the reason), never fatal. Output rows are sorted by key, so the same input
-gives the same files.
+The driver groups rows because Ray Data writes one file per block and blocks of different
+shards interleave, while a resumable run needs one output per shard: knowing each shard's
+sample count (a scan of the tar headers), it writes ``<shard>.parquet`` atomically when the
+shard's last row arrives, with its counts and skipped keys in the Parquet metadata (so
+``_manifest.json`` can always be rebuilt). A missing or undecodable image is skipped and
+counted, never fatal; rows are sorted by key. Details: docs/features.md, "Feature
+extraction: image folders → webdataset shards → embeddings (Parquet)".
 """
 
 from __future__ import annotations

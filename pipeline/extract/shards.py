@@ -1,18 +1,13 @@
 """Image folders -> webdataset ``.tar`` shards (the input of ``deepdpm extract``).
 
-Input layout is torchvision's ImageFolder / the ImageNet train tree: one sub-folder per
-class (searched recursively), class indices in sorted folder-name order. A folder with
-images and no sub-folders is taken as unlabeled (no ``cls`` entries).
-
-Each sample in a shard holds the image bytes exactly as stored (extension lower-cased,
-``jpeg`` -> ``jpg``), ``cls`` (the class index, when labeled) and ``json``
-(``{"path": relative path, "class": class name}``). The sample key is the relative path
-without extension (dots in the file name become ``_``, since webdataset splits keys at
-the first dot), e.g. ``n01440764/n01440764_10026``.
-
-Files that cannot be read or are not images (PIL's header check) are skipped and listed
-in ``_manifest.json``; a truncated image body passes this cheap check and is caught,
-counted and skipped by ``extract`` instead.
+Input: torchvision's ImageFolder / the ImageNet train tree (one sub-folder per class,
+searched recursively, classes indexed in sorted name order); a folder of images without
+sub-folders is unlabeled. A sample holds the image bytes as stored (``jpeg`` -> ``jpg``),
+``cls`` when labeled and ``json`` (``{"path", "class"}``); its key is the relative path
+without extension, dots in the file name turned to ``_`` (webdataset splits keys at the
+first dot), e.g. ``n01440764/n01440764_10026``. Files that fail PIL's header check are
+skipped and listed in ``_manifest.json``; a truncated image body passes it and is
+skipped, counted, by ``extract`` instead.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """``deepdpm fit`` in every mode: one request, one epoch runner, one set of outputs.
 
-- :mod:`pipeline.fit.request`: :class:`~pipeline.fit.request.FitRequest`, everything a
-  fit needs (stored for ``--resume``);
-- :mod:`pipeline.fit.runner`: the one epoch loop around the trainer, with hooks for
-  per-epoch callbacks, checkpoints, consistency checks and test-only fault injection;
-- :mod:`pipeline.fit.local`, :mod:`pipeline.fit.ray` (its workers: :mod:`pipeline.fit.ray_worker`),
-  :mod:`pipeline.fit.alternating`:
-  the three modes, each a thin driver of the runner;
+- :mod:`pipeline.fit.request`: :class:`~pipeline.fit.request.FitRequest` (stored for ``--resume``);
+- :mod:`pipeline.fit.runner`: the one epoch loop around the trainer, with its hooks;
+- :mod:`pipeline.fit.local`, :mod:`pipeline.fit.ray` (workers: :mod:`pipeline.fit.ray_worker`),
+  :mod:`pipeline.fit.alternating`: the three modes, each a thin driver of the runner;
 - :mod:`pipeline.fit.outputs`: what every fit leaves on disk;
 - :mod:`pipeline.fit.checkpoints`: the checkpoint and autoencoder files.
 

@@ -1,18 +1,12 @@
 """An alternating fit: the AE <-> DeepDPM alternation, each clustering a common-runner fit.
 
-The loop itself is :func:`deepdpm_core.features.alternation.fit_alternating`; each of its
-clusterings is a :class:`~deepdpm_core.training.trainer.Trainer` driven by the common runner
-(:func:`pipeline.fit.runner.run_epochs`) with the same per-epoch callbacks as every other
-fit (label scores, tracking, diagnostics, progress). This module adds what a command
-needs around it: one MLflow run for the whole fit with a nested run per clustering
-(parent tag ``mlflow.parentRunId``: step 0 clusters the pretrained AE, step t the AE
-after t alternations), and the outputs on disk:
-
-``DIR/`` the usual fit outputs for the final clustering (``summary.json`` with an
-``alternation`` list, ``assignments.parquet``, ``model.pt``, ``config.yaml``, plots) plus
-``autoencoder.pt`` (:func:`pipeline.fit.checkpoints.save_autoencoder`) and
-``embedding.parquet`` (the final learned features; ``deepdpm predict --model
-DIR/model.pt`` applies to such features).
+The loop is :func:`deepdpm_core.features.alternation.fit_alternating`; each clustering is a
+:class:`~deepdpm_core.training.trainer.Trainer` driven by :func:`pipeline.fit.runner.run_epochs`
+with the per-epoch callbacks of every fit. This module adds one MLflow run for the whole
+fit with a nested run per clustering (step 0 clusters the pretrained AE, step t the AE after
+t alternations), and the usual fit outputs of the final clustering (``summary.json`` with
+an ``alternation`` list) plus ``autoencoder.pt`` and ``embedding.parquet``, the final
+learned features that ``DIR/model.pt`` predicts (docs/features.md, "Learned feature spaces").
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
 """Every file a fit keeps to resume or to reuse, read through the one safe loader.
 
-Three kinds, each written by :func:`deepdpm_core.model.files.save_checkpoint` (atomic)
-and read by :func:`deepdpm_core.model.files.safe_load` (``torch.load(weights_only=True)``;
-a pickle that would run code is refused):
-
-``OUT/checkpoints/epoch_EEEEEE.pt``
-    the checkpoints of a fit in this process (``--checkpoint-every N``), the newest
-    :data:`CHECKPOINTS_KEPT` kept;
-``OUT/ray_train/checkpoint_*/model.pt``
-    the checkpoints of a Ray fit, kept by Ray Train (:data:`TRAIN_DIR`); a folder its
-    snapshot does not list is an orphan (:func:`prune_checkpoints`);
-``OUT/autoencoder.pt``
-    the autoencoder of an alternating fit (:func:`save_autoencoder`).
-
-The first two hold a trainer's state (:meth:`deepdpm_core.training.trainer.Trainer.state_dict`)
-in the model file format (:data:`deepdpm_core.model.fitted_model.FORMAT`: nets, optimisers, NIW
-parameters, K, epoch, history, the numpy and torch generator states, config), so a
-resumed fit runs its remaining epochs exactly as the uninterrupted fit would have.
-
-The readers and writers import torch on use: ``deepdpm fit`` asks whether an output holds
-checkpoints (:func:`has_local_checkpoints`, :func:`has_ray_checkpoints`) while it checks
-its arguments, before anything heavy is loaded.
+All are written atomically by :func:`deepdpm_core.model.files.save_checkpoint` and read by
+:func:`deepdpm_core.model.files.safe_load`, which refuses a pickle that would run code:
+``OUT/checkpoints/epoch_EEEEEE.pt`` (a fit in this process, the newest
+:data:`CHECKPOINTS_KEPT` kept), ``OUT/ray_train/checkpoint_*/model.pt`` (a Ray fit, kept by
+Ray Train; :func:`prune_checkpoints` removes orphans) and ``OUT/autoencoder.pt``
+(:func:`save_autoencoder`). Checkpoints hold a trainer's state in the model file format, so
+a resumed fit runs its remaining epochs exactly as the uninterrupted fit would have
+(docs/design.md, "Fitted model and file formats"). Torch is imported on use, so
+``deepdpm fit`` can look for checkpoints while it checks its arguments.
 """
 
 from __future__ import annotations
@@ -157,12 +145,8 @@ def latest_ray_epoch(out: str | Path) -> int | None:
 
 def prune_checkpoints(out: str | Path) -> list[Path]:
     """Remove the checkpoint folders in ``OUT/ray_train`` that Ray Train's snapshot does
-    not list; returns them.
-
-    Ray Train keeps the last ``num_to_keep`` checkpoints it registered. A checkpoint a
-    worker uploaded just before the run died is never registered, so never pruned, and
-    a resumed run would not use it either. Nothing is removed without a readable
-    snapshot.
+    not list (uploaded just before a run died, so never registered nor pruned); returns
+    them. Nothing is removed without a readable snapshot.
     """
     train_dir = Path(out) / TRAIN_DIR
     try:

@@ -1,11 +1,10 @@
 """``torch.distributed`` pieces of a data-parallel fit: the communicator, DDP, row slices.
 
-A distributed fit runs one :class:`~deepdpm_core.training.trainer.Trainer` per rank on that rank's
-rows (:func:`load_rank_rows`). The trainer's only collectives go through
-:class:`TorchDistCommunicator` (statistics all-reduce, move-plan broadcast) and through
-the DDP wrapper :func:`ddp_wrapper` puts around its two nets (gradient averaging). Works
-with any initialised default process group: gloo on CPU, NCCL on GPU (Ray Train's
-``TorchTrainer`` sets it up; the tests spawn gloo groups themselves).
+One :class:`~deepdpm_core.training.trainer.Trainer` per rank fits that rank's rows
+(:func:`load_rank_rows`); its only collectives are those of :class:`TorchDistCommunicator`
+(statistics all-reduce, move-plan broadcast) and of the DDP around its nets
+(:func:`ddp_wrapper`). Any initialised default process group works: gloo on CPU, NCCL on
+GPU (docs/distributed.md, "Distributed training (Ray Train + DDP)").
 """
 
 from __future__ import annotations

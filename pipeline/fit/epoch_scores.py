@@ -1,17 +1,13 @@
 """NMI/ARI/ACC after every epoch of a fit on labelled data, at a fixed small cost.
 
-The estimator's epoch records carry K, the losses and the accepted moves. When the
-input has labels, :class:`EpochLabelScores` adds ``nmi``, ``ari`` and ``acc`` of the
-clustering net's current hard assignment on a fixed random subsample of at most
-``max_rows`` labelled rows (one forward pass of the net and one contingency table: a
-few milliseconds for 10 000 rows, independent of N). It writes into the record itself,
-so when it runs before the tracker's callback the scores reach MLflow, ``history_``,
-``summary.json`` and the report. Scoring uses no random numbers and leaves the nets'
-mode to the next epoch, so a scored fit trains exactly like an unscored one (tested).
-
-Bind it to the estimator before ``fit`` (``scores.bind(model)``): ``DeepDPM.fit``
-exposes the model being trained to its callbacks. Every fit of the pipeline, in each of
-its modes, binds it to the trainer's model as it stands (:mod:`pipeline.fit.runner`).
+:class:`EpochLabelScores` adds ``nmi``, ``ari`` and ``acc`` of the clustering net's current
+hard assignment on a fixed random subsample of at most ``max_rows`` labelled rows (a few
+milliseconds for 10 000 rows, independent of N) to the epoch record itself, so when it runs
+before the tracker's callback the scores reach MLflow, ``history_``, ``summary.json`` and the
+report. It draws no random numbers and leaves the nets' mode to the next epoch, so a scored
+fit trains exactly like an unscored one (docs/tracking.md, "Tracking runs in MLflow"). Bind it
+to the model being trained before ``fit`` (``scores.bind(model)``; every pipeline fit does,
+:mod:`pipeline.fit.runner`).
 """
 
 from __future__ import annotations

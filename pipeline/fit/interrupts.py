@@ -1,14 +1,11 @@
 """Ctrl-C that stops a fit where it can be resumed.
 
-A trainer interrupted in the middle of an epoch holds half-updated nets and statistics,
-which no checkpoint may keep. :func:`stop_between_epochs` lets the first SIGINT finish
-the current epoch instead: the fit then checks :attr:`StopRequest.requested` at each
-epoch's end, writes a checkpoint and raises :class:`FitInterrupted`. An epoch still
-running a second after the Ctrl-C is named on stderr; a second Ctrl-C stops at once
-(``KeyboardInterrupt``, the last epoch's work lost).
-
-A fit on Ray (:mod:`pipeline.fit.ray`) takes the same two steps: its driver holds the
-Ctrl-C and passes the request on to the workers, which stop together at an epoch's end.
+A trainer interrupted mid-epoch holds half-updated nets and statistics, which no checkpoint
+may keep, so :func:`stop_between_epochs` lets the first SIGINT finish the current epoch: the
+fit checks :attr:`StopRequest.requested` at each epoch's end, writes a checkpoint and raises
+:class:`FitInterrupted`. A second Ctrl-C stops at once (``KeyboardInterrupt``). A Ray fit's
+driver passes the request on to its workers (:mod:`pipeline.fit.ray`); docs/reliability.md,
+"A long single-process fit can be stopped and resumed".
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """A fit in the calling process, stoppable and resumable with ``--checkpoint-every``.
 
-The rows are read whole (:func:`pipeline.io.tables.read_features`), one
-:class:`~deepdpm_core.training.trainer.Trainer` fits them through the common runner
-(:func:`pipeline.fit.runner.run_epochs`), and the outputs are written and published
-together (:mod:`pipeline.fit.outputs`). A resumable request (``resumable``) also keeps,
-beside the outputs, ``OUT/fit_request.json`` and a checkpoint every
-``checkpoint_every`` epochs (:mod:`pipeline.fit.checkpoints`). A resumed fit restores
-the latest one and runs the remaining epochs exactly as the uninterrupted fit would
-have: every random draw of an epoch comes from the stored generators or from seeds
-fixed by (seed, epoch), so K, the losses, the moves, the per-epoch scores and the
-labels are the same (tested by killing a real ``deepdpm fit`` with SIGKILL).
-
-Ctrl-C (SIGINT) lets the current epoch end (:mod:`pipeline.fit.interrupts`), then writes a
-checkpoint, with the request, whether or not the fit keeps checkpoints, and stops with
-:class:`~pipeline.fit.interrupts.FitInterrupted`, whose message names ``--resume DIR``.
+The rows are read whole, one :class:`~deepdpm_core.training.trainer.Trainer` fits them
+through :func:`pipeline.fit.runner.run_epochs`, and the outputs are published together
+(:mod:`pipeline.fit.outputs`). A resumable request also keeps ``OUT/fit_request.json`` and
+a checkpoint every ``checkpoint_every`` epochs; a resumed fit runs its remaining epochs
+exactly as the uninterrupted fit would have. Ctrl-C lets the current epoch end, writes a
+checkpoint and the request, and raises :class:`~pipeline.fit.interrupts.FitInterrupted`
+naming ``--resume DIR``. Details: docs/reliability.md, "A long single-process fit can be
+stopped and resumed".
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """What a fit leaves on disk, the same in every mode (local, Ray, alternating).
 
-``DIR/summary.json``, ``DIR/assignments.parquet`` (key, cluster, confidence, label),
-``DIR/model.pt``, ``DIR/config.yaml`` and the plots, published together: they are
-written into a staging folder beside ``DIR`` and replace the earlier run's in one step
-(:mod:`pipeline.io.run_folder`), so ``DIR`` never holds a mix of two runs.
+``DIR/summary.json``, ``assignments.parquet``, ``model.pt``, ``config.yaml`` and the plots,
+published together in one step (:mod:`pipeline.io.run_folder`), so ``DIR`` never holds a
+mix of two runs.
 """
 
 from __future__ import annotations

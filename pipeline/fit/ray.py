@@ -1,41 +1,18 @@
 """A fit on Ray Train: a ``TorchTrainer`` of W data-parallel (DDP) workers.
 
-Each worker reads only its contiguous slice of the input rows
-(:func:`pipeline.fit.distributed.load_rank_rows`) and runs the common epoch loop
-(:func:`pipeline.fit.runner.run_epochs`) on a :class:`~deepdpm_core.training.trainer.Trainer`
-with a ``torch.distributed`` communicator: per epoch one all-reduce of the flat float64
-statistics, the same M-step on every rank, moves decided on rank 0 and broadcast as a
-plan, the nets wrapped in DDP. A worker's memory is its slice plus O(K·D²), the k-means
-sample (``init.max_points`` rows) and, on rank 0 of a labelled input, the rows it scores
-each epoch (at most 10 000).
-
-The run lives in the output folder: ``OUT/fit_request.json`` (the request, so
-``deepdpm fit --resume OUT`` can restart a stopped run) and ``OUT/ray_train/`` (Ray
-Train's storage: a checkpoint every ``checkpoint_every`` epochs and at the end, in the
-model file format, :mod:`pipeline.fit.checkpoints`). A worker failure restarts the group
-from the latest checkpoint (``FailureConfig(max_failures)``); a new ``TorchTrainer`` on
-the same storage (``--resume``) restores it too.
-
-When training ends, rank 0 predicts every row (it reads the full table then; the other
-ranks never do) and writes the same outputs as a local fit
-(:func:`pipeline.fit.outputs.write_fit_outputs`) into a staging folder beside ``OUT``;
-the driver publishes them in one step once Ray Train is done with ``OUT/ray_train``
-(:mod:`pipeline.io.run_folder`), and removes the checkpoints Ray Train's snapshot does not
-list. Only rank 0 scores, logs to MLflow and draws progress.
-
-Ctrl-C (SIGINT) stops the run as it stops a fit in one process
-(:mod:`pipeline.fit.interrupts`): the driver runs Ray Train from a second thread (so Ray
-Train's own SIGINT handler, which aborts the run, is not installed), and on the first
-Ctrl-C writes ``OUT/stop_requested`` (:data:`STOP_FILE`). Rank 0 looks for it after
-each epoch and all ranks agree in one all-reduce; they stop together at that epoch's
-end, rank 0 answering in the same file, and report a checkpoint that
-``deepdpm fit --resume OUT`` continues from exactly as the uninterrupted fit would have
-gone on. The driver then raises :class:`~pipeline.fit.interrupts.FitInterrupted`. A second
-Ctrl-C stops the driver at once; the run's latest checkpoint is kept.
-
-A Ray fit's stderr holds the project's lines and the progress bar, not Ray's routine
-messages (:data:`RAY_TRAIN_SETTINGS`, :data:`LOCAL_RAY_TRAIN_SETTINGS`, :mod:`pipeline.ray_cluster.bars`);
-warnings and errors of Ray and of the workers still show.
+Each worker reads only its slice of the rows (:func:`pipeline.fit.distributed.load_rank_rows`)
+and runs the common epoch loop (:func:`pipeline.fit.runner.run_epochs`) with a
+``torch.distributed`` communicator. The run lives in ``OUT/fit_request.json`` and
+``OUT/ray_train/`` (Ray Train's storage: checkpoints in the model file format,
+:mod:`pipeline.fit.checkpoints`); a worker failure or ``--resume`` restores the latest
+checkpoint. Only rank 0 scores, logs to MLflow and draws progress; at the end it predicts
+every row into a staging folder, which the driver publishes once Ray Train is done with
+``OUT/ray_train`` (:mod:`pipeline.io.run_folder`). Ctrl-C writes ``OUT/stop_requested``
+(:data:`STOP_FILE`) and every worker stops at the same epoch's end, resumably; a second
+Ctrl-C stops the driver at once and keeps the latest checkpoint. Ray's routine messages
+are kept off stderr (:data:`RAY_TRAIN_SETTINGS`, :mod:`pipeline.ray_cluster.bars`).
+Details: docs/distributed.md, "Distributed training (Ray Train + DDP)"; docs/reliability.md,
+"A Ray fit stops at an epoch's end on Ctrl-C and resumes".
 
 Tests inject crashes with ``run_ray_fit(request, fault=...)``: the callable travels to
 every worker in the ``train_loop_config`` and is called before each epoch.
@@ -76,14 +53,10 @@ from pipeline.ray_cluster.bars import plain_log_prefix, plain_ray_bars
 from pipeline.ray_cluster.local import connect_ray
 
 #: Ray Train settings of every Ray fit, passed on to its controller and workers (a value
-#: set in the environment wins):
-#:
-#: - a worker's ``print`` stays Python's own: Ray Train's default sends it through an
-#:   INFO log record, which each update of the progress bar (printed by ``tqdm_ray``)
-#:   ends with an empty line (the workers' root logger, which Ray Train sets to INFO, is
-#:   put back to WARNING by each worker: :func:`train_worker`);
-#: - the controller looks at the workers every 0.5 s, not 2 s: each checkpoint's report
-#:   waits for it (the workers go on once it has taken the report), and so does a Ctrl-C.
+#: set in the environment wins): a worker's ``print`` stays Python's own (Ray Train's
+#: INFO log record of it ends each update of the progress bar with an empty line); the
+#: controller looks at the workers every 0.5 s, not 2 s, as each checkpoint's report and
+#: a Ctrl-C wait for it.
 RAY_TRAIN_SETTINGS = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
                       "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 #: Ray Train settings of a fit on a local cluster the command started itself: one node,
@@ -101,11 +74,9 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
     request : FitRequest
         ``mode`` "ray". ``ray_address``: the cluster (``auto``, ``ray://…``,
         ``host:port``; default ``$RAY_ADDRESS``, else a new local cluster; an already
-        connected driver is used as it is). ``wait_for_workers_s``: how long an existing
-        cluster may take to offer the workers' resources (a local one is checked once).
-        ``overwrite``: start afresh in an output folder that holds an earlier fit (its
-        checkpoints are removed once the request has been checked); without it, a fresh
-        fit into a folder with checkpoints is refused.
+        connected driver is used as it is). ``overwrite``: start afresh in a folder that
+        holds an earlier fit (its checkpoints are removed once the request has been
+        checked); without it, a fresh fit into a folder with checkpoints is refused.
     fault : callable, optional
         Test-only crash injection, ``fault(epoch, rank)`` on every worker before each
         epoch; it must pickle (it travels in the ``train_loop_config``).
@@ -193,17 +164,15 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
 class _StoppableFit:
     """``trainer.fit()`` in a second thread, while this (main) thread holds Ctrl-C.
 
-    Ray Train installs a SIGINT handler that aborts the run (after a few more epochs and
-    checkpoints) when its ``fit`` runs in the main thread, and none from another thread.
-    Here the first Ctrl-C writes :data:`STOP_FILE` for the workers; the notice of
-    :func:`~pipeline.fit.interrupts.stop_between_epochs` is due until rank 0 answers there.
-    A second Ctrl-C raises ``KeyboardInterrupt`` here at once (the thread is left).
+    Ray Train's own SIGINT handler, installed only when ``fit`` runs in the main thread,
+    aborts the run a few epochs later. Here the first Ctrl-C writes :data:`STOP_FILE` for
+    the workers (the notice of :func:`~pipeline.fit.interrupts.stop_between_epochs` is due
+    until rank 0 answers there); a second raises ``KeyboardInterrupt`` at once.
 
-    With ``leave_once_saved`` (a cluster the driver shuts down itself), the driver stops
-    waiting as soon as Ray Train has registered the checkpoint of the epoch the workers
-    stopped after, instead of waiting for Ray Train to wind the run down: a Ctrl-C at a
-    terminal also reaches the cluster's dashboard (it shares the driver's process group),
-    which dies of it, and Ray Train's winding down then waits about 8 s on its state API.
+    With ``leave_once_saved`` (a cluster the driver shuts down itself), the driver returns
+    once Ray Train has registered the stopped epoch's checkpoint: a terminal's Ctrl-C also
+    kills the cluster's dashboard (same process group), and Ray Train's winding down then
+    waits about 8 s on its state API.
     """
 
     def __init__(self, trainer: Any, out: Path, leave_once_saved: bool = False) -> None:

@@ -53,10 +53,8 @@ def train_worker(loop: dict[str, Any]) -> None:
     from pipeline.tracking.environment import environment_tags
     from pipeline.tracking.fit_runs import fit_params
 
-    # Ray Train sets the root logger to INFO on its workers, which shows the INFO records
-    # of every library (and its own "Reporting training result ..." at each report,
-    # whose logger is named by a file path, outside ``ray.train``): back to Python's
-    # WARNING. Ray Train's own records follow RunConfig's LoggingConfig.
+    # Ray Train sets the workers' root logger to INFO, which shows every library's INFO
+    # records (and "Reporting training result ..." at each report): back to WARNING
     logging.getLogger().setLevel(logging.WARNING)
     req = FitRequest(**loop["request"])
     ctx = ray.train.get_context()
@@ -137,9 +135,8 @@ class _DriverStop:
     """The driver's Ctrl-C (:data:`STOP_FILE`) as every rank sees it, for
     :attr:`pipeline.fit.runner.FitHooks.stop`.
 
-    Reading :attr:`requested` is a collective: rank 0 looks for the file and one
-    all-reduce tells every rank, so all stop after the same epoch. The runner reads it
-    once per epoch on every rank.
+    Reading :attr:`requested` is a collective, once per epoch on every rank: rank 0 looks
+    for the file and one all-reduce tells every rank, so all stop after the same epoch.
     """
 
     def __init__(self, comm: Communicator, path: Path) -> None:

@@ -1,10 +1,9 @@
 """One typed request for every fit: local, Ray, or alternating with an autoencoder.
 
-A :class:`FitRequest` is what ``deepdpm fit`` parsed from its flags (or what a test or a
-notebook builds directly): the input and output, the config, how the fit runs (mode,
-workers, checkpoints) and how it is tracked. It is frozen and JSON-serialisable: a fit
-with checkpoints stores it as ``OUT/fit_request.json`` so that ``deepdpm fit --resume
-OUT`` continues the run exactly as it was started, and a Ray fit ships it to its workers.
+A :class:`FitRequest` holds what ``deepdpm fit`` parsed from its flags (or what a test
+builds): input, output, config, how the fit runs and how it is tracked. It is frozen and
+JSON-serialisable: a fit with checkpoints stores it as ``OUT/fit_request.json`` so that
+``--resume OUT`` continues the run as it was started, and a Ray fit ships it to its workers.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """The one epoch loop of every fit: local, each Ray worker, each alternation round.
 
-The loop is :meth:`Trainer.fit <deepdpm_core.training.trainer.Trainer.fit>`;
-:func:`run_epochs` runs it with the trainer's hooks (:func:`epoch_hooks`) built from what a
-mode adds, a :class:`FitHooks`:
-
-- ``on_epoch``: per-epoch callbacks on the epoch record, in order: the label scores
-  first (they add ``nmi``/``ari``/``acc`` to the record), then tracking and diagnostics
-  (:func:`epoch_callbacks` builds the same list for every mode);
-- ``checkpoint`` every ``checkpoint_every`` epochs, never after the last one (the fit's
-  outputs are written then);
-- ``consistency_every``: the cross-rank model checksum
-  (:meth:`Trainer.check_consistency`) of a data-parallel fit;
-- ``progress``: a bar, drawn where the mode can draw one;
-- ``stop``: a Ctrl-C's request to stop (:mod:`pipeline.fit.interrupts`), honoured at the end
-  of an epoch by raising :class:`~pipeline.fit.interrupts.FitInterrupted`, so the trainer is
-  left whole for a checkpoint;
-- ``fault``: test-only crash injection, ``fault(epoch, rank)`` before each epoch. The
-  pipeline never sets it; tests pass one in (for Ray it travels to the workers).
+:func:`run_epochs` runs :meth:`Trainer.fit <deepdpm_core.training.trainer.Trainer.fit>` with
+the trainer's hooks (:func:`epoch_hooks`) built from what a mode adds, a :class:`FitHooks`:
+per-epoch callbacks (label scores first, then tracking and diagnostics:
+:func:`epoch_callbacks`), checkpoints, the cross-rank checksum, progress, a Ctrl-C's stop
+request (honoured at an epoch's end, so the trainer is left whole for a checkpoint) and,
+in tests only, fault injection (docs/design.md, "Fit modes").
 """
 
 from __future__ import annotations
@@ -137,12 +126,10 @@ def _every(epochs: int, action: Callable[[Trainer], None]) -> Callable[[Trainer]
 
 
 def data_variance_summary(trainer: Trainer) -> dict[str, float]:
-    """``median_feature_variance`` (what the diagnostics compare ``prior.sigma_scale``
-    with) and ``feature_variance_ratio`` (largest over median: features in different
-    units) of the data being fitted (:func:`deepdpm_core.model.diagnostics.variance_summary`),
-    from the trainer's global moments: the same on every rank of a distributed fit, in
-    the (transformed) features' units the prior is given in. Kept in ``summary.json``
-    for the report's diagnostics."""
+    """``median_feature_variance`` and ``feature_variance_ratio`` (largest over median) of
+    the data being fitted (:func:`deepdpm_core.model.diagnostics.variance_summary`), from
+    the trainer's global moments: the same on every rank, in the (transformed) features'
+    units the prior is given in. Kept in ``summary.json`` for the report's diagnostics."""
     return variance_summary(trainer.feature_variance.cpu().numpy())
 
 

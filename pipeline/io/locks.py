@@ -1,15 +1,11 @@
 """One writer per output: a lock on the folder (or file) a command writes.
 
 ``deepdpm fit``, ``extract``, ``predict`` and ``embed`` hold an exclusive ``flock`` on
-``.<name>.lock`` beside their output while they run (:func:`output_lock`; the CLI takes
-it, see :data:`OUTPUT_ARGUMENTS`). A second command on the same output fails at once with
-one line naming the holder (its command, pid, host and start time). The kernel releases
-a ``flock`` when its holder dies, ``kill -9`` included, so a lock left by a killed run
-never blocks the next one; the lock file itself is removed when its holder finishes.
-Whoever takes the lock first removes what a killed writer left (staging folders,
-temporary files: :func:`pipeline.io.run_folder.remove_leftovers`).
-The lock sits beside the output, not inside it, because a fit replaces its whole output
-folder when it publishes a run (:mod:`pipeline.io.run_folder`).
+``.<name>.lock`` beside their output while they run (:func:`output_lock`, taken by the CLI:
+:data:`OUTPUT_ARGUMENTS`); a second command on the same output fails at once naming the
+holder, and a lock of a killed run never blocks (the kernel releases it). The lock sits
+beside the output, not inside it, because a fit replaces its whole output folder when it
+publishes (docs/reliability.md, "One writer per output folder").
 """
 
 from __future__ import annotations

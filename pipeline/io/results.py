@@ -1,13 +1,9 @@
 """What a command prints: its result on stdout, everything else on stderr.
 
-Every path a command prints (result lines, ``--json``, step logs) is absolute and
-resolved (:func:`shown_path`), whether it was given relative or not, so that a line
-names the same file wherever it is read.
-
-A command that produces something prints a short human line (or a few) on stdout, e.g.
-``K=8 epochs=40 time=12.3s nmi=0.912 -> /home/me/runs/x``; progress bars, warnings and step logs
-go to stderr. With ``--json`` stdout holds exactly one JSON object instead (strict JSON,
-one line), for scripts: ``deepdpm fit ... --json | jq .n_clusters``.
+A result is a short human line (or a few) on stdout, e.g. ``K=8 epochs=40 time=12.3s
+nmi=0.912 -> /home/me/runs/x``, or with ``--json`` exactly one line of strict JSON, for
+scripts; progress bars, warnings and step logs go to stderr. Every path printed is
+absolute and resolved (:func:`shown_path`), so a line names the same file wherever it is read.
 """
 
 from __future__ import annotations

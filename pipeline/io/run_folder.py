@@ -1,26 +1,14 @@
 """Publishing a run folder in one step: a fit's outputs appear together or not at all.
 
-A fit writes its outputs into a staging folder beside its output folder ``OUT``
-(``.OUT.staging-<pid>``, on the same filesystem; :func:`staging_folder`) and then
-:func:`publish_run` makes them ``OUT``:
-
-1. the entries of ``OUT`` that are not outputs of a run (its checkpoints:
-   ``ray_train/``, ``checkpoints/``, ``fit_request.json``; anything else a user put
-   there) are hard-linked into the staging folder (copied where links are not
-   supported); ``OUT`` itself is not changed;
-2. the staging folder and ``OUT`` are exchanged in one ``renameat2(RENAME_EXCHANGE)``
-   (Linux >= 3.15 on ext4, xfs, btrfs, tmpfs, ...), so at every instant ``OUT`` is
-   either the earlier run or the new one, never a mix;
-3. the earlier run, now at the staging name, is removed.
-
-Where the exchange is not supported (other systems, some network filesystems), ``OUT``
-is renamed to ``.OUT.old-<pid>`` and the staging folder to ``OUT``: a kill between the
-two renames leaves no ``OUT``, and :func:`remove_leftovers` (run by the next writer, which
-holds the output's lock) puts the earlier run back. A new ``OUT`` is one rename.
-
-Temporary files of :func:`pipeline.io.atomic_files.atomic_path` live in the staging folder, so a kill
-leaves none in ``OUT``; the staging folder of a killed run is removed by the next
-writer (:func:`remove_leftovers`).
+A fit writes its outputs into a staging folder beside ``OUT`` (:func:`staging_folder`);
+:func:`publish_run` carries the entries of ``OUT`` that are not run outputs (checkpoints,
+the user's files) into it as hard links and exchanges the two folders in one
+``renameat2(RENAME_EXCHANGE)``, so ``OUT`` is at every instant either the earlier run or
+the new one, never a mix. Where the exchange is not supported it falls back to two
+renames, and :func:`remove_leftovers` (run by the next writer, under the output's lock)
+puts back an earlier run that a kill between them left aside and removes staging folders
+and temporary files of killed writers. Details: docs/reliability.md, "A run folder is
+never a mix of two runs" and "Clean up after failures".
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Feature tables: reading inputs whole or in batches, and building and writing Parquet tables.
 
-The feature table is the hand-off between ``extract``/``embed`` and ``fit``/``predict``:
-Parquet with ``key: string``, ``embedding: fixed_size_list<float32>[D]`` and
-``label: int64`` (nullable). ``.npy`` (an [N, D] array) and ``.npz`` (``X``, optional
-``y``) are accepted as inputs too. Atomic writing is :mod:`pipeline.io.atomic_files`; the
-shape and row ranges of an input, read without loading it, :mod:`pipeline.io.feature_rows`.
+The feature table is the hand-off between ``extract``/``embed`` and ``fit``/``predict``
+(its columns and the ``.npy``/``.npz`` inputs: docs/design.md, "Fitted model and file
+formats"). Atomic writing is :mod:`pipeline.io.atomic_files`; an input's shape and row
+ranges, read without loading it, :mod:`pipeline.io.feature_rows`.
 """
 
 from __future__ import annotations
@@ -149,10 +148,9 @@ PARQUET_READ_BUFFER = 4 * 2**20
 def open_parquet(path: str | Path) -> pq.ParquetFile:
     """A Parquet file to read batch by batch in memory bounded by the batch.
 
-    Without pre-buffering, which reads every row group asked for ahead of the batches and
-    holds them (a whole file, read from its start), and through a buffer of
-    :data:`PARQUET_READ_BUFFER` bytes instead of each column chunk read whole (512 MB
-    for a row group of 1M rows of 128 float32 features).
+    Without pre-buffering (which holds every row group asked for, ahead of the batches)
+    and through a buffer of :data:`PARQUET_READ_BUFFER` bytes, not each column chunk
+    whole (512 MB for a row group of 1M rows of 128 float32 features).
 
     Raises
     ------
@@ -202,11 +200,10 @@ def check_finite_rows(X: np.ndarray, path: str | Path, start: int) -> None:
 def feature_batches(path: str | Path, batch_size: int) -> Iterator[FeatureTable]:
     """The rows of a feature file in order, as :func:`read_features` reads them.
 
-    A Parquet file is read ``batch_size`` rows at a time (every batch but the last has
-    ``batch_size`` rows, across row groups), so about two batches of rows are in memory
-    whatever the file's size; keys are row numbers where the file has none, labels are
-    given for every batch when the file holds any. ``.npy`` and ``.npz`` are read whole
-    and given as one batch.
+    A Parquet file is read ``batch_size`` rows at a time, across row groups (about two
+    batches in memory whatever the file's size); keys are row numbers where the file has
+    none, labels are given for every batch when the file holds any. ``.npy`` and ``.npz``
+    are read whole and given as one batch.
 
     Raises
     ------

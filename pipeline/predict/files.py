@@ -85,10 +85,8 @@ def read_assigner(model_file: str | Path) -> tuple[int, int, bytes]:
     as the bytes of a torch file of its state (0.2 MB at K = 1000, D = 128).
 
     A driver without torch reads them in a child process (:mod:`pipeline.predict.model_assigner`),
-    which imports torch and maps the model file; the driver does neither, so its memory
-    holds no torch runtime (about 470 MB resident) and no part of the model, and the
-    child's goes back to the system when it ends. A driver that imported torch already
-    (a notebook, the tests) reads them itself: a child would save it nothing.
+    so it never holds the torch runtime (about 470 MB resident) nor any part of the model;
+    a driver that imported torch already (a notebook, the tests) reads them itself.
 
     Raises
     ------

@@ -7,32 +7,16 @@ One Ray Data pipeline covers every input file that has no finished output yet::
                                                   actor; reads its row group batch by batch
       -> driver                                   collects a file's row groups, writes it
 
-Each input file ``IN/a/b.parquet`` gets ``OUT/a/b.parquet`` (``key``, ``cluster``,
-``confidence``, ``label``: the columns of the single-file path,
-:func:`pipeline.io.tables.assignments_table`).
-
-Per-file identity: the work items are (file index, row group index) and every output
-row carries both, so nothing depends on the order in which Ray Data hands results back
-(reading files through ``read_parquet`` does not keep a file's row groups together). The
-driver holds a file's predictions until all its row groups are in, then writes them in
-row-group order into a temporary file beside its output and renames it
-(:func:`pipeline.io.atomic_files.atomic_path`: a killed run leaves at most a ``.b.parquet.*.tmp``,
-never a partial ``b.parquet``). The output's Parquet metadata records the row count and
-the model's SHA-256; a rerun skips the files whose output has both, so it redoes only
-what is missing.
-
-Memory: an actor holds the torch runtime, the model's assigner (its clustering net and
-input transform, :class:`~deepdpm_core.model.fitted_model.ClusterAssigner`: not the mixture
-parameters, whose K x D x D covariances are most of a model file), one batch of rows
-(read through :func:`pipeline.io.tables.open_parquet`, never a whole row group), its (B, K)
-log-probabilities (the confidence is their row maximum, taken batch by batch) and the
-narrow outputs (key, cluster, confidence, label) of its row group; the driver the narrow
-outputs of the files whose row groups are still coming in (``preserve_order`` makes
-that about one file), and no torch: a child process reads the model
-(:func:`~pipeline.predict.files.read_assigner`). Neither ever holds the whole table nor N x K values.
-
-The assigner goes to the actors as bytes in the object store, so a model the driver
-resolved to a file of its own (a download, a local path) reaches actors on every node.
+Each input file ``IN/a/b.parquet`` gets ``OUT/a/b.parquet`` with the columns of the
+single-file path (:func:`pipeline.io.tables.assignments_table`). Every output row carries
+its (file index, row group index), so nothing depends on the order in which Ray Data hands
+results back. A file is written once all its row groups are in, under a temporary name
+and renamed (:func:`pipeline.io.atomic_files.atomic_path`: never a partial ``b.parquet``);
+its metadata records the row count and the model's SHA-256, and a rerun skips the files
+whose output has both. Neither an actor nor the driver (which imports no torch) ever holds
+the whole table or N x K values; the assigner reaches the actors as bytes in the object
+store, so a model file local to the driver works on every node. Details:
+docs/distributed.md, "Batch predict over a folder".
 """
 
 from __future__ import annotations

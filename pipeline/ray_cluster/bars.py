@@ -24,17 +24,15 @@ def plain_ray_bars() -> Callable[[], None]:
     """Make this driver draw the workers' progress bars as a fit in one process draws
     its own: whole counts (``7/200``), and the description alone.
 
-    Ray's driver draws each bar a worker reports (``ray.experimental.tqdm_ray``) as a
-    ``tqdm.auto`` bar with ``unit_scale=True``, which shows 7 epochs as ``7.00/200``, and
-    puts the worker's ``(pid=N)`` before its description, in colour codes even where
-    stderr is a file; its module attribute ``real_tqdm`` is the one place to change that.
+    Ray's driver draws a worker's ``tqdm_ray`` bar with ``unit_scale=True`` (``7.00/200``)
+    and the worker's ``(pid=N)`` in colour codes even where stderr is a file; its module
+    attribute ``real_tqdm`` is the one place to change that.
 
     Returns
     -------
     Callable[[], None]
-        Closes the bars still open: a worker stopped by Ctrl-C never sends its bar's
-        close, and Ray's driver redraws an open bar after every later ``print`` (its
-        ``safe_print``) and once more at exit, below the line that says how to resume.
+        Closes the bars still open: a worker stopped by Ctrl-C never closes its bar, which
+        Ray's driver would redraw after every later ``print`` and once more at exit.
     """
     import types
     import weakref

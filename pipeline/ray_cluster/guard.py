@@ -1,16 +1,13 @@
 """The guard of a local Ray cluster: it ends the cluster when the command that started it dies.
 
-``ray.init(address="local")`` starts the head processes (GCS, raylet, dashboard, log
-monitor) as children that the kernel kills with their parent, but the raylet's own
-children (the dashboard and runtime-env agents) only notice the raylet's death after
-about a minute: after ``kill -9`` of a command they kept running that long.
-:func:`pipeline.ray_cluster.local.init_local_ray` therefore starts this guard
-(``python -m pipeline.ray_cluster.guard PID:START ...``, the head processes) with the read end
-of a pipe whose write end only the command holds. While the command runs, the guard
-notes every second which processes descend from the head processes; when the command
-ends, however it ends, the pipe reaches end-of-file and the guard terminates all of
-them. Each process is known by its pid and start time, so a reused pid is never hit.
-Linux only (``/proc``).
+The head processes of ``ray.init(address="local")`` die with the command, but the raylet's
+children (dashboard and runtime-env agents) kept running about a minute after ``kill -9``
+of it. :func:`pipeline.ray_cluster.local.init_local_ray` therefore starts this guard
+(``python -m pipeline.ray_cluster.guard PID:START ...``) on the read end of a pipe whose
+write end only the command holds; it notes the head processes' descendants every second
+and terminates them all once the pipe reaches end-of-file, however the command ended.
+Processes are known by pid and start time, so a reused pid is never hit. Linux only
+(``/proc``); docs/reliability.md, "Clean up after failures".
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """The local Ray cluster a command starts for itself when it is given no cluster address.
 
-Ray (2.52+) turns token authentication on for every local cluster that ``ray.init``
-starts and announces it on each run, on stderr: "Token authentication is enabled for
-this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out ..." and, where
-``~/.ray/auth_token`` does not exist yet, "Generated new authentication token and saved
-to ...". For a cluster the command starts and shuts down itself these lines are noise:
-:func:`init_local_ray` drops them and changes nothing else (token auth stays on, with
-the token Ray reads or writes), and Ray's other INFO lines of this process ("Started a
-local Ray instance. View the dashboard at ...") with them; Ray's warnings still show.
-Connecting to a cluster (an address, ``$RAY_ADDRESS``) goes through plain ``ray.init``
-and keeps every message Ray prints.
-
-A cluster started here ends with the command, even one killed with ``kill -9``: a guard
-process (:mod:`pipeline.ray_cluster.guard`) waits for the command's end and then terminates the
-cluster's processes, which Ray alone leaves running for about a minute.
+Ray (2.52+) turns token authentication on for every local cluster and announces it on
+stderr on each run ("Token authentication is enabled for this Ray cluster ...").
+:func:`init_local_ray` drops those lines and Ray's other INFO lines of this process
+("Started a local Ray instance ...") for a cluster that is the command's own, and changes
+nothing else (token auth stays on; Ray's warnings still show). Connecting to a cluster (an
+address, ``$RAY_ADDRESS``) is a plain ``ray.init`` and keeps every message. A cluster
+started here ends with the command, even after ``kill -9``, through a guard process
+(:mod:`pipeline.ray_cluster.guard`; docs/reliability.md, "Clean up after failures").
 """
 
 from __future__ import annotations
@@ -37,9 +31,8 @@ _guard: tuple[subprocess.Popen, int] | None = None
 def init_local_ray(**kwargs: Any) -> None:
     """``ray.init(address="local", **kwargs)`` without Ray's token-auth announcements.
 
-    The workers share this machine with the command: their idle OpenMP and numba threads
-    sleep instead of spinning (:mod:`deepdpm_core.idle_threads`; the values of this
-    process, so a user's own setting reaches them), added to ``runtime_env["env_vars"]``.
+    The workers share this machine with the command, so their idle OpenMP and numba threads
+    sleep (:mod:`deepdpm_core.idle_threads`; this process's values, a user's own included).
     Each worker finds its own cluster by ``$RAY_ADDRESS`` (:func:`_own_cluster_address_hook`),
     even where other Ray clusters run on the machine.
     """
@@ -67,11 +60,10 @@ def _own_cluster_address_hook() -> Any:
     """A ``worker_process_setup_hook`` that sets ``$RAY_ADDRESS`` in each worker of the
     cluster to that cluster's address.
 
-    Ray's state API, which Ray Train's placement-group cleaner calls in the cluster every
-    second, finds its cluster by ``$RAY_ADDRESS``, else by looking for Ray's processes on
-    the machine: with a second Ray cluster there, it fails ("Found multiple active Ray
-    instances") and the cleaner prints a traceback. Defined here so that Ray pickles it by
-    value: a worker need not import this package to run it.
+    Ray's state API (which Ray Train's placement-group cleaner calls every second) otherwise
+    looks for Ray's processes on the machine and, with a second cluster there, fails with a
+    traceback. Defined here so that Ray pickles it by value: a worker need not import this
+    package to run it.
     """
 
     def find_own_cluster() -> None:

@@ -1,13 +1,9 @@
 """A self-contained HTML report of one fit.
 
-The report is one HTML file with every image inlined as a base64 PNG data URI, so it
-can be mailed, attached to a ticket or opened offline. It shows K over epochs,
-split/merge acceptance, the losses, the cluster-size histogram, the final metrics,
-the diagnostics of :mod:`deepdpm_core.model.diagnostics`, a table of the largest clusters and,
-when the clustered features came from images, a strip of sample images per cluster
-(the paper's Fig. 3 style): the most confident members of each cluster.
-
-A run is read from a fit output directory (``summary.json``, ``assignments.parquet``)
+One HTML file with every image inlined as a base64 PNG, so it opens offline: K over epochs,
+split/merge acceptance, losses, cluster sizes, final metrics, the diagnostics of
+:mod:`deepdpm_core.model.diagnostics`, the largest clusters and, for image features, sample
+images per cluster (docs/tracking.md, "Report"). A run is read from a fit output directory
 or from an MLflow run id (the same files, downloaded from the run's artifacts).
 """
 

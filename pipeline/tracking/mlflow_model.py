@@ -1,24 +1,11 @@
 """A fitted DeepDPM as an MLflow model (``python_function`` flavor).
 
-Every tracked fit logs one under the run's artifact path ``model``, so MLflow's own
-tools use it with nothing of ours to write::
-
-    import mlflow
-
-    model = mlflow.pyfunc.load_model("runs:/<run id>/model")
-    model.predict(X)        # X: float [N, D] array or DataFrame -> DataFrame cluster, confidence
-
-    # mlflow models serve -m runs:/<run id>/model --env-manager local --port 5001
-    # curl -d '{"inputs": [[0.1, 2.3, ...]]}' -H 'Content-Type: application/json' \
-    #      localhost:5001/invocations     -> {"predictions": [{"cluster": 3, "confidence": 0.98}]}
-
-The model's artifacts are the fit's ``model.pt`` (read with ``DeepDPM.load``) and, for
-``deepdpm fit --alternate``, its ``autoencoder.pt``: the raw rows are then encoded first,
-so the model takes what the fit was given. The model is logged "from code": MLflow
-copies the few lines of :mod:`pipeline.tracking.mlflow_model_code` and runs them at load time,
-so nothing is unpickled and the code that predicts is the installed ``deepdpm`` package's
-(the one pip requirement, its version pinned); ``--env-manager local`` serves the model
-from the environment deepdpm is installed in.
+Every tracked fit logs one as its run's ``model``, for ``mlflow.pyfunc.load_model`` and
+``mlflow models serve`` (docs/tracking.md, "The MLflow model"). Its artifacts are the fit's
+``model.pt`` and, after ``--alternate``, ``autoencoder.pt`` (raw rows are encoded first).
+It is logged "from code": MLflow runs :mod:`pipeline.tracking.mlflow_model_code` at load
+time, so nothing is unpickled and the installed ``deepdpm`` (the one pip requirement)
+predicts.
 """
 
 from __future__ import annotations
@@ -84,9 +71,7 @@ def model_signature(n_features: int) -> Any:
     columns are taken in order); output: ``cluster`` long, ``confidence`` double;
     param ``batch_size``.
 
-    float32 because the fit reads every input as float32 and the model computes in it;
-    MLflow refuses float64 rows for it (a lossy cast), while JSON rows sent to a served
-    model are read as the signature says.
+    float32 as the fit reads and computes; MLflow refuses float64 rows (a lossy cast).
     """
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema

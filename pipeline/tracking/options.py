@@ -35,10 +35,9 @@ def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
 def tracking_on(args: argparse.Namespace) -> bool:
     """Whether a tracked command (``fit``, ``extract``) logs its run to MLflow.
 
-    Not with ``--no-tracking``. Without MLflow installed (the ``mlflow`` extra) the run is
-    not tracked, unless the command asks for tracking (``--tracking-uri``,
-    ``$MLFLOW_TRACKING_URI``, ``--experiment``, ``--run-name``, ``--register-model``):
-    that is an error naming the extra.
+    Not with ``--no-tracking``, nor without MLflow (the ``mlflow`` extra), unless the command
+    asks for tracking (``--tracking-uri``, ``$MLFLOW_TRACKING_URI``, ``--experiment``,
+    ``--run-name``, ``--register-model``): that is an error naming the extra.
 
     Raises
     ------

@@ -89,11 +89,7 @@ _MAX_PARAM_LENGTH = 6000
 
 def epoch_metrics(record: Mapping[str, Any]) -> dict[str, float]:
     """MLflow metrics of one epoch record (``seconds[_phase]`` becomes ``epoch_seconds[_phase]``)."""
-    return {
-        name: float(record[key])
-        for key, name in EPOCH_METRICS.items()
-        if record.get(key) is not None
-    }
+    return {name: float(record[key]) for key, name in EPOCH_METRICS.items() if record.get(key) is not None}
 
 
 def _import_ipython() -> None:
@@ -167,20 +163,11 @@ class RunTracker:
         Messages passed to :meth:`warn`.
     """
 
-    def __init__(
-        self,
-        tracking_uri: str | None = None,
-        experiment: str = DEFAULT_EXPERIMENT,
-        enabled: bool = True,
-        run_name: str | None = None,
-        rank: int = 0,
-        *,
-        queue_size: int = 10_000,
-        close_timeout: float = 60.0,
-        artifact_location: str | None = None,
-        register_model: str | None = None,
-        model_alias: str = DEFAULT_MODEL_ALIAS,
-    ) -> None:
+    def __init__(self, tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
+                 enabled: bool = True, run_name: str | None = None, rank: int = 0, *,
+                 queue_size: int = 10_000, close_timeout: float = 60.0,
+                 artifact_location: str | None = None, register_model: str | None = None,
+                 model_alias: str = DEFAULT_MODEL_ALIAS) -> None:
         self.is_logger = rank == 0
         self.active = bool(enabled) and self.is_logger
         self.tracking_uri = resolve_tracking_uri(tracking_uri) if self.active else None
@@ -207,13 +194,8 @@ class RunTracker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            status = "FINISHED"
-        elif issubclass(exc_type, KeyboardInterrupt):
-            status = "KILLED"
-        else:
-            status = "FAILED"
-        self.close(status)
+        self.close("FINISHED" if exc_type is None else
+                   "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED")
 
     def start(self) -> None:
         """Start the logging thread and create the run (asynchronously)."""
@@ -238,9 +220,7 @@ class RunTracker:
         self._closing.set()
         self._thread.join(self.close_timeout)
         if self._thread.is_alive():
-            self._fail(
-                TimeoutError(f"pending calls did not finish within {self.close_timeout:.0f} s")
-            )
+            self._fail(TimeoutError(f"pending calls did not finish within {self.close_timeout:.0f} s"))
         self._thread = None
         self._started.set()
         url = self.run_url
@@ -313,13 +293,9 @@ class RunTracker:
                 continue
             if path.is_dir():
                 dest = f"{artifact_path}/{path.name}" if artifact_path else path.name
-                self._submit(
-                    lambda client, p=path, d=dest: client.log_artifacts(self._run_id, str(p), d)
-                )
+                self._submit(lambda client, p=path, d=dest: client.log_artifacts(self._run_id, str(p), d))
             else:
-                self._submit(
-                    lambda client, p=path: client.log_artifact(self._run_id, str(p), artifact_path)
-                )
+                self._submit(lambda client, p=path: client.log_artifact(self._run_id, str(p), artifact_path))
 
     def log_with(self, fn: Callable[[Any, str], None]) -> None:
         """Run ``fn(client, run_id)`` on the logging thread (an MLflow call this class has
@@ -371,9 +347,8 @@ class RunTracker:
             experiment_id = experiment.experiment_id
         else:
             try:
-                experiment_id = client.create_experiment(
-                    self.experiment, artifact_location=self.artifact_location
-                )
+                experiment_id = client.create_experiment(self.experiment,
+                                                         artifact_location=self.artifact_location)
             except Exception:
                 # another process may have created it between our get and create
                 experiment = client.get_experiment_by_name(self.experiment)
@@ -391,13 +366,9 @@ class RunTracker:
     def _log_batch(self, client: Any, params=(), tags=(), metrics=()) -> None:
         from mlflow.entities import Metric, Param, RunTag
 
-        client.log_batch(
-            self._run_id,
-            metrics=[Metric(k, v, ts, step) for k, v, ts, step in metrics],
-            params=[Param(k, v) for k, v in params],
-            tags=[RunTag(k, v) for k, v in tags],
-            synchronous=True,
-        )
+        client.log_batch(self._run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in metrics],
+                         params=[Param(k, v) for k, v in params], tags=[RunTag(k, v) for k, v in tags],
+                         synchronous=True)
 
     def _fail(self, exc: BaseException) -> None:
         with self._fail_lock:
@@ -407,10 +378,6 @@ class RunTracker:
         self._started.set()  # nobody waits for a run id that will never come
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         first_line = first_line.replace(self.tracking_uri or "", _redacted(self.tracking_uri))
-        print(
-            f"deepdpm: warning: MLflow tracking at {_redacted(self.tracking_uri)} failed "
-            f"({type(exc).__name__}: {first_line[:300]}); training continues without "
-            "tracking and all outputs are still written locally",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"deepdpm: warning: MLflow tracking at {_redacted(self.tracking_uri)} failed "
+              f"({type(exc).__name__}: {first_line[:300]}); training continues without "
+              "tracking and all outputs are still written locally", file=sys.stderr, flush=True)
