@@ -113,12 +113,8 @@ def default_cluster_fn(config: Config) -> ClusterFn:
 
 
 def fit_alternating(
-    X: np.ndarray,
-    config: Config | None = None,
-    *,
-    alternations: int | None = None,
-    cluster_fn: ClusterFn | None = None,
-    autoencoder: MLPAutoencoder | None = None,
+    X: np.ndarray, config: Config | None = None, *, alternations: int | None = None,
+    cluster_fn: ClusterFn | None = None, autoencoder: MLPAutoencoder | None = None,
     on_step: Callable[[AlternationStep], None] | None = None,
     on_ae_epoch: EpochCallback | None = None,
 ) -> AlternationResult:
@@ -179,23 +175,11 @@ def fit_alternating(
             # Clusters held fixed while the AE trains (Supmat): DeepDPM's hard labels and means.
             centers = np.asarray(result.clustering.means_, dtype=np.float32)
             settings = AETrainSettings(
-                epochs=ae.epochs,
-                lr=ae.lr,
-                weight_decay=ae.weight_decay,
-                batch_size=ae.batch_size,
-                recon_weight=ae.recon_weight,
-                beta=ae.beta,
-            )
+                epochs=ae.epochs, lr=ae.lr, weight_decay=ae.weight_decay,
+                batch_size=ae.batch_size, recon_weight=ae.recon_weight, beta=ae.beta)
             history = train_autoencoder(
-                model,
-                X,
-                settings,
-                seed=config.seed + step,
-                centers=centers,
-                assignments=labels,
-                device=device,
-                on_epoch=on_ae_epoch,
-            )
+                model, X, settings, seed=config.seed + step, centers=centers,
+                assignments=labels, device=device, on_epoch=on_ae_epoch)
             model.cpu()
             Z = encode(model, X, device=device)
             ae_seconds = time.perf_counter() - start
@@ -207,13 +191,8 @@ def fit_alternating(
         cluster_seconds = time.perf_counter() - start
         new_labels = np.asarray(clustering.labels_, dtype=np.int64)
         record = AlternationStep(
-            step=step,
-            n_clusters=int(clustering.n_clusters_),
-            labels=new_labels,
-            ae_history=history,
-            ae_seconds=ae_seconds,
-            cluster_seconds=cluster_seconds,
-        )
+            step=step, n_clusters=int(clustering.n_clusters_), labels=new_labels,
+            ae_history=history, ae_seconds=ae_seconds, cluster_seconds=cluster_seconds)
         if result is None:
             result = AlternationResult(autoencoder=model, clustering=clustering, embedding=Z)
         result.clustering, result.embedding = clustering, Z
@@ -230,10 +209,6 @@ def fit_alternating(
 
 
 __all__ = [
-    "AlternationResult",
-    "AlternationStep",
-    "ClusterFn",
-    "FittedClustering",
-    "default_cluster_fn",
+    "AlternationResult", "AlternationStep", "ClusterFn", "FittedClustering", "default_cluster_fn",
     "fit_alternating",
 ]

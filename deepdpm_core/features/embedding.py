@@ -100,10 +100,7 @@ def check_dim(dim: int, input_dim: int, what: str) -> None:
 
 
 def pretrain_autoencoder(
-    X: np.ndarray,
-    config: Config,
-    *,
-    latent_dim: int | None = None,
+    X: np.ndarray, config: Config, *, latent_dim: int | None = None,
     on_epoch: EpochCallback | None = None,
 ) -> tuple[MLPAutoencoder, list[dict[str, float]]]:
     """Build and pretrain (reconstruction only) the autoencoder of ``config.ae`` on ``X`` [N, D].
@@ -123,14 +120,8 @@ def pretrain_autoencoder(
         recon_weight=1.0,  # a constant factor is irrelevant to Adam without the second term
         beta=0.0,
     )
-    history = train_autoencoder(
-        model,
-        X,
-        settings,
-        seed=config.seed,
-        device=resolve_device(config.device),
-        on_epoch=on_epoch,
-    )
+    history = train_autoencoder(model, X, settings, seed=config.seed,
+                                device=resolve_device(config.device), on_epoch=on_epoch)
     return model.cpu(), history
 
 
@@ -203,14 +194,8 @@ def umap_embed(
     return np.ascontiguousarray(out, dtype=np.float32)
 
 
-def embed(
-    X: np.ndarray,
-    method: str,
-    config: Config | None = None,
-    *,
-    dim: int | None = None,
-    on_epoch: EpochCallback | None = None,
-) -> EmbeddingResult:
+def embed(X: np.ndarray, method: str, config: Config | None = None, *, dim: int | None = None,
+          on_epoch: EpochCallback | None = None) -> EmbeddingResult:
     """Embed raw data with ``method`` in {``ae``, ``umap``, ``ae-umap``, ``pca``}.
 
     Parameters
@@ -264,14 +249,8 @@ def embed(
     if method in ("umap", "ae-umap"):
         start = time.perf_counter()
         emb = config.embed
-        features = umap_embed(
-            features,
-            out_dim,
-            n_neighbors=emb.n_neighbors,
-            min_dist=emb.min_dist,
-            metric=emb.metric,
-            seed=config.seed,
-        )
+        features = umap_embed(features, out_dim, n_neighbors=emb.n_neighbors,
+                              min_dist=emb.min_dist, metric=emb.metric, seed=config.seed)
         result.seconds["umap"] = time.perf_counter() - start
     result.embedding = features
     return result

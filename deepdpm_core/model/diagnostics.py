@@ -102,11 +102,9 @@ def _sigma_advice(prior: Any, feature_variance: float | None, fitted_scale: floa
     s = _get(prior, "sigma_scale", "auto")
     if isinstance(s, str):  # auto | evidence: fitted to the clusters
         fitted = "" if fitted_scale is None else f" (last fitted s = {fitted_scale:.3g})"
-        return (
-            f"prior.sigma_scale is fitted to the clusters{fitted}: a fixed value moves K "
-            "non-monotonically (bench/prior_knobs.py); with many features and few points per "
-            "cluster try prior.covariance_type=diag"
-        )
+        return (f"prior.sigma_scale is fitted to the clusters{fitted}: a fixed value moves K "
+                "non-monotonically (bench/prior_knobs.py); with many features and few points per "
+                "cluster try prior.covariance_type=diag")
     if feature_variance is None or not feature_variance > 0:
         return (
             f"prior.sigma_scale (now {s}) moves K non-monotonically: raise it if it is far "
@@ -116,10 +114,8 @@ def _sigma_advice(prior: Any, feature_variance: float | None, fitted_scale: floa
     diag = s * feature_variance**0.5 if _get(prior, "psi", "identity") == "data_std" else s
     ratio = diag / feature_variance
     verb = "lower" if ratio >= SIGMA_PIVOT else "raise"
-    return (
-        f"{verb} prior.sigma_scale (now {s}: Ψ is {ratio:.2g} × the median feature variance; "
-        "K peaks around 0.001–0.3 ×)"
-    )
+    return (f"{verb} prior.sigma_scale (now {s}: Ψ is {ratio:.2g} × the median feature variance; "
+            "K peaks around 0.001–0.3 ×)")
 
 
 def knob_advice(prior: Any, feature_variance: float | None = None,
@@ -140,13 +136,11 @@ def knob_advice(prior: Any, feature_variance: float | None = None,
     nu_now = {None: "null = D + 2; it must stay > D − 1",
               "auto": "auto: fitted to the clusters, at least D + 2"}.get(nu, nu)
     alpha = _get(prior, "alpha", 10.0)
-    return "; ".join(
-        [
-            _sigma_advice(prior, feature_variance, fitted_scale),
-            f"lower prior.nu (now {nu_now}; a larger ν is a heavier prior: fewer clusters)",
-            f"raise prior.alpha (now {alpha}; weak: log α per split)",
-        ]
-    )
+    return "; ".join([
+        _sigma_advice(prior, feature_variance, fitted_scale),
+        f"lower prior.nu (now {nu_now}; a larger ν is a heavier prior: fewer clusters)",
+        f"raise prior.alpha (now {alpha}; weak: log α per split)",
+    ])
 
 
 def variance_summary(variances: Any) -> dict[str, float]:
@@ -183,12 +177,9 @@ def remedy(prior: Any, feature_variance: float | None = None, fitted_scale: floa
     return knob_advice(prior, feature_variance, fitted_scale)
 
 
-def diagnose(
-    history: Sequence[Mapping[str, Any]],
-    config: Any = None,
-    feature_variance: float | None = None,
-    variance_ratio: float | None = None,
-) -> list[Diagnostic]:
+def diagnose(history: Sequence[Mapping[str, Any]], config: Any = None,
+             feature_variance: float | None = None,
+             variance_ratio: float | None = None) -> list[Diagnostic]:
     """Warnings about a fit's K from its epoch records so far.
 
     Parameters
@@ -226,13 +217,9 @@ def diagnose(
             stalled = 0 if int(record.get("splits_accepted") or 0) else stalled + 1
     converged = _schedule_after(history, config).converged(len(history))  # the fit's own stop rule
     if stalled >= STALL_SPLIT_ROUNDS:
-        out.append(
-            Diagnostic(
-                "no_split",
-                f"no split accepted in the last {stalled} split rounds (K = {k_now}). "
-                f"If you expect more clusters: {remedy(prior, feature_variance, fitted, variance_ratio)}",
-            )
-        )
+        out.append(Diagnostic(
+            "no_split", f"no split accepted in the last {stalled} split rounds (K = {k_now}). "
+            f"If you expect more clusters: {remedy(prior, feature_variance, fitted, variance_ratio)}"))
 
     k_max = max(int(r["n_clusters"]) for r in history)
     if k_now <= COLLAPSED_K and any(kind is not None for kind in kinds):
@@ -244,13 +231,8 @@ def diagnose(
         else:
             what = None  # K is still growing from a small initial K
         if what is not None:
-            out.append(
-                Diagnostic(
-                    "collapsed",
-                    f"{what}. If the data have more clusters: "
-                    f"{remedy(prior, feature_variance, fitted, variance_ratio)}",
-                )
-            )
+            out.append(Diagnostic("collapsed", f"{what}. If the data have more clusters: "
+                                  f"{remedy(prior, feature_variance, fitted, variance_ratio)}"))
     return out
 
 
@@ -267,10 +249,9 @@ class DiagnosticsMonitor:
         Largest per-feature variance over the median (see :func:`diagnose`).
     """
 
-    def __init__(
-        self, config: Any, warn: Callable[[str], None], feature_variance: float | None = None,
-        variance_ratio: float | None = None,
-    ) -> None:
+    def __init__(self, config: Any, warn: Callable[[str], None],
+                 feature_variance: float | None = None,
+                 variance_ratio: float | None = None) -> None:
         self.config = config
         self.warn = warn
         self.feature_variance = feature_variance
@@ -289,17 +270,7 @@ class DiagnosticsMonitor:
 
 
 __all__ = [
-    "COLLAPSED_K",
-    "SIGMA_PIVOT",
-    "STALL_SPLIT_ROUNDS",
-    "STUCK_SPLIT_ROUNDS",
-    "UNITS_RATIO",
-    "Diagnostic",
-    "DiagnosticsMonitor",
-    "diagnose",
-    "knob_advice",
-    "move_kinds",
-    "remedy",
-    "stop_reason",
-    "variance_summary",
+    "COLLAPSED_K", "SIGMA_PIVOT", "STALL_SPLIT_ROUNDS", "STUCK_SPLIT_ROUNDS", "UNITS_RATIO",
+    "Diagnostic", "DiagnosticsMonitor", "diagnose", "knob_advice", "move_kinds", "remedy",
+    "stop_reason", "variance_summary",
 ]

@@ -70,20 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 #: options logged as the MLflow run's params
-TRACKED_OPTIONS = (
-    "encoder",
-    "weights",
-    "arch",
-    "head",
-    "l2_normalize",
-    "pixel_size",
-    "batch_size",
-    "num_workers",
-    "use_gpu",
-    "cpus_per_worker",
-    "precision",
-    "output",
-)
+TRACKED_OPTIONS = ("encoder", "weights", "arch", "head", "l2_normalize", "pixel_size", "batch_size",
+                   "num_workers", "use_gpu", "cpus_per_worker", "precision", "output")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,22 +98,11 @@ def run(args: argparse.Namespace) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)
             report = extract_features(
-                args.shards,
-                args.output,
-                args.encoder,
-                weights=args.weights,
-                arch=args.arch,
-                head=args.head,
-                pixel_size=args.pixel_size,
-                l2_normalize=args.l2_normalize,
-                batch_size=args.batch_size,
-                num_workers=args.num_workers,
-                use_gpu=args.use_gpu,
-                cpus_per_worker=args.cpus_per_worker,
-                precision=args.precision,
-                ray_address=args.address,
-                progress=not args.no_progress,
-            )
+                args.shards, args.output, args.encoder, weights=args.weights, arch=args.arch,
+                head=args.head, pixel_size=args.pixel_size, l2_normalize=args.l2_normalize,
+                batch_size=args.batch_size, num_workers=args.num_workers, use_gpu=args.use_gpu,
+                cpus_per_worker=args.cpus_per_worker, precision=args.precision,
+                ray_address=args.address, progress=not args.no_progress)
         tracker.log_params({"embedding_dim": report.dim})
         tracker.log_metrics(report.metrics())
         tracker.log_artifacts([report.manifest])

@@ -108,29 +108,20 @@ def _new_request(args: argparse.Namespace) -> FitRequest:
     config = config_from_args(args.config, args.overrides, args.seed)
     tracking = tracking_on(args)
     return FitRequest(
-        input=str(Path(args.input).resolve()),
-        output=str(Path(args.output).resolve()),
-        config=config,
-        mode=mode,
+        input=str(Path(args.input).resolve()), output=str(Path(args.output).resolve()),
+        config=config, mode=mode,
         num_workers=(2 if args.num_workers is None else args.num_workers) if distributed else 1,
         use_gpu=args.use_gpu,
         checkpoint_every=(5 if distributed else 0) if args.checkpoint_every is None
         else args.checkpoint_every,
-        resumable=distributed or args.checkpoint_every is not None,
-        max_failures=args.max_failures,
+        resumable=distributed or args.checkpoint_every is not None, max_failures=args.max_failures,
         tracking=tracking,
         # resolved here: the workers' (or a resumed run's) working directory may be another
         tracking_uri=resolve_tracking_uri(args.tracking_uri) if tracking else None,
-        experiment=args.experiment,
-        run_name=default_run_name(args),
-        register_model=args.register_model,
-        model_alias=args.model_alias,
-        quiet=args.quiet,
-        alternations=args.alternate or 0,
-        overwrite=args.overwrite,
-        ray_address=args.ray_address,
-        wait_for_workers_s=args.wait_for_workers,
-    )
+        experiment=args.experiment, run_name=default_run_name(args),
+        register_model=args.register_model, model_alias=args.model_alias, quiet=args.quiet,
+        alternations=args.alternate or 0, overwrite=args.overwrite, ray_address=args.ray_address,
+        wait_for_workers_s=args.wait_for_workers)
 
 
 def request_from_args(args: argparse.Namespace) -> FitRequest:

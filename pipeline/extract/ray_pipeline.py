@@ -112,24 +112,12 @@ def ensure_ray(address: str | None = None) -> None:
     ray.init(address=address, include_dashboard=False, log_to_driver=True)
 
 
-def extract_features(
-    shards: str | Path | Sequence[str | Path],
-    output_dir: str | Path,
-    encoder: str | EncoderSpec = "pixels",
-    *,
-    weights: str | None = None,
-    arch: str = "resnet50",
-    head: bool = False,
-    pixel_size: int = 8,
-    l2_normalize: bool = False,
-    batch_size: int = 256,
-    num_workers: int = 1,
-    use_gpu: bool = False,
-    cpus_per_worker: float = 1.0,
-    precision: str = "auto",
-    ray_address: str | None = None,
-    progress: bool = True,
-) -> ExtractReport:
+def extract_features(shards: str | Path | Sequence[str | Path], output_dir: str | Path,
+                     encoder: str | EncoderSpec = "pixels", *, weights: str | None = None,
+                     arch: str = "resnet50", head: bool = False, pixel_size: int = 8,
+                     l2_normalize: bool = False, batch_size: int = 256, num_workers: int = 1,
+                     use_gpu: bool = False, cpus_per_worker: float = 1.0, precision: str = "auto",
+                     ray_address: str | None = None, progress: bool = True) -> ExtractReport:
     """Embed every image of ``shards`` into ``output_dir/<shard>.parquet`` (resumable).
 
     Parameters
@@ -156,11 +144,8 @@ def extract_features(
         The weights do not fit the encoder (raised before any work starts).
     """
     start = time.perf_counter()
-    spec = (
-        encoder
-        if isinstance(encoder, EncoderSpec)
-        else EncoderSpec(encoder, weights, arch, head, pixel_size, l2_normalize)
-    )
+    spec = (encoder if isinstance(encoder, EncoderSpec)
+            else EncoderSpec(encoder, weights, arch, head, pixel_size, l2_normalize))
     if batch_size < 1 or num_workers < 1 or cpus_per_worker <= 0:
         raise ConfigError("batch_size and num_workers must be >= 1 and cpus_per_worker > 0")
     _amp_dtype(precision, use_gpu)
@@ -193,14 +178,9 @@ def extract_features(
                 "extract into a new --output folder"
             )
         entries[shard] = entry
-    report = ExtractReport(
-        output_dir=str(output_dir),
-        manifest=str(output_dir / MANIFEST_NAME),
-        encoder=identity,
-        dim=dim,
-        shards_total=len(paths),
-        shards_reused=len(entries),
-    )
+    report = ExtractReport(output_dir=str(output_dir), manifest=str(output_dir / MANIFEST_NAME),
+                           encoder=identity, dim=dim, shards_total=len(paths),
+                           shards_reused=len(entries))
 
     expected: dict[str, int] = {}
     for shard in pending:
@@ -223,22 +203,10 @@ def extract_features(
     try:
         if todo:
             last_manifest = time.perf_counter()
-            bar = tqdm(
-                total=sum(expected[s] for s in todo),
-                desc="extract",
-                unit="img",
-                disable=not progress,
-            )
-            for batch in _pipeline(
-                todo,
-                spec,
-                batch_size,
-                num_workers,
-                use_gpu,
-                cpus_per_worker,
-                precision,
-                ray_address,
-            ):
+            bar = tqdm(total=sum(expected[s] for s in todo), desc="extract", unit="img",
+                       disable=not progress)
+            for batch in _pipeline(todo, spec, batch_size, num_workers, use_gpu, cpus_per_worker,
+                                   precision, ray_address):
                 if not report.seconds_to_first_batch:  # Ray start, actor start, model load
                     report.seconds_to_first_batch = time.perf_counter() - start
                 bar.update(len(batch["key"]))
@@ -246,9 +214,8 @@ def extract_features(
                     finish(entry)
                     bar.set_postfix(shards=f"{report.shards_done}/{len(todo)}")
                 if time.perf_counter() - last_manifest > _MANIFEST_EVERY_S:
-                    write_json_atomic(
-                        build_manifest(entries, report.shards_failed, identity, dim), report.manifest
-                    )
+                    write_json_atomic(build_manifest(entries, report.shards_failed, identity, dim),
+                                      report.manifest)
                     last_manifest = time.perf_counter()
             bar.close()
             report.shards_failed.extend(assembler.incomplete())
@@ -261,16 +228,8 @@ def extract_features(
     return report
 
 
-def _pipeline(
-    shards: list[str],
-    spec: EncoderSpec,
-    batch_size: int,
-    num_workers: int,
-    use_gpu: bool,
-    cpus_per_worker: float,
-    precision: str,
-    ray_address: str | None,
-):
+def _pipeline(shards: list[str], spec: EncoderSpec, batch_size: int, num_workers: int,
+              use_gpu: bool, cpus_per_worker: float, precision: str, ray_address: str | None):
     """Build and run the Ray Data pipeline; yields driver-side numpy batches."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext

@@ -65,7 +65,6 @@ RAY_TRAIN_SETTINGS = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
 LOCAL_RAY_TRAIN_SETTINGS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 
-# --------------------------------------------------------------------------- driver
 def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitResult:
     """Run (or, with ``request.resume``, resume) a fit on Ray Train workers.
 

@@ -43,7 +43,6 @@ ERROR_FILE = "worker_error.json"
 STOP_FILE = "stop_requested"
 
 
-# --------------------------------------------------------------------------- workers
 def train_worker(loop: dict[str, Any]) -> None:
     """Ray Train loop of one rank (see the module docstring)."""
     import ray.train

@@ -161,9 +161,6 @@ def cluster_rows(assignments: pa.Table) -> list[ClusterRow]:
     return rows
 
 
-# -- finding images by key -----------------------------------------------------------------
-
-
 # -- HTML --------------------------------------------------------------------------------
 
 

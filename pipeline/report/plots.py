@@ -251,10 +251,8 @@ def write_fit_plots(
     history: Sequence[Mapping[str, Any]], counts: Sequence[int] | np.ndarray, out_dir: str | Path,
     fit_seconds: float | None = None,
 ) -> list[Path]:
-    """The plots a fit leaves beside ``summary.json``: ``k_over_epochs.png``,
-    ``cluster_sizes.png``, ``moves.png``, ``losses.png``, ``epoch_time.png`` (when the
-    records have their phase seconds; ``fit_seconds`` named beside the epochs' total)
-    and, when the epoch records carry label scores, ``scores.png``. Returns their paths."""
+    """The plots a fit leaves beside ``summary.json`` (``epoch_time.png`` when the records have
+    their phase seconds, ``scores.png`` when they carry label scores); returns their paths."""
     out = Path(out_dir)
     paths = [
         plot_k_over_epochs(history, out / "k_over_epochs.png"),

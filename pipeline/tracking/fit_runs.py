@@ -79,11 +79,10 @@ def epoch_callback(
 
 
 def log_fit_outputs(tracker: RunTracker, out_dir: str | Path, example_rows: np.ndarray | None = None) -> None:
-    """Log a finished fit's output directory: :data:`FIT_ARTIFACTS`; from its
-    ``summary.json``, ``fit_seconds``, the final ``final_nmi``/``final_ari``/``final_acc``
-    and the run's totals of accepted moves ``splits_accepted_total``/``merges_accepted_total``;
-    the input as the run's dataset; the fit as the MLflow model ``model``
-    (:mod:`pipeline.tracking.mlflow_model`), registered when the tracker has ``register_model``.
+    """Log a finished fit's output directory: :data:`FIT_ARTIFACTS`, the final metrics from its
+    ``summary.json`` (docs/tracking.md, "Tracking runs in MLflow"), the input as the run's
+    dataset, and the fit as the MLflow model ``model`` (:mod:`pipeline.tracking.mlflow_model`),
+    registered when the tracker has ``register_model``.
 
     ``example_rows`` (n, D) are the model's input example when the input file is not an
     [N, D] table (images that ``--alternate`` flattens); else its first rows are."""
