@@ -12,6 +12,10 @@ should not move with N (10 clusters, unless the name says otherwise):
 * ``umap``: scikit-learn's digits embedded by UMAP in 10-D (n_neighbors 20, min_dist 0,
   as n2d), each class resampled to N by a smooth kernel density (Gaussian kernels of half
   Scott's bandwidth): a real UMAP layout at any N.
+* ``n2d``: real images through the n2d recipe at N rows: scikit-learn's digits upsampled
+  to 16×16, each row a random affine copy of one (rotation ±15°, scale 0.85–1.15, shear,
+  shift ±1.5 px, blur, contrast, pixel noise), then PCA to 50 dims and UMAP to 10
+  (n_neighbors 20, min_dist 0) of those N rows: the n2d pipeline of the paper's image sets.
 * ``sphere``: 10 clusters on the unit sphere of R^64 with anisotropic spread, rows
   L2-normalised (like contrastive features).
 * ``sphere-1000``: the same with 1,000 clusters in R^128, the shape of MoCo's L2-normalised
@@ -123,6 +127,30 @@ def umap_digits(n: int, seed: int, cache: dict = {}) -> tuple[np.ndarray, np.nda
     return X.astype(np.float32), y
 
 
+def n2d_digits(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """n random affine copies of digits' images (16×16), PCA-50, UMAP-10; (n, 10), (n,)."""
+    from scipy import ndimage
+    from sklearn.decomposition import PCA
+
+    X, y = load_digits(return_X_y=True)
+    images = np.stack([ndimage.zoom(x.reshape(8, 8) / 16.0, 2, order=1) for x in X])
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(len(X), size=n)
+    rows = np.empty((n, 256), np.float32)
+    centre = np.array([7.5, 7.5])
+    for i, j in enumerate(pick):
+        angle, scale, shear = np.deg2rad(rng.uniform(-15, 15)), rng.uniform(0.85, 1.15), rng.uniform(-0.2, 0.2)
+        rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+        A = rotation @ np.array([[1.0, shear], [0.0, 1.0]]) / scale
+        image = ndimage.affine_transform(images[j], A, offset=centre - A @ centre + rng.uniform(-1.5, 1.5, 2),
+                                         order=1)
+        image = ndimage.gaussian_filter(image, rng.uniform(0.0, 0.8)) * rng.uniform(0.8, 1.2)
+        rows[i] = (image + rng.normal(0, 0.05, image.shape)).ravel()
+    pca = PCA(50, random_state=seed).fit_transform(rows).astype(np.float32)
+    config = Config().with_overrides({"seed": seed, "embed.n_neighbors": 20, "embed.min_dist": 0.0})
+    return np.asarray(embed(pca, "umap", config, dim=10).embedding, dtype=np.float32), y[pick]
+
+
 def sphere(n: int, seed: int, dim: int = 64, k: int = N_CLUSTERS) -> tuple[np.ndarray, np.ndarray]:
     """k unit centres plus noise of per-direction scale 0.08 + 0.25·U⁴, rows L2-normalised;
     (n, dim), (n,)."""
@@ -138,7 +166,7 @@ def sphere(n: int, seed: int, dim: int = 64, k: int = N_CLUSTERS) -> tuple[np.nd
 # name -> (data(n, seed), true K)
 FAMILIES: dict[str, tuple[Callable[[int, int], tuple[np.ndarray, np.ndarray]], int]] = {
     "student": (student, N_CLUSTERS), "curved": (curved, N_CLUSTERS),
-    "umap": (umap_digits, N_CLUSTERS), "sphere": (sphere, N_CLUSTERS),
+    "umap": (umap_digits, N_CLUSTERS), "n2d": (n2d_digits, N_CLUSTERS), "sphere": (sphere, N_CLUSTERS),
     "sphere-1000": (functools.partial(sphere, dim=128, k=1000), 1000)}
 
 
