@@ -13,6 +13,12 @@ from deepdpm_core.bayes.stats import SuffStats
 
 Tensor = torch.Tensor
 
+#: points of each grid of the searches below: one batched evaluation narrows the bracket of
+#: ln t (s) or ln(ν0 − D + 1) to 2 of its 16 cells, so ~12 evaluations reach SEARCH_TOL
+GRID_POINTS = 17
+#: width of the final bracket in those logarithms: a relative error of 1e-10 in s or ν0
+SEARCH_TOL = 1e-10
+
 
 def _scale_spectrum(prior: NIWPrior, stats: SuffStats, shape: Tensor, diagonal: bool) -> Tensor:
     """What the evidence's dependence on the prior's scale s sees of each row.
@@ -34,13 +40,13 @@ def _scale_spectrum(prior: NIWPrior, stats: SuffStats, shape: Tensor, diagonal: 
 
 
 def empirical_bayes_scale(prior: NIWPrior, stats: SuffStats, shape: Tensor,
-                          per_feature: bool = False, iters: int = 100) -> float:
+                          per_feature: bool = False) -> float:
     """Type-II maximum likelihood of the prior's scale s, Λ0 = ν0·s·P, given cluster stats.
 
     Maximises Σ_k ln f(X_k; m0, κ0, ν0, ν0·s·P) over s with m0, κ0, ν0 and P fixed. Only
     Λ0 depends on s (:func:`_scale_spectrum`); the objective is concave in ln t, with
     derivative ½ Σ_k [ν0 D − νn,k Σ_i t / (t + β_ki)] falling from ½ Σ_k (ν0 D − νn,k ·
-    #{β_ki = 0}) to −½ Σ_k n_k D, so bisection in ln t finds its root. A set whose
+    #{β_ki = 0}) to −½ Σ_k n_k D, so a search of ln t's grid for its sign change finds the root. A set whose
     derivative is negative everywhere (degenerate rows, e.g. single points) gets the lower
     end of the bracket, 1e-12 of the mean β. Isotropic clusters of variance σ² give s = σ².
     Sees only the (all-reduced) statistics, so every rank gets the same s.
@@ -70,19 +76,21 @@ def empirical_bayes_scale(prior: NIWPrior, stats: SuffStats, shape: Tensor,
     ref = float(beta.mean()) if beta.numel() else 0.0
     if not ref > 0:
         return 1.0
+
+    def rising(u: Tensor) -> Tensor:  # the derivative's sign at ln t = u, (M,)
+        t = u.exp()[:, None, None]
+        return (nu0 * d - nun * (t / (t + beta)).sum(-1)).sum(-1) > 0
+
     lo, hi = math.log(ref * 1e-12), math.log(ref) + 40.0
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        t = math.exp(mid)
-        if float((nu0 * d - nun * (t / (t + beta)).sum(-1)).sum()) > 0:
-            lo = mid
-        else:
-            hi = mid
+    while hi - lo > SEARCH_TOL:  # the root lies after the last grid point where it rises
+        grid = torch.linspace(lo, hi, GRID_POINTS, dtype=torch.float64)
+        last = int(rising(grid[1:-1]).sum())  # falling derivative: the first `last` rise
+        lo, hi = float(grid[last]), float(grid[last + 1])
     return math.exp(0.5 * (lo + hi)) / nu0
 
 
 def empirical_bayes_nu(prior: NIWPrior, stats: SuffStats, shape: Tensor, sigma_scale: float,
-                       floor: float | None = None, ceiling: float | None = None, iters: int = 60) -> float:
+                       floor: float | None = None, ceiling: float | None = None) -> float:
     """Type-II maximum likelihood of the prior's degrees of freedom ν0, given s.
 
     Maximises Σ_k ln f(X_k; m0, κ0, ν0, ν0·s·P) over ν0 with m0, κ0, s and P fixed: how
@@ -93,7 +101,7 @@ def empirical_bayes_nu(prior: NIWPrior, stats: SuffStats, shape: Tensor, sigma_s
 
         G(νn,k/2) − G(ν0/2) + (ν0 D/2) ln t − (νn,k/2) Σ_i ln(t + β_ki),  νn,k = ν0 + n_k
 
-    maximised by golden-section search over ln(ν0 − D + 1) (ln ν0 when diagonal) within
+    maximised by narrowing grids (it is unimodal) over ln(ν0 − D + 1) (ln ν0 when diagonal) within
     [``floor``, ``ceiling``]. Sees only the (all-reduced) statistics.
 
     Parameters
@@ -128,25 +136,17 @@ def empirical_bayes_nu(prior: NIWPrior, stats: SuffStats, shape: Tensor, sigma_s
     def log_gamma(a: Tensor) -> Tensor:  # G(a) of the docstring above, for every row
         return d * torch.lgamma(a) if prior.diagonal else torch.special.multigammaln(a, d)
 
-    def evidence(u: float) -> float:
-        nu0 = offset + math.exp(u)
-        t = nu0 * sigma_scale
-        nun = nu0 + n
-        terms = (log_gamma(nun / 2.0) - log_gamma(torch.tensor(nu0 / 2.0, dtype=torch.float64))
-                 + 0.5 * nu0 * d * math.log(t) - 0.5 * nun * torch.log(t + beta).sum(-1))
-        return float(terms.sum())
+    def evidence(u: Tensor) -> Tensor:  # at ν0 = offset + exp(u), (M,)
+        nu0 = offset + u.exp()
+        t = (nu0 * sigma_scale)[:, None]
+        nun = nu0[:, None] + n
+        terms = (log_gamma(nun / 2.0) - log_gamma(nu0 / 2.0)[:, None] + 0.5 * nu0[:, None] * d * t.log()
+                 - 0.5 * nun * torch.log(t[:, :, None] + beta).sum(-1))
+        return terms.sum(-1)
 
     lo, hi = math.log(floor - offset), math.log(ceiling - offset)
-    ratio = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    fa, fb = evidence(a), evidence(b)
-    for _ in range(iters):
-        if fa >= fb:
-            hi, b, fb = b, a, fa
-            a = hi - ratio * (hi - lo)
-            fa = evidence(a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + ratio * (hi - lo)
-            fb = evidence(b)
+    while hi - lo > SEARCH_TOL:  # unimodal in u: the maximum lies beside the best grid point
+        grid = torch.linspace(lo, hi, GRID_POINTS, dtype=torch.float64)
+        best = int(evidence(grid).argmax())
+        lo, hi = float(grid[max(best - 1, 0)]), float(grid[min(best + 1, GRID_POINTS - 1)])
     return offset + math.exp(0.5 * (lo + hi))

@@ -200,7 +200,7 @@ def _clusters(seed, d, sizes, spreads):
 
 @pytest.mark.parametrize("diagonal", [False, True])
 def test_empirical_bayes_scale_maximises_the_summed_marginal_likelihood(diagonal):
-    """The bisection's s against a brute-force search of Σ_k ln f(X_k; s) over ln s."""
+    """The grid search's s against a brute-force search of Σ_k ln f(X_k; s) over ln s."""
     d = 4
     stats = _clusters(6, d, [40, 7, 120], [0.5, 2.0, 1.0])
     shape = torch.tensor([1.0, 2.0, 0.5, 1.5], dtype=torch.float64)
@@ -230,7 +230,7 @@ def test_empirical_bayes_scale_of_isotropic_clusters_is_their_variance():
 
 @pytest.mark.parametrize("diagonal", [False, True])
 def test_empirical_bayes_nu_maximises_the_summed_marginal_likelihood(diagonal):
-    """The golden-section ν0 against a brute-force search of Σ_k ln f(X_k; ν0) over ν0."""
+    """The grid search's ν0 against a brute-force search of Σ_k ln f(X_k; ν0) over ν0."""
     d = 4
     stats = _clusters(9, d, [60, 25, 90], [0.7, 0.8, 0.75])
     shape = torch.tensor([1.0, 2.0, 0.5, 1.5], dtype=torch.float64)
@@ -249,6 +249,15 @@ def test_empirical_bayes_nu_maximises_the_summed_marginal_likelihood(diagonal):
     nu0 = empirical_bayes_nu(base, stats, shape, s)
     assert total(nu0) >= max(values) - 1e-9
     assert math.log(nu0) == pytest.approx(best, abs=1e-3)
+
+
+def test_empirical_bayes_nu_ends_at_the_ceiling_when_the_optimum_is_beyond_it():
+    d, shape = 3, torch.ones(3, dtype=torch.float64)
+    prior = NIWPrior.from_shape(torch.zeros(d), shape, 1e-4, None, 1.0)
+    same = _clusters(5, d, [400] * 3, [0.5] * 3)
+    s = empirical_bayes_scale(prior, same, shape)
+    # one shared isotropic shape wants ν0 above a low ceiling: the ceiling, to 1e-9
+    assert empirical_bayes_nu(prior, same, shape, s, ceiling=2.0 * (d + 2)) == pytest.approx(2.0 * (d + 2), rel=1e-9)
 
 
 def test_empirical_bayes_nu_is_high_for_one_shared_shape_and_weak_for_varied_shapes():
