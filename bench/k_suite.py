@@ -33,7 +33,9 @@ Data sets (``--datasets`` takes these names or globs such as ``'blobs16*'``):
   ``blobs2d-100`` (100 blobs on a jittered grid, 100,000 x 2), ``blobs128-40`` (40 blobs of
   75 points in 128-D: fewer points a cluster than dimensions, 4 clusters an initial one),
   ``table-degenerate`` (2000 x 13: a constant column, binary columns, 10 % duplicate rows,
-  a class of 3 rows) and ``table-mixed-units`` (4 clusters in 13-D, features x 0.1 .. 1000).
+  a class of 3 rows), ``table-mixed-units`` (4 clusters in 13-D, features x 0.1 .. 1000) and
+  ``table-classification`` (scikit-learn's ``make_classification``: 10 anisotropic Gaussian
+  clusters in 7 informative features, 3 redundant ones and 2 of noise, 5,000 x 12).
 
 ``--quick`` shrinks the large generated sets (sphere128, imbalanced128, blobs512, blobs16,
 blobs2d-overlap to 2000 rows, blobs2d-100 to 20,000); the others are small already.
@@ -87,7 +89,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from sklearn.cluster import HDBSCAN, KMeans
-from sklearn.datasets import load_breast_cancer, load_digits, load_iris, load_wine, make_blobs
+from sklearn.datasets import (
+    load_breast_cancer,
+    load_digits,
+    load_iris,
+    load_wine,
+    make_blobs,
+    make_classification,
+)
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import BayesianGaussianMixture
 from sklearn.preprocessing import StandardScaler
@@ -123,7 +132,7 @@ TIE_NATS = 0.01
 SCALES = {"1e-3": 1e-3, "1e3": 1e3}
 GENERATED = ("blobs16", "sphere128", "imbalanced128", "blobs512")
 HARD = ("blobs2d-dense", "blobs2d-overlap", "blobs2d-unequal", "blobs2d-50", "blobs2d-100",
-        "blobs128-40", "table-degenerate", "table-mixed-units")
+        "blobs128-40", "table-degenerate", "table-mixed-units", "table-classification")
 BLOB_SIZES = (30, 120, 250, 360, 600, 800, 1000)
 UNEQUAL_SIZES = (30, 50, 80, 110, 140, 170, 220)
 QUICK_BLOB_SIZES = (20, 40, 60, 80, 100, 120, 140)
@@ -375,6 +384,22 @@ def table_mixed_units(seed: int, quick: bool = False) -> Dataset:
     return (X * factors).astype(np.float32), y, "13-d blobs, features x 0.1 .. 1000 (log-spaced, shuffled)"
 
 
+def table_classification(seed: int, quick: bool = False) -> Dataset:
+    """``make_classification``'s benchmark table: 5 classes of 2 Gaussian clusters each, at
+    the vertices of a hypercube (side 4) in 7 informative features, each cluster with its own
+    random covariance; 3 features that are linear combinations of those and 2 of noise;
+    5,000 x 12, 500 rows a cluster, rows shuffled. The true labels are the 10 clusters (class
+    = cluster mod 5). Already small: ``quick`` keeps it."""
+    del quick
+    rng = np.random.default_rng(seed)
+    X, _ = make_classification(n_samples=5000, n_features=12, n_informative=7, n_redundant=3,
+                               n_classes=5, n_clusters_per_class=2, class_sep=2.0, flip_y=0.0,
+                               shuffle=False, random_state=int(rng.integers(2**31)))
+    y = np.repeat(np.arange(10), 500)  # unshuffled, make_classification lists cluster by cluster
+    order = rng.permutation(len(y))
+    return X[order].astype(np.float32), y[order], "make_classification: 10 clusters, 7 informative + 3 redundant + 2 noise features"
+
+
 def rescaled(seed: int, base: Callable[[int], Dataset], factor: float, label: str) -> Dataset:
     """``base(seed)`` with X multiplied by ``factor`` (same dtype)."""
     X, y, description = base(seed)
@@ -408,7 +433,8 @@ def make_datasets(quick: bool = False,
     hard = {"blobs2d-dense": blobs2d_dense, "blobs2d-overlap": blobs2d_overlap,
             "blobs2d-unequal": blobs2d_unequal, "blobs2d-50": blobs2d_50, "blobs2d-100": blobs2d_100,
             "blobs128-40": blobs128_40, "table-degenerate": table_degenerate,
-            "table-mixed-units": table_mixed_units}
+            "table-mixed-units": table_mixed_units,
+            "table-classification": table_classification}
     for name in HARD:
         out[name] = partial(hard[name], quick=quick)
     return out
