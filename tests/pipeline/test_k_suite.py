@@ -44,10 +44,10 @@ def test_the_suite_names_every_data_set_at_three_scales():
     for base in ("blobs16", "imbalanced128", "sphere128", "blobs512"):
         assert {base, f"{base}@1e-3", f"{base}@1e3"} <= set(names)
     assert names[6:9] == ["wine-raw", "breast-cancer-raw", "digits-raw"]
-    assert names[-8:] == list(suite.HARD) == [
+    assert names[-9:] == list(suite.HARD) == [
         "blobs2d-dense", "blobs2d-overlap", "blobs2d-unequal", "blobs2d-50", "blobs2d-100", "blobs128-40",
-        "table-degenerate", "table-mixed-units"]
-    assert len(names) == 29
+        "table-degenerate", "table-mixed-units", "table-classification"]
+    assert len(names) == 30
     assert suite.select(suite.DATASETS, ["blobs16*", "iris-std"]) == [
         "iris-std", "blobs16", "blobs16@1e-3", "blobs16@1e3"]
     with pytest.raises(SystemExit, match="no data set matches nope"):
@@ -64,6 +64,16 @@ def test_rescaled_variants_are_exactly_the_base_data_times_the_factor(base):
         np.testing.assert_array_equal(Xs, (X * factor).astype(X.dtype))
         np.testing.assert_array_equal(ys, y)
     assert not np.array_equal(builders[base](2)[0], X)  # the seed draws another data set
+
+
+def test_the_classification_table_has_redundant_columns_and_ten_clusters():
+    X, y, _ = suite.DATASETS["table-classification"](0)
+    assert X.shape == (5000, 12) and X.dtype == np.float32
+    assert np.bincount(y).tolist() == [500] * 10
+    # 3 columns are linear combinations of the 7 informative ones: rank 9 of 12
+    singular = np.linalg.svd(X - X.mean(0), compute_uv=False)
+    assert int((singular > singular[0] * 1e-5).sum()) == 9
+    assert not np.array_equal(suite.DATASETS["table-classification"](1)[0], X)
 
 
 def test_generated_sets_have_the_stated_shape_and_geometry():
