@@ -20,50 +20,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipeline.io.results import add_json_argument
     from pipeline.tracking.options import add_tracking_arguments
 
-    parser.add_argument(
-        "--shards", required=True, help="folder of .tar shards, a glob, or one file"
-    )
-    parser.add_argument(
-        "--output", required=True, help="folder for <shard>.parquet + _manifest.json"
-    )
+    parser.add_argument("--shards", required=True,
+                        help="folder of .tar shards, a glob, or one file")
+    parser.add_argument("--output", required=True,
+                        help="folder for <shard>.parquet + _manifest.json")
     parser.add_argument("--encoder", choices=ENCODERS, default="moco_v2", help="default: moco_v2")
-    parser.add_argument(
-        "--weights", default=None, help="checkpoint (.pth/.pth.tar); none: random init"
-    )
-    parser.add_argument(
-        "--arch", choices=RESNET_ARCHS, default="resnet50", help="default: resnet50"
-    )
-    parser.add_argument(
-        "--head",
-        action="store_true",
-        help="projection-head output (MoCo v2: 128-D) instead of the pooled trunk",
-    )
+    parser.add_argument("--weights", default=None,
+                        help="checkpoint (.pth/.pth.tar); none: random init")
+    parser.add_argument("--arch", choices=RESNET_ARCHS, default="resnet50",
+                        help="default: resnet50")
+    parser.add_argument("--head", action="store_true",
+                        help="projection-head output (MoCo v2: 128-D) instead of the pooled trunk")
     parser.add_argument("--l2-normalize", action="store_true", help="unit-length embeddings")
-    parser.add_argument(
-        "--pixel-size", type=int, default=8, help="thumbnail side of --encoder pixels (default: 8)"
-    )
-    parser.add_argument(
-        "--batch-size", type=int, default=256, help="images per encoder call (default: 256)"
-    )
-    parser.add_argument(
-        "--num-workers",
-        type=int,
-        default=1,
-        help="encoder actors: one per GPU or CPU slot (default: 1)",
-    )
+    parser.add_argument("--pixel-size", type=int, default=8,
+                        help="thumbnail side of --encoder pixels (default: 8)")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="images per encoder call (default: 256)")
+    parser.add_argument("--num-workers", type=int, default=1,
+                        help="encoder actors: one per GPU or CPU slot (default: 1)")
     parser.add_argument("--use-gpu", action="store_true", help="one GPU per encoder actor")
-    parser.add_argument(
-        "--cpus-per-worker",
-        type=float,
-        default=1.0,
-        help="CPUs per encoder actor without GPU (default: 1)",
-    )
-    parser.add_argument(
-        "--precision", choices=PRECISIONS, default="auto", help="auto: bf16 on GPU, fp32 on CPU"
-    )
-    parser.add_argument(
-        "--address", default=None, help="Ray address (default: $RAY_ADDRESS, else a local Ray)"
-    )
+    parser.add_argument("--cpus-per-worker", type=float, default=1.0,
+                        help="CPUs per encoder actor without GPU (default: 1)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="auto",
+                        help="auto: bf16 on GPU, fp32 on CPU")
+    parser.add_argument("--address", default=None,
+                        help="Ray address (default: $RAY_ADDRESS, else a local Ray)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_tracking_arguments(parser)
     add_json_argument(parser)

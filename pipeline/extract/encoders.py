@@ -27,10 +27,8 @@ from pipeline.extract.encoder_choices import ENCODERS, RESNET_ARCHS
 from pipeline.extract.preprocess import Preprocess
 
 #: prefixes of the query/base encoder inside the published MoCo checkpoints (DDP and not)
-MOCO_PREFIXES = {
-    "moco_v2": ("module.encoder_q.", "encoder_q."),
-    "moco_v3": ("module.base_encoder.", "base_encoder."),
-}
+MOCO_PREFIXES = {"moco_v2": ("module.encoder_q.", "encoder_q."),
+                 "moco_v3": ("module.base_encoder.", "base_encoder.")}
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 #: seed of the random initialisation when no weights are given (same weights on every actor)
@@ -62,9 +60,8 @@ class EncoderSpec:
         if self.name not in ENCODERS:
             raise ConfigError(f"unknown encoder '{self.name}': choose one of {', '.join(ENCODERS)}")
         if self.name != "pixels" and self.arch not in RESNET_ARCHS:
-            raise ConfigError(
-                f"unknown arch '{self.arch}': choose one of {', '.join(RESNET_ARCHS)}"
-            )
+            raise ConfigError(f"unknown arch '{self.arch}': choose one of "
+                              f"{', '.join(RESNET_ARCHS)}")
         if self.name == "pixels" and (self.weights is not None or self.head):
             raise ConfigError("the 'pixels' encoder takes no --weights and no --head")
         if self.pixel_size < 1:
@@ -148,13 +145,9 @@ def _default_head(name: str, trunk_dim: int) -> nn.Module:
     if name == "moco_v2":
         return nn.Sequential(nn.Linear(trunk_dim, trunk_dim), nn.ReLU(), nn.Linear(trunk_dim, 128))
     if name == "moco_v3":
-        return nn.Sequential(
-            nn.Linear(trunk_dim, 4096, bias=False),
-            nn.BatchNorm1d(4096),
-            nn.ReLU(),
-            nn.Linear(4096, 256, bias=False),
-            nn.BatchNorm1d(256, affine=False),
-        )
+        return nn.Sequential(nn.Linear(trunk_dim, 4096, bias=False), nn.BatchNorm1d(4096),
+                             nn.ReLU(), nn.Linear(4096, 256, bias=False),
+                             nn.BatchNorm1d(256, affine=False))
     return nn.Linear(trunk_dim, 1000)  # torchvision classifier
 
 
@@ -225,19 +218,12 @@ def split_checkpoint(
     if name in MOCO_PREFIXES:
         prefix = next((p for p in MOCO_PREFIXES[name] if any(k.startswith(p) for k in keys)), None)
         if prefix is None:
-            hint = next(
-                (
-                    f" (looks like a {other} checkpoint: use --encoder {other})"
-                    for other, prefixes in MOCO_PREFIXES.items()
-                    if other != name and any(k.startswith(prefixes) for k in keys)
-                ),
-                "",
-            )
-            raise CheckpointError(
-                f"{source} is not a {name} checkpoint: no key starts with "
-                f"'{MOCO_PREFIXES[name][0]}'; key prefixes found: "
-                f"{', '.join(_top_prefixes(keys)[:8])}{hint}"
-            )
+            hint = next((f" (looks like a {other} checkpoint: use --encoder {other})"
+                         for other, prefixes in MOCO_PREFIXES.items()
+                         if other != name and any(k.startswith(prefixes) for k in keys)), "")
+            raise CheckpointError(f"{source} is not a {name} checkpoint: no key starts with "
+                                  f"'{MOCO_PREFIXES[name][0]}'; key prefixes found: "
+                                  f"{', '.join(_top_prefixes(keys)[:8])}{hint}")
         state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
     elif all(k.startswith("module.") for k in keys):
         state = {k[len("module.") :]: v for k, v in state.items()}
@@ -251,17 +237,11 @@ def _load_strict(module: nn.Module, state: dict[str, torch.Tensor], what: str) -
     expected = module.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
-    mismatched = [
-        f"{k} {list(state[k].shape)} vs {list(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
+    mismatched = [f"{k} {list(state[k].shape)} vs {list(v.shape)}"
+                  for k, v in expected.items() if k in state and state[k].shape != v.shape]
     problems = []
-    for label, items in (
-        ("missing keys", missing),
-        ("unexpected keys", unexpected),
-        ("shape mismatches (checkpoint vs model)", mismatched),
-    ):
+    for label, items in (("missing keys", missing), ("unexpected keys", unexpected),
+                         ("shape mismatches (checkpoint vs model)", mismatched)):
         if items:
             shown = ", ".join(items[:6]) + (", ..." if len(items) > 6 else "")
             problems.append(f"{len(items)} {label}: {shown}")
@@ -292,9 +272,8 @@ def build_encoder(spec: EncoderSpec) -> nn.Module:
         head = _default_head(spec.name, trunk_dim) if spec.head else None
     if spec.weights is not None:
         source = str(spec.weights)
-        trunk_state, head_state = split_checkpoint(
-            load_state_dict_file(spec.weights), spec.name, source
-        )
+        trunk_state, head_state = split_checkpoint(load_state_dict_file(spec.weights),
+                                                   spec.name, source)
         _load_strict(trunk, trunk_state, f"{spec.arch} trunk ({spec.name}, {source})")
         if spec.head:
             head = head_from_state(head_state)
@@ -302,13 +281,8 @@ def build_encoder(spec: EncoderSpec) -> nn.Module:
     return ResNetEncoder(trunk, trunk_dim, head).eval()
 
 
-def embed_numpy(
-    encoder: nn.Module,
-    images: np.ndarray,
-    device: torch.device | str = "cpu",
-    amp_dtype: torch.dtype | None = None,
-    l2_normalize: bool = False,
-) -> np.ndarray:
+def embed_numpy(encoder: nn.Module, images: np.ndarray, device: torch.device | str = "cpu",
+                amp_dtype: torch.dtype | None = None, l2_normalize: bool = False) -> np.ndarray:
     """Embed one batch of uint8 images [B, C, H, W] -> float32 [B, D] (no autograd).
 
     On CUDA the batch is pinned and copied asynchronously; ``amp_dtype`` (bf16/fp16)
@@ -318,12 +292,9 @@ def embed_numpy(
     batch = torch.from_numpy(np.ascontiguousarray(images))
     if device.type == "cuda":
         batch = batch.pin_memory().to(device, non_blocking=True)
-    with (
-        torch.inference_mode(),
-        torch.autocast(
-            device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None
-        ),
-    ):
+    with (torch.inference_mode(),
+          torch.autocast(device.type, dtype=amp_dtype or torch.float32,
+                         enabled=amp_dtype is not None)):
         out = encoder(batch).float()
     if l2_normalize:
         out = nn.functional.normalize(out, dim=1)

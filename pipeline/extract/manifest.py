@@ -50,14 +50,10 @@ class ExtractReport:
     def metrics(self) -> dict[str, float]:
         """Numeric fields of this run, flat (for ``mlflow.log_metrics``)."""
         return {
-            "shards_total": self.shards_total,
-            "shards_done": self.shards_done,
-            "shards_reused": self.shards_reused,
-            "shards_failed": len(self.shards_failed),
-            "images_read": self.images_read,
-            "images_embedded": self.images_embedded,
-            "images_skipped": self.images_skipped,
-            "seconds": self.seconds,
+            "shards_total": self.shards_total, "shards_done": self.shards_done,
+            "shards_reused": self.shards_reused, "shards_failed": len(self.shards_failed),
+            "images_read": self.images_read, "images_embedded": self.images_embedded,
+            "images_skipped": self.images_skipped, "seconds": self.seconds,
             "seconds_to_first_batch": self.seconds_to_first_batch,
             "images_per_s": self.images_per_s,
         }
@@ -105,57 +101,38 @@ class ShardAssembler:
 
     def write(self, shard: str) -> dict:
         parts = self.parts.pop(shard)
-        cols = {
-            k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0)
-            for k in ("key", "label", "ok", "error")
-        }
-        emb = (
-            np.concatenate([p["embedding"] for p in parts])
-            if parts
-            else np.zeros((0, self.dim), np.float32)
-        )
+        cols = {k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0)
+                for k in ("key", "label", "ok", "error")}
+        emb = (np.concatenate([p["embedding"] for p in parts]) if parts
+               else np.zeros((0, self.dim), np.float32))
         order = np.argsort(cols["key"].astype(str), kind="stable")
         ok = cols["ok"][order].astype(bool)
         keys, labels, errors = cols["key"][order], cols["label"][order], cols["error"][order]
         entry = {
-            "shard": shard,
-            "output": self.outputs[shard].name,
-            "read": len(order),
-            "embedded": int(ok.sum()),
-            "skipped": int((~ok).sum()),
-            "skipped_keys": [
-                {"key": str(k), "reason": str(e)}
-                for k, e in zip(keys[~ok], errors[~ok], strict=True)
-            ],
-            "encoder": self.encoder,
-            "dim": self.dim,
+            "shard": shard, "output": self.outputs[shard].name, "read": len(order),
+            "embedded": int(ok.sum()), "skipped": int((~ok).sum()),
+            "skipped_keys": [{"key": str(k), "reason": str(e)}
+                             for k, e in zip(keys[~ok], errors[~ok], strict=True)],
+            "encoder": self.encoder, "dim": self.dim,
         }
-        table = features_table(
-            emb[order][ok].reshape(-1, self.dim), keys[ok], labels[ok].astype(np.int64)
-        )
+        table = features_table(emb[order][ok].reshape(-1, self.dim), keys[ok],
+                               labels[ok].astype(np.int64))
         table = table.replace_schema_metadata({SHARD_META_KEY: json.dumps(entry).encode()})
         write_parquet_atomic(table, self.outputs[shard])
         return entry
 
     def incomplete(self) -> list[dict]:
-        return [
-            {
-                "shard": s,
-                "reason": f"expected {self.expected[s]} samples, received {self.received[s]}",
-            }
-            for s in self.parts
-        ]
+        return [{"shard": s,
+                 "reason": f"expected {self.expected[s]} samples, received {self.received[s]}"}
+                for s in self.parts]
 
 
 def same_encoder(stored: dict | None, current: dict) -> bool:
     """Same embeddings? Weights compare by content (sha256), so a moved checkpoint matches."""
 
     def comparable(identity: dict) -> dict:
-        return {
-            k: v
-            for k, v in identity.items()
-            if not (k == "weights" and "weights_sha256" in identity)
-        }
+        return {k: v for k, v in identity.items()
+                if not (k == "weights" and "weights_sha256" in identity)}
 
     return stored is not None and comparable(stored) == comparable(current)
 
@@ -163,14 +140,9 @@ def same_encoder(stored: dict | None, current: dict) -> bool:
 def build_manifest(entries: dict[str, dict], failed: list[dict], encoder: dict, dim: int) -> dict:
     shards = [entries[s] for s in sorted(entries)]
     return {
-        "encoder": encoder,
-        "dim": dim,
-        "totals": {
-            "shards": len(shards),
-            "read": sum(e["read"] for e in shards),
-            "embedded": sum(e["embedded"] for e in shards),
-            "skipped": sum(e["skipped"] for e in shards),
-        },
-        "failed_shards": failed,
-        "shards": shards,
+        "encoder": encoder, "dim": dim,
+        "totals": {"shards": len(shards), "read": sum(e["read"] for e in shards),
+                   "embedded": sum(e["embedded"] for e in shards),
+                   "skipped": sum(e["skipped"] for e in shards)},
+        "failed_shards": failed, "shards": shards,
     }

@@ -146,9 +146,8 @@ def _read_checked(source: _Source) -> tuple[bytes | None, str | None]:
     return data, None
 
 
-def _read_all(
-    sources: list[_Source], threads: int
-) -> Iterator[tuple[_Source, bytes | None, str | None]]:
+def _read_all(sources: list[_Source],
+              threads: int) -> Iterator[tuple[_Source, bytes | None, str | None]]:
     """Read files with a thread pool, in order, at most ``_READ_AHEAD`` ahead."""
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for start in range(0, len(sources), _READ_AHEAD):
@@ -183,14 +182,9 @@ class _AtomicShardFiles:
         os.replace(self._tmp(fname), fname)
 
 
-def write_shards(
-    input_dir: str | Path,
-    output_dir: str | Path,
-    shard_size: int = 1000,
-    overwrite: bool = False,
-    read_threads: int = 8,
-    progress: bool = True,
-) -> ShardReport:
+def write_shards(input_dir: str | Path, output_dir: str | Path, shard_size: int = 1000,
+                 overwrite: bool = False, read_threads: int = 8,
+                 progress: bool = True) -> ShardReport:
     """Write an ImageFolder tree as webdataset shards (``shard-000000.tar``, ...).
 
     Parameters
@@ -219,17 +213,13 @@ def write_shards(
         raise ConfigError(f"output {output_dir} exists and is not a folder")
     sources, classes, ignored = list_image_folder(input_dir)
     if not sources:
-        raise DataError(
-            f"no images under {input_dir} (expected one sub-folder per class holding "
-            f"{'/'.join(e.lstrip('.') for e in IMAGE_EXTENSIONS)} files)"
-        )
+        raise DataError(f"no images under {input_dir} (expected one sub-folder per class holding "
+                        f"{'/'.join(e.lstrip('.') for e in IMAGE_EXTENSIONS)} files)")
     output_dir.mkdir(parents=True, exist_ok=True)
     existing = sorted(output_dir.glob("shard-*.tar"))
     if existing and not overwrite:
-        raise ConfigError(
-            f"{output_dir} already holds {len(existing)} shards; choose an empty folder "
-            "or pass --overwrite"
-        )
+        raise ConfigError(f"{output_dir} already holds {len(existing)} shards; choose an empty "
+                          "folder or pass --overwrite")
     for path in existing:
         path.unlink()
 
@@ -238,13 +228,8 @@ def write_shards(
     used_keys: set[str] = set()
     files = _AtomicShardFiles()
     writer = wds.ShardWriter(
-        str(output_dir / SHARD_PATTERN),
-        maxcount=shard_size,
-        verbose=0,
-        opener=files.open,
-        post=files.post,
-        encoder=False,
-        mtime=_TAR_MTIME,
+        str(output_dir / SHARD_PATTERN), maxcount=shard_size, verbose=0, opener=files.open,
+        post=files.post, encoder=False, mtime=_TAR_MTIME,
         format="PAX_FORMAT",  # no 100-character limit on member names
     )
     bar = tqdm(total=len(sources), desc="shards", unit="img", disable=not progress)
@@ -276,9 +261,8 @@ def write_shards(
         raise DataError(f"none of the {len(sources)} image files under {input_dir} is readable")
     report.shards = [{"file": name, "samples": count} for name, count in counts.items()]
     report.seconds = time.perf_counter() - start
-    write_json_atomic(
-        {"class_to_idx": {name: i for i, name in enumerate(classes)}}, output_dir / CLASS_INDEX_NAME
-    )
+    write_json_atomic({"class_to_idx": {name: i for i, name in enumerate(classes)}},
+                      output_dir / CLASS_INDEX_NAME)
     write_json_atomic({"input_dir": str(input_dir), **report.to_dict()}, output_dir / MANIFEST_NAME)
     return report
 

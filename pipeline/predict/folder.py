@@ -138,15 +138,9 @@ class PredictRowGroups:
 
 
 def predict_folder(
-    model_file: str | Path,
-    input_dir: str | Path,
-    output_dir: str | Path,
-    *,
-    batch_size: int = 4096,
-    num_workers: int = 1,
-    cpus_per_worker: float = 1.0,
-    ray_address: str | None = None,
-    progress: bool = True,
+    model_file: str | Path, input_dir: str | Path, output_dir: str | Path, *,
+    batch_size: int = 4096, num_workers: int = 1, cpus_per_worker: float = 1.0,
+    ray_address: str | None = None, progress: bool = True,
 ) -> FolderPrediction:
     """Predict every Parquet file of ``input_dir`` into ``output_dir`` (resumable).
 

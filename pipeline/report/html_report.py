@@ -327,13 +327,5 @@ def write_report(html_text: str, output: str | Path) -> Path:
     return output
 
 
-__all__ = [
-    "ClusterRow",
-    "RunData",
-    "cluster_rows",
-    "load_mlflow_run",
-    "load_run",
-    "load_run_dir",
-    "render_report",
-    "write_report",
-]
+__all__ = ["ClusterRow", "RunData", "cluster_rows", "load_mlflow_run", "load_run", "load_run_dir",
+           "render_report", "write_report"]

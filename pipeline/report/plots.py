@@ -267,15 +267,5 @@ def write_fit_plots(
     return paths
 
 
-__all__ = [
-    "SCORE_KEYS",
-    "has_phases",
-    "has_scores",
-    "plot_cluster_sizes",
-    "plot_epoch_time",
-    "plot_k_over_epochs",
-    "plot_losses",
-    "plot_moves",
-    "plot_scores",
-    "write_fit_plots",
-]
+__all__ = ["SCORE_KEYS", "has_phases", "has_scores", "plot_cluster_sizes", "plot_epoch_time",
+           "plot_k_over_epochs", "plot_losses", "plot_moves", "plot_scores", "write_fit_plots"]

@@ -16,29 +16,17 @@ from pipeline.tracking.options import DEFAULT_MODEL_ALIAS, default_run_name, tra
 from pipeline.tracking.run_tracker import RunTracker
 
 #: files of a fit output directory logged as artifacts (those that exist)
-FIT_ARTIFACTS = (
-    "config.yaml",
-    "summary.json",
-    "k_over_epochs.png",
-    "cluster_sizes.png",
-    "moves.png",
-    "losses.png",
-    "scores.png",
-    "epoch_time.png",
-    "model.pt",
-    "assignments.parquet",
-)
+FIT_ARTIFACTS = ("config.yaml", "summary.json", "k_over_epochs.png", "cluster_sizes.png",
+                 "moves.png", "losses.png", "scores.png", "epoch_time.png", "model.pt",
+                 "assignments.parquet")
 
 
 def tracker_from_args(args: argparse.Namespace, rank: int = 0) -> RunTracker:
     """A :class:`RunTracker` configured by :func:`add_tracking_arguments` (and
     :func:`add_registry_arguments`) flags."""
     return RunTracker(
-        tracking_uri=args.tracking_uri,
-        experiment=args.experiment,
-        enabled=tracking_on(args),
-        run_name=default_run_name(args),
-        rank=rank,
+        tracking_uri=args.tracking_uri, experiment=args.experiment, enabled=tracking_on(args),
+        run_name=default_run_name(args), rank=rank,
         register_model=getattr(args, "register_model", None),
         model_alias=getattr(args, "model_alias", DEFAULT_MODEL_ALIAS),
     )
@@ -48,12 +36,8 @@ def fit_params(
     flat_config: Mapping[str, Any], n_samples: int, n_features: int, num_workers: int = 1
 ) -> dict[str, Any]:
     """Params of a fit run: the flattened config plus data shape and worker count."""
-    return {
-        **flat_config,
-        "data.n_samples": int(n_samples),
-        "data.n_features": int(n_features),
-        "num_workers": int(num_workers),
-    }
+    return {**flat_config, "data.n_samples": int(n_samples), "data.n_features": int(n_features),
+            "num_workers": int(num_workers)}
 
 
 def epoch_callback(
