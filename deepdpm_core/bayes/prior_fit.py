@@ -32,7 +32,7 @@ class PriorFit:
     ----------
     config : PriorConfig
     coords : FeatureCoordinates
-        The fit's coordinates (their ``unit`` and ``feature_std`` give P).
+        The fit's coordinates (their ``unit`` and ``axis_std`` give P).
     device : torch.device
 
     Attributes
@@ -54,11 +54,11 @@ class PriorFit:
 
     def __init__(self, config: PriorConfig, coords: FeatureCoordinates, device: torch.device) -> None:
         self.config = config
-        d = coords.feature_std.shape[0]
+        d = coords.dim
         f64 = {"dtype": torch.float64}
         unit2 = coords.unit**2
         # Ψ0 = s·I or s·diag(std) in the features' units is s·shape on x̃
-        std = coords.feature_std.to(torch.float64)
+        std = coords.axis_std.to(torch.float64)
         self.shape = torch.full((d,), 1.0 / unit2, **f64) if config.psi == "identity" else \
             torch.where(std > 0, std, torch.ones(d, **f64)) / unit2
         self.sigma_scale = float(config.sigma_scale) if isinstance(config.sigma_scale, float) else unit2

@@ -61,7 +61,7 @@ class ClusterAssigner:
     @property
     def dim(self) -> int:
         """D, the number of features."""
-        return int(self.cluster_net.hidden.in_features)
+        return self.coords.n_features
 
     @property
     def n_clusters(self) -> int:
@@ -231,7 +231,7 @@ class FittedModel:
     @property
     def dim(self) -> int:
         """D, the number of features."""
-        return int(self.means.shape[1])
+        return self.coords.n_features
 
     @property
     def n_clusters(self) -> int:

@@ -22,7 +22,7 @@ def trainer_state(trainer: Trainer) -> dict[str, Any]:
     nets = trainer.nets
     return {
         "config": trainer.config.to_dict(),
-        "dim": trainer.dim,
+        "dim": trainer.coords.n_features,
         "n_total": trainer.n_total,
         "coordinates": trainer.coords.state_dict(),
         **trainer.prior_fit.state_dict(),

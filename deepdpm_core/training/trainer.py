@@ -90,7 +90,6 @@ class Trainer:
         self.device = resolve_device(config.device)
         self.precision = resolve_precision(config.model.precision, self.device)
         self.estep = EStep(config.estep)
-        self.dim = int(x.shape[1])
         self.rng = np.random.default_rng(config.seed)  # move decisions (rank 0) and init
         self.torch_gen = torch.Generator().manual_seed(config.seed)  # net initialisation
         self.epoch = 0
@@ -115,9 +114,11 @@ class Trainer:
         Works through the rows in chunks: a float64 copy of the whole data would be twice
         its float32 size, and at ImageNet scale the data are most of the memory.
         """
-        n_local, d, chunk = x.shape[0], self.dim, 1 << 16
         self.coords, self.n_total, self.rank_rows = fit_coordinates(
             x, self.config.data, self.comm, self.device)
+        #: the coordinates of a row of x̃: D, or fewer where the features are linearly dependent
+        self.dim = self.coords.dim
+        n_local, d, chunk = x.shape[0], self.dim, 1 << 16
         #: per-feature variance (D,) of the (transformed) features, float64, for diagnostics
         self.feature_variance = self.coords.feature_std.square()
         self.prior_fit = PriorFit(self.config.prior, self.coords, self.device)
