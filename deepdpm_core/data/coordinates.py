@@ -215,7 +215,7 @@ def resolve_transform(data: DataConfig, variance: Tensor) -> str:
 
 def fit_coordinates(x: Tensor, data: DataConfig, comm: Communicator, device: torch.device
                     ) -> tuple[FeatureCoordinates, int, list[int]]:
-    """Build the coordinates of all ranks' rows (one all-reduce of moments, one of extremes).
+    """Build the coordinates of all ranks' rows (all-reduces of a sample's covariance, the moments, the extremes).
 
     Parameters
     ----------
