@@ -116,8 +116,7 @@ class Trainer:
         """
         self.coords, self.n_total, self.rank_rows = fit_coordinates(
             x, self.config.data, self.comm, self.device)
-        #: the coordinates of a row of x̃: D, or fewer where the features are linearly dependent
-        self.dim = self.coords.dim
+        self.dim = self.coords.dim  #: x̃'s coordinates: D, fewer where features are dependent
         n_local, d, chunk = x.shape[0], self.dim, 1 << 16
         #: per-feature variance (D,) of the (transformed) features, float64, for diagnostics
         self.feature_variance = self.coords.feature_std.square()
