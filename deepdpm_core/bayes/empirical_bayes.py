@@ -20,6 +20,17 @@ GRID_POINTS = 17
 SEARCH_TOL = 1e-10
 
 
+def _narrowed(lo: float, hi: float, bracket) -> float:
+    """The middle of [``lo``, ``hi``] narrowed to :data:`SEARCH_TOL`: each round evaluates a
+    grid of :data:`GRID_POINTS` at once and ``bracket(grid)`` names the two grid points (their
+    indices) that hold the answer."""
+    while hi - lo > SEARCH_TOL:
+        grid = torch.linspace(lo, hi, GRID_POINTS, dtype=torch.float64)
+        first, last = bracket(grid)
+        lo, hi = float(grid[first]), float(grid[last])
+    return 0.5 * (lo + hi)
+
+
 def _scale_spectrum(prior: NIWPrior, stats: SuffStats, shape: Tensor, diagonal: bool) -> Tensor:
     """What the evidence's dependence on the prior's scale s sees of each row.
 
@@ -81,12 +92,11 @@ def empirical_bayes_scale(prior: NIWPrior, stats: SuffStats, shape: Tensor,
         t = u.exp()[:, None, None]
         return (nu0 * d - nun * (t / (t + beta)).sum(-1)).sum(-1) > 0
 
-    lo, hi = math.log(ref * 1e-12), math.log(ref) + 40.0
-    while hi - lo > SEARCH_TOL:  # the root lies after the last grid point where it rises
-        grid = torch.linspace(lo, hi, GRID_POINTS, dtype=torch.float64)
-        last = int(rising(grid[1:-1]).sum())  # falling derivative: the first `last` rise
-        lo, hi = float(grid[last]), float(grid[last + 1])
-    return math.exp(0.5 * (lo + hi)) / nu0
+    def root(grid: Tensor) -> tuple[int, int]:  # falling: it rises at the first `last` points
+        last = int(rising(grid[1:-1]).sum())
+        return last, last + 1
+
+    return math.exp(_narrowed(math.log(ref * 1e-12), math.log(ref) + 40.0, root)) / nu0
 
 
 def empirical_bayes_nu(prior: NIWPrior, stats: SuffStats, shape: Tensor, sigma_scale: float,
@@ -144,9 +154,8 @@ def empirical_bayes_nu(prior: NIWPrior, stats: SuffStats, shape: Tensor, sigma_s
                  - 0.5 * nun * torch.log(t[:, :, None] + beta).sum(-1))
         return terms.sum(-1)
 
-    lo, hi = math.log(floor - offset), math.log(ceiling - offset)
-    while hi - lo > SEARCH_TOL:  # unimodal in u: the maximum lies beside the best grid point
-        grid = torch.linspace(lo, hi, GRID_POINTS, dtype=torch.float64)
+    def peak(grid: Tensor) -> tuple[int, int]:  # unimodal: the maximum is beside the best point
         best = int(evidence(grid).argmax())
-        lo, hi = float(grid[max(best - 1, 0)]), float(grid[min(best + 1, GRID_POINTS - 1)])
-    return offset + math.exp(0.5 * (lo + hi))
+        return max(best - 1, 0), min(best + 1, GRID_POINTS - 1)
+
+    return offset + math.exp(_narrowed(math.log(floor - offset), math.log(ceiling - offset), peak))

@@ -119,14 +119,6 @@ def _moments(x: Tensor, normalize_rows: bool, comm: Communicator, device: torch.
     sorted by class still give each class its share), None below 4 D rows in all."""
     n_local, d = x.shape
     f64 = {"dtype": torch.float64}
-    sample = torch.randperm(n_local, generator=torch.Generator().manual_seed(0))[: max(COVARIANCE_ROWS, 16 * d)]
-    head = _rows(x.index_select(0, sample.sort().values.to(x.device)), normalize_rows)
-    head_moments = comm.all_reduce(torch.cat([torch.tensor([float(len(head))], **f64), head.sum(0),
-                                              (head.T @ head).reshape(-1)]).to(device)).cpu()
-    m = float(head_moments[0])
-    head_mean = head_moments[1 : 1 + d] / max(m, 1.0)
-    covariance = (head_moments[1 + d :].view(d, d) / m - torch.outer(head_mean, head_mean)
-                  if m >= 4 * d else None)
     s1, s2 = torch.zeros(d, **f64), torch.zeros(d, **f64)
     hi = torch.full((d,), -torch.inf, **f64)
     neg_lo = torch.full((d,), -torch.inf, **f64)
@@ -143,6 +135,13 @@ def _moments(x: Tensor, normalize_rows: bool, comm: Communicator, device: torch.
     n = tot[0]
     mean = tot[1 : 1 + d] / n
     var = (tot[1 + d : 1 + 2 * d] / n - mean.square()).clamp_min(0)
+    # the sample is centred on the mean of all rows, so its float64 sums lose nothing to an offset
+    sample = torch.randperm(n_local, generator=torch.Generator().manual_seed(0))[: max(COVARIANCE_ROWS, 16 * d)]
+    rows_c = _rows(x.index_select(0, sample.sort().values.to(x.device)), normalize_rows) - mean.to(x.device)
+    sums = comm.all_reduce(torch.cat([torch.tensor([float(len(rows_c))], **f64).to(x.device), rows_c.sum(0),
+                                      (rows_c.T @ rows_c).reshape(-1)]).to(device)).cpu()
+    m, offset = float(sums[0]), sums[1 : 1 + d] / max(float(sums[0]), 1.0)
+    covariance = sums[1 + d :].view(d, d) / m - torch.outer(offset, offset) if m >= 4 * d else None
     return (int(n.item()), [int(v) for v in tot[1 + 2 * d :].tolist()], mean, var, -extremes[d:], extremes[:d],
             covariance)
 

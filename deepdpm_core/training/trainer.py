@@ -7,7 +7,7 @@ statistics as a flat float64 tensor, the M-step on every rank (NIW MAP) unless t
 are frozen, and, when the :class:`~deepdpm_core.moves.schedule.MoveSchedule` says so, a
 split or merge round (:mod:`~deepdpm_core.training.move_round`).
 
-Data live on the device as one (N_local, D) float32 tensor in the fit's own coordinates
+Data live on the device as one (N_local, dim) float32 tensor in the fit's own coordinates
 (:mod:`deepdpm_core.data.coordinates`: centred, so the prior mean is 0 and uncentred float64
 sums stay accurate, and scaled to unit mean variance, so nothing depends on the units).
 """
@@ -108,16 +108,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ set-up
     def _init_data(self, x: Tensor) -> None:
-        """The fit's coordinates (:mod:`deepdpm_core.data.coordinates`), the data in them, and
-        the NIW prior.
-
-        Works through the rows in chunks: a float64 copy of the whole data would be twice
-        its float32 size, and at ImageNet scale the data are most of the memory.
-        """
+        """The fit's coordinates (:mod:`deepdpm_core.data.coordinates`), the data in them (by
+        chunks: a float64 copy of all rows would double their memory) and the NIW prior."""
         self.coords, self.n_total, self.rank_rows = fit_coordinates(
             x, self.config.data, self.comm, self.device)
-        self.dim = self.coords.dim  #: x̃'s coordinates: D, fewer where features are dependent
-        n_local, d, chunk = x.shape[0], self.dim, 1 << 16
+        n_local, d, chunk = x.shape[0], self.coords.dim, 1 << 16
         #: per-feature variance (D,) of the (transformed) features, float64, for diagnostics
         self.feature_variance = self.coords.feature_std.square()
         self.prior_fit = PriorFit(self.config.prior, self.coords, self.device)
@@ -184,6 +179,11 @@ class Trainer:
         (``wrap``), refresh the mixture."""
         self.cluster_model, self.sub_model = self.wrap(self.nets.cluster), self.wrap(self.nets.sub)
         self._refresh_mixture()
+
+    @property
+    def dim(self) -> int:
+        """The coordinates of x̃: D, fewer where features are left out (``coords.dim``)."""
+        return self.coords.dim
 
     @property
     def n_clusters(self) -> int:
