@@ -10,8 +10,10 @@ move rounds in a row accepted nothing; or, read at the end of a cycle (a split r
 merge round) only, so that a split round's cuts stand once a merge round has judged them:
 K after each of the last 2·``patience`` + 1 rounds stayed within one value, K after each
 of the last ``patience`` + 1 cycles stayed within ``settled_spread`` of itself (rounded
-down: below 100 clusters the same K), or K after each of the last 2·``patience`` cycles
-took turns between two values.
+down: below 100 clusters the same K), or K after each cycle repeated a pattern of 2 to
+:data:`MAX_CYCLE_PERIOD` values over the last max(2·period, 2·``patience``) cycles and
+stands at the pattern's smallest K (11, 10, 11, 10, 11, 10 or 11, 12, 11, 10, 11, 12, 11,
+10: the merge rounds undo what the split rounds cut).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepdpm_core.config import MovesConfig, ScheduleConfig
+
+#: the longest pattern of K at the ends of move cycles that stops a fit once repeated
+MAX_CYCLE_PERIOD = 4
 
 
 @dataclass
@@ -101,9 +106,12 @@ class MoveSchedule:
         last = ends[-(sch.patience + 1):]
         if len(last) == sch.patience + 1 and max(last) - min(last) <= int(sch.settled_spread * max(last)):
             return f"K was {min(last)} to {max(last)} after each of the last {len(last)} move cycles"
-        turns = ends[-2 * sch.patience:]
-        if len(turns) == 2 * sch.patience and len(set(turns)) == 2 and turns[2:] == turns[:-2]:
-            return f"K took turns between {min(turns)} and {max(turns)} after each of the last {len(turns)} move cycles"
+        for period in range(2, MAX_CYCLE_PERIOD + 1):  # a limit cycle, left at its fewest clusters
+            need = max(2 * period, 2 * sch.patience)
+            turns = ends[-need:]
+            if len(turns) == need and turns[period:] == turns[:-period] and turns[-1] == min(turns) < max(turns):
+                pattern = ", ".join(map(str, turns[-period:]))
+                return f"K after each of the last {len(turns)} move cycles repeated {pattern}"
         return None
 
     def finished(self, epochs_done: int) -> bool:

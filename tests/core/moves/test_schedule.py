@@ -138,28 +138,45 @@ def _finished_after(cfg: Config, history: list[dict]) -> bool:
     return _replayed(cfg, history).finished(len(history))
 
 
-def test_cycles_whose_ends_take_turns_between_two_values_stop_the_fit():
-    """K after each round of an exact-EM fit of 10 curved clusters (20,000 rows, seed 1;
-    rounds every 2 epochs): from epoch 32 on the cycles end at 10, 11, 10, 11, ... (two
-    splits, a merge, nothing, a merge) and the fit ran to max_epochs (200)."""
-    rounds = [14, 12, 12, 10, 13, 12, 14, 11, 14, 12, 13, 11, 13, 11, 11, 10, 12, 11, 11, 10,
-              12, 11, 11, 10, 12, 11, 11, 10, 12, 11, 11, 10]
+def _replay_rounds(rounds: list[int], start: int) -> tuple[MoveSchedule, int | None]:
+    """Feed an exact-EM fit's K after each move round (rounds every 2 epochs from epoch 2,
+    a round accepted a move when K changed) to a schedule; it and the epoch it stopped at."""
     sched = MoveSchedule(ScheduleConfig(warmup_epochs=1, move_every=2, freeze_epochs=0), MovesConfig())
-    stopped, before = None, 14
+    before = start
     for index, k in enumerate(rounds):
         epoch = 2 + 2 * index
         sched.moved(epoch, int(k != before), k)
         before = k
         if sched.finished(epoch):
-            stopped = epoch
-            break
+            return sched, epoch
+    return sched, None
+
+
+def test_cycles_whose_ends_take_turns_between_two_values_stop_the_fit():
+    """K after each round of an exact-EM fit of 10 curved clusters (20,000 rows, seed 1;
+    rounds every 2 epochs): from epoch 32 on the cycles end at 10, 11, 10, 11, ... (two
+    splits, a merge, nothing, a merge) and the fit ran to max_epochs (200)."""
+    sched, stopped = _replay_rounds([14, 12, 12, 10, 13, 12, 14, 11, 14, 12, 13, 11, 13, 11, 11, 10, 12,
+                                     11, 11, 10, 12, 11, 11, 10, 12, 11, 11, 10, 12, 11, 11, 10], 14)
     # the ends of the last 6 cycles (epochs 28-48): 11, 10, 11, 10, 11, 10
     assert stopped == 48 and sched.stop_reason(48) == (
-        "K settled after 48 epochs (K took turns between 10 and 11 after each of the last 6 move cycles)")
-    # three values, or two that do not take turns, are a search still moving
-    for ends in ([11, 10, 12, 11, 10, 12], [11, 11, 10, 10, 11, 11], [12, 11, 12, 11, 12, 10]):
+        "K settled after 48 epochs (K after each of the last 6 move cycles repeated 11, 10)")
+    # ends that repeat no pattern, or one not at its smallest K, are a search still moving
+    for ends in ([11, 10, 12, 11, 12, 10], [11, 11, 10, 10, 11, 11], [12, 11, 12, 11, 12, 10],
+                 [11, 10, 12, 11, 10, 12]):
         moving = MoveSchedule(ScheduleConfig(), MovesConfig())
         for index, k in enumerate(ends):
             moving.moved(9 + 8 * index, 1, k + 3)
             moving.moved(13 + 8 * index, 1, k)
         assert not moving.finished(13 + 8 * 5), ends
+
+
+def test_cycles_whose_ends_repeat_a_longer_pattern_stop_the_fit_at_its_fewest_clusters():
+    """K after each round of the same fit under the per-feature prior: from epoch 28 on the
+    cycles end at 10, 11, 12, 11, 10, ... and the fit ran to max_epochs (200)."""
+    sched, stopped = _replay_rounds([16, 15, 15, 12, 13, 11, 14, 13, 15, 13, 13, 11, 11, 10, 12, 11, 13,
+                                     12, 12, 11, 11, 10, 12, 11, 13, 12, 12, 11, 11, 10, 12, 11, 13, 12,
+                                     12, 11, 11, 10], 10)
+    # the ends of the last 8 cycles (epochs 32-60): 11, 12, 11, 10, 11, 12, 11, 10
+    assert stopped == 60 and sched.round_k[-1] == 10 and sched.stop_reason(60) == (
+        "K settled after 60 epochs (K after each of the last 8 move cycles repeated 11, 12, 11, 10)")
