@@ -11,15 +11,19 @@ the true labels.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from sklearn.datasets import load_digits, make_blobs
 from sklearn.decomposition import PCA
 
-from deepdpm_core import DeepDPM
-from deepdpm_core.config import from_dict
-from deepdpm_core.data import nmi
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from deepdpm_core import DeepDPM  # noqa: E402
+from deepdpm_core.config import from_dict  # noqa: E402
+from deepdpm_core.data import nmi  # noqa: E402
 
 
 def datasets() -> dict[str, tuple[np.ndarray, np.ndarray]]:

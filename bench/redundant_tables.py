@@ -20,6 +20,7 @@ import shlex
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -49,15 +50,10 @@ def table(seed: int) -> tuple[np.ndarray, np.ndarray, str]:
     return X.astype(np.float32), y, f"{n} x {informative + 5}, K {k}"
 
 
-def fits(X: np.ndarray, k: int) -> dict:
-    """label arrays of each method, with seconds."""
+def timed(methods: dict[str, Callable[[], np.ndarray]]) -> dict[str, tuple[np.ndarray, float]]:
+    """Each method's labels and seconds, its warnings silenced."""
     out = {}
-    for name, fit in (
-            ("DeepDPM", lambda: DeepDPM(random_state=0).fit(X).labels_),
-            ("BGM-DP", lambda: BayesianGaussianMixture(
-                n_components=3 * k, weight_concentration_prior_type="dirichlet_process",
-                max_iter=300, reg_covar=1e-3, random_state=0).fit(X).predict(X)),
-            ("k-means (true K)", lambda: KMeans(k, n_init=3, random_state=0).fit_predict(X))):
+    for name, fit in methods.items():
         t = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -66,21 +62,40 @@ def fits(X: np.ndarray, k: int) -> dict:
     return out
 
 
+def fits(X: np.ndarray, k: int) -> dict[str, tuple[np.ndarray, float]]:
+    """label arrays of each method, with seconds."""
+    return timed({
+        "DeepDPM": lambda: DeepDPM(random_state=0).fit(X).labels_,
+        "BGM-DP": lambda: BayesianGaussianMixture(
+            n_components=3 * k, weight_concentration_prior_type="dirichlet_process",
+            max_iter=300, reg_covar=1e-3, random_state=0).fit(X).predict(X),
+        "k-means (true K)": lambda: KMeans(k, n_init=3, random_state=0).fit_predict(X)})
+
+
+def run(seeds: list[int], draw: Callable[[int], tuple[np.ndarray, np.ndarray, str]],
+        fit_all: Callable[[np.ndarray, int], dict]) -> list[dict]:
+    """Draw each seed's table, fit it with every method, print a Markdown row per fit and
+    return the records."""
+    records = []
+    print("| seed | table | method | K | NMI | seconds |\n|---:|---|---|---:|---:|---:|")
+    for seed in seeds:
+        X, y, shape = draw(seed)
+        k = len(np.unique(y))
+        for method, (labels, seconds) in fit_all(X, k).items():
+            scores = clustering_scores(y, labels)
+            records.append({"seed": seed, "table": shape, "true_k": k, "method": method,
+                            "k": int(len(np.unique(labels))), **scores, "seconds": seconds})
+            print(f"| {seed} | {shape} | {method} | {records[-1]['k']} | {scores['nmi']:.3f} | {seconds:.1f} |",
+                  flush=True)
+    return records
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--json", type=Path, default=None, metavar="FILE")
     args = parser.parse_args(argv)
-    records = []
-    print("| seed | table | method | K | NMI | seconds |\n|---:|---|---|---:|---:|---:|")
-    for seed in args.seeds:
-        X, y, shape = table(seed)
-        for method, (labels, seconds) in fits(X, len(np.unique(y))).items():
-            scores = clustering_scores(y, labels)
-            records.append({"seed": seed, "table": shape, "method": method, "k": int(len(np.unique(labels))),
-                            **scores, "seconds": seconds})
-            print(f"| {seed} | {shape} | {method} | {records[-1]['k']} | {scores['nmi']:.3f} | {seconds:.1f} |",
-                  flush=True)
+    records = run(args.seeds, table, fits)
     if args.json:
         write_json_atomic({"command": shlex.join(sys.argv), "records": records}, args.json)
     return 0

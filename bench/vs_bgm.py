@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
 from sklearn.mixture import BayesianGaussianMixture
 
-from deepdpm_core import DeepDPM
-from deepdpm_core.data import clustering_scores, make_mixture
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from deepdpm_core import DeepDPM  # noqa: E402
+from deepdpm_core.data import clustering_scores, make_mixture  # noqa: E402
 
 
 def main() -> None:

@@ -3,7 +3,11 @@
 own score of a partition."""
 
 from deepdpm_core.bayes import blocks
-from deepdpm_core.bayes.empirical_bayes import empirical_bayes_nu, empirical_bayes_scale
+from deepdpm_core.bayes.empirical_bayes import (
+    empirical_bayes_nu,
+    empirical_bayes_scale,
+    empirical_bayes_shape,
+)
 from deepdpm_core.bayes.linalg import cholesky_jittered, symmetric_eigh
 from deepdpm_core.bayes.niw import (
     NIWPrior,
@@ -26,7 +30,7 @@ from deepdpm_core.bayes.stats import (
 
 __all__ = [
     "blocks", "cholesky_jittered", "dense_stats", "empirical_bayes_nu", "empirical_bayes_scale",
-    "fitted_log_joint",
+    "empirical_bayes_shape", "fitted_log_joint",
     "gather_chunk_rows", "grouped_stats", "log_crp", "log_marginal_likelihood",
     "log_merge_hastings", "log_split_hastings", "map_estimate", "NIWPrior", "partition_evidence",
     "posterior", "PriorFit", "sparse_stats", "SuffStats", "symmetric_eigh", "TripleBuffer"

@@ -99,6 +99,45 @@ def empirical_bayes_scale(prior: NIWPrior, stats: SuffStats, shape: Tensor,
     return math.exp(_narrowed(math.log(ref * 1e-12), math.log(ref) + 40.0, root)) / nu0
 
 
+def empirical_bayes_shape(prior: NIWPrior, stats: SuffStats, shape: Tensor) -> Tensor:
+    """Type-II maximum likelihood of Ψ0's shape, one scale per feature.
+
+    Each feature alone is a Normal-Inverse-Gamma model of the clusters (ν0 = 3, Λ0,d =
+    t_d·P_d), and t_d maximises its evidence: the derivative ½ Σ_k [ν0 − νn,k t_d /
+    (t_d + β_kd)] (:func:`empirical_bayes_scale` for one feature) falls monotonically in
+    ln t_d, so every feature's root is bisected at once, to :data:`SEARCH_TOL`. Sees only
+    the (all-reduced) statistics.
+
+    Parameters
+    ----------
+    prior : NIWPrior
+        m0 and κ0; its Λ0 only enters through B_k = Λn − Λ0.
+    stats : SuffStats with K rows
+    shape : Tensor of shape (D,)
+        The prior's base shape P, positive.
+
+    Returns
+    -------
+    Tensor of shape (D,), float64, CPU
+        t_d·P_d, scaled to the mean of P: Ψ0 = s·diag(it) with s fitted as before.
+    """
+    nu0 = 3.0
+    keep = stats.n > 0
+    beta = _scale_spectrum(prior, stats.rows(torch.nonzero(keep).squeeze(1)), shape, True)  # (K, D)
+    nun = (nu0 + stats.n[keep].cpu())[:, None]
+    ref = beta.mean(0)
+    ref = torch.where(ref > 0, ref, torch.ones_like(ref))
+    lo, hi = ref.log() + math.log(1e-12), ref.log() + 40.0  # the bracket of empirical_bayes_scale
+    while float((hi - lo).max()) > SEARCH_TOL:
+        mid = 0.5 * (lo + hi)
+        t = mid.exp()
+        rising = (nu0 - nun * t / (t + beta)).sum(0) > 0
+        lo, hi = torch.where(rising, mid, lo), torch.where(rising, hi, mid)
+    base = shape.cpu().to(torch.float64)
+    fitted = (0.5 * (lo + hi)).exp() * base
+    return fitted * (base.mean() / fitted.mean())
+
+
 def empirical_bayes_nu(prior: NIWPrior, stats: SuffStats, shape: Tensor, sigma_scale: float,
                        floor: float | None = None, ceiling: float | None = None) -> float:
     """Type-II maximum likelihood of the prior's degrees of freedom ν0, given s.

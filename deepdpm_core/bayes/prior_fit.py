@@ -1,9 +1,9 @@
 """The fit's NIW prior and its refit to the clusters (type-II maximum likelihood).
 
-Ψ0 = s·P, P the prior's shape (I or diag of the features' standard deviations, on x̃), s
-``prior.sigma_scale`` (a number, or fitted at every M-step), ν0 fitted given s with
-``prior.nu: auto``, and with ``covariance_type: auto`` the full or diagonal prior of larger
-evidence (docs/design.md, "The prior" and "Self-calibration").
+Ψ0 = s·P, P the prior's shape (fitted per feature, I or diag of the features' standard
+deviations, on x̃), s ``prior.sigma_scale`` (a number, or fitted at every M-step), ν0
+fitted given s with ``prior.nu: auto``, and with ``covariance_type: auto`` the full or
+diagonal prior of larger evidence (docs/design.md, "The prior" and "Self-calibration").
 """
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ from typing import Any
 
 import torch
 
-from deepdpm_core.bayes.empirical_bayes import empirical_bayes_nu, empirical_bayes_scale
+from deepdpm_core.bayes.empirical_bayes import (
+    empirical_bayes_nu,
+    empirical_bayes_scale,
+    empirical_bayes_shape,
+)
 from deepdpm_core.bayes.niw import NIWPrior, log_marginal_likelihood
 from deepdpm_core.bayes.stats import SuffStats
 from deepdpm_core.config import PriorConfig
@@ -38,7 +42,11 @@ class PriorFit:
     Attributes
     ----------
     shape : Tensor of shape (D,), float64
-        P on x̃: Ψ0 = s·diag(shape).
+        P on x̃: Ψ0 = s·diag(shape); with ``psi: fitted`` refitted by every :meth:`fit`
+        (:func:`~deepdpm_core.bayes.empirical_bayes.empirical_bayes_shape`), of the mean of
+        ``base_shape``.
+    base_shape : Tensor of shape (D,), float64
+        P before any fit: I or diag(std), on x̃.
     floor : Tensor of shape (D,), float64
         δ on x̃ (:class:`~deepdpm_core.bayes.niw.NIWPrior`): ``prior.covariance_floor`` times
         each feature's variance over the data, or times the mean one (1 on x̃) for a
@@ -59,8 +67,9 @@ class PriorFit:
         unit2 = coords.unit**2
         # Ψ0 = s·I or s·diag(std) in the features' units is s·shape on x̃
         std = coords.axis_std.to(torch.float64)
-        self.shape = torch.full((d,), 1.0 / unit2, **f64) if config.psi == "identity" else \
+        self.shape = torch.full((d,), 1.0 / unit2, **f64) if config.psi != "data_std" else \
             torch.where(std > 0, std, torch.ones(d, **f64)) / unit2
+        self.base_shape = self.shape
         self.sigma_scale = float(config.sigma_scale) if isinstance(config.sigma_scale, float) else unit2
         # δ = ε·v on x̃, v the per-feature variance (mean 1 on x̃; 1 for a constant feature)
         variance = (std / coords.unit).square()
@@ -92,6 +101,8 @@ class PriorFit:
         """
         p = self.config
         fitted = []
+        if p.psi == "fitted":
+            self.shape = empirical_bayes_shape(self.priors[0], stats, self.base_shape)
         for prior in self.priors:
             s = self.sigma_scale
             for _ in range(EB_ROUNDS if p.sigma_scale == "evidence" and p.nu == "auto" else 1):
@@ -112,6 +123,7 @@ class PriorFit:
         """The fitted values (s of the prior in use and of each candidate, their ν0)."""
         return {
             "sigma_scale": self.sigma_scale,
+            "prior_shape": self.shape.tolist(),
             "prior_scales": [float(p.scale[0, 0] / (p.nu * self.shape[0])) for p in self.priors],
             "prior_nus": [p.nu for p in self.priors],
             "prior_diagonal": self.prior.diagonal,
@@ -122,6 +134,8 @@ class PriorFit:
         if "sigma_scale" not in state:
             return
         self.sigma_scale = float(state["sigma_scale"])
+        if "prior_shape" in state:
+            self.shape = torch.tensor(state["prior_shape"], dtype=torch.float64)
         nus = state.get("prior_nus", [None] * len(self.priors))
         self.priors = [p.with_scale(self.shape, s, self.kappa(s), nu)
                        for p, s, nu in zip(self.priors, state["prior_scales"], nus, strict=True)]

@@ -70,11 +70,16 @@ class PriorConfig(Section):
     ``evidence`` maximises the evidence of the prior's own model instead (for full
     covariances it is ruled by the clusters' smallest principal variances, and on UMAP
     layouts, whose clusters have near-degenerate directions, it lets them split). A
-    number is the paper's fixed Ψ0 = s·I (``psi: identity``) or s·diag(std)
-    (``psi: data_std``) in the units of the features. A fitted s makes the fit
-    independent of the features' units. ``kappa: auto`` is κ0 = s / v̄ with
-    v̄ the data's mean per-feature variance: the prior spread of cluster means, Σ/κ0, is
-    then the data's own. ``nu: auto`` fits ν0 the same way, given s
+    number fixes s in the units of the features. ``psi: fitted`` (default) is
+    Ψ0 = s·diag(p) with p refitted at every M-step, one scale per feature, each the type-II
+    maximum likelihood of that feature's own model of the clusters
+    (:func:`deepdpm_core.bayes.empirical_bayes.empirical_bayes_shape`), of mean 1 in the
+    features' units: features whose clusters are all tight (blank pixels) get a small
+    scale instead of setting one small s for all. ``identity`` is Ψ0 = s·I, the paper's
+    (with ``sigma_scale: 0.005``, its fixed prior); ``data_std`` is s·diag(std). A fitted s
+    makes the fit independent of the features' units, a fitted p of each feature's.
+    ``kappa: auto`` is κ0 = s / v̄ with v̄ the data's mean per-feature variance: the prior
+    spread of cluster means, Σ/κ0, is then the data's own. ``nu: auto`` fits ν0 the same way, given s
     (:func:`deepdpm_core.bayes.empirical_bayes.empirical_bayes_nu`), never below the paper's D + 2: clusters
     of one common shape raise it, so that a full covariance costs little evidence even
     with few points per dimension (10 clusters of 600 points in 128-D are found; at
@@ -105,7 +110,7 @@ class PriorConfig(Section):
     kappa: Positive | Literal["auto"] = "auto"
     nu: Positive | Literal["auto"] | None = "auto"
     sigma_scale: Positive | Literal["auto", "evidence"] = "auto"
-    psi: Literal["identity", "data_std"] = "identity"
+    psi: Literal["fitted", "identity", "data_std"] = "fitted"
     covariance_type: Literal["full", "diag", "auto"] = "full"
     weight_pseudocount: NonNegative = 1.0
     covariance_floor: NonNegative = 1.0e-4

@@ -30,7 +30,7 @@ def test_crp_term_is_the_product_of_seating_probabilities():
 def _fixed_prior_config():
     # fixed numbers: nothing is refitted, so the chain rule below needs only λ (no floor:
     # the paper's model, whose predictives are Student-t)
-    return Config().with_overrides({"prior.sigma_scale": 0.3, "prior.nu": 6.0, "prior.kappa": 0.2,
+    return Config().with_overrides({"prior.sigma_scale": 0.3, "prior.psi": "identity", "prior.nu": 6.0, "prior.kappa": 0.2,
                                     "prior.alpha": 2.5, "prior.covariance_floor": 0.0})
 
 

@@ -147,8 +147,9 @@ def test_features_in_different_units_are_named_before_the_prior_knobs():
 
 def test_a_fit_that_collapses_on_raw_units_warns_to_standardise():
     X = load_wine().data  # data.transform: auto would standardise it; none keeps the units
+    # under Ψ0 = s·I the feature in the thousands (proline) sets s: one cluster
     with pytest.warns(UserWarning, match=r"data\.transform=standard") as caught:
-        model = DeepDPM(random_state=0, data__transform="none").fit(X)
+        model = DeepDPM(random_state=0, data__transform="none", prior__psi="identity").fit(X)
     assert model.n_clusters_ == 1
     (warning,) = caught  # one warning per fit, pointing at the caller's line
     assert warning.filename == __file__
@@ -162,3 +163,5 @@ def test_a_fit_that_collapses_on_raw_units_warns_to_standardise():
             model = DeepDPM(random_state=0, **kwargs).fit(data)
         assert model.n_clusters_ > 2
         assert not any("data.transform" in str(w.message) for w in caught)
+    # the default Ψ0, fitted per feature, follows each feature's units: no collapse either
+    assert DeepDPM(random_state=0, data__transform="none").fit(X).n_clusters_ >= 2
