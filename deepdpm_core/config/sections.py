@@ -164,6 +164,7 @@ class ScheduleConfig(Section):
     freeze_epochs: NonNegativeInt = 2
     patience: PositiveInt = 3
     settled_spread: NonNegative = 0.01
+    settled_band: NonNegative = 0.07
     min_epochs: NonNegativeInt = 0
 
 

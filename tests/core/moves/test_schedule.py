@@ -8,6 +8,7 @@ import torch
 from deepdpm_core.config import Config, MovesConfig, ScheduleConfig
 from deepdpm_core.data import make_mixture
 from deepdpm_core.moves import MoveSchedule
+from deepdpm_core.moves.schedule import swings_without_trend
 from deepdpm_core.training import Trainer
 
 
@@ -180,3 +181,53 @@ def test_cycles_whose_ends_repeat_a_longer_pattern_stop_the_fit_at_its_fewest_cl
     # the ends of the last 8 cycles (epochs 32-60): 11, 12, 11, 10, 11, 12, 11, 10
     assert stopped == 60 and sched.round_k[-1] == 10 and sched.stop_reason(60) == (
         "K settled after 60 epochs (K after each of the last 8 move cycles repeated 11, 12, 11, 10)")
+
+
+def test_k_swinging_about_a_level_at_a_thousand_clusters_stops_the_fit():
+    """Issue 47 (1.28M x 128, 1,000 classes, one H100): K rose to 1,025 by epoch 40, then
+    swung between 964 and 1,025 for 45 epochs without repeating itself, within 6 % (no
+    ``settled_spread``), and the fit stopped at epoch 85 only when 3 rounds in a row took
+    nothing. Here every round accepts moves: the swing rule stops it at epoch 45."""
+    cycles = [(260, 250), (560, 540), (1010, 975), (1040, 1025), (1030, 964), (1020, 1001), (1045, 968),
+              (1050, 1012), (1035, 971), (1044, 995)]
+    rounds = [k for cycle in cycles for k in cycle]
+    sched, stopped = _replay_default(rounds)
+    # the ends of the last 3 cycles (epochs 29, 37, 45): 975, 1,025, 964
+    assert stopped == 45 and sched.stop_reason(45) == (
+        "K settled after 45 epochs (K after each of the last 3 move cycles swung between 964 and 1025 "
+        "without a trend)")
+    assert _replay_default(rounds, ScheduleConfig(settled_band=0.0))[1] is None  # without it: on to 85
+
+
+def test_k_still_drifting_by_two_percent_a_cycle_does_not_stop_the_fit():
+    # steadily, and with swings of ±1 % about the drift: the drift exceeds the swings
+    for swing in (0.0, 0.01):
+        ends = [round(800 * 1.02**c * (1 + swing * (-1) ** c)) for c in range(20)]
+        rounds = [k for end in ends for k in (round(end * 1.03), end)]
+        sched, stopped = _replay_default(rounds)
+        assert stopped is None, (swing, ends)
+        # falling as steadily: no stop either
+        assert _replay_default([k for end in ends[::-1] for k in (end + 20, end)])[1] is None, swing
+
+
+def test_swings_without_trend():
+    assert swings_without_trend([975, 1025, 964], 0.07)  # d = 11, s = 26
+    assert not swings_without_trend([975, 1025, 964], 0.05)  # spread 61 > 51
+    assert not swings_without_trend([1001, 967, 977], 0.07)  # turned and climbs back: d = 24, s = 10
+    assert not swings_without_trend([967, 977, 987], 0.07)  # a line: s = 0
+    assert not swings_without_trend([1000, 1000, 1000], 0.07)  # no swing (settled_spread's case)
+    assert not swings_without_trend([11, 12, 11], 0.07)  # below 15 clusters the band is 0
+    assert swings_without_trend([30, 31, 31, 30], 0.07) and not swings_without_trend([30, 31, 31, 32], 0.07)
+
+
+def _replay_default(rounds: list[int], config: ScheduleConfig | None = None) -> tuple[MoveSchedule, int | None]:
+    """Feed K after each round (every round accepting moves) to a schedule at the defaults
+    (rounds every 4 epochs from epoch 9); it and the epoch it stopped at."""
+    sched = MoveSchedule(config or ScheduleConfig(), MovesConfig())
+    for index, k in enumerate(rounds):
+        epoch = 9 + 4 * index
+        assert sched.move_at(epoch) == ("split", "merge")[index % 2]
+        sched.moved(epoch, 1, k)
+        if sched.finished(epoch):
+            return sched, epoch
+    return sched, None
