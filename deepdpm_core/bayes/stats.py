@@ -349,6 +349,16 @@ class TripleBuffer:
         self._weights[self._size : end] = weights
         self._size = end
 
+    def positive(self) -> TripleBuffer:
+        """The recorded triples of positive weight, in order (one host synchronisation)."""
+        n = self._size
+        keep = torch.nonzero(self._weights[:n] > 0).squeeze(1)
+        kept = TripleBuffer(0, self._points.device, self._weights.dtype)
+        kept._points, kept._rows, kept._weights = (t[:n].index_select(0, keep)
+                                                   for t in (self._points, self._rows, self._weights))
+        kept._size = keep.shape[0]
+        return kept
+
     def stats(self, x: Tensor, n_rows: int, out: SuffStats | None = None) -> SuffStats:
         """Statistics of all recorded triples over the points ``x`` (N, D), added to
         ``out`` when given (see :func:`grouped_stats`)."""

@@ -1,6 +1,11 @@
 """What one pass of an epoch accumulates: soft cluster statistics, hard subcluster
 statistics and the loss sums, in one flat float64 buffer that is all-reduced once
-(docs/design.md, "One epoch")."""
+(docs/design.md, "One epoch").
+
+Below K slots a batch adds all its (point, slot) triples, the weight 0 where a slot is left
+out, and the kept ones are picked once per epoch (:meth:`EpochStats.reduce`): the same
+triples in the same order as picking them per batch, without a host synchronisation per
+step (``nonzero`` waits for the device to learn its output's size)."""
 
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ class EpochStats:
         # with all K (K small) each batch is reduced at once, with no O(N·K) buffer
         self.soft_buf = TripleBuffer(pass_rows * m, device) if m < k else None
         self.sub_buf = TripleBuffer(pass_rows, device)
+        self.rows = 0  # the pass's local rows so far (a Python count: no device tensor per step)
 
     @torch.no_grad()
     def add(self, x: Tensor, idx: Tensor, logits: Tensor, slots: Tensor, target: Tensor,
@@ -64,24 +70,25 @@ class EpochStats:
         """
         # the net's r less those below R_FLOOR: a trained net puts one or two clusters above it
         if self.soft_buf is not None:  # on r^E's support, where the KL puts the net's mass
-            # (not renormalised), reduced once per epoch
+            # (not renormalised), reduced once per epoch; weight 0: left out (picked at reduce)
             r = log_r_slots.exp()
-            point, j = ((r >= R_FLOOR) & (target > 0)).nonzero(as_tuple=True)
-            self.soft_buf.add(idx.index_select(0, point), slots[point, j], r[point, j])
+            kept = torch.where((r >= R_FLOOR) & (target > 0), r, torch.zeros_like(r))
+            self.soft_buf.add(idx[:, None].expand_as(slots).reshape(-1), slots.reshape(-1), kept.reshape(-1))
         else:  # on all K clusters (K ≤ estep.dense_max_k): one small GEMM per cluster
             r = torch.softmax(logits.detach().float(), dim=1)
             point, j = (r >= R_FLOOR).nonzero(as_tuple=True)
             grouped_stats(x, point, j, r[point, j], self.k, out=self.soft)
         self.sub_buf.add(idx, sub_rows, torch.ones_like(sub_rows, dtype=torch.float32))
-        self.flat[-3:] += torch.stack([sum_cl.detach().double(), sum_sub.detach().double(),
-                                       torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device)])
+        self.flat[-3:-1] += torch.stack([sum_cl.detach().double(), sum_sub.detach().double()])
+        self.rows += x.shape[0]
 
     def reduce(self, x_local: Tensor, comm: Communicator) -> tuple[SuffStats, SuffStats, dict[str, float]]:
         """The statistics over all ranks: soft cluster (K rows), hard subcluster (2K rows) and
         the mean losses. ``x_local`` (N_local, D) are the rows the buffers index."""
         if self.soft_buf is not None:
-            self.soft_buf.stats(x_local, self.k, out=self.soft)
+            self.soft_buf.positive().stats(x_local, self.k, out=self.soft)
         self.sub_buf.stats(x_local, 2 * self.k, out=self.sub)
+        self.flat[-1] = self.rows
         flat = comm.all_reduce(self.flat)
         soft = SuffStats.from_flat(flat[: self.sizes[0]], self.k, self.d)
         sub = SuffStats.from_flat(flat[self.sizes[0] : -3], 2 * self.k, self.d)
