@@ -17,18 +17,19 @@ Tensor = torch.Tensor
 
 #: ``init.n_clusters: auto`` starts from this many k-means clusters ...
 AUTO_INITIAL_CLUSTERS = 10
-#: ... or one per this many rows where that is more (the paper's Supmat: K ∝ N, "e.g. N/10000")
-AUTO_ROWS_PER_INITIAL_CLUSTER = 10_000
+#: ... or one per this many rows where that is more: a start that reaches many clusters at any N
+AUTO_ROWS_PER_INITIAL_CLUSTER = 1_000
 #: ... or fewer, so that the initial clusters hold this many rows on average
 AUTO_ROWS_PER_CLUSTER = 10
 
 
 def initial_cluster_count(setting: int | str, n_rows: int) -> int:
-    """The initial K of a fit: ``init.n_clusters`` itself, or (``auto``) max(10, N/10,000)
+    """The initial K of a fit: ``init.n_clusters`` itself, or (``auto``) max(10, N/1,000)
     clusters, fewer when the data have under 100 rows. Not K = 1: a prior fitted to one
     cluster of all the data takes the spread between the clusters for their own and no
-    split pays; N/10,000 beyond 100,000 rows: a cluster that holds many classes has no cut
-    that pays (docs/design.md, "Why the fit starts from 10 clusters, or N/10,000").
+    split pays; N/1,000 beyond 10,000 rows: a cluster that holds a block of several classes
+    has no two-way cut that pays, while merges join a surplus back (docs/design.md, "Why the
+    fit starts from 10 clusters, or N/1,000").
 
     Parameters
     ----------

@@ -293,7 +293,8 @@ def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWP
                config: MovesConfig, alpha: float, rng: np.random.Generator,
                coarsening: float | None = None,
                valleys: np.ndarray | dict[tuple[int, int], float] | None = None) -> MovePlan:
-    """One move round's plan: prunes of empty clusters, then the accepted splits or merges.
+    """One move round's plan: prunes of clusters of fewer than ``min_subcluster_size`` rows,
+    then the accepted splits or merges.
 
     Parameters
     ----------
@@ -316,7 +317,9 @@ def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWP
     """
     hard = sub_stats.pair_sums()
     k = hard.n.shape[0]
-    prunes = [int(i) for i in torch.nonzero(hard.n <= 0).squeeze(1).tolist()] \
+    # a cluster of fewer rows than a split may give a subcluster is pruned: k-means seeds
+    # lone outliers (k-means++ draws far rows), which no split could have made
+    prunes = [int(i) for i in torch.nonzero(hard.n < max(config.min_subcluster_size, 1)).squeeze(1).tolist()] \
         if config.prune_empty and k > 1 else []
     if len(prunes) == k:
         prunes = prunes[1:]

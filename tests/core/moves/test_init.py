@@ -56,9 +56,9 @@ def test_kmeans_pp_covers_more_true_clusters_of_an_imbalanced_mixture(seed):
     assert pp >= 43 and pp >= uniform + 4, (pp, uniform)
 
 
-def test_auto_initial_k_is_ten_clusters_of_ten_rows_at_least_and_one_per_ten_thousand_rows():
-    assert [initial_cluster_count("auto", n) for n in (1, 9, 20, 99, 100, 10**5)] == [1, 1, 2, 9, 10, 10]
-    assert [initial_cluster_count("auto", n) for n in (199_999, 200_000, 1_281_167)] == [19, 20, 128]
+def test_auto_initial_k_is_ten_clusters_of_ten_rows_at_least_and_one_per_thousand_rows():
+    assert [initial_cluster_count("auto", n) for n in (1, 9, 20, 99, 100, 10_999)] == [1, 1, 2, 9, 10, 10]
+    assert [initial_cluster_count("auto", n) for n in (19_999, 100_000, 1_281_167)] == [19, 100, 1281]
     assert initial_cluster_count(3, 10**6) == 3 and initial_cluster_count(1, 5) == 1
     assert rows_needed("auto") == 2 and rows_needed(30) == 30 and rows_needed(1) == 2
 
