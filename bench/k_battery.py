@@ -1,4 +1,4 @@
-"""K battery (issue 46): DeepDPM's defaults beside k-means, a DP-GMM and HDBSCAN, one table.
+"""K battery: DeepDPM's defaults beside k-means, a DP-GMM and HDBSCAN, one table.
 
 Each family draws ``(n, seed) -> (X float32 [n, d], y [n])`` at its own Ns or ``--n``
 (``--families`` takes names or globs such as ``'overlap*'``):
@@ -33,8 +33,8 @@ Verdicts (DeepDPM, per family and N): separated, curved or heavy-tailed families
 overlap and scikit-learn's tables), K within max(1, 10 %) of the truth at every seed and mean
 NMI >= k-means' - 0.02; scikit-learn's tables (classes need not be clusters), the NMI target
 alone; overlap, wherever BIC picks the true K at most seeds, the true K at >= 2 of 3 seeds.
-For ``umap`` and ``n2d`` the true K is the class count; issue 46 counts the layout's
-valley-separated groups instead, a count left to the reader.
+For ``umap`` and ``n2d`` the true K is the class count; the layout itself may cut a class
+into islands or join classes, so its count of valley-separated groups is left to the reader.
 
     OMP_NUM_THREADS=1 python bench/k_battery.py --json bench/results/k_battery.json > /tmp/kb.md
     OMP_NUM_THREADS=1 python bench/k_battery.py --quick --json /tmp/kb_quick.json  # ~2 min
