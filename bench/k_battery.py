@@ -71,13 +71,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from k_suite import NOISE, k_tolerance, make_datasets, select  # noqa: E402
-from k_vs_n import DEFAULT_N, faiss_kmeans  # noqa: E402
+from k_vs_n import DEFAULT_N, checked_overrides, faiss_kmeans  # noqa: E402
 from k_vs_n import FAMILIES as K_VS_N  # noqa: E402
 
 from deepdpm_core import DeepDPM  # noqa: E402
-from deepdpm_core.config import parse_overrides  # noqa: E402
 from deepdpm_core.data import clustering_scores  # noqa: E402
-from deepdpm_core.errors import ConfigError  # noqa: E402
 from pipeline.io.atomic_files import write_json_atomic  # noqa: E402
 
 Data = tuple[np.ndarray, np.ndarray]
@@ -399,11 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"every family at <= {QUICK_N} rows, seed 0: a smoke run")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
-    try:
-        overrides = parse_overrides(args.set)
-        DeepDPM(**overrides).get_config()
-    except ConfigError as exc:
-        parser.error(f"--set: {exc}")
+    overrides = checked_overrides(parser, args.set)
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     names = select(FAMILIES, args.families)
     report = {"command": shlex.join(["python", *(sys.argv if argv is None else [__file__, *argv])]),

@@ -178,6 +178,17 @@ def faiss_kmeans(X: np.ndarray, k: int, seed: int) -> np.ndarray:
     return kmeans.index.search(np.ascontiguousarray(X, dtype=np.float32), 1)[1][:, 0]
 
 
+def checked_overrides(parser: argparse.ArgumentParser, items: list[str]) -> dict:
+    """DeepDPM's config overrides from ``--set KEY=VALUE`` items, checked before any fit
+    (an unknown key or a bad value ends the run through ``parser.error``)."""
+    try:
+        overrides = parse_overrides(items)
+        DeepDPM(**overrides).get_config()
+    except ConfigError as exc:
+        parser.error(f"--set: {exc}")
+    return overrides
+
+
 def log_epoch(record: dict) -> None:
     """One stderr line per epoch of a DeepDPM fit: epoch, K, seconds."""
     print(f"  epoch {record['epoch']:3d} K {record['n_clusters']:4d} {record['seconds']:6.2f} s",
@@ -261,11 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="print each DeepDPM epoch (K, seconds) to stderr")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
-    try:
-        overrides = parse_overrides(args.set)
-        DeepDPM(**overrides).get_config()
-    except ConfigError as exc:
-        parser.error(f"--set: {exc}")
+    overrides = checked_overrides(parser, args.set)
     report = {"command": shlex.join(["python", *(sys.argv if argv is None else [__file__, *argv])]),
               "threads": torch.get_num_threads(),
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
