@@ -13,7 +13,7 @@ the thread settings apply as they do for a user: ``OMP_NUM_THREADS`` = ``--threa
   sleep) before the library's defaults are set. (``OMP_WAIT_POLICY=ACTIVE``, spinning
   without end, is no stand-in for that: with 2 threads on 2 cores shared with other
   jobs an iris fit ran over 4 minutes with it and no neighbour, against 13-29 s with the
-  old default in docs/benchmarks.md, "Idle threads");
+  old default in docs/benchmarks.md, "A default fit on a busy machine, before and after idle threads sleep");
 * **after**: the defaults (none of the three set by the caller; ``deepdpm_core`` sets
   the OpenMP ones when it loads, and the ``demo`` case gets the ``deepdpm`` command's
   ``NUMBA_THREADING_LAYER=workqueue``).
