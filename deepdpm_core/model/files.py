@@ -24,8 +24,9 @@ from deepdpm_core.atomic_files import atomic_path
 from deepdpm_core.errors import CheckpointError
 
 #: torch's wordings of a refused global (``Unsupported global: GLOBAL m.f was not an
-#: allowed global``, ``unsupported GLOBAL m.f whose module m is blocked``)
-_REFUSED_GLOBAL = re.compile(r"unsupported GLOBAL ([\w.]+)", re.IGNORECASE)
+#: allowed global``, ``unsupported GLOBAL m.f whose module m is blocked``); a builtin is
+#: named without its module (``GLOBAL eval``)
+_REFUSED_GLOBAL = re.compile(r"\bGLOBAL ([\w.]+)")
 #: globals named in an error message at most (a crafted pickle may reference thousands)
 _NAMED_AT_MOST = 3
 
@@ -57,14 +58,17 @@ def safe_load(path: str | Path, what: str = "checkpoint", *, mmap: bool = False)
     except FileNotFoundError:
         raise
     except pickle.UnpicklingError as exc:
+        # the one torch stopped at first, then every other global it would refuse
         found = _REFUSED_GLOBAL.search(str(exc))
-        names = [found.group(1)] if found else _referenced_globals(Path(path))
+        names = list(dict.fromkeys([_qualified(found.group(1))] if found else [])
+                     | dict.fromkeys(_refused_globals(Path(path))))
         if not names:  # garbage bytes also land here
             raise CheckpointError(f"cannot read {what} {path}: not a PyTorch checkpoint") from exc
         listed = ", ".join(names[:_NAMED_AT_MOST]) + (", ..." if len(names) > _NAMED_AT_MOST else "")
         raise CheckpointError(
             f"cannot read {what} {path}: refused as unsafe, torch.load(weights_only=True) does "
-            f"not allow the Python global {listed} it references (loading it could run code); "
+            f"not allow the Python global{'s' if len(names) > 1 else ''} {listed} it references "
+            "(loading it could run code); "
             "only tensors and plain containers are read, so re-save just the tensors (a state "
             "dict) from a copy you trust"
         ) from exc
@@ -73,6 +77,27 @@ def safe_load(path: str | Path, what: str = "checkpoint", *, mmap: bool = False)
         raise CheckpointError(
             f"cannot read {what} {path}: not a PyTorch checkpoint ({type(exc).__name__}: {reason})"
         ) from exc
+
+
+def _qualified(name: str) -> str:
+    """``module.name`` of a global as torch or a pickle names it (a builtin without its
+    module, or in Python 2's ``__builtin__``)."""
+    if "." not in name:
+        return f"builtins.{name}"
+    return "builtins." + name.split(".", 1)[1] if name.startswith("__builtin__.") else name
+
+
+def _refused_globals(path: Path) -> list[str]:
+    """The globals the file's pickle references that ``weights_only=True`` does not allow
+    (tensor rebuilds, storages and plain containers are left out: they did not cause the
+    refusal)."""
+    from torch._weights_only_unpickler import _get_allowed_globals
+    from torch.serialization import get_safe_globals
+
+    allowed = set(_get_allowed_globals()) | {
+        f"{g.__module__}.{g.__qualname__}" for g in get_safe_globals() if hasattr(g, "__qualname__")}
+    return [_qualified(name) for name in _referenced_globals(path)
+            if name not in allowed and _qualified(name) not in allowed]
 
 
 def _referenced_globals(path: Path) -> list[str]:

@@ -32,7 +32,17 @@ def run_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitResult
     Returns
     -------
     FitResult
+
+    Raises
+    ------
+    CheckpointError
+        ``request.resume`` and the folder's request, input and finished fit do not
+        belong together (:meth:`~pipeline.fit.request.FitRequest.check_resumable`).
     """
+    if request.resume:
+        request.check_resumable()
+    else:
+        request = request.stamped()
     if request.mode == "ray":
         from pipeline.fit.ray import run_ray_fit
 

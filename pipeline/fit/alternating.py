@@ -158,10 +158,11 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
             write_parquet_atomic(features_table(result.embedding, table.keys, table.labels),
                                  folder / "embedding.parquet")
 
-        extra = {"num_workers": 1, "resumed_from_epoch": None, **variance,
+        extra = {"fit_id": request.fit_id, "num_workers": 1, "resumed_from_epoch": None, **variance,
                  "alternation": steps_summary, "stopped_because": result.stopped_because}
         summary = outputs.write_fit_outputs(out, result.clustering, learned, seconds,
-                                            request.input, extra=extra, more_outputs=write_encoder)
+                                            request.input, extra=extra, more_outputs=write_encoder,
+                                            replaced=outputs.replaced_entries(request))
         if summary["metrics"]:
             parent.log_metrics(summary["metrics"], step=len(result.steps) - 1)
         log_fit_outputs(parent, out, example_rows=X)

@@ -54,12 +54,34 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def write_trainer_state(trainer: Trainer, path: str | Path) -> Path:
-    """Write the trainer's state (model file format) to ``path`` atomically."""
+def write_trainer_state(trainer: Trainer, path: str | Path, fit_id: str | None = None) -> Path:
+    """Write the trainer's state (model file format) to ``path`` atomically, with the
+    :attr:`~pipeline.fit.request.FitRequest.fit_id` of the fit it belongs to."""
     from deepdpm_core.model import FORMAT, save_checkpoint
 
-    save_checkpoint({"format": FORMAT, **trainer.state_dict()}, path)
+    save_checkpoint({"format": FORMAT, "fit_id": fit_id, **trainer.state_dict()}, path)
     return Path(path)
+
+
+def check_fit_id(state: dict[str, Any], fit_id: str | None, path: str | Path) -> dict[str, Any]:
+    """``state`` when it is a checkpoint of the fit ``fit_id``.
+
+    Raises
+    ------
+    CheckpointError
+        It belongs to another fit (or to one of an older version, which recorded none).
+    """
+    if state.get("fit_id") != fit_id:
+        raise CheckpointError(
+            f"checkpoint {path} belongs to another fit than the {_request_file()} beside it: "
+            "resuming would mix two fits; start afresh with --overwrite")
+    return state
+
+
+def _request_file() -> str:
+    from pipeline.fit.request import REQUEST_FILE
+
+    return REQUEST_FILE
 
 
 # ----------------------------------------------------------- a fit in this process
@@ -83,17 +105,19 @@ def remove_checkpoints(out: str | Path) -> None:
     shutil.rmtree(Path(out) / TRAIN_DIR, ignore_errors=True)
 
 
-def latest_state(out: str | Path) -> dict[str, Any] | None:
-    """The newest local checkpoint's trainer state; None when there is none yet."""
+def latest_state(out: str | Path, fit_id: str | None) -> dict[str, Any] | None:
+    """The newest local checkpoint's trainer state, checked to belong to the fit
+    ``fit_id`` (:func:`check_fit_id`); None when there is none yet."""
     paths = checkpoint_paths(out)
-    return read_trainer_state(paths[-1]) if paths else None
+    return check_fit_id(read_trainer_state(paths[-1]), fit_id, paths[-1]) if paths else None
 
 
-def write_checkpoint(trainer: Trainer, out: str | Path) -> Path:
-    """Write the trainer's state as the newest local checkpoint, then keep only the
-    newest :data:`CHECKPOINTS_KEPT` (and no temporary file a killed write left behind)."""
+def write_checkpoint(trainer: Trainer, out: str | Path, fit_id: str | None) -> Path:
+    """Write the trainer's state as the newest local checkpoint of the fit ``fit_id``,
+    then keep only the newest :data:`CHECKPOINTS_KEPT` (and no temporary file a killed
+    write left behind)."""
     folder = Path(out) / CHECKPOINT_DIR
-    path = write_trainer_state(trainer, folder / f"epoch_{trainer.epoch:06d}.pt")
+    path = write_trainer_state(trainer, folder / f"epoch_{trainer.epoch:06d}.pt", fit_id)
     for old in checkpoint_paths(out)[:-CHECKPOINTS_KEPT]:
         old.unlink(missing_ok=True)
     for stale in folder.glob(".epoch_*.tmp"):  # a write killed mid-way (SIGKILL skips cleanup)
@@ -107,17 +131,27 @@ def has_ray_checkpoints(out: str | Path) -> bool:
     return (Path(out) / TRAIN_DIR / "checkpoint_manager_snapshot.json").exists()
 
 
-def load_ray_checkpoint(checkpoint: Any) -> dict[str, Any]:
+def load_ray_checkpoint(checkpoint: Any, fit_id: str | None = None) -> dict[str, Any]:
     """The trainer state in a ``ray.train.Checkpoint``.
+
+    Parameters
+    ----------
+    checkpoint : ray.train.Checkpoint
+    fit_id : str, optional
+        The fit the checkpoint must belong to (:func:`check_fit_id`); None: not checked.
 
     Raises
     ------
     CheckpointError
-        The folder has no :data:`CHECKPOINT_FILE`, or it is unsafe or not a checkpoint.
+        The folder has no :data:`CHECKPOINT_FILE`, it is unsafe or not a checkpoint, or
+        of another fit than ``fit_id``.
     """
     with checkpoint.as_directory() as path:
         try:
-            return read_trainer_state(Path(path) / CHECKPOINT_FILE)
+            state = read_trainer_state(Path(path) / CHECKPOINT_FILE)
+            if fit_id is None:
+                return state
+            return check_fit_id(state, fit_id, Path(path) / CHECKPOINT_FILE)
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint {path} has no {CHECKPOINT_FILE}") from None
 
@@ -197,7 +231,7 @@ def load_autoencoder(path: str | Path):
 
 
 __all__ = ["AE_FORMAT", "CHECKPOINTS_KEPT", "CHECKPOINT_DIR", "CHECKPOINT_FILE", "TRAIN_DIR",
-           "checkpoint_dir_names", "checkpoint_paths", "has_local_checkpoints",
+           "check_fit_id", "checkpoint_dir_names", "checkpoint_paths", "has_local_checkpoints",
            "has_ray_checkpoints", "latest_ray_epoch", "latest_state", "load_autoencoder",
            "load_ray_checkpoint", "prune_checkpoints", "remove_checkpoints", "save_autoencoder",
            "read_trainer_state", "write_checkpoint", "write_trainer_state"]

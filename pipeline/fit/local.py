@@ -59,7 +59,7 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
     state = None
     if request.resumable:
         if request.resume:
-            state = checkpoints.latest_state(out)  # None: stopped before its first checkpoint
+            state = checkpoints.latest_state(out, request.fit_id)  # None: stopped before its first checkpoint
         else:
             if request.overwrite:  # a later --resume must not restore the earlier fit's
                 checkpoints.remove_checkpoints(out)
@@ -82,7 +82,7 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
             with stop_between_epochs(lambda: trainer.epoch + 1) as stop:
                 hooks = FitHooks(
                     on_epoch=epoch_callbacks(trainer, tracker, scores),
-                    checkpoint=(lambda t: checkpoints.write_checkpoint(t, out))
+                    checkpoint=(lambda t: checkpoints.write_checkpoint(t, out, request.fit_id))
                     if request.resumable else None,
                     checkpoint_every=request.checkpoint_every,
                     progress=console_progress(not request.quiet),
@@ -91,11 +91,12 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
                 )
                 run_epochs(trainer, hooks)
             fit_seconds = before + time.perf_counter() - t0
-            extra = {"num_workers": 1, "resumed_from_epoch": resumed_from,
+            extra = {"fit_id": request.fit_id, "num_workers": 1, "resumed_from_epoch": resumed_from,
                      **data_variance_summary(trainer)}
             # looked up in the module at call time: tests/support/fault_harness.py replaces it
             summary = outputs.write_fit_outputs(out, DeepDPM.from_trainer(trainer), table,
-                                                fit_seconds, request.input, extra=extra)
+                                                fit_seconds, request.input, extra=extra,
+                                                replaced=outputs.replaced_entries(request))
         except KeyboardInterrupt as exc:
             # at an epoch's end (or with every epoch done, while the outputs were written)
             # the trainer is whole; a second Ctrl-C mid-epoch left it half-updated
@@ -128,7 +129,7 @@ def _interrupted(request: FitRequest, trainer: Trainer, out: Path, whole: bool) 
             checkpoints.remove_checkpoints(out)
             out.mkdir(parents=True, exist_ok=True)
             request.with_(resumable=True).save()
-        checkpoints.write_checkpoint(trainer, out)
+        checkpoints.write_checkpoint(trainer, out, request.fit_id)
         return FitInterrupted(f"after epoch {trainer.epoch}: deepdpm fit --resume {out} "
                               "continues it")
     kept = checkpoints.checkpoint_paths(out) if request.resumable else []

@@ -8,7 +8,7 @@ mix of two runs.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,18 @@ RUN_OUTPUTS = frozenset({
     "k_over_epochs.png", "cluster_sizes.png", "moves.png", "losses.png", "epoch_time.png",
     "scores.png",
 })  # fmt: skip
+#: what a fit keeps to be resumed: a new fit that keeps none drops an earlier fit's when
+#: it publishes (stop and error files of a Ray driver included)
+FIT_STATE = frozenset({"checkpoints", "ray_train", "fit_request.json", "worker_error.json",
+                       "stop_requested"})
+
+
+def replaced_entries(request: Any) -> frozenset[str]:
+    """The entries of the output folder that belong to an earlier fit and go when
+    ``request`` (a :class:`~pipeline.fit.request.FitRequest`) publishes: its outputs, and
+    its checkpoints and request unless this fit keeps its own (``resumable``: they were
+    replaced when it started)."""
+    return RUN_OUTPUTS if request.resumable else RUN_OUTPUTS | FIT_STATE
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,7 @@ def write_fit_outputs(
     *,
     more_outputs: Callable[[Path], None] | None = None,
     publish: bool = True,
+    replaced: Collection[str] = RUN_OUTPUTS,
 ) -> dict[str, Any]:
     """Write every output of a fit, publish them together and return the summary.
 
@@ -107,6 +120,9 @@ def write_fit_outputs(
     publish : bool
         False: write into ``out_dir`` itself, a staging folder that the caller
         publishes (the Ray fit's rank 0 writes, its driver publishes).
+    replaced : collection of str
+        Entries of ``out_dir`` that belong to the earlier fit and are dropped in the
+        publish (:func:`replaced_entries`); the others are kept.
     """
     staging = staging_folder(out_dir) if publish else Path(out_dir)
     staging.mkdir(parents=True, exist_ok=True)
@@ -117,7 +133,7 @@ def write_fit_outputs(
             shutil.rmtree(staging, ignore_errors=True)
         raise
     if publish:
-        publish_run(staging, out_dir, RUN_OUTPUTS)
+        publish_run(staging, out_dir, replaced)
     return summary
 
 
@@ -159,5 +175,5 @@ def write_into(
     return summary
 
 
-__all__ = ["ALTERNATING_FILES", "FIT_FILES", "FitResult", "RUN_OUTPUTS", "label_metrics", "write_fit_outputs",
-           "write_into"]
+__all__ = ["ALTERNATING_FILES", "FIT_FILES", "FIT_STATE", "FitResult", "RUN_OUTPUTS", "label_metrics",
+           "replaced_entries", "write_fit_outputs", "write_into"]

@@ -80,7 +80,7 @@ def train_worker(loop: dict[str, Any]) -> None:
         checkpoint = ray.train.get_checkpoint()
         try:
             if checkpoint is not None:
-                trainer = Trainer.from_state(load_ray_checkpoint(checkpoint), readonly_tensor(x),
+                trainer = Trainer.from_state(load_ray_checkpoint(checkpoint, req.fit_id), readonly_tensor(x),
                                              comm, wrap, config=config)
             else:
                 trainer = Trainer(config, readonly_tensor(x), comm, wrap)
@@ -96,7 +96,7 @@ def train_worker(loop: dict[str, Any]) -> None:
         hooks = FitHooks(
             on_epoch=epoch_callbacks(trainer, tracker, _rank0_scores(req, config.seed))
             if rank == 0 else [],
-            checkpoint=lambda t: _report(t, rank, final=False),
+            checkpoint=lambda t: _report(t, rank, req.fit_id, final=False),
             checkpoint_every=req.checkpoint_every,
             consistency_every=CONSISTENCY_EVERY if world > 1 else 0,
             progress=_ray_progress if rank == 0 and not req.quiet else None,
@@ -114,7 +114,7 @@ def train_worker(loop: dict[str, Any]) -> None:
             tracker.close("KILLED")
             # what --resume continues from; once Ray Train has registered it, the driver
             # may end the cluster
-            _report(trainer, rank, final=False)
+            _report(trainer, rank, req.fit_id, final=False)
             return
         except DeepDPMError as exc:
             # a data error meets every rank alike (all-reduced statistics, rank 0's broadcast
@@ -122,12 +122,12 @@ def train_worker(loop: dict[str, Any]) -> None:
             tracker.close("FAILED")
             _stop_with(f"{type(exc).__name__}: {exc}", req, rank)
             return
-        _report(trainer, rank, final=True)
+        _report(trainer, rank, req.fit_id, final=True)
         if rank == 0:
             _write_outputs(trainer, req, Path(loop["staging"]), before + time.perf_counter() - t0,
                            tracker,
-                           {"num_workers": world, "resumed_from_epoch": resumed_from,
-                            **data_variance_summary(trainer)})
+                           {"fit_id": req.fit_id, "num_workers": world,
+                            "resumed_from_epoch": resumed_from, **data_variance_summary(trainer)})
 
 
 class _DriverStop:
@@ -156,8 +156,9 @@ def _rank0_scores(req: FitRequest, seed: int):
     return EpochLabelScores.from_file(req.input, seed=seed)
 
 
-def _report(trainer: Trainer, rank: int, final: bool) -> None:
-    """``ray.train.report`` on every rank (it is a barrier); rank 0 attaches the checkpoint."""
+def _report(trainer: Trainer, rank: int, fit_id: str | None, final: bool) -> None:
+    """``ray.train.report`` on every rank (it is a barrier); rank 0 attaches the checkpoint
+    (of the fit ``fit_id``)."""
     import ray.train
 
     metrics = {"epoch": trainer.epoch, "n_clusters": trainer.n_clusters, "final": final}
@@ -165,7 +166,7 @@ def _report(trainer: Trainer, rank: int, final: bool) -> None:
         ray.train.report(metrics)
         return
     with tempfile.TemporaryDirectory(prefix="deepdpm-ckpt-") as tmp:
-        write_trainer_state(trainer, Path(tmp) / CHECKPOINT_FILE)
+        write_trainer_state(trainer, Path(tmp) / CHECKPOINT_FILE, fit_id)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 

@@ -9,7 +9,9 @@ JSON-serialisable: a fit with checkpoints stores it as ``OUT/fit_request.json`` 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -87,6 +89,14 @@ class FitRequest:
         The Ray cluster (default ``$RAY_ADDRESS``, else a new local one).
     wait_for_workers_s : float
         How long an existing Ray cluster may take to offer the workers' resources.
+    fit_id : str, optional
+        This fit's identity (:meth:`stamped`), also in its checkpoints and ``summary.json``.
+    input_fingerprint : dict, optional
+        The input's size and content hash when the request was stored
+        (:func:`pipeline.io.input_fingerprint.input_fingerprint`).
+    replaces : str, optional
+        SHA-256 of the ``summary.json`` of the finished fit this one overwrites (None:
+        the folder held none), which stays until this fit publishes.
     """
 
     input: str
@@ -110,6 +120,9 @@ class FitRequest:
     overwrite: bool = False
     ray_address: str | None = None
     wait_for_workers_s: float = 120.0
+    fit_id: str | None = None
+    input_fingerprint: dict[str, Any] | None = None
+    replaces: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, Config):
@@ -146,12 +159,24 @@ class FitRequest:
                           run_name=self.run_name, rank=rank, register_model=self.register_model,
                           model_alias=self.model_alias)
 
+    def stamped(self) -> FitRequest:
+        """This request as a new fit: a fresh :attr:`fit_id`, and in :attr:`replaces` the
+        finished fit that ``output`` holds now (a resume keeps its request as stored)."""
+        if self.resume:
+            return self
+        return self.with_(fit_id=uuid.uuid4().hex, input_fingerprint=None,
+                          replaces=summary_digest(self.output))
+
     def save(self) -> None:
-        """Write the request to ``output/fit_request.json`` (atomically)."""
+        """Write the request to ``output/fit_request.json`` (atomically), with the
+        fingerprint of its input."""
         from pipeline.io.atomic_files import write_json_atomic
+        from pipeline.io.input_fingerprint import input_fingerprint
 
         # how this invocation started is not part of the run: a resume starts afresh
         stored = self.with_(resume=False, overwrite=False)
+        if stored.input_fingerprint is None:
+            stored = stored.with_(input_fingerprint=input_fingerprint(self.input))
         write_json_atomic({**dataclasses.asdict(stored), "config": stored.config.to_dict()},
                           Path(self.output) / REQUEST_FILE)
 
@@ -175,9 +200,60 @@ class FitRequest:
         except (json.JSONDecodeError, UnicodeDecodeError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"{path} is not a valid fit request: {exc}") from exc
 
+    def check_resumable(self) -> None:
+        """Refuse to resume unless ``output``'s request, its input and its finished fit (if
+        any) belong together; the checkpoints are checked against :attr:`fit_id` where
+        they are read (:func:`pipeline.fit.checkpoints.check_fit_id`).
+
+        Raises
+        ------
+        CheckpointError
+            One line: a request of an older version (no fit id), an input that changed
+            since the fit started, or a finished fit in ``output`` other than this one and
+            other than the one it replaces.
+        """
+        from pipeline.io.input_fingerprint import fingerprint_change, input_fingerprint
+
+        out = Path(self.output)
+        if self.fit_id is None or self.input_fingerprint is None:
+            raise CheckpointError(
+                f"{out / REQUEST_FILE} does not record its fit's identity and input fingerprint "
+                "(written by an older deepdpm): its checkpoints cannot be checked against its "
+                f"input; start afresh with deepdpm fit --input ... --output {out} --overwrite")
+        try:
+            now = input_fingerprint(self.input)
+        except OSError as exc:
+            raise CheckpointError(f"cannot resume the fit in {out}: its input {self.input} cannot "
+                                  f"be read ({exc.strerror or exc})") from None
+        change = fingerprint_change(self.input_fingerprint, now)
+        if change is not None:
+            raise CheckpointError(
+                f"cannot resume the fit in {out}: its input {self.input} changed since it started "
+                f"({change}); start afresh with --overwrite")
+        digest = summary_digest(out)
+        if digest is None or digest == self.replaces:
+            return
+        try:
+            finished = json.loads((out / "summary.json").read_text()).get("fit_id")
+        except (OSError, ValueError, AttributeError):
+            finished = None
+        if finished != self.fit_id:
+            raise CheckpointError(
+                f"cannot resume into {out}: it holds a finished fit (summary.json) that is not the "
+                f"one its {REQUEST_FILE} and checkpoints belong to, and resuming would replace it; "
+                "start afresh with --overwrite, or choose another --output")
+
     def with_(self, **changes: Any) -> FitRequest:
         """A copy with ``changes`` applied (checked again)."""
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["MODES", "REQUEST_FILE", "FitMode", "FitRequest", "config_from_args"]
+def summary_digest(out: str | Path) -> str | None:
+    """SHA-256 of ``out/summary.json`` (the finished fit the folder holds); None without one."""
+    try:
+        return hashlib.sha256((Path(out) / "summary.json").read_bytes()).hexdigest()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+__all__ = ["MODES", "REQUEST_FILE", "FitMode", "FitRequest", "config_from_args", "summary_digest"]

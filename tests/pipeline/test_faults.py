@@ -5,6 +5,7 @@ Each test function belongs to one guarantee of ``docs/reliability.md``.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pickle
@@ -25,6 +26,7 @@ import torch
 
 from deepdpm_core.config.loading import MAX_YAML_DEPTH, MAX_YAML_NODES, load_config, parse_overrides
 from deepdpm_core.errors import CheckpointError, ConfigError
+from deepdpm_core.model.files import safe_load as load_checkpoint_file
 from pipeline.cli import main
 from pipeline.io.run_folder import remove_leftovers
 from pipeline.io.tables import features_table
@@ -372,6 +374,99 @@ def test_ctrl_c_stops_a_fit_at_an_epoch_end_resumably_and_resume_gives_the_same_
     assert json.loads((run / "summary.json").read_text())["resumed_from_epoch"] == stopped_at
 
 
+def _kill_after_checkpoint(argv: list[str], run: Path, epoch: int = 4) -> None:
+    """Start ``deepdpm fit argv`` and SIGKILL it once ``run`` holds the checkpoint of ``epoch``."""
+    fit = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "fit", *argv], cwd=REPO, env=_env(),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not (run / "checkpoints" / f"epoch_{epoch:06d}.pt").exists():
+        assert fit.poll() is None, fit.communicate()
+        assert time.monotonic() < deadline, f"no checkpoint of epoch {epoch} after 300 s"
+        time.sleep(0.02)
+    fit.send_signal(signal.SIGKILL)
+    fit.communicate()
+
+
+def _one_refusal(err: str, *parts: str) -> bool:
+    return len(err.splitlines()) == 1 and "Traceback" not in err and all(p in err for p in parts)
+
+
+def test_a_folder_holds_one_fit_overwrite_drops_the_old_and_resume_checks_what_it_continues(
+        mixture, tmp_path, capsys):
+    """Issue 50, item 1. A checkpointed fit killed and resumed, then ``fit --overwrite``
+    with other input into its folder: the publish drops the old checkpoints and request
+    with its outputs, and ``--resume`` refuses in one line (it resumed the old fit).
+    ``--resume`` also refuses a changed input, a checkpoint of another fit, and a request
+    beside a finished fit it does not belong to; a resumable overwrite killed mid-fit
+    resumes its own fit."""
+    run = tmp_path / "run"
+    first = ["--input", str(mixture), "--output", str(run), *RESUMABLE_FIT, "--checkpoint-every", "2"]
+    _kill_after_checkpoint(first, run)
+    assert not (run / "summary.json").exists()
+    assert main(["fit", "--resume", str(run), "--quiet"]) == 0
+    assert (run / "fit_request.json").exists() and (run / "checkpoints").is_dir()
+
+    other = _blobs(tmp_path / "other.npz", 600, 1)
+    refit = ["fit", "--input", str(other), "--output", str(run), *RESUMABLE_FIT, "--overwrite"]
+    assert main(refit) == 0
+    newer = _files(run)
+    assert "fit_request.json" not in newer and not any(n.startswith("checkpoints") for n in newer)
+    assert json.loads(newer["summary.json"])["input"] == str(other)
+    capsys.readouterr()
+    assert main(["fit", "--resume", str(run), "--quiet"]) == 2
+    assert _one_refusal(capsys.readouterr().err, "is not the output directory of a fit with checkpoints")
+    assert _files(run) == newer
+
+    # a resumable overwrite killed mid-fit: the folder still shows the finished fit, and
+    # --resume continues the new one (its request and checkpoints), which replaces it
+    second = ["--input", str(mixture), "--output", str(run), *RESUMABLE_FIT, "--checkpoint-every", "2",
+              "--overwrite"]
+    _kill_after_checkpoint(second, run)  # summary.json of the other fit is still there
+    assert (run / "summary.json").read_bytes() == newer["summary.json"]
+    assert main(["fit", "--resume", str(run), "--quiet"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    request = json.loads((run / "fit_request.json").read_text())
+    assert summary["input"] == str(mixture) and summary["fit_id"] == request["fit_id"]
+    assert summary["resumed_from_epoch"] is not None
+    # resuming the finished fit gives it again
+    assert main(["fit", "--resume", str(run), "--quiet"]) == 0
+    assert _history(run) == [{k: v for k, v in r.items() if not k.startswith("seconds")}
+                             for r in summary["history"]]
+
+    # a request (and its checkpoints) beside a finished fit they do not belong to: what the
+    # old --overwrite left
+    mixed = tmp_path / "mixed"
+    assert main(["fit", "--input", str(other), "--output", str(mixed), *RESUMABLE_FIT]) == 0
+    shutil.copytree(run / "checkpoints", mixed / "checkpoints")
+    shutil.copy(run / "fit_request.json", mixed / "fit_request.json")
+    before = _files(mixed)
+    capsys.readouterr()
+    assert main(["fit", "--resume", str(mixed), "--quiet"]) == 2
+    assert _one_refusal(capsys.readouterr().err, "holds a finished fit (summary.json) that is not the one")
+    assert _files(mixed) == before
+
+    # the input changed since the fit started (same size, other rows)
+    data = tmp_path / "data.npy"
+    np.save(data, np.stack(pq.read_table(mixture).column("embedding").to_numpy(
+        zero_copy_only=False)).astype(np.float32))
+    stopped = tmp_path / "stopped"
+    _kill_after_checkpoint(["--input", str(data), "--output", str(stopped), *RESUMABLE_FIT,
+                            "--checkpoint-every", "2"], stopped)
+    X = np.load(data)
+    np.save(data, X[::-1].copy())
+    capsys.readouterr()
+    assert main(["fit", "--resume", str(stopped), "--quiet"]) == 2
+    assert _one_refusal(capsys.readouterr().err, f"its input {data} changed since it started",
+                        "its content differs")
+    np.save(data, X)
+    # a checkpoint of another fit (same rows) put beside the request
+    newest = max((stopped / "checkpoints").glob("epoch_*.pt"))
+    shutil.copy(max((run / "checkpoints").glob("epoch_*.pt")), newest)
+    assert main(["fit", "--resume", str(stopped), "--quiet"]) == 2
+    assert _one_refusal(capsys.readouterr().err, f"checkpoint {newest} belongs to another fit")
+    assert not (stopped / "summary.json").exists()
+
+
 # ------------------------------------------------- small hostile inputs stay small
 def _alias_bomb(levels: int = 9) -> list[str]:
     """A "billion laughs" list: level i holds 9 aliases of level i - 1 (9**levels strings)."""
@@ -486,6 +581,44 @@ def test_pickles_that_would_run_code_are_refused_naming_the_global(mixture, tmp_
         assert _refused(str(err.value))
     assert not marker.exists()
     assert not (tmp_path / "predicted.parquet").exists()
+
+
+class _Evaluates:
+    """Unpickled (unsafely), it calls ``eval(source)``: the global ``builtins.eval``."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def __reduce__(self):
+        return eval, (self.source,)
+
+
+def test_a_refused_checkpoint_names_the_global_that_caused_it_not_the_tensors_beside_it(
+        mixture, tmp_path, capsys):
+    """Issue 50, item 5: a torch archive whose payload (``eval``) sits in a list after
+    tensors, storages and an OrderedDict is refused naming ``builtins.eval`` alone."""
+    marker = tmp_path / "code-ran"
+    payload = {"format": "deepdpm-model/1",
+               "state_dict": collections.OrderedDict(w=torch.zeros(3), b=torch.ones(2)),
+               "extra": [torch.arange(4), _Evaluates(f"open({str(marker)!r}, 'w')")]}
+    archive = tmp_path / "nested.pt"
+    torch.save(payload, archive)
+    for path in (archive, tmp_path / "raw.pt"):
+        if path.name == "raw.pt":
+            path.write_bytes(pickle.dumps(payload, protocol=2))
+        with pytest.raises(CheckpointError) as err:
+            load_checkpoint_file(path)
+        named = re.search(r"refused as unsafe, .* the Python globals? (.*) it references",
+                          str(err.value)).group(1).split(", ")
+        # a raw pickle's tensors are rebuilt through torch.storage._load_from_bytes, itself
+        # refused (it unpickles without weights_only)
+        assert named == (["builtins.eval"] if path == archive
+                         else ["torch.storage._load_from_bytes", "builtins.eval"]), named
+        assert main(["predict", "--model", str(path), "--input", str(mixture),
+                     "--output", str(tmp_path / "predicted.parquet")]) == 2
+        err_text = capsys.readouterr().err
+        assert len(err_text.splitlines()) == 1 and "builtins.eval it references" in err_text, err_text
+    assert not marker.exists() and not (tmp_path / "predicted.parquet").exists()
 
 
 # ------------------------------------------------------ data errors are errors, not retries
