@@ -57,8 +57,7 @@ def time_mstep(n: int, d: int, k: int, reps: int, device: str, seed: int = 0) ->
     assert sub.n_rows == 2 * k, "every subcluster must own a row: raise --n"
 
     def mstep() -> None:
-        trainer.m_step(soft, sub)
-        trainer._refresh_mixture()
+        trainer.m_step(soft, sub)  # the mixture's refresh included
 
     dev = trainer.device
     return {

@@ -1,50 +1,118 @@
-"""One exact EM epoch of a small-data fit (docs/design.md, "Small data"): the soft
-statistics from the E-step responsibilities r^E themselves, hard 2-way subclusters, and one
-full-batch step of the clustering net."""
+"""Exact EM on small data (docs/design.md, "Small data"): each epoch the soft statistics
+from the E-step responsibilities r^E themselves, hard 2-way subclusters and one full-batch
+step of the clustering net; births in split rounds; and where the search settles, polish,
+growth and the clustering net fitted to the final responsibilities."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
+import numpy as np
 import torch
 
-from deepdpm_core.bayes import SuffStats
+from deepdpm_core.bayes import PriorFit, SuffStats
+from deepdpm_core.config import Config, ScheduleConfig
+from deepdpm_core.estep import EStep
 from deepdpm_core.nets import slot_kl
 from deepdpm_core.runtime import device_clock, net_precision
-from deepdpm_core.training.small_data import exact_statistics
+from deepdpm_core.training.epoch_body import EpochStatistics, Settled
+from deepdpm_core.training.fit_context import FitContext
+from deepdpm_core.training.growth import grow
+from deepdpm_core.training.move_round import births
+from deepdpm_core.training.polish import polish
+from deepdpm_core.training.search_model import SearchModel, estep_targets, start_model, wrapped
+from deepdpm_core.training.small_data import distil, exact_statistics
 
-if TYPE_CHECKING:
-    from deepdpm_core.training.trainer import Trainer
+Tensor = torch.Tensor
 
 
-def em_epoch(trainer: Trainer, train: bool = True, seconds: dict[str, float] | None = None
-             ) -> tuple[SuffStats, SuffStats, dict[str, float]]:
-    """One exact EM epoch (:func:`~deepdpm_core.training.small_data.exact_statistics`;
-    collective); returns what :meth:`~deepdpm_core.training.trainer.Trainer.run_epoch` does.
-    With ``train`` the clustering net takes one full-batch step on KL(r^E ‖ r), so it follows
-    the clusters through the moves; it is fitted for good once K has settled
-    (:meth:`~deepdpm_core.training.trainer.Trainer.distil`).
+class ExactEM:
+    """The :class:`~deepdpm_core.training.epoch_body.EpochBody` of data up to
+    ``small_data.max_rows`` rows.
+
+    Parameters
+    ----------
+    ctx : FitContext
+    config : Config
+    estep : EStep
+        The fit's E-step (the settled mixture's targets).
     """
-    t_start = device_clock(trainer.device)
-    k, n_local = trainer.n_clusters, trainer.x.shape[0]
-    candidates, resp = trainer.estep_targets()
-    t_estep = device_clock(trainer.device)
-    trainer.cluster_model.train(train)
-    with torch.set_grad_enabled(train), net_precision(trainer.precision, trainer.device):
-        sum_cl, _, _ = slot_kl(trainer.cluster_model(trainer.x), candidates, resp)
-    if train:
-        trainer.nets.opt_cluster.zero_grad(set_to_none=True)
-        with net_precision(trainer.precision, trainer.device, backward=True):
-            (sum_cl / (max(trainer.n_total, 1) / trainer.comm.world_size)).backward()
-        trainer.nets.opt_cluster.step()
-    t_train = device_clock(trainer.device)
-    soft, sub, sum_sub = exact_statistics(trainer.x, trainer.state, candidates, resp, trainer.anchors)
-    sums = torch.stack([sum_cl.detach().double(), sum_sub,
-                        torch.tensor(float(n_local), dtype=torch.float64, device=trainer.device)])
-    flat = trainer.comm.all_reduce(torch.cat([soft.flat(), sub.flat(), sums]))
-    a, b = SuffStats.numel(k, trainer.dim), SuffStats.numel(3 * k, trainer.dim)
-    soft, sub = SuffStats.from_flat(flat[:a], k, trainer.dim), SuffStats.from_flat(flat[a:b], 2 * k, trainer.dim)
-    n = float(flat[-1].clamp_min(1))
-    if seconds is not None:
-        seconds.update(estep=t_estep - t_start, train=t_train - t_estep)
-    return soft, sub, {"loss_cluster": float(flat[-3]) / n, "loss_subcluster": float(flat[-2]) / n}
+
+    def __init__(self, ctx: FitContext, config: Config, estep: EStep) -> None:
+        self.ctx, self.config, self.estep = ctx, config, estep
+
+    def schedule(self, config: ScheduleConfig) -> ScheduleConfig:
+        """No nets to wait for: no freeze, moves more often (``small_data``'s warm-up and
+        move interval)."""
+        sd = self.config.small_data
+        return config.model_copy(update={"warmup_epochs": sd.warmup_epochs, "move_every": sd.move_every,
+                                         "freeze_epochs": 0})
+
+    def statistics(self, model: SearchModel, candidates: Tensor, resp: Tensor, epoch: int,
+                   train: bool) -> EpochStatistics:
+        """One exact EM epoch (:func:`~deepdpm_core.training.small_data.exact_statistics`;
+        collective). With ``train`` the clustering net takes one full-batch step on
+        KL(r^E ‖ r), so it follows the clusters through the moves; it is fitted for good
+        once K has settled (:meth:`settle`)."""
+        ctx, nets = self.ctx, model.nets
+        t_start = device_clock(ctx.device)
+        k, n_local = model.state.n_clusters, ctx.x.shape[0]
+        model.cluster_model.train(train)
+        with torch.set_grad_enabled(train), net_precision(ctx.precision, ctx.device):
+            sum_cl, _, _ = slot_kl(model.cluster_model(ctx.x), candidates, resp)
+        if train:
+            nets.opt_cluster.zero_grad(set_to_none=True)
+            with net_precision(ctx.precision, ctx.device, backward=True):
+                (sum_cl / (max(ctx.n_total, 1) / ctx.comm.world_size)).backward()
+            nets.opt_cluster.step()
+        t_train = device_clock(ctx.device)
+        soft, sub, sum_sub = exact_statistics(ctx.x, model.state, candidates, resp, model.anchors)
+        sums = torch.stack([sum_cl.detach().double(), sum_sub,
+                            torch.tensor(float(n_local), dtype=torch.float64, device=ctx.device)])
+        flat = ctx.comm.all_reduce(torch.cat([soft.flat(), sub.flat(), sums]))
+        a, b = SuffStats.numel(k, ctx.dim), SuffStats.numel(3 * k, ctx.dim)
+        soft, sub = SuffStats.from_flat(flat[:a], k, ctx.dim), SuffStats.from_flat(flat[a:b], 2 * k, ctx.dim)
+        n = float(flat[-1].clamp_min(1))
+        return EpochStatistics(soft, sub, {"loss_cluster": float(flat[-3]) / n,
+                                           "loss_subcluster": float(flat[-2]) / n}, t_train - t_start)
+
+    def after_split(self, model: SearchModel, unsplit: list[int], prior_fit: PriorFit,
+                    torch_gen: torch.Generator) -> tuple[SearchModel, int]:
+        """Births (:func:`~deepdpm_core.training.move_round.births`) offered to ``unsplit``,
+        if ``moves.birth_parts`` allows them."""
+        if not self.config.moves.birth_parts:
+            return model, 0
+        state, anchors, born = births(self.ctx, self.config, model.state, model.nets, model.anchors, unsplit,
+                                      prior_fit, torch_gen)
+        return (wrapped(self.ctx, state, model.nets, anchors) if born else model), born
+
+    def settle(self, model: SearchModel, prior_fit: PriorFit, rng: np.random.Generator,
+               torch_gen: torch.Generator, may_grow: bool, growths: int) -> Settled:
+        """The model's best partition of K or K − 1 (:func:`~deepdpm_core.training.polish.polish`),
+        then either a search again from a grown partition
+        (:func:`~deepdpm_core.training.growth.grow`; only if ``may_grow``) or the clustering
+        net fitted to the result (:meth:`distil`). Either way the anchors end as each row's
+        best cluster under the final mixture."""
+        ctx, config = self.ctx, self.config
+        model = self._targets(model)[2]
+        chosen = polish(ctx, config, prior_fit, model.anchors, model.state.n_clusters, rng)
+        record = {"polished": int(chosen is not None)}
+        if chosen is not None:
+            model = self._targets(start_model(ctx, config, prior_fit, rng, torch_gen, chosen))[2]
+        if may_grow:
+            grown = grow(ctx, config, prior_fit, model.anchors, model.state.n_clusters, growths, rng)
+            if grown is not None:  # settled far below the model's answer: search again
+                model = start_model(ctx, config, prior_fit, rng, torch_gen, grown)
+                return Settled({**record, "grown": model.state.n_clusters}, model, grown=True)
+        candidates, resp, model = self._targets(model)
+        sd = config.small_data
+        with net_precision(ctx.precision, ctx.device):
+            steps, agreement = distil(model.cluster_model, ctx.x, candidates, resp, ctx.n_total, ctx.comm,
+                                      sd.distil_lr, sd.distil_agreement, sd.distil_max_steps)
+        return Settled({**record, "distil_steps": steps, "distil_agreement": agreement}, model)
+
+    def _targets(self, model: SearchModel) -> tuple[Tensor, Tensor, SearchModel]:
+        """The E-step targets under ``model``'s mixture, and the model with the anchors
+        they move to."""
+        candidates, resp, anchors = estep_targets(self.estep, model.mixture, self.ctx.x, model.anchors)
+        return candidates, resp, replace(model, anchors=anchors)

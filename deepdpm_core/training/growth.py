@@ -19,17 +19,16 @@ same choice.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from deepdpm_core.bayes import log_crp, log_marginal_likelihood
+from deepdpm_core.bayes import PriorFit, log_crp, log_marginal_likelihood
+from deepdpm_core.config import Config
 from deepdpm_core.moves import coarsening_constant, initial_clusters
+from deepdpm_core.training.fit_context import FitContext
 from deepdpm_core.training.polish import fitted_prior
-
-if TYPE_CHECKING:
-    from deepdpm_core.training.trainer import Trainer
 
 #: the partition sizes tried: 2K, 4K, ... up to this multiple of the settled K (one k-means
 #: run each), then doubled on while the score still rises
@@ -48,44 +47,42 @@ WEAK_NU = 10.0
 MIN_ROWS_PER_CLUSTER = 10
 
 
-def coarsened_score(trainer: Trainer, labels: Tensor, n_groups: int) -> float:
+def coarsened_score(ctx: FitContext, config: Config, prior_fit: PriorFit, labels: Tensor, n_groups: int
+                    ) -> float:
     """ln p(X, z) of the partition ``labels`` (this rank's rows, int64 in [0, n_groups))
     with every group's statistics (and the labels' counts) scaled by ζ = c/(c + N), and the
-    prior fitted to the unscaled statistics (collective)."""
-    stats, prior_fit, _ = fitted_prior(trainer, labels, n_groups, PRIOR_RTOL)
-    p, prior = trainer.config.prior, prior_fit.prior
+    prior fitted to the unscaled statistics, starting from ``prior_fit`` (collective)."""
+    stats, fitted, _ = fitted_prior(ctx, config, prior_fit, labels, n_groups, PRIOR_RTOL)
+    p, prior = config.prior, fitted.prior
     c = coarsening_constant(p.coarsening, p.coarsening_per_parameter, prior.dim, prior.diagonal)
     if c is not None:
-        stats = stats.scaled(torch.full_like(stats.n, c / (c + trainer.n_total)))
+        stats = stats.scaled(torch.full_like(stats.n, c / (c + ctx.n_total)))
     return log_crp(stats.n.cpu().numpy(), p.alpha) + float(log_marginal_likelihood(prior, stats).sum())
 
 
-def grow(trainer: Trainer) -> bool:
-    """Restart ``trainer``'s mixture from the best-scoring k-means partition of 2K, 4K or
-    8K clusters if it scores above the settled partition, its anchors (each row's best
-    cluster under the settled mixture), at most :data:`MAX_GROWTHS` times a fit
-    (collective; the caller restarts the schedule); returns whether it did."""
-    k = trainer.n_clusters
-    gain, prior = trainer.config.small_data.growth_gain, trainer.prior_fit.prior
+def grow(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Tensor, k: int, growths: int,
+         rng: np.random.Generator) -> Tensor | None:
+    """The best-scoring k-means partition of 2K, 4K or 8K clusters (K = ``k``; this rank's
+    rows' labels, int64 (N_local,)) if it scores above the settled partition ``anchors``
+    (each row's best cluster under the settled mixture), else None; None too once the fit
+    has grown ``growths`` = :data:`MAX_GROWTHS` times (collective; the k-means seeds come
+    from ``rng``)."""
+    gain, prior = config.small_data.growth_gain, prior_fit.prior
     weakest = 3.0 if prior.diagonal else prior.dim + 2.0
-    if gain is None or trainer.schedule.growths >= MAX_GROWTHS:
-        return False
+    if gain is None or growths >= MAX_GROWTHS:
+        return None
     if prior.nu > WEAK_NU * weakest:
-        return False  # the clusters agree on one shape: none of them holds several
-    best, chosen = coarsened_score(trainer, trainer.anchors, k) + gain * trainer.n_total, None
+        return None  # the clusters agree on one shape: none of them holds several
+    best, chosen = coarsened_score(ctx, config, prior_fit, anchors, k) + gain * ctx.n_total, None
     size, last = k, -math.inf
-    while size * 2 <= trainer.n_total // MIN_ROWS_PER_CLUSTER:
+    while size * 2 <= ctx.n_total // MIN_ROWS_PER_CLUSTER:
         size *= 2
-        init = trainer.config.init.model_copy(update={"n_clusters": size})
-        labels, n_groups = initial_clusters(trainer.x, init, trainer.n_total, trainer.rank_rows,
-                                            trainer.comm, trainer.rng)
-        score = coarsened_score(trainer, labels, n_groups)
+        init = config.init.model_copy(update={"n_clusters": size})
+        labels, n_groups = initial_clusters(ctx.x, init, ctx.n_total, ctx.rank_rows, ctx.comm, rng)
+        score = coarsened_score(ctx, config, prior_fit, labels, n_groups)
         if score > best:
             best, chosen = score, labels
         if size >= GROWTH_FACTORS_TRIED * k and score <= last:
             break  # past the sizes always tried, and no longer rising
         last = score
-    if chosen is None:
-        return False
-    trainer.initialize(chosen)
-    return True
+    return chosen

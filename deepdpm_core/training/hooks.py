@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from deepdpm_core.training.trainer import Trainer
+from typing import Any
 
 #: the parts of an epoch's ``seconds`` in its history record (key ``seconds_<phase>``), in order
 EPOCH_PHASES: tuple[tuple[str, str], ...] = (
@@ -21,8 +18,8 @@ EPOCH_PHASES: tuple[tuple[str, str], ...] = (
 
 #: called with each epoch's history record (it may add keys to it)
 RecordCallback = Callable[[dict[str, Any]], None]
-#: called with the trainer between epochs
-TrainerCallback = Callable[["Trainer"], None]
+#: called with the trainer (:class:`~deepdpm_core.training.trainer.Trainer`) between epochs
+TrainerCallback = Callable[[Any], None]
 
 
 @dataclass

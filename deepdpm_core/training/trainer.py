@@ -1,15 +1,16 @@
 """The DeepDPM epoch loop over a :class:`~deepdpm_core.runtime.communicator.Communicator`.
 
-One epoch (paper §3; docs/design.md, "One epoch"): the nets' minibatch steps against the
-E-step targets with the statistics of one pass (:mod:`~deepdpm_core.training.minibatch_epoch`;
-exact EM on small data, :mod:`~deepdpm_core.training.em_epoch`), one all-reduce of the
-statistics as a flat float64 tensor, the M-step on every rank (NIW MAP) unless the parameters
-are frozen, and, when the :class:`~deepdpm_core.moves.schedule.MoveSchedule` says so, a
-split or merge round (:mod:`~deepdpm_core.training.move_round`).
+One epoch (paper §3; docs/design.md, "One epoch"): the E-step targets under the mixture,
+the epoch body for the statistics (:mod:`~deepdpm_core.training.epoch_body`: the nets'
+minibatch steps with the statistics of one pass, or exact EM on small data), reduced over
+the ranks as one flat float64 tensor, the M-step on every rank (NIW MAP) unless the
+parameters are frozen, when the :class:`~deepdpm_core.moves.schedule.MoveSchedule` says so
+a split or merge round (:mod:`~deepdpm_core.training.move_round`), and at the schedule's
+end where the search settles. The helpers take what they need and return what changes;
+only the trainer keeps the fit's state.
 
 Data live on the device as one (N_local, dim) float32 tensor in the fit's own coordinates
-(:mod:`deepdpm_core.data.coordinates`: centred, so the prior mean is 0 and uncentred float64
-sums stay accurate, and scaled to unit mean variance, so nothing depends on the units).
+(:mod:`~deepdpm_core.training.fit_context`).
 """
 
 from __future__ import annotations
@@ -21,39 +22,27 @@ import numpy as np
 import torch
 from torch import nn
 
-from deepdpm_core.bayes import PriorFit, SuffStats, grouped_stats, map_estimate
+from deepdpm_core.bayes import PriorFit, SuffStats, map_estimate
 from deepdpm_core.config import Config, from_dict
-from deepdpm_core.data import fit_coordinates
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.estep import EStep, MixtureState, log_weights_from_counts
-from deepdpm_core.moves import (
-    MovePlan,
-    MoveSchedule,
-    Nets,
-    apply_plan,
-    initial_clusters,
-    reset_subclusters,
-)
-from deepdpm_core.nets import ClusterNet, SubclusterNets, new_row_of
-from deepdpm_core.runtime import (
-    Communicator,
-    LocalCommunicator,
-    device_clock,
-    flush_denormals,
-    net_precision,
-    resolve_device,
-    resolve_precision,
-)
-from deepdpm_core.training.batching import adam, auto_batch_size, epoch_steps, scaled_lr
+from deepdpm_core.moves import MovePlan, MoveSchedule, apply_plan, reset_subclusters
+from deepdpm_core.runtime import Communicator, LocalCommunicator, device_clock, flush_denormals
 from deepdpm_core.training.consistency import check_ranks_agree, position_checksum
-from deepdpm_core.training.em_epoch import em_epoch
-from deepdpm_core.training.growth import grow
+from deepdpm_core.training.em_epoch import ExactEM
+from deepdpm_core.training.epoch_body import EpochBody
+from deepdpm_core.training.fit_context import fit_context
 from deepdpm_core.training.hooks import EpochHooks, RecordCallback
-from deepdpm_core.training.minibatch_epoch import minibatch_epoch
-from deepdpm_core.training.move_round import move_round, prune_unowned
-from deepdpm_core.training.polish import polish
-from deepdpm_core.training.resume import check_same_data, restore_trainer, trainer_state
-from deepdpm_core.training.small_data import distil
+from deepdpm_core.training.minibatch_epoch import MinibatchEpochs
+from deepdpm_core.training.move_round import decide_moves, unowned_clusters
+from deepdpm_core.training.resume import check_same_data, model_state, restore_model
+from deepdpm_core.training.search_model import (
+    SearchModel,
+    estep_targets,
+    partition_stats,
+    start_model,
+    wrapped,
+)
 
 Tensor = torch.Tensor
 
@@ -87,45 +76,25 @@ class Trainer:
         self.config = config
         self.comm = comm or LocalCommunicator()
         self.wrap = wrap or (lambda m: m)
-        self.device = resolve_device(config.device)
-        self.precision = resolve_precision(config.model.precision, self.device)
         self.estep = EStep(config.estep)
         self.rng = np.random.default_rng(config.seed)  # move decisions (rank 0) and init
         self.torch_gen = torch.Generator().manual_seed(config.seed)  # net initialisation
         self.epoch = 0
         self.history: list[dict[str, Any]] = []
-        #: each local row's best cluster (its initial cluster, then the last E-step's best),
-        #: the sparse E-step's anchors; kept through surgery; None: not known (a resumed fit)
+        #: each local row's best cluster (:class:`~deepdpm_core.training.search_model.SearchModel`)
         self.anchors: Tensor | None = None
-        self._init_data(x)
-        #: the search runs exact EM epochs (:mod:`deepdpm_core.training.small_data`)
-        self.small = self.n_total <= config.small_data.max_rows
-        sched = config.schedule
-        if self.small:  # no nets to wait for: no freeze, moves more often
-            sched = sched.model_copy(update={"warmup_epochs": config.small_data.warmup_epochs,
-                                             "move_every": config.small_data.move_every, "freeze_epochs": 0})
-        self.schedule = MoveSchedule(sched, config.moves)
-
-    # ------------------------------------------------------------------ set-up
-    def _init_data(self, x: Tensor) -> None:
-        """The fit's coordinates (:mod:`deepdpm_core.data.coordinates`), the data in them (by
-        chunks: a float64 copy of all rows would double their memory) and the NIW prior."""
-        self.coords, self.n_total, self.rank_rows = fit_coordinates(
-            x, self.config.data, self.comm, self.device)
-        n_local, d, chunk = x.shape[0], self.coords.dim, 1 << 16
+        self.ctx = ctx = fit_context(config, x, self.comm, self.wrap)
+        self.x, self.coords, self.n_total, self.rank_rows = ctx.x, ctx.coords, ctx.n_total, ctx.rank_rows
+        self.device, self.precision, self.batch_size = ctx.device, ctx.precision, ctx.batch_size
         #: per-feature variance (D,) of the (transformed) features, float64, for diagnostics
         self.feature_variance = self.coords.feature_std.square()
-        self.prior_fit = PriorFit(self.config.prior, self.coords, self.device)
-        self.x = torch.empty(n_local, d, dtype=torch.float32, device=self.device)
-        for s in range(0, n_local, chunk):  # x̃ in float64, then stored as float32
-            self.x[s : s + chunk] = self.coords.apply(x[s : s + chunk]).to(self.device)
-        # per rank; "auto" aims at steps_per_epoch steps over this rank's share of the rows,
-        # so W ranks step as often as one process would, on a W times larger global batch
-        o = self.config.optim
-        share = -(-self.n_total // self.comm.world_size)
-        self.batch_size = (auto_batch_size(share, o.steps_per_epoch, o.base_batch_size, o.max_batch_size)
-                           if o.batch_size == "auto" else int(o.batch_size))
+        self.prior_fit = PriorFit(config.prior, self.coords, self.device)
+        #: exact EM up to ``small_data.max_rows`` rows (:mod:`~deepdpm_core.training.small_data`)
+        self.body: EpochBody = (ExactEM(ctx, config, self.estep) if self.n_total <= config.small_data.max_rows
+                                else MinibatchEpochs(ctx, config))
+        self.schedule = MoveSchedule(self.body.schedule(config.schedule), config.moves)
 
+    # ------------------------------------------------------------------ set-up
     def initialize(self, init_labels: Tensor | None = None) -> None:
         """k-means clusters (rank 0, on a sample gathered from all ranks), MAP parameters,
         principal-axis subclusters.
@@ -133,57 +102,25 @@ class Trainer:
         ``init_labels`` (this rank's rows, int64 [n]) warm-starts from given hard clusters
         instead of k-means (the AE alternation re-clusters from the previous clusters).
         """
-        cfg = self.config
-        z, n_init = initial_clusters(self.x, cfg.init, self.n_total, self.rank_rows, self.comm, self.rng,
-                                     init_labels)
-        stats, keep = self.partition_stats(z, n_init)
-        self.anchors = new_row_of(keep, n_init)[z]
-        self.prior_fit.fit(stats)
-        means, covs = map_estimate(self.prior_fit.prior, stats)
-        self.state = MixtureState.without_subclusters(
-            means, covs, log_weights_from_counts(stats.n, cfg.prior.weight_pseudocount))
-        self.build_nets(self.state.n_clusters)
-        reset_subclusters(self.state, self.nets, torch.arange(self.n_clusters, device=self.device),
-                          self.torch_gen)
-        self.reshaped()
+        self._adopt(start_model(self.ctx, self.config, self.prior_fit, self.rng, self.torch_gen, init_labels))
 
     def partition_stats(self, labels: Tensor, n_groups: int) -> tuple[SuffStats, Tensor]:
-        """The statistics of the hard partition ``labels`` (this rank's rows, int64 in
-        [0, ``n_groups``)) over all ranks (collective), and which groups they are: the
-        non-empty ones, shape (K',), in order."""
-        # float64 GEMMs: the statistics are the same to round-off on any number of ranks
-        local = grouped_stats(self.x, torch.arange(labels.shape[0], device=self.device), labels,
-                              torch.ones_like(labels, dtype=torch.float64), n_groups, dtype=torch.float64)
-        stats = SuffStats.from_flat(self.comm.all_reduce(local.flat()), n_groups, self.dim)
-        keep = torch.nonzero(stats.n > 0).squeeze(1)
-        return stats.rows(keep), keep
+        """:func:`~deepdpm_core.training.search_model.partition_stats` of this fit's rows."""
+        return partition_stats(self.ctx, labels, n_groups)
 
-    def build_nets(self, k: int) -> None:
-        """Fresh nets for K = ``k`` clusters (from ``torch_gen``) and their optimisers."""
-        cfg = self.config
-        cluster = ClusterNet(self.dim, cfg.model.hidden, k, self.torch_gen).to(self.device)
-        sub = SubclusterNets(self.dim, cfg.model.sub_hidden, k, self.torch_gen).to(self.device)
-        self.nets = Nets(cluster, sub, adam(cluster.parameters(), self.learning_rate(cfg.optim.lr_cluster)),
-                         adam(sub.parameters(), self.learning_rate(cfg.optim.lr_subcluster)))
+    def _adopt(self, model: SearchModel) -> None:
+        """Go on with ``model``."""
+        self.state, self.nets, self.anchors = model.state, model.nets, model.anchors
+        self.cluster_model, self.sub_model, self.mixture = model.cluster_model, model.sub_model, model.mixture
 
-    def learning_rate(self, base: float) -> float:
-        """Learning rate at the global batch W·B (``optim.batch_size`` is per rank)."""
-        o = self.config.optim
-        return scaled_lr(base, self.batch_size * self.comm.world_size, o.base_batch_size, o.lr_scaling)
-
-    def _refresh_mixture(self) -> None:  # after the parameters change
-        self.mixture, self.sub_means32 = self.state.mixture(), self.state.sub_means.to(torch.float32)
-
-    def reshaped(self) -> None:
-        """After the nets were built or surgery changed the clusters: wrap the nets
-        (``wrap``), refresh the mixture."""
-        self.cluster_model, self.sub_model = self.wrap(self.nets.cluster), self.wrap(self.nets.sub)
-        self._refresh_mixture()
+    def _model(self) -> SearchModel:
+        """The model as it is now."""
+        return SearchModel(self.state, self.nets, self.anchors, self.cluster_model, self.sub_model, self.mixture)
 
     @property
     def dim(self) -> int:
         """The coordinates of x̃: D, fewer where features are left out (``coords.dim``)."""
-        return self.coords.dim
+        return self.ctx.dim
 
     @property
     def n_clusters(self) -> int:
@@ -193,43 +130,31 @@ class Trainer:
     # ------------------------------------------------------------------ epochs
     def n_steps(self) -> tuple[int, int]:
         """:func:`~deepdpm_core.training.batching.epoch_steps` of this fit (collective)."""
-        return epoch_steps(self.x.shape[0], self.batch_size, self.config.optim.min_steps_per_epoch,
-                           self.comm, self.device)
+        return self.ctx.n_steps(self.config)
 
     def estep_targets(self) -> tuple[Tensor, Tensor]:
-        """:meth:`~deepdpm_core.estep.EStep.targets` of the local rows under the current
-        mixture (candidates and r^E, (N_local, m) each); the anchors move to each row's best."""
-        k = self.n_clusters
-        # with every cluster allowed (m = K) the search starts from the mixture alone, so the
-        # targets are a function of the checkpointed state and a resumed fit repeats them
-        anchors = self.anchors if self.estep.support(k) < k else None
-        candidates, resp, self.anchors = self.estep.targets(self.mixture, self.x, anchors)
+        """:func:`~deepdpm_core.training.search_model.estep_targets` of the local rows
+        (candidates and r^E, (N_local, m) each); the anchors move to each row's best."""
+        candidates, resp, self.anchors = estep_targets(self.estep, self.mixture, self.x, self.anchors)
         return candidates, resp
 
     def run_epoch(self, train: bool = True, seconds: dict[str, float] | None = None
                   ) -> tuple[SuffStats, SuffStats, dict[str, float]]:
-        """One pass over the local rows; returns reduced soft cluster and hard subcluster
-        stats and the mean losses.
+        """The E-step targets, then one pass of the epoch body (:attr:`body`) over the local
+        rows; returns reduced soft cluster and hard subcluster stats and the mean losses.
 
         With ``train=False`` the nets are not updated (a pure statistics pass). When
         ``seconds`` is given, the durations of the E-step targets (``estep``) and the
-        minibatch steps (``train``) are written into it (the statistics with their
-        all-reduce take the rest). Small data (:attr:`small`) run :func:`~deepdpm_core.training.em_epoch.em_epoch` instead.
+        nets' steps (``train``) are written into it (the statistics with their all-reduce
+        take the rest).
         """
-        if self.small:
-            return em_epoch(self, train, seconds)
-        return minibatch_epoch(self, train, seconds)
-
-    def distil(self) -> dict[str, float]:
-        """Fit the clustering net to the E-step of the final mixture
-        (:func:`~deepdpm_core.training.small_data.distil`); returns ``distil_steps`` and
-        ``distil_agreement`` for the history record."""
+        t_start = device_clock(self.device)
         candidates, resp = self.estep_targets()
-        sd = self.config.small_data
-        with net_precision(self.precision, self.device):
-            steps, agreement = distil(self.cluster_model, self.x, candidates, resp, self.n_total, self.comm,
-                                      sd.distil_lr, sd.distil_agreement, sd.distil_max_steps)
-        return {"distil_steps": steps, "distil_agreement": agreement}
+        t_estep = device_clock(self.device)
+        out = self.body.statistics(self._model(), candidates, resp, self.epoch, train)
+        if seconds is not None:
+            seconds.update(estep=t_estep - t_start, train=out.train_seconds)
+        return out.soft, out.sub, out.losses
 
     def m_step(self, soft: SuffStats, sub: SuffStats) -> None:
         """Bayesian M-step from the net's responsibilities (paper §3.1) and subclusters."""
@@ -244,6 +169,7 @@ class Trainer:
         # a subcluster that lost all its points cannot propose a split: restart it
         dead = torch.nonzero(sub_n.min(1).values < 1).squeeze(1)
         reset_subclusters(self.state, self.nets, dead, self.torch_gen)
+        self.mixture = self.state.mixture()
 
     # ------------------------------------------------------------------- moves
     def apply_plan(self, plan: MovePlan, soft: SuffStats) -> Tensor:
@@ -251,13 +177,24 @@ class Trainer:
         returns each old cluster's new row (:func:`~deepdpm_core.moves.surgery.apply_plan`)."""
         if plan.empty:
             return torch.arange(self.n_clusters)
-        self.state, new_row = apply_plan(plan, self.state, self.nets, soft, self.prior_fit.prior,
-                                         self.torch_gen)
+        state, new_row = apply_plan(plan, self.state, self.nets, soft, self.prior_fit.prior, self.torch_gen)
         # anchors follow their cluster (−1 for a pruned one: the E-step searches afresh)
-        if self.anchors is not None:
-            self.anchors = new_row[self.anchors]
-        self.reshaped()
+        self._adopt(wrapped(self.ctx, state, self.nets, None if self.anchors is None else new_row[self.anchors]))
         return new_row.cpu()
+
+    def _move(self, move: str, soft: SuffStats, sub: SuffStats) -> tuple[int, int]:
+        """A ``move`` ("split" or "merge") round (collective); returns the splits (births
+        included) and the merges accepted."""
+        plan = decide_moves(self.ctx, self.config, move, sub, self.state, self.anchors, self.prior_fit, self.rng,
+                            self.epoch)
+        unsplit = [k for k in range(self.n_clusters) if k not in plan.splits and k not in plan.prunes]
+        new_row = self.apply_plan(plan, soft)
+        born = 0
+        if move == "split":
+            model, born = self.body.after_split(self._model(), [int(new_row[k]) for k in unsplit],
+                                                self.prior_fit, self.torch_gen)
+            self._adopt(model)
+        return len(plan.splits) + born, len(plan.merges)
 
     # --------------------------------------------------------------------- fit
     def step_epoch(self, on_epoch: Sequence[RecordCallback] = ()) -> dict:
@@ -287,12 +224,11 @@ class Trainer:
         phases["stats"] = (t_mstep - t0) - phases["estep"] - phases["train"]
         if not self.schedule.frozen(epoch):
             self.m_step(soft, sub)
-            self._refresh_mixture()
         t_moves = device_clock(self.device)
         splits = merges = 0
         move = self.schedule.move_at(epoch)
         if move is not None:
-            splits, merges = move_round(self, move, soft, sub)
+            splits, merges = self._move(move, soft, sub)
             self.schedule.moved(epoch, splits + merges, self.n_clusters)
         final = self._settle(epoch) if self.schedule.finished(epoch) else {}
         t_end = device_clock(self.device)
@@ -323,19 +259,20 @@ class Trainer:
         return record
 
     def _settle(self, epoch: int) -> dict:
-        """Where the search settled after epoch ``epoch`` (1-based): on small data the model's
-        best partition of K or K − 1 (:func:`polish`), then either a search again from a grown
-        partition (:func:`grow`) or the net fitted to the result; the last epoch's K is the
-        clusters that own points. Returns the record's entries."""
-        final = {}
-        if self.small:
-            final["polished"] = int(polish(self))
-            if epoch < self.schedule.schedule.max_epochs and grow(self):
-                self.schedule.restart(epoch)  # settled far below the model's answer: search again
-                return {**final, "grown": self.n_clusters}
-            final.update(self.distil())
-        prune_unowned(self)
-        return final
+        """Where the search settled after epoch ``epoch`` (1-based): what the epoch body
+        adds (:meth:`~deepdpm_core.training.epoch_body.EpochBody.settle`; a grown partition
+        restarts the schedule), then K becomes the clusters that own points. Returns the
+        record's entries."""
+        settled = self.body.settle(self._model(), self.prior_fit, self.rng, self.torch_gen,
+                                   epoch < self.schedule.schedule.max_epochs, self.schedule.growths)
+        self._adopt(settled.model)
+        if settled.grown:
+            self.schedule.restart(epoch)  # settled far below the model's answer: search again
+            return settled.record
+        empty = unowned_clusters(self.ctx, self.nets.cluster, self.n_clusters)
+        if empty and len(empty) < self.n_clusters:
+            self.apply_plan(MovePlan(prunes=empty), SuffStats.zeros(self.n_clusters, self.dim, device=self.device))
+        return settled.record
 
     @property
     def finished(self) -> bool:
@@ -373,8 +310,13 @@ class Trainer:
 
     # ---------------------------------------------------------- checkpointing
     def state_dict(self) -> dict[str, Any]:
-        """:func:`~deepdpm_core.training.resume.trainer_state`: what resuming needs."""
-        return trainer_state(self)
+        """Everything a fit needs to resume (tensors and plain containers only,
+        :mod:`~deepdpm_core.training.resume`); also a model file's dict, which
+        :class:`~deepdpm_core.model.fitted_model.FittedModel` reads."""
+        return {"config": self.config.to_dict(), "dim": self.coords.n_features, "n_total": self.n_total,
+                "coordinates": self.coords.state_dict(), **self.prior_fit.state_dict(), "epoch": self.epoch,
+                **self.schedule.counters(), "history": list(self.history),
+                **model_state(self.state, self.nets, self.rng, self.torch_gen)}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], x: Tensor, comm: Communicator | None = None,
@@ -394,6 +336,10 @@ class Trainer:
         if x.shape[1] != dim:
             raise CheckpointError(f"the checkpoint was trained on {dim}-D rows, these have {x.shape[1]}")
         trainer = cls(config or from_dict(state["config"]), x, comm, wrap)
-        check_same_data(trainer, state)
-        restore_trainer(trainer, state)
+        check_same_data(trainer.ctx, state)
+        trainer.epoch, trainer.history = int(state["epoch"]), list(state["history"])
+        trainer.schedule.restore(state)
+        trainer.prior_fit.restore(state)
+        mixture, nets = restore_model(trainer.ctx, trainer.config, state, trainer.rng, trainer.torch_gen)
+        trainer._adopt(wrapped(trainer.ctx, mixture, nets, None))
         return trainer

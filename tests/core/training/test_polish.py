@@ -27,6 +27,12 @@ def _trainer_at(x: np.ndarray, labels: np.ndarray) -> Trainer:
     return trainer
 
 
+def _polish(trainer: Trainer) -> torch.Tensor | None:
+    """:func:`polish` of the trainer's settled partition (its anchors after an E-step)."""
+    trainer.estep_targets()
+    return polish(trainer.ctx, trainer.config, trainer.prior_fit, trainer.anchors, trainer.n_clusters, trainer.rng)
+
+
 def _final_labels(trainer: Trainer) -> np.ndarray:
     trainer.estep_targets()
     return trainer.anchors.numpy()
@@ -35,7 +41,7 @@ def _final_labels(trainer: Trainer) -> np.ndarray:
 def test_the_partition_score_is_the_partitions_evidence():
     x, y = _blobs()
     trainer = _trainer_at(x, y)
-    assert partition_score(trainer, torch.as_tensor(y), 3) == pytest.approx(
+    assert partition_score(trainer.ctx, trainer.config, trainer.prior_fit, torch.as_tensor(y), 3) == pytest.approx(
         partition_evidence(x, y).log_joint, rel=1e-6)
 
 
@@ -43,13 +49,13 @@ def test_partitions_are_the_same_whatever_their_groups_names():
     x, y = _blobs()
     trainer = _trainer_at(x, y)
     labels = torch.as_tensor(y)
-    assert same_partition(trainer, (labels, 3), ((labels + 1) % 3, 3))
-    assert same_partition(trainer, (labels, 3), (2 * labels, 5))  # groups 1 and 3 empty
+    assert same_partition(trainer.ctx, (labels, 3), ((labels + 1) % 3, 3))
+    assert same_partition(trainer.ctx, (labels, 3), (2 * labels, 5))  # groups 1 and 3 empty
     moved = labels.clone()
     moved[0] = 1  # one row to another group
-    assert not same_partition(trainer, (labels, 3), (moved, 3))
-    assert not same_partition(trainer, (labels, 3), (torch.where(labels == 2, 1, labels), 2))
-    assert not same_partition(trainer, (torch.where(labels == 2, 1, labels), 2), (labels, 3))
+    assert not same_partition(trainer.ctx, (labels, 3), (moved, 3))
+    assert not same_partition(trainer.ctx, (labels, 3), (torch.where(labels == 2, 1, labels), 2))
+    assert not same_partition(trainer.ctx, (torch.where(labels == 2, 1, labels), 2), (labels, 3))
 
 
 def test_a_settled_partition_that_joins_two_blobs_is_replaced_by_a_better_one():
@@ -59,7 +65,9 @@ def test_a_settled_partition_that_joins_two_blobs_is_replaced_by_a_better_one():
     bad = np.where(y == 2, 1 + (x[:, 0] > np.median(x[y == 2, 0])), 0)
     trainer = _trainer_at(x, bad)
     before = partition_evidence(x, bad).log_joint
-    assert polish(trainer)
+    chosen = _polish(trainer)
+    assert chosen is not None
+    trainer.initialize(chosen)
     after = _final_labels(trainer)
     assert trainer.n_clusters == 3
     assert clustering_scores(y, after)["nmi"] == pytest.approx(1.0)
@@ -69,7 +77,7 @@ def test_a_settled_partition_that_joins_two_blobs_is_replaced_by_a_better_one():
 def test_the_best_partition_is_kept():
     x, y = _blobs()
     trainer = _trainer_at(x, y)
-    assert not polish(trainer)
+    assert _polish(trainer) is None
     np.testing.assert_array_equal(_final_labels(trainer), y)
 
 

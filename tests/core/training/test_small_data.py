@@ -11,6 +11,7 @@ from deepdpm_core.estep import GaussianMixture, MixtureState
 from deepdpm_core.nets import ClusterNet
 from deepdpm_core.runtime import LocalCommunicator
 from deepdpm_core.training import Trainer
+from deepdpm_core.training.em_epoch import ExactEM
 from deepdpm_core.training.small_data import distil, exact_statistics
 
 
@@ -70,7 +71,7 @@ def test_the_search_is_exact_em_up_to_max_rows(max_rows, small):
     x, _ = make_blobs(600, centers=4, n_features=2, cluster_std=0.4, random_state=2)
     config = Config().with_overrides({"small_data.max_rows": max_rows, "schedule.max_epochs": 60})
     trainer = Trainer(config, torch.tensor(x, dtype=torch.float32))
-    assert trainer.small is small
+    assert isinstance(trainer.body, ExactEM) is small
     assert trainer.schedule.schedule.move_every == (2 if small else 4)
     trainer.fit()
     assert trainer.n_clusters == 4
@@ -87,7 +88,7 @@ def test_an_em_epoch_is_an_m_step_of_em():
     config = Config().with_overrides({"init.n_clusters": 3})
     trainer = Trainer(config, torch.tensor(x, dtype=torch.float32))
     trainer.initialize()
-    assert trainer.small
+    assert isinstance(trainer.body, ExactEM)
     soft, _, losses = trainer.run_epoch(train=False)
     log_p = trainer.mixture.weighted_log_prob(trainer.x).double()
     resp = torch.softmax(log_p, 1)
