@@ -1,7 +1,8 @@
 """``deepdpm embed``: learn a feature space to cluster in (AE, UMAP, AE + UMAP, PCA).
 
-Reads raw pixel arrays (``.npz`` with ``X`` [N, ...] and optional ``y``, or ``.npy``) or a
-Parquet feature table, and writes a feature table (key, embedding, label) for ``deepdpm
+Reads raw pixel arrays (``.npz`` with ``X`` [N, ...] and optional ``y``, or ``.npy``), a
+table (CSV, Parquet or Arrow; one column per feature or an ``embedding`` column) or a
+folder of tables, and writes a feature table (key, embedding, label) for ``deepdpm
 fit``; ``--save-model`` keeps the trained autoencoder (safe to load) to encode new data.
 """
 
@@ -11,6 +12,7 @@ import argparse
 import time
 from pathlib import Path
 
+from pipeline.io.columns import add_column_arguments
 from pipeline.io.results import add_json_argument
 
 HELP = "learn features from raw pixels or features (autoencoder, UMAP, AE+UMAP = n2d, PCA) into Parquet"
@@ -24,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--input",
         required=True,
         type=Path,
-        help="raw .npz (X, y) / .npy, or a Parquet feature table",
+        help="raw .npz (X, y) / .npy, a table (.csv, .tsv, .parquet, .arrow) or a folder of tables",
     )
     parser.add_argument("--output", required=True, type=Path, help="Parquet feature table to write")
     parser.add_argument("--method", required=True, choices=METHODS, help="embedding method")
@@ -48,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--save-model", type=Path, default=None, help="also save the trained autoencoder (.pt)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_column_arguments(parser)
     add_json_argument(parser)
 
 
@@ -72,14 +75,23 @@ def run(args: argparse.Namespace) -> int:
         raise DataError(
             f"--save-model needs an autoencoder method (ae, ae-umap), not '{args.method}'"
         )
+    from pipeline.io.columns import columns_from_args
+    from pipeline.io.tables import (
+        check_fit_rows,
+        features_table,
+        read_features,
+        write_parquet_atomic,
+    )
+
+    table = read_features(args.input, columns_from_args(args))
+    if table.X.ndim <= 2:  # rows of features; [N, ...] images are checked when flattened
+        check_fit_rows(table, args.input)
 
     from deepdpm_core.features import as_feature_matrix, embed
     from deepdpm_core.training import progress_bar
     from pipeline.fit.checkpoints import save_autoencoder
     from pipeline.io.results import print_result, shown_path
-    from pipeline.io.tables import features_table, read_features, write_parquet_atomic
 
-    table = read_features(args.input)
     X = as_feature_matrix(table.X, name=str(args.input))
 
     def on_epoch(record: dict[str, float]) -> None:

@@ -10,14 +10,18 @@ if TYPE_CHECKING:
     from pipeline.fit.outputs import FitResult
     from pipeline.fit.request import FitRequest
 
-HELP = "fit DeepDPM to features (.npy, .npz or Parquet) and write model, assignments, summary"
+HELP = ("fit DeepDPM to features (.npy, .npz, CSV, Parquet or Arrow, or a folder of tables) and "
+        "write model, assignments, summary")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipeline.io.columns import add_column_arguments
     from pipeline.io.results import add_json_argument
     from pipeline.tracking.options import add_registry_arguments, add_tracking_arguments
 
-    parser.add_argument("--input", help=".npy [N, D], .npz (X, y) or Parquet (embedding, label, key)")
+    parser.add_argument("--input", help=".npy [N, D], .npz (X, y), a table (.csv, .tsv, .parquet, "
+                        ".arrow: one column per feature, or an 'embedding' list column) or a "
+                        "folder of tables")
     parser.add_argument("--output", help="output directory")
     parser.add_argument("--config", help="YAML config (default: built-in defaults = cluster_configs/default.yaml)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -54,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dist.add_argument("--wait-for-workers", type=float, default=120.0, metavar="S",
                       help="seconds to wait for an existing cluster to offer W workers' "
                            "CPUs/GPUs before failing (default 120)")
+    add_column_arguments(parser)
     add_tracking_arguments(parser)
     add_registry_arguments(parser)
     add_json_argument(parser)
@@ -74,9 +79,10 @@ def _resumed_request(args: argparse.Namespace) -> FitRequest:
     from pipeline.extras import require
     from pipeline.fit.request import FitRequest
 
-    if args.input or args.config or args.overrides or args.seed is not None:
+    if (args.input or args.config or args.overrides or args.seed is not None
+            or args.features or args.label or args.key or args.header is not None):
         raise ConfigError("--resume DIR continues a run as it was started: drop --input, "
-                          "--config, --set and --seed")
+                          "--config, --set, --seed and the table column flags")
     if args.output and Path(args.output).resolve() != Path(args.resume).resolve():
         raise ConfigError("--resume DIR writes to DIR: drop --output or make it DIR")
     request = FitRequest.load(args.resume)
@@ -100,6 +106,7 @@ def _resumed_request(args: argparse.Namespace) -> FitRequest:
 def _new_request(args: argparse.Namespace) -> FitRequest:
     """The request of a new fit (stored for ``--resume`` when it keeps checkpoints)."""
     from pipeline.fit.request import FitRequest, config_from_args
+    from pipeline.io.columns import columns_from_args
     from pipeline.tracking.environment import resolve_tracking_uri
     from pipeline.tracking.options import default_run_name, tracking_on
 
@@ -121,7 +128,30 @@ def _new_request(args: argparse.Namespace) -> FitRequest:
         experiment=args.experiment, run_name=default_run_name(args),
         register_model=args.register_model, model_alias=args.model_alias, quiet=args.quiet,
         alternations=args.alternate or 0, overwrite=args.overwrite, ray_address=args.ray_address,
-        wait_for_workers_s=args.wait_for_workers)
+        wait_for_workers_s=args.wait_for_workers, columns=columns_from_args(args).to_dict())
+
+
+def check_input(request: FitRequest) -> None:
+    """Read and check a new fit's input before torch, Ray or MLflow load, so that bad data
+    is answered within a second: a fit in this process reads it whole (format, columns,
+    shape, empty, NaN or inf rows), a Ray fit its metadata (its workers check their rows),
+    an alternating fit (which flattens images) its format.
+
+    Raises
+    ------
+    DataError
+    """
+    from pipeline.io.feature_rows import feature_shape
+    from pipeline.io.tables import check_fit_rows, read_features
+
+    if request.mode == "ray":
+        n, dim = feature_shape(request.input, request.table_columns)
+        if n == 0 or dim == 0:
+            check_fit_rows(read_features(request.input, request.table_columns), request.input)
+    elif request.mode == "alternating":
+        read_features(request.input, request.table_columns)
+    else:
+        check_fit_rows(read_features(request.input, request.table_columns), request.input)
 
 
 def request_from_args(args: argparse.Namespace) -> FitRequest:
@@ -226,7 +256,10 @@ def _refuse_an_earlier_fit(out: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``deepdpm fit``: build the request from the flags and run it in its mode."""
+    request = request_from_args(args)
+    if not request.resume:
+        check_input(request)
     from pipeline.fit import run_fit
 
-    _print_summary(args, run_fit(request_from_args(args)))
+    _print_summary(args, run_fit(request))
     return 0

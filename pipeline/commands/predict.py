@@ -1,8 +1,10 @@
 """``deepdpm predict``: assign rows of a feature table with a fitted model.
 
-A file (``.npy``, ``.npz``, ``.parquet``) is predicted in this process into one output
-file. A folder of Parquet files is predicted with Ray Data, the model in an actor pool,
-into one output file per input file (:mod:`pipeline.predict.folder`).
+A file (``.npy``, ``.npz``, a CSV, Parquet or Arrow table) is predicted in this process
+into one output file, and so is a folder of CSV or Arrow files or of wide Parquet files
+(read as one table). A folder of Parquet feature tables (an ``embedding`` column) is
+predicted with Ray Data, the model in an actor pool, into one output file per input file
+(:mod:`pipeline.predict.folder`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pipeline.io.columns import add_column_arguments
 from pipeline.io.results import add_json_argument
 
 HELP = "assign features to the clusters of a fitted model (writes Parquet)"
@@ -20,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model.pt written by deepdpm fit, or its MLflow model: runs:/RUN_ID/model, "
                              "models:/NAME@ALIAS (server: $MLFLOW_TRACKING_URI)")
     parser.add_argument("--input", required=True,
-                        help=".npy, .npz or Parquet features, or a folder of Parquet files")
+                        help=".npy, .npz, a table (.csv, .tsv, .parquet, .arrow) or a folder of "
+                             "tables")
     parser.add_argument("--output", required=True,
                         help="output .parquet (key, cluster, confidence, label); for a folder "
                              "--input, a folder that gets one such file per input file")
@@ -39,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="Ray cluster (auto, host:port, ray://...); default $RAY_ADDRESS, else a "
                           "new local cluster")
     ray.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_column_arguments(parser)
     add_json_argument(parser)
 
 
@@ -63,9 +68,25 @@ def model_file(model: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    if Path(args.input).is_dir():
+    if _ray_folder(args):
         return _run_folder(args)
     return _run_file(args)
+
+
+def _ray_folder(args: argparse.Namespace) -> bool:
+    """A folder of Parquet feature tables (an ``embedding`` column, no ``--features``):
+    predicted with Ray Data, one output file per input file."""
+    path = Path(args.input)
+    if not path.is_dir():
+        return False
+    import pyarrow.parquet as pq
+
+    from pipeline.io.columns import columns_from_args
+    from pipeline.io.tables import folder_files, is_embedding_layout
+
+    kind, files = folder_files(path)
+    return kind == "parquet" and bool(files) and is_embedding_layout(
+        pq.read_schema(files[0]).names, columns_from_args(args))
 
 
 def _run_file(args: argparse.Namespace) -> int:
@@ -88,21 +109,27 @@ def _run_file(args: argparse.Namespace) -> int:
     import numpy as np
     import pyarrow.parquet as pq
 
+    from pipeline.io.columns import columns_from_args
+    from pipeline.io.tables import check_fit_rows, feature_batches
+
+    # the input's first rows are read and checked before torch loads
+    batches = feature_batches(args.input, args.batch_size, columns_from_args(args))
+    first = next(batches, None)  # an unreadable input fails before the output is touched
+    if first is None:
+        raise DataError(f"{args.input} has no rows")
+    check_fit_rows(first, args.input)
+
     from deepdpm_core.atomic_files import atomic_path
     from deepdpm_core.data import ContingencyCounts, contingency_scores
     from deepdpm_core.model import ClusterAssigner
     from pipeline.io.results import print_result, scores_text, shown_path
-    from pipeline.io.tables import assignments_table, feature_batches
+    from pipeline.io.tables import assignments_table
 
     model = ClusterAssigner.load(path)
     # what the result reports, counted batch by batch: the input is never held whole
     used = np.zeros(model.n_clusters, dtype=bool)
     counts = ContingencyCounts()
     rows = 0
-    batches = feature_batches(args.input, args.batch_size)
-    first = next(batches, None)  # an unreadable input fails before the output is touched
-    if first is None:
-        raise DataError(f"{args.input} has no rows")
     with atomic_path(args.output) as tmp, contextlib.ExitStack() as open_writer:
         writer = None
         for batch in itertools.chain([first], batches):

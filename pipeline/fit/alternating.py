@@ -102,7 +102,7 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
     from pipeline.tracking.run_tracker import RunTracker
 
     config = request.fit_config()
-    table = read_features(request.input)
+    table = read_features(request.input, request.table_columns)
     X = as_feature_matrix(table.X, name=str(request.input))
     out = Path(request.output)
     progress = AEProgress(not request.quiet, config)

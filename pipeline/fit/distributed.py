@@ -109,8 +109,10 @@ def ddp_wrapper(device: torch.device | str = "cpu") -> Callable[[nn.Module], nn.
     return wrap
 
 
-def load_rank_rows(path: str | Path, n_rows: int, rank: int, world_size: int) -> tuple[np.ndarray, int]:
-    """This rank's contiguous slice of a feature input, checked for NaN/inf.
+def load_rank_rows(path: str | Path, n_rows: int, rank: int, world_size: int,
+                   columns: Any = None) -> tuple[np.ndarray, int]:
+    """This rank's contiguous slice of a feature input (``columns``: of a wide table,
+    :class:`pipeline.io.columns.TableColumns`), checked for NaN/inf.
 
     Returns
     -------
@@ -124,7 +126,7 @@ def load_rank_rows(path: str | Path, n_rows: int, rank: int, world_size: int) ->
         Rows with NaN or inf (named by their global index).
     """
     start, stop = rank_rows(n_rows, rank, world_size)
-    x = read_feature_rows(path, start, stop)
+    x = read_feature_rows(path, start, stop, columns)
     finite = np.isfinite(x).all(1)
     if not finite.all():
         bad = np.flatnonzero(~finite) + start

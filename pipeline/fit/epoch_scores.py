@@ -77,7 +77,7 @@ class EpochLabelScores:
     @classmethod
     def from_file(
         cls, path: str | Path, max_rows: int = DEFAULT_MAX_ROWS, seed: int = 0,
-        batch_size: int = 65_536,
+        batch_size: int = 65_536, columns: Any = None,
     ) -> EpochLabelScores | None:
         """The callback for the labelled rows of a feature file, without holding the file.
 
@@ -88,7 +88,7 @@ class EpochLabelScores:
         """
         from pipeline.io.tables import feature_batches
 
-        labels = [batch.labels for batch in feature_batches(path, batch_size)]
+        labels = [batch.labels for batch in feature_batches(path, batch_size, columns)]
         if not labels or labels[0] is None:
             return None
         every = np.concatenate(labels)
@@ -96,7 +96,7 @@ class EpochLabelScores:
         if rows.size == 0:
             return None
         kept, start = [], 0
-        for batch in feature_batches(path, batch_size):
+        for batch in feature_batches(path, batch_size, columns):
             stop = start + len(batch.X)
             local = rows[(rows >= start) & (rows < stop)] - start
             kept.append(batch.X[local])

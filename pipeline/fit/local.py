@@ -53,7 +53,7 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
     from pipeline.tracking.fit_runs import fit_params, log_fit_outputs
 
     config = request.fit_config()
-    table = read_features(request.input)
+    table = read_features(request.input, request.table_columns)
     table.X = check_features(table.X, min_rows=rows_needed(config.init.n_clusters))
     out = Path(request.output)
     state = None

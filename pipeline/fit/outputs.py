@@ -160,6 +160,8 @@ def write_into(
         "n_features": int(table.X.shape[1]),
         "metrics": label_metrics(table.labels, labels),
         "cluster_sizes": np.bincount(labels, minlength=model.n_clusters_).tolist(),
+        **({"feature_names": table.feature_names} if table.feature_names else {}),
+        **({"label_names": table.label_names} if table.label_names else {}),
         "history": model.history_,
         "config": model.config.to_dict(),
         **(extra or {}),

@@ -98,7 +98,7 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
         raise ConfigError(f"{out} holds checkpoints of an earlier fit: continue it with "
                           f"--resume {out}, start afresh with --overwrite, or choose another "
                           "--output")
-    n, _ = feature_shape(request.input)
+    n, _ = feature_shape(request.input, request.table_columns)
     need = rows_needed(config.init.n_clusters)
     if n < need:
         raise DataError(f"{request.input} has {n} rows, fewer than the {need} needed (initial clusters)")

@@ -62,12 +62,12 @@ def train_worker(loop: dict[str, Any]) -> None:
     comm = communicator(device)
     wrap = ddp_wrapper(device) if comm.world_size > 1 else None
     config = req.fit_config().model_copy(update={"device": device.type})
-    n, dim = feature_shape(req.input)
+    n, dim = feature_shape(req.input, req.table_columns)
 
     # every rank reads and checks its slice; the first bad rank's error ends the run
     error, x = "", np.zeros((0, dim), np.float32)
     try:
-        x, _ = load_rank_rows(req.input, n, rank, world)
+        x, _ = load_rank_rows(req.input, n, rank, world, req.table_columns)
     except DeepDPMError as exc:
         error = f"{type(exc).__name__}: {exc}"
     error = _first_error(comm, error)
@@ -153,7 +153,7 @@ def _rank0_scores(req: FitRequest, seed: int):
     """Per-epoch label scores on the rows a local fit of the same input scores."""
     from pipeline.fit.epoch_scores import EpochLabelScores
 
-    return EpochLabelScores.from_file(req.input, seed=seed)
+    return EpochLabelScores.from_file(req.input, seed=seed, columns=req.table_columns)
 
 
 def _report(trainer: Trainer, rank: int, fit_id: str | None, final: bool) -> None:
@@ -220,7 +220,7 @@ def _write_outputs(trainer: Trainer, req: FitRequest, staging: Path, fit_seconds
     from pipeline.io.tables import read_features
     from pipeline.tracking.fit_runs import log_fit_outputs
 
-    table = read_features(req.input)
+    table = read_features(req.input, req.table_columns)
     shutil.rmtree(staging, ignore_errors=True)  # what an attempt that failed left
     write_fit_outputs(staging, DeepDPM.from_trainer(trainer), table, fit_seconds, req.input,
                       extra=extra, publish=False)

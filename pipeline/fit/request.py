@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from deepdpm_core.config import Config, from_dict, load_config, parse_overrides
 from deepdpm_core.errors import CheckpointError, ConfigError
+from pipeline.io.columns import TableColumns
 from pipeline.tracking.options import DEFAULT_EXPERIMENT, DEFAULT_MODEL_ALIAS
 
 REQUEST_FILE = "fit_request.json"
@@ -60,7 +61,11 @@ class FitRequest:
     Parameters
     ----------
     input, output : str
-        Feature file (``.npy``, ``.npz``, Parquet) and output folder.
+        Feature input (a file or folder :func:`pipeline.io.tables.read_features` reads)
+        and output folder.
+    columns : dict
+        Which columns of a wide table are the features, label and key
+        (:class:`pipeline.io.columns.TableColumns` as a dict; empty: the defaults).
     config : Config
         The full config, validated once (a mapping is validated into one: :func:`from_dict`).
     mode : {"ray", "local", "alternating"}
@@ -123,10 +128,12 @@ class FitRequest:
     fit_id: str | None = None
     input_fingerprint: dict[str, Any] | None = None
     replaces: str | None = None
+    columns: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, Config):
             object.__setattr__(self, "config", from_dict(self.config))
+        object.__setattr__(self, "columns", TableColumns.of(self.columns).to_dict())
         if self.mode not in MODES:
             raise ConfigError(f"fit mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.num_workers < 1:  # Ray Train's 0 (local mode) would drop the checkpoints
@@ -138,6 +145,11 @@ class FitRequest:
             raise ConfigError(f"--max-failures must be >= -1 (-1: no limit), got {self.max_failures}")
         if self.alternations < 0:
             raise ConfigError(f"--alternate must be >= 0, got {self.alternations}")
+
+    @property
+    def table_columns(self) -> TableColumns:
+        """:attr:`columns` as the readers take them."""
+        return TableColumns.of(self.columns)
 
     @property
     def in_process(self) -> bool:

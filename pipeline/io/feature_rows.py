@@ -1,17 +1,29 @@
 """(N, D) and row ranges of a feature input, read without loading it whole: what one
-rank of a distributed fit reads (formats as in :mod:`pipeline.io.tables`)."""
+rank of a distributed fit reads (formats as in :mod:`pipeline.io.tables`). ``.npy``,
+``.npz`` and Parquet are read in part; a CSV or Arrow table is read whole and sliced."""
 
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deepdpm_core.errors import DataError
-from pipeline.io.tables import check_real_dtype, embedding_matrix, parquet_files
+from pipeline.io.columns import TableColumns, choose_columns
+from pipeline.io.tables import (
+    check_real_dtype,
+    embedding_matrix,
+    folder_files,
+    is_embedding_layout,
+    parquet_files,
+    read_features,
+)
+from pipeline.io.wide_tables import KNOWN_FORMATS, file_kind, wide_matrix
 
 _NPY_HEADER_READERS = {
     (1, 0): np.lib.format.read_array_header_1_0,
@@ -52,8 +64,17 @@ def _check_matrix(shape: tuple[int, ...], dtype: np.dtype, path: Path) -> tuple[
     return int(shape[0]), int(shape[1])
 
 
-def feature_shape(path: str | Path) -> tuple[int, int]:
-    """(N, D) of a feature input (see :func:`read_features`) from its metadata only.
+def _kind(path: Path) -> str:
+    kind = folder_files(path)[0] if path.is_dir() else file_kind(path)
+    if kind is None:
+        raise DataError(f"unsupported input '{path}': expected {KNOWN_FORMATS}")
+    return kind
+
+
+def feature_shape(path: str | Path, columns: TableColumns | Mapping[str, Any] | None = None
+                  ) -> tuple[int, int]:
+    """(N, D) of a feature input (see :func:`read_features`) from its metadata only (a CSV
+    or Arrow table: read whole).
 
     Raises
     ------
@@ -63,9 +84,12 @@ def feature_shape(path: str | Path) -> tuple[int, int]:
         ``path`` does not exist.
     """
     path = Path(path)
+    columns = TableColumns.of(columns)
     if not path.exists():
         raise FileNotFoundError(f"input not found: {path}")
-    suffix = path.suffix.lower()
+    suffix = "." + _kind(path)
+    if suffix in (".csv", ".arrow"):
+        return read_features(path, columns).X.shape
     try:
         if suffix == ".npy":
             X = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -81,8 +105,10 @@ def feature_shape(path: str | Path) -> tuple[int, int]:
         n, dim = 0, None
         for name in parquet_files(path):
             meta = pq.ParquetFile(name)
-            if "embedding" not in meta.schema_arrow.names:
-                raise DataError(f"{name} has no column 'embedding' (found: {meta.schema_arrow.names})")
+            if not is_embedding_layout(meta.schema_arrow.names, columns):
+                n += meta.metadata.num_rows
+                dim = len(choose_columns(meta.schema_arrow, columns, name).features)
+                continue
             n += meta.metadata.num_rows
             typ = meta.schema_arrow.field("embedding").type
             if dim is None and pa.types.is_fixed_size_list(typ):
@@ -91,10 +117,11 @@ def feature_shape(path: str | Path) -> tuple[int, int]:
                 dim = embedding_matrix(meta.read_row_group(0, columns=["embedding"])
                                        .column("embedding").slice(0, 1)).shape[1]
         return n, int(dim or 0)
-    raise DataError(f"unsupported input '{path}': expected .npy, .npz or .parquet")
+    raise DataError(f"unsupported input '{path}': expected {KNOWN_FORMATS}")
 
 
-def read_feature_rows(path: str | Path, start: int, stop: int) -> np.ndarray:
+def read_feature_rows(path: str | Path, start: int, stop: int,
+                      columns: TableColumns | Mapping[str, Any] | None = None) -> np.ndarray:
     """Embeddings of rows [start, stop) of a feature input, float32 of shape (stop − start, D).
 
     Reads only those rows: ``.npy`` through a memory map, ``.npz`` by streaming the
@@ -102,10 +129,13 @@ def read_feature_rows(path: str | Path, start: int, stop: int) -> np.ndarray:
     that overlap it. Row order is that of :func:`read_features`.
     """
     path = Path(path)
-    n, dim = feature_shape(path)
+    columns = TableColumns.of(columns)
+    suffix = "." + _kind(path)
+    if suffix in (".csv", ".arrow"):
+        return np.asarray(read_features(path, columns).X[start:stop], dtype=np.float32)
+    n, dim = feature_shape(path, columns)
     start, stop = max(0, min(start, n)), max(0, min(stop, n))
     stop = max(start, stop)
-    suffix = path.suffix.lower()
     if suffix == ".npy":
         X = np.load(path, mmap_mode="r", allow_pickle=False)
         return np.array(X[start:stop], dtype=np.float32)
@@ -126,9 +156,13 @@ def read_feature_rows(path: str | Path, start: int, stop: int) -> np.ndarray:
         for group in range(meta.metadata.num_row_groups):
             rows = meta.metadata.row_group(group).num_rows
             lo, hi = max(start, offset), min(stop, offset + rows)
-            if lo < hi:
+            if lo < hi and is_embedding_layout(meta.schema_arrow.names, columns):
                 col = meta.read_row_group(group, columns=["embedding"]).column("embedding")
                 parts.append(embedding_matrix(col.slice(lo - offset, hi - lo)))
+            elif lo < hi:
+                features = choose_columns(meta.schema_arrow, columns, name).features
+                group_rows = meta.read_row_group(group, columns=features)
+                parts.append(wide_matrix(group_rows.slice(lo - offset, hi - lo), features))
             offset += rows
             if offset >= stop:
                 break

@@ -9,9 +9,10 @@ ranges, read without loading it, :mod:`pipeline.io.feature_rows`.
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +20,18 @@ import pyarrow.parquet as pq
 
 from deepdpm_core.atomic_files import atomic_path
 from deepdpm_core.errors import DataError
+from pipeline.io.columns import TableColumns, choose_columns
+from pipeline.io.wide_tables import (
+    KNOWN_FORMATS,
+    file_kind,
+    key_values,
+    label_codes,
+    label_values,
+    read_any_table,
+    read_parquet,
+    rows_of,
+    wide_matrix,
+)
 
 
 def feature_schema(dim: int) -> pa.Schema:
@@ -41,21 +54,22 @@ class FeatureTable:
     X : ndarray of shape (N, D), float32
     labels : ndarray of shape (N,), int64, or None when the input has no labels
     keys : ndarray of shape (N,), object (str)
+    label_names : list of str, optional
+        For labels that were strings: the string of each label code.
+    feature_names : list of str, optional
+        The columns the features came from (a wide table).
     """
 
     X: np.ndarray
     labels: np.ndarray | None
     keys: np.ndarray
+    label_names: list[str] | None = None
+    feature_names: list[str] | None = None
 
 
 def _default_keys(n: int, start: int = 0) -> np.ndarray:
     """Row numbers ``start`` .. ``start + n - 1`` as string keys, for files without keys."""
     return np.array([str(i) for i in range(start, start + n)], dtype=object)
-
-
-def _check_label_type(label_type: pa.DataType, path: str | Path) -> None:
-    if not pa.types.is_integer(label_type):
-        raise DataError(f"{path}: column 'label' must hold integers, got {label_type}")
 
 
 def embedding_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -80,65 +94,227 @@ def embedding_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return flat.astype(np.float32, copy=False).reshape(n, int(lengths[0]))
 
 
-def read_features(path: str | Path) -> FeatureTable:
-    """Read ``.npy``, ``.npz`` or Parquet (file or directory of files) features.
+def read_features(path: str | Path, columns: TableColumns | Mapping[str, Any] | None = None
+                  ) -> FeatureTable:
+    """Read the rows of a feature input: the one loader of the commands and the Python API.
+
+    Parameters
+    ----------
+    path : path
+        ``.npy`` ([N, D], or [N, ...] images that ``embed`` flattens); ``.npz`` (``X``,
+        optional ``y``); a table, ``.csv``/``.tsv`` (with or without a header),
+        ``.parquet`` or ``.arrow``/``.feather``: the feature-table layout (``embedding``
+        list column, optional ``label`` and ``key``) or a wide one (one column per
+        feature); or a folder of such tables (Parquet, CSV or Arrow files, read in name
+        order as one table).
+    columns : TableColumns or mapping, optional
+        Which columns of a wide table are the features, the label and the key, and
+        whether a CSV has a header (:class:`~pipeline.io.columns.TableColumns`); by
+        default every numeric column is a feature but ``label`` and ``key``.
+
+    Returns
+    -------
+    FeatureTable
+        Rows as read; :func:`check_fit_rows` checks that they can be clustered.
 
     Raises
     ------
     DataError
-        Unknown format, missing ``embedding``/``X``, ragged embeddings.
+        Unknown format, unreadable or empty file, missing ``X`` or columns, ragged
+        embeddings, non-numeric feature columns (named), files of a folder that differ.
     FileNotFoundError
         ``path`` does not exist.
+
+    Examples
+    --------
+    >>> table = read_features("cells.csv", TableColumns(label="type", key="cell_id"))
+    >>> DeepDPM().fit(table.X)  # doctest: +SKIP
     """
     path = Path(path)
+    columns = TableColumns.of(columns)
     if not path.exists():
         raise FileNotFoundError(f"input not found: {path}")
-    suffix = path.suffix.lower()
-    if path.is_dir() and not parquet_files(path):
-        raise DataError(f"{path} is a folder without .parquet files")
-    if suffix == ".npy":
-        with open(path, "rb") as f:
-            if f.read(6) != b"\x93NUMPY":
-                raise DataError(f"{path} is not a .npy file (no NumPy header)")
+    if path.is_dir():
+        kind, files = folder_files(path)
+    else:
+        kind, files = file_kind(path), [path]
+        if kind is None:
+            raise DataError(f"unsupported input '{path}': expected {KNOWN_FORMATS}")
+    if kind == "npy":
+        return _read_npy(path)
+    if kind == "npz":
+        return _read_npz(path)
+    parts = [_read_table_file(Path(f), kind, columns) for f in files]
+    return _joined(parts, path)
+
+
+def folder_files(path: Path) -> tuple[str, list[str]]:
+    """The kind (``parquet``, ``csv``, ``arrow``) and the files of a folder of tables.
+
+    Parquet files are those ``pq.read_table`` reads (:func:`parquet_files`); CSV and
+    Arrow files are the folder's own, in name order.
+
+    Raises
+    ------
+    DataError
+        A folder without tables, or with tables of different kinds.
+    """
+    found: dict[str, list[str]] = {}
+    for entry in sorted(path.iterdir()):
+        kind = file_kind(entry)
+        if entry.is_file() and kind in ("parquet", "csv", "arrow") \
+                and not entry.name.startswith((".", "_")):
+            found.setdefault(kind, []).append(str(entry))
+    if not found and parquet_files(path):  # Parquet in sub-folders (a partitioned dataset)
+        found["parquet"] = []
+    if not found:
+        raise DataError(f"{path} is a folder without .parquet files (nor .csv, .tsv or "
+                        ".arrow/.feather files)")
+    if len(found) > 1:
+        raise DataError(f"{path} holds tables of different kinds ({', '.join(sorted(found))}): "
+                        "give a folder of one kind")
+    kind = next(iter(found))
+    return kind, parquet_files(path) if kind == "parquet" else found[kind]
+
+
+def _read_npy(path: Path) -> FeatureTable:
+    with open(path, "rb") as f:
+        if f.read(6) != b"\x93NUMPY":
+            raise DataError(f"{path} is not a .npy file (no NumPy header)")
+    try:
+        X = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+    _check_rows(X, path)
+    return FeatureTable(X=X, labels=None, keys=_default_keys(len(X)))
+
+
+def _read_npz(path: Path) -> FeatureTable:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "X" not in data:
+                raise DataError(f"{path} has no array 'X' (found: {', '.join(data.files)})")
+            X = np.asarray(data["X"])
+            y = np.asarray(data["y"]) if "y" in data else None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+    _check_rows(X, path)
+    return FeatureTable(X=X, labels=None if y is None else _check_labels(y, len(X), path),
+                        keys=_default_keys(len(X)))
+
+
+@dataclass
+class _Part:
+    """The rows of one table file: features, raw labels (:func:`label_values`), keys."""
+
+    X: np.ndarray
+    labels: np.ndarray | None
+    keys: np.ndarray | None
+    features: list[str] | None
+
+
+def is_embedding_layout(names: list[str], columns: TableColumns) -> bool:
+    """A feature table (``embedding`` list column) rather than a wide one."""
+    return "embedding" in names and columns.features is None
+
+
+def _read_table_file(path: Path, kind: str, columns: TableColumns) -> _Part:
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
         try:
-            X = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
-            raise DataError(f"cannot read {path}: {exc}") from exc
-        _check_rows(X, path)
-        return FeatureTable(X=X, labels=None, keys=_default_keys(len(X)))
-    if suffix == ".npz":
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                if "X" not in data:
-                    raise DataError(f"{path} has no array 'X' (found: {', '.join(data.files)})")
-                X = np.asarray(data["X"])
-                y = np.asarray(data["y"]) if "y" in data else None
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-            raise DataError(f"cannot read {path}: {exc}") from exc
-        _check_rows(X, path)
-        return FeatureTable(X=X, labels=None if y is None else _check_labels(y, len(X), path),
-                            keys=_default_keys(len(X)))
-    if suffix == ".parquet" or path.is_dir():
-        try:
-            table = pq.read_table(path)
+            schema = pq.read_schema(path)
         except (pa.ArrowInvalid, OSError) as exc:
             raise DataError(f"cannot read Parquet {path}: {exc}") from exc
-        if "embedding" not in table.column_names:
-            raise DataError(f"{path} has no column 'embedding' (found: {table.column_names})")
+        if is_embedding_layout(schema.names, columns):
+            return _embedding_part(read_parquet(path), path)
+        chosen = choose_columns(schema, columns, path)
+        wanted = [*chosen.features, *(c for c in (chosen.label, chosen.key) if c is not None)]
+        table = read_parquet(path, list(dict.fromkeys(wanted)))
+    else:
+        table = read_any_table(path, kind, columns.header)
+        if is_embedding_layout(table.column_names, columns):
+            return _embedding_part(table, path)
+        chosen = choose_columns(table.schema, columns, path)
+    X, labels, keys = rows_of(table, chosen)
+    return _Part(X, labels, keys, chosen.features)
+
+
+def _embedding_part(table: pa.Table, path: Path) -> _Part:
+    """The rows of a table in the feature-table layout (:func:`feature_schema`)."""
+    try:
         X = embedding_matrix(table.column("embedding"))
-        labels = None
-        if "label" in table.column_names:
-            col = table.column("label")
-            if col.null_count < len(col):
-                _check_label_type(col.type, path)
-                labels = np.asarray(col.fill_null(-1).to_numpy(), dtype=np.int64)
-        keys = (
-            np.asarray(table.column("key").to_pylist(), dtype=object)
-            if "key" in table.column_names
-            else _default_keys(len(X))
-        )
-        return FeatureTable(X=X, labels=labels, keys=keys)
-    raise DataError(f"unsupported input '{path}': expected .npy, .npz or .parquet")
+    except DataError as exc:
+        raise DataError(f"{path}: {exc}") from None
+    labels = None
+    if "label" in table.column_names:
+        col = table.column("label")
+        if col.null_count < len(col):
+            labels = label_values(col)
+    keys = key_values(table.column("key")) if "key" in table.column_names else None
+    return _Part(X, labels, keys, None)
+
+
+def _joined(parts: list[_Part], path: Path) -> FeatureTable:
+    """One table of the files' rows, in order (a folder's files must agree)."""
+    first = parts[0]
+    for part in parts[1:]:
+        if part.features != first.features or part.X.shape[1:] != first.X.shape[1:]:
+            raise DataError(f"the files of {path} differ in their feature columns: "
+                            f"{_columns_text(first)} and {_columns_text(part)}")
+    X = np.concatenate([p.X for p in parts]) if len(parts) > 1 else first.X
+    labels = names = None
+    if any(p.labels is not None for p in parts):
+        strings = any(p.labels is not None and p.labels.dtype == object for p in parts)
+        raw = []
+        for p in parts:
+            if p.labels is None:
+                raw.append(np.full(len(p.X), None if strings else -1,
+                                   dtype=object if strings else np.int64))
+            elif strings and p.labels.dtype != object:
+                raw.append(np.array([None if v < 0 else str(v) for v in p.labels], dtype=object))
+            else:
+                raw.append(p.labels)
+        labels, names = label_codes(np.concatenate(raw))
+    if all(p.keys is not None for p in parts):
+        keys = np.concatenate([p.keys for p in parts])
+    else:
+        keys = _default_keys(len(X))
+    return FeatureTable(X=X, labels=labels, keys=keys, label_names=names,
+                        feature_names=first.features)
+
+
+def _columns_text(part: _Part) -> str:
+    if part.features is None:
+        return f"an embedding of {part.X.shape[1]}"
+    return f"{len(part.features)} columns ({', '.join(part.features[:4])}{', ...' if len(part.features) > 4 else ''})"
+
+
+def check_fit_rows(table: FeatureTable, path: str | Path) -> FeatureTable:
+    """Refuse rows that cannot be clustered, before anything heavy loads: not a 2-D table
+    of numbers, no rows or no features, rows with NaN or inf values (named).
+
+    Returns
+    -------
+    FeatureTable
+        ``table``, its ``X`` as float32.
+
+    Raises
+    ------
+    DataError
+    """
+    X = table.X
+    if X.ndim != 2:
+        raise DataError(f"{path}: features must be a 2-D array [N, D] (rows of numbers), got "
+                        f"shape {X.shape}")
+    if X.shape[0] == 0:
+        raise DataError(f"{path} has no rows")
+    if X.shape[1] == 0:
+        raise DataError(f"{path} has no feature columns")
+    with np.errstate(over="ignore"):
+        table.X = X.astype(np.float32, copy=False)
+    check_finite_rows(table.X, path, 0)
+    return table
 
 
 #: bytes read at a time from a Parquet column chunk by :func:`open_parquet`
@@ -163,23 +339,14 @@ def open_parquet(path: str | Path) -> pq.ParquetFile:
         raise DataError(f"cannot read Parquet {path}: {exc}") from exc
 
 
-def parquet_labelled(parquet: pq.ParquetFile, path: str | Path) -> bool:
-    """True when the file's ``label`` column holds a value (nulls only: no labels), read
-    from that column alone; as :func:`read_features` decides it.
-
-    Raises
-    ------
-    DataError
-        Labels that are not integers.
-    """
+def parquet_labelled(parquet: pq.ParquetFile, path: str | Path, column: str = "label") -> bool:
+    """True when the file's label ``column`` holds a value (nulls only: no labels), read
+    from that column alone; as :func:`read_features` decides it."""
     schema = parquet.schema_arrow
-    if "label" not in schema.names:
+    if column not in schema.names:
         return False
-    nulls = sum(b.column(0).null_count for b in parquet.iter_batches(columns=["label"]))
-    labelled = nulls < parquet.metadata.num_rows
-    if labelled:
-        _check_label_type(schema.field("label").type, path)
-    return labelled
+    nulls = sum(b.column(0).null_count for b in parquet.iter_batches(columns=[column]))
+    return nulls < parquet.metadata.num_rows
 
 
 def check_finite_rows(X: np.ndarray, path: str | Path, start: int) -> None:
@@ -197,13 +364,16 @@ def check_finite_rows(X: np.ndarray, path: str | Path, start: int) -> None:
         raise DataError(f"{path} has {bad.size} row(s) with NaN or inf values (rows {shown})")
 
 
-def feature_batches(path: str | Path, batch_size: int) -> Iterator[FeatureTable]:
-    """The rows of a feature file in order, as :func:`read_features` reads them.
+def feature_batches(path: str | Path, batch_size: int,
+                    columns: TableColumns | Mapping[str, Any] | None = None
+                    ) -> Iterator[FeatureTable]:
+    """The rows of a feature input in order, as :func:`read_features` reads them.
 
     A Parquet file is read ``batch_size`` rows at a time, across row groups (about two
     batches in memory whatever the file's size); keys are row numbers where the file has
-    none, labels are given for every batch when the file holds any. ``.npy`` and ``.npz``
-    are read whole and given as one batch.
+    none, labels are given for every batch when the file holds any. Other inputs, and a
+    Parquet file whose labels are strings (numbered over the whole file), are read whole
+    and given as one batch.
 
     Raises
     ------
@@ -214,27 +384,36 @@ def feature_batches(path: str | Path, batch_size: int) -> Iterator[FeatureTable]
         ``path`` does not exist.
     """
     path = Path(path)
-    if path.suffix.lower() != ".parquet" or not path.is_file():
-        yield read_features(path)
+    columns = TableColumns.of(columns)
+    if file_kind(path) != "parquet" or not path.is_file():
+        yield read_features(path, columns)
         return
     parquet = open_parquet(path)
-    names = parquet.schema_arrow.names
-    if "embedding" not in names:
-        raise DataError(f"{path} has no column 'embedding' (found: {names})")
-    labelled = parquet_labelled(parquet, path)
-    columns = ["embedding", *(["key"] if "key" in names else []), *(["label"] if labelled else [])]
+    schema = parquet.schema_arrow
+    if is_embedding_layout(schema.names, columns):
+        features, label = None, "label" if "label" in schema.names else None
+        key = "key" if "key" in schema.names else None
+    else:
+        chosen = choose_columns(schema, columns, path)
+        features, label, key = chosen.features, chosen.label, chosen.key
+    if label is not None and not pa.types.is_integer(schema.field(label).type):
+        yield read_features(path, columns)  # string labels are numbered over the whole file
+        return
+    if label is not None and not parquet_labelled(parquet, path, label):
+        label = None
+    read = list(dict.fromkeys([*(features or ["embedding"]),
+                               *(c for c in (key, label) if c is not None)]))
     start = 0
-    for table in _fixed_size_batches(parquet.iter_batches(batch_size=batch_size, columns=columns),
-                                     pa.schema([parquet.schema_arrow.field(c) for c in columns]),
-                                     batch_size):
-        X = embedding_matrix(table.column("embedding"))
+    for table in _fixed_size_batches(parquet.iter_batches(batch_size=batch_size, columns=read),
+                                     pa.schema([schema.field(c) for c in read]), batch_size):
+        X = embedding_matrix(table.column("embedding")) if features is None \
+            else wide_matrix(table, features)
         check_finite_rows(X, path, start)
         n = len(table)
-        keys = (np.asarray(table.column("key").to_pylist(), dtype=object) if "key" in names
-                else _default_keys(n, start))
-        labels = (np.asarray(table.column("label").fill_null(-1).to_numpy(), dtype=np.int64)
-                  if labelled else None)
-        yield FeatureTable(X=X, labels=labels, keys=keys)
+        keys = key_values(table.column(key)) if key is not None else _default_keys(n, start)
+        labels = (np.asarray(table.column(label).fill_null(-1).to_numpy(), dtype=np.int64)
+                  if label is not None else None)
+        yield FeatureTable(X=X, labels=labels, keys=keys, feature_names=features)
         start += n
 
 
@@ -308,10 +487,9 @@ def parquet_files(path: Path) -> list[str]:
 
 
 def check_real_dtype(dtype: np.dtype, path: Path) -> None:
-    # imported here: the module imports torch, which the folder predict's driver goes without
-    from deepdpm_core.data import is_real_dtype
-
-    if not is_real_dtype(dtype):
+    """Refuse features that are not real numbers or booleans (strings, objects, complex),
+    as :func:`deepdpm_core.data.is_real_dtype`, without importing torch."""
+    if dtype.hasobject or dtype.kind not in "biuf":
         raise DataError(f"{path}: features must be real numbers, got dtype {dtype}")
 
 

@@ -226,7 +226,7 @@ def test_embed_command_bad_inputs_are_one_line_errors(tmp_path, digits_npz, caps
         ),
         (
             ["--input", str(nan_path), "--method", "pca", "--dim", "2"],
-            "NaN/infinite value(s) in 1 row(s), first at row 3",
+            "has 1 row(s) with NaN or inf values (rows 3)",
         ),
         (
             ["--input", str(ragged), "--method", "pca", "--dim", "2"],

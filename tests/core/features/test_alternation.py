@@ -287,14 +287,14 @@ def test_fit_bad_arguments_are_one_line_errors(tmp_path, capsys):
     empty_dir = tmp_path / "features"
     empty_dir.mkdir()
     rows = [[float(i), 1.0] for i in range(50)]
-    pq.write_table(pa.table({"embedding": rows, "label": [str(i % 3) for i in range(50)]}),
-                   tmp_path / "labelstr.parquet")
+    pq.write_table(pa.table({"a": [float(i) for i in range(50)], "kind": ["x"] * 50}),
+                   tmp_path / "words.parquet")
     pq.write_table(pa.table({"embedding": [[r] for r in rows]}), tmp_path / "nested.parquet")
     for argv, message in [
         (["--input", str(raw), "--output", str(tmp_path / "afile")], "exists and is not a directory"),
         (["--resume", str(tmp_path / "afile")], "is not the output directory of a fit with checkpoints"),
-        (["--input", str(tmp_path / "labelstr.parquet"), "--output", str(tmp_path / "o")],
-         "column 'label' must hold integers, got string"),
+        (["--input", str(tmp_path / "words.parquet"), "--output", str(tmp_path / "o")],
+         "column(s) 'kind' (string) do not hold numbers"),
         (["--input", str(tmp_path / "nested.parquet"), "--output", str(tmp_path / "o")],
          "column 'embedding' must be a list of numbers, got list<"),
         (["--input", str(empty_dir), "--output", str(tmp_path / "o")], "is a folder without .parquet files"),

@@ -1,0 +1,207 @@
+"""Reading tables as Arrow: CSV (with or without a header), Parquet and Arrow/Feather files,
+and turning a wide table (one column per feature) into rows.
+
+What is read as what is :mod:`pipeline.io.tables`; which columns are the features, the
+label and the key, :mod:`pipeline.io.columns`. Only numpy and pyarrow are imported here, so
+a command reads and checks its data before torch loads.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from deepdpm_core.errors import DataError
+from pipeline.io.columns import ChosenColumns
+
+#: file name endings -> kind of file
+SUFFIX_KINDS: dict[str, str] = {
+    ".npy": "npy", ".npz": "npz", ".parquet": "parquet", ".pq": "parquet",
+    ".csv": "csv", ".tsv": "csv", ".csv.gz": "csv", ".tsv.gz": "csv",
+    ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow",
+}  # fmt: skip
+#: what an unknown input is told it may be
+KNOWN_FORMATS = ".npy, .npz, .parquet, .csv, .tsv or .arrow/.feather"
+
+
+def file_kind(path: str | Path) -> str | None:
+    """``"npy"``, ``"npz"``, ``"parquet"``, ``"csv"`` or ``"arrow"`` from the file's name;
+    None for another name."""
+    name = Path(path).name.lower()
+    for suffix, kind in sorted(SUFFIX_KINDS.items(), key=lambda item: -len(item[0])):
+        if name.endswith(suffix):
+            return kind
+    return None
+
+
+def _delimiter(path: Path) -> str:
+    return "\t" if ".tsv" in path.name.lower() else ","
+
+
+def _first_line(path: Path) -> list[str] | None:
+    """The fields of the first non-blank line of a CSV (None: the file has none)."""
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rt", newline="", encoding="utf-8", errors="replace") as f:
+        for row in csv.reader(f, delimiter=_delimiter(path)):
+            if any(field.strip() for field in row):
+                return row
+    return None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def read_csv(path: str | Path, header: bool | None = None) -> pa.Table:
+    """A CSV (``.tsv``: tab-separated; ``.gz``: compressed) as an Arrow table.
+
+    Parameters
+    ----------
+    header : bool, optional
+        The first line names the columns; None: it does unless all its fields are
+        numbers. Without a header the columns are named by position, ``"0"``, ``"1"``, ...
+
+    Raises
+    ------
+    DataError
+        An empty or unreadable file (rows of different lengths, bad encoding).
+    """
+    import pyarrow.csv as pcsv
+
+    path = Path(path)
+    try:
+        first = _first_line(path)
+    except (OSError, UnicodeError, csv.Error, EOFError) as exc:
+        raise DataError(f"cannot read CSV {path}: {exc}") from exc
+    if first is None:
+        raise DataError(f"{path} is empty")
+    if header is None:
+        header = not all(_is_number(field) for field in first)
+    names = None if header else [str(i) for i in range(len(first))]
+    try:
+        return pcsv.read_csv(
+            path,
+            read_options=pcsv.ReadOptions(column_names=names),
+            parse_options=pcsv.ParseOptions(delimiter=_delimiter(path)),
+            convert_options=pcsv.ConvertOptions(strings_can_be_null=True),
+        )
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"cannot read CSV {path}: {str(exc).splitlines()[0]}") from exc
+
+
+def read_arrow(path: str | Path) -> pa.Table:
+    """An Arrow IPC file or stream, or a Feather file, as a table.
+
+    Raises
+    ------
+    DataError
+        Not an Arrow or Feather file.
+    """
+    import pyarrow.feather as feather
+
+    path = Path(path)
+    try:
+        return feather.read_table(path)
+    except (pa.ArrowInvalid, OSError):
+        pass
+    try:
+        with pa.OSFile(str(path), "rb") as f:
+            return pa.ipc.open_stream(f).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"cannot read Arrow {path}: {exc}") from exc
+
+
+def read_parquet(path: str | Path, columns: list[str] | None = None) -> pa.Table:
+    """One Parquet file (the ``columns`` asked for, or all) as a table.
+
+    Raises
+    ------
+    DataError
+        Not a readable Parquet file.
+    """
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path, columns=columns)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"cannot read Parquet {path}: {exc}") from exc
+
+
+def column_numbers(column: pa.ChunkedArray) -> np.ndarray:
+    """A numeric column as float32 (N,), empty cells as NaN."""
+    if pa.types.is_null(column.type):
+        return np.full(len(column), np.nan, dtype=np.float32)
+    column = column.cast(pa.float64()) if not pa.types.is_floating(column.type) else column
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32)
+
+
+def wide_matrix(table: pa.Table, features: list[str]) -> np.ndarray:
+    """The ``features`` columns of ``table`` as float32 (N, D), empty cells as NaN."""
+    X = np.empty((table.num_rows, len(features)), dtype=np.float32)
+    for j, name in enumerate(features):
+        X[:, j] = column_numbers(table.column(name))
+    return X
+
+
+def label_values(column: pa.ChunkedArray) -> np.ndarray:
+    """A label column as it was written: int64 (empty: -1) for integers and whole numbers,
+    else an object array of strings (empty: None), which :func:`label_codes` numbers."""
+    if pa.types.is_integer(column.type) or pa.types.is_boolean(column.type):
+        return np.asarray(column.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    if pa.types.is_floating(column.type) or pa.types.is_null(column.type):
+        v = np.asarray(column_numbers(column), dtype=np.float64)
+        known = np.isfinite(v)
+        if (v[known] == np.round(v[known])).all():
+            return np.where(known, v, -1).astype(np.int64)
+    return np.array([None if v is None else str(v) for v in column.to_pylist()], dtype=object)
+
+
+def label_codes(values: np.ndarray) -> tuple[np.ndarray, list[str] | None]:
+    """Labels as int64 (N,) (-1: none) and, for string labels, the name of each code.
+
+    Strings are numbered in sorted order; integers are kept as they are.
+    """
+    if values.dtype != object:
+        return values.astype(np.int64), None
+    known = np.array([v is not None for v in values], dtype=bool)
+    names, codes = np.unique(values[known].astype(str), return_inverse=True)
+    out = np.full(len(values), -1, dtype=np.int64)
+    out[known] = codes
+    return out, [str(n) for n in names]
+
+
+def key_values(column: pa.ChunkedArray) -> np.ndarray:
+    """A key column as strings, object (N,)."""
+    return np.array(["" if v is None else str(v) for v in column.to_pylist()], dtype=object)
+
+
+def rows_of(table: pa.Table, chosen: ChosenColumns) -> tuple[np.ndarray, np.ndarray | None,
+                                                             np.ndarray | None]:
+    """The features (N, D) float32, the raw labels (:func:`label_values`) and the keys
+    (object, N) of a wide table; labels and keys None where no column gives them."""
+    X = wide_matrix(table, chosen.features)
+    labels = label_values(table.column(chosen.label)) if chosen.label is not None else None
+    keys = key_values(table.column(chosen.key)) if chosen.key is not None else None
+    return X, labels, keys
+
+
+def read_any_table(path: Path, kind: str, header: bool | None) -> pa.Table:
+    """A CSV, Arrow or Parquet file as a table."""
+    if kind == "csv":
+        return read_csv(path, header)
+    if kind == "arrow":
+        return read_arrow(path)
+    return read_parquet(path)
+
+
+__all__ = ["KNOWN_FORMATS", "SUFFIX_KINDS", "column_numbers", "file_kind", "key_values",
+           "label_codes", "label_values", "read_any_table", "read_arrow", "read_csv",
+           "read_parquet", "rows_of", "wide_matrix"]
