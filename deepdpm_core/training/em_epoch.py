@@ -15,7 +15,7 @@ from deepdpm_core.config import Config, ScheduleConfig
 from deepdpm_core.estep import EStep
 from deepdpm_core.nets import slot_kl
 from deepdpm_core.runtime import device_clock, net_precision
-from deepdpm_core.training.epoch_body import EpochStatistics, Settled
+from deepdpm_core.training.epoch_body import EpochBody, EpochStatistics, Settled
 from deepdpm_core.training.fit_context import FitContext
 from deepdpm_core.training.growth import grow
 from deepdpm_core.training.move_round import births
@@ -26,9 +26,8 @@ from deepdpm_core.training.small_data import distil, exact_statistics
 Tensor = torch.Tensor
 
 
-class ExactEM:
-    """The :class:`~deepdpm_core.training.epoch_body.EpochBody` of data up to
-    ``small_data.max_rows`` rows.
+class ExactEM(EpochBody):
+    """The epoch body of data up to ``small_data.max_rows`` rows.
 
     Parameters
     ----------
@@ -39,7 +38,8 @@ class ExactEM:
     """
 
     def __init__(self, ctx: FitContext, config: Config, estep: EStep) -> None:
-        self.ctx, self.config, self.estep = ctx, config, estep
+        super().__init__(ctx, config)
+        self.estep = estep
 
     def schedule(self, config: ScheduleConfig) -> ScheduleConfig:
         """No nets to wait for: no freeze, moves more often (``small_data``'s warm-up and

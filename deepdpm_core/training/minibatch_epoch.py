@@ -7,36 +7,19 @@ from __future__ import annotations
 
 import torch
 
-from deepdpm_core.bayes import PriorFit
-from deepdpm_core.config import Config, ScheduleConfig
 from deepdpm_core.estep import EpochStats, slot_targets
 from deepdpm_core.nets import slot_kl
 from deepdpm_core.runtime import device_clock, net_precision
 from deepdpm_core.training.batching import global_batch
-from deepdpm_core.training.epoch_body import EpochStatistics, Settled
-from deepdpm_core.training.fit_context import FitContext
+from deepdpm_core.training.epoch_body import EpochBody, EpochStatistics
 from deepdpm_core.training.search_model import SearchModel
 
 Tensor = torch.Tensor
 
 
-class MinibatchEpochs:
-    """The :class:`~deepdpm_core.training.epoch_body.EpochBody` of data above
-    ``small_data.max_rows``: the nets' minibatch steps, the statistics of one pass
-    accumulated on the way.
-
-    Parameters
-    ----------
-    ctx : FitContext
-    config : Config
-    """
-
-    def __init__(self, ctx: FitContext, config: Config) -> None:
-        self.ctx, self.config = ctx, config
-
-    def schedule(self, config: ScheduleConfig) -> ScheduleConfig:
-        """``config`` as it is."""
-        return config
+class MinibatchEpochs(EpochBody):
+    """The epoch body of data above ``small_data.max_rows``: the nets' minibatch steps,
+    the statistics of one pass accumulated on the way."""
 
     def statistics(self, model: SearchModel, candidates: Tensor, resp: Tensor, epoch: int,
                    train: bool) -> EpochStatistics:
@@ -93,13 +76,3 @@ class MinibatchEpochs:
         t_train = device_clock(ctx.device)
         soft, sub, losses = stats.reduce(ctx.x, ctx.comm)
         return EpochStatistics(soft, sub, losses, t_train - t_start)
-
-    def after_split(self, model: SearchModel, unsplit: list[int], prior_fit: PriorFit,
-                    torch_gen: torch.Generator) -> tuple[SearchModel, int]:
-        """No births: ``model`` and 0."""
-        return model, 0
-
-    def settle(self, model: SearchModel, prior_fit: PriorFit, rng, torch_gen: torch.Generator,
-               may_grow: bool, growths: int) -> Settled:
-        """The nets' search ends where it is."""
-        return Settled({}, model)
