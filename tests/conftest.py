@@ -7,9 +7,13 @@ MLflow servers and deployment files. Helpers live in ``support/``.
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# the per-user MLflow store of runs tracked without a tracking URI
+# (pipeline.tracking.environment.default_store_folder): a fresh one, not the user's
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="deepdpm-tests-data-")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 

@@ -7,24 +7,52 @@ import platform
 import subprocess
 from pathlib import Path
 
-#: file name of the default tracking store, created in the working directory
-#: (MLflow 3 refuses the old ``./mlruns`` file store for new runs)
+#: file name of the default tracking store (MLflow 3 refuses the old ``./mlruns`` file
+#: store for new runs), in :func:`default_store_folder`
 DEFAULT_TRACKING_DB = "mlflow.db"
+#: the folder beside a SQLite store that holds its runs' artifacts
+ARTIFACTS_FOLDER = "mlartifacts"
+
+
+def default_store_folder() -> Path:
+    """Where runs are tracked unless told otherwise: one store per user, never the working
+    directory, ``$XDG_DATA_HOME/deepdpm`` (by default ``~/.local/share/deepdpm``)."""
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home).expanduser().resolve() / "deepdpm"
 
 
 def resolve_tracking_uri(uri: str | None = None) -> str:
-    """The tracking URI a run uses: ``uri``, else ``$MLFLOW_TRACKING_URI``, else
-    ``sqlite:///<cwd>/mlflow.db``.
+    """The tracking URI a run uses: ``uri``, else ``$MLFLOW_TRACKING_URI``, else the
+    per-user store ``sqlite:///<default_store_folder()>/mlflow.db``.
 
-    The default is made absolute so that Ray workers, whose working directory is not
-    the driver's, write to the same database.
+    The default is absolute, so that Ray workers, whose working directory is not the
+    driver's, write to the same database; its folder is created on use.
     """
     if uri:
         return uri
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         return env
-    return "sqlite:///" + str(Path.cwd().resolve() / DEFAULT_TRACKING_DB)
+    return "sqlite:///" + str(default_store_folder() / DEFAULT_TRACKING_DB)
+
+
+def make_store_folder(tracking_uri: str | None) -> None:
+    """Create the folder of a SQLite store's database (SQLite creates the file, not its
+    folder); nothing for other stores."""
+    prefix = "sqlite:///"
+    if tracking_uri and tracking_uri.startswith(prefix):
+        Path(tracking_uri[len(prefix):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
+def sqlite_artifact_location(tracking_uri: str | None) -> str | None:
+    """For a SQLite store, the artifact root of the experiments it creates: the folder
+    ``mlartifacts`` beside the database (MLflow's own default is ``./mlruns`` in the
+    working directory). None for other stores (a server decides)."""
+    prefix = "sqlite:///"
+    if not tracking_uri or not tracking_uri.startswith(prefix):
+        return None
+    database = Path(tracking_uri[len(prefix):]).expanduser().resolve()
+    return (database.parent / ARTIFACTS_FOLDER).as_uri()
 
 
 def git_commit(start: str | Path | None = None) -> str | None:

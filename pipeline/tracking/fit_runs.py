@@ -87,6 +87,8 @@ def log_fit_outputs(tracker: RunTracker, out_dir: str | Path, example_rows: np.n
     if not (out_dir / "model.pt").exists():
         return
     input_path = summary.get("input")
+    # a wide table is read by the feature columns the fit used
+    columns = {"features": summary["feature_names"]} if summary.get("feature_names") else None
     name, alias = tracker.register_model, tracker.model_alias
 
     def log_model(client: Any, run_id: str) -> None:
@@ -95,10 +97,10 @@ def log_fit_outputs(tracker: RunTracker, out_dir: str | Path, example_rows: np.n
 
         example = None
         if input_path is not None:
-            dataset = feature_input(input_path)
+            dataset = feature_input(input_path, columns)
             if dataset is not None:
                 client.log_inputs(run_id, datasets=[dataset])
-            example = input_rows(input_path, EXAMPLE_ROWS)
+            example = input_rows(input_path, EXAMPLE_ROWS, columns)
         if example is None and example_rows is not None:
             example = np.ascontiguousarray(example_rows[:EXAMPLE_ROWS], dtype=np.float32)
         try:

@@ -3,8 +3,8 @@
 Accepted: a path (``runs/x/model.pt``); ``runs:/<run id>/model``, the MLflow model a tracked
 fit logged (or ``runs:/<id>/model.pt``, the plain artifact); ``models:/NAME@ALIAS`` or
 ``models:/NAME/VERSION``, a registered version. A model in MLflow is downloaded from the
-tracking server (``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` in the working
-directory, as ``deepdpm fit``) into a temporary folder that is removed when the process exits.
+tracking server (``$MLFLOW_TRACKING_URI``, else the per-user store of ``deepdpm fit``,
+:func:`pipeline.tracking.environment.resolve_tracking_uri`) into a temporary folder that is removed when the process exits.
 """
 
 from __future__ import annotations

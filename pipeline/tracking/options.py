@@ -24,8 +24,8 @@ def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
         "a run is not tracked, and asking for tracking is an error")
     group.add_argument(
         "--tracking-uri",
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db "
-        "in the working directory)",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the per-user store "
+        "~/.local/share/deepdpm/mlflow.db, $XDG_DATA_HOME/deepdpm where that is set)",
     )
     group.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
     group.add_argument("--run-name", help="MLflow run name (default: the --output folder's name)")

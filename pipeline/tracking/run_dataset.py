@@ -24,24 +24,26 @@ DIGEST_ROWS = 1000
 CONTEXT = "training"
 
 
-def input_rows(path: str | Path, n_rows: int) -> np.ndarray | None:
-    """The first ``n_rows`` rows of a feature input, float32 (n, D); None when the input is
-    gone or not an [N, D] table (e.g. images that ``--alternate`` flattens)."""
+def input_rows(path: str | Path, n_rows: int, columns: Any = None) -> np.ndarray | None:
+    """The first ``n_rows`` rows of a feature input (``columns``: of a wide table), float32
+    (n, D); None when the input is gone or not an [N, D] table (e.g. images that
+    ``--alternate`` flattens)."""
     try:
-        return read_feature_rows(path, 0, n_rows)
+        return read_feature_rows(path, 0, n_rows, columns)
     except (DeepDPMError, OSError):
         return None
 
 
-def input_digest(path: str | Path, n_rows: int, n_features: int) -> str:
+def input_digest(path: str | Path, n_rows: int, n_features: int, columns: Any = None) -> str:
     """8 hex digits of sha256 over (N, D) and the first and last :data:`DIGEST_ROWS` rows."""
     h = hashlib.sha256(np.array([n_rows, n_features], dtype=np.int64).tobytes())
-    h.update(read_feature_rows(path, 0, DIGEST_ROWS).tobytes())
-    h.update(read_feature_rows(path, max(DIGEST_ROWS, n_rows - DIGEST_ROWS), n_rows).tobytes())
+    h.update(read_feature_rows(path, 0, DIGEST_ROWS, columns).tobytes())
+    h.update(read_feature_rows(path, max(DIGEST_ROWS, n_rows - DIGEST_ROWS), n_rows,
+                               columns).tobytes())
     return h.hexdigest()[:8]
 
 
-def feature_input(path: str | Path) -> Any | None:
+def feature_input(path: str | Path, columns: Any = None) -> Any | None:
     """The run input (``mlflow.entities.DatasetInput``, context ``training``) of a feature
     file or Parquet folder; None when it cannot be read as an [N, D] table."""
     from mlflow.data.schema import TensorDatasetSchema
@@ -50,8 +52,8 @@ def feature_input(path: str | Path) -> Any | None:
 
     path = Path(path).resolve()
     try:
-        n_rows, n_features = feature_shape(path)
-        digest = input_digest(path, n_rows, n_features)
+        n_rows, n_features = feature_shape(path, columns)
+        digest = input_digest(path, n_rows, n_features, columns)
     except (DeepDPMError, OSError):
         return None
     schema = TensorDatasetSchema(

@@ -36,7 +36,11 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from deepdpm_core.training import EPOCH_PHASES
-from pipeline.tracking.environment import resolve_tracking_uri
+from pipeline.tracking.environment import (
+    make_store_folder,
+    resolve_tracking_uri,
+    sqlite_artifact_location,
+)
 from pipeline.tracking.options import DEFAULT_EXPERIMENT, DEFAULT_MODEL_ALIAS
 
 logger = logging.getLogger(__name__)
@@ -78,6 +82,8 @@ HTTP_ENV_DEFAULTS: dict[str, str] = {
 #: exported wins
 QUIET_ENV_DEFAULTS: dict[str, str] = {
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    # its INFO records ("Creating initial MLflow database tables...") are routine
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 
@@ -148,8 +154,8 @@ class RunTracker:
     close_timeout : float
         Seconds :meth:`close` waits for pending calls before giving up on them.
     artifact_location : str or None
-        Artifact root of the experiment when this run creates it (default: the tracking
-        server's choice; for a sqlite store that is ``./mlruns`` of the working directory).
+        Artifact root of the experiment when this run creates it (default: for a SQLite
+        store the folder ``mlartifacts`` beside the database, else the server's choice).
     register_model : str or None
         :func:`log_fit_outputs` registers the fit's MLflow model under this name.
     model_alias : str
@@ -174,7 +180,7 @@ class RunTracker:
         self.experiment = experiment
         self.run_name = run_name
         self.close_timeout = close_timeout
-        self.artifact_location = artifact_location
+        self.artifact_location = artifact_location or sqlite_artifact_location(self.tracking_uri)
         self.register_model = register_model
         self.model_alias = model_alias
         self.failed = False
@@ -203,6 +209,7 @@ class RunTracker:
             return
         for key, value in {**HTTP_ENV_DEFAULTS, **QUIET_ENV_DEFAULTS}.items():
             os.environ.setdefault(key, value)
+        make_store_folder(self.tracking_uri)
         if self.tracking_uri.startswith(("http://", "https://")):
             _import_ipython()
         self._thread = threading.Thread(target=self._work, name="deepdpm-mlflow", daemon=True)

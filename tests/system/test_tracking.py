@@ -84,7 +84,11 @@ def test_epoch_metrics_renames_seconds_and_skips_missing_labels():
 def test_resolve_tracking_uri_precedence(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert resolve_tracking_uri(None) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    # the per-user store, not the working directory
+    assert resolve_tracking_uri(None) == f"sqlite:///{tmp_path.resolve()}/data/deepdpm/mlflow.db"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    assert resolve_tracking_uri(None) == f"sqlite:///{Path.home().resolve()}/.local/share/deepdpm/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env:5000")
     assert resolve_tracking_uri(None) == "http://env:5000"
     assert resolve_tracking_uri("http://flag:5000") == "http://flag:5000"
