@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from pipeline.io.columns import add_column_arguments
+from pipeline.io.existing_outputs import add_overwrite_argument
 from pipeline.io.results import add_json_argument
 
 HELP = "learn features from raw pixels or features (autoencoder, UMAP, AE+UMAP = n2d, PCA) into Parquet"
@@ -50,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--save-model", type=Path, default=None, help="also save the trained autoencoder (.pt)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_overwrite_argument(parser, "an existing --output (and --save-model) file")
     add_column_arguments(parser)
     add_json_argument(parser)
 
@@ -69,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
         raise DataError(f"--output must be a .parquet file, got '{args.output}'")
     if args.output.resolve() == args.input.resolve():
         raise DataError("--output must differ from --input")
+    from pipeline.io.existing_outputs import refuse_existing_file
+
+    refuse_existing_file(args.output, args.overwrite)
+    if args.save_model is not None:
+        refuse_existing_file(args.save_model, args.overwrite, "--save-model")
     if args.save_model is not None and args.save_model.resolve() == args.output.resolve():
         raise DataError("--save-model must differ from --output")
     if args.save_model is not None and args.method not in ("ae", "ae-umap"):

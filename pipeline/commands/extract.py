@@ -17,6 +17,7 @@ HELP = "embed the images of webdataset shards (MoCo/torchvision ResNet or pixels
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipeline.io.existing_outputs import add_overwrite_argument
     from pipeline.io.results import add_json_argument
     from pipeline.tracking.options import add_tracking_arguments
 
@@ -24,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder of .tar shards, a glob, or one file")
     parser.add_argument("--output", required=True,
                         help="folder for <shard>.parquet + _manifest.json")
+    add_overwrite_argument(parser, "features of another encoder (or files deepdpm extract did not "
+                           "write) in --output: every shard is extracted again")
     parser.add_argument("--encoder", choices=ENCODERS, default="moco_v2", help="default: moco_v2")
     parser.add_argument("--weights", default=None,
                         help="checkpoint (.pth/.pth.tar); none: random init")
@@ -83,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                 head=args.head, pixel_size=args.pixel_size, l2_normalize=args.l2_normalize,
                 batch_size=args.batch_size, num_workers=args.num_workers, use_gpu=args.use_gpu,
                 cpus_per_worker=args.cpus_per_worker, precision=args.precision,
-                ray_address=args.address, progress=not args.no_progress)
+                ray_address=args.address, progress=not args.no_progress, overwrite=args.overwrite)
         tracker.log_params({"embedding_dim": report.dim})
         tracker.log_metrics(report.metrics())
         tracker.log_artifacts([report.manifest])

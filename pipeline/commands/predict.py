@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from pipeline.io.columns import add_column_arguments
+from pipeline.io.existing_outputs import add_overwrite_argument
 from pipeline.io.results import add_json_argument
 
 HELP = "assign features to the clusters of a fitted model (writes Parquet)"
@@ -28,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True,
                         help="output .parquet (key, cluster, confidence, label); for a folder "
                              "--input, a folder that gets one such file per input file")
+    add_overwrite_argument(parser, "an existing --output file; for a folder --input, predict every "
+                           "file again, replacing the outputs of another model or of no deepdpm "
+                           "predict")
     parser.add_argument("--batch-size", type=int, default=4096,
                         help="rows per forward pass and per read of a Parquet input; memory grows "
                              "as batch size x K (default 4096: 16 MB of probabilities at K = 1000)")
@@ -101,6 +105,9 @@ def _run_file(args: argparse.Namespace) -> int:
         raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
     if not Path(args.input).exists():
         raise FileNotFoundError(f"input not found: {args.input}")
+    from pipeline.io.existing_outputs import refuse_existing_file
+
+    refuse_existing_file(args.output, args.overwrite)
     path = model_file(args.model)
 
     import contextlib
@@ -163,7 +170,7 @@ def _run_folder(args: argparse.Namespace) -> int:
     done = predict_folder(
         model_file(args.model), args.input, args.output, batch_size=args.batch_size,
         num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker,
-        ray_address=args.ray_address, progress=not args.no_progress,
+        ray_address=args.ray_address, progress=not args.no_progress, overwrite=args.overwrite,
     )  # fmt: skip
     n_files = len(done.predicted) + len(done.skipped)
     print_result(args, (

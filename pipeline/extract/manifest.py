@@ -77,8 +77,11 @@ def read_shard_entry(path: str | Path) -> dict:
 class ShardAssembler:
     """Collects pipeline rows per source shard and writes each shard once it is complete."""
 
-    def __init__(self, expected: dict[str, int], outputs: dict[str, Path], dim: int, encoder: dict):
+    def __init__(self, expected: dict[str, int], outputs: dict[str, Path], dim: int, encoder: dict,
+                 unread: dict[str, list[dict]] | None = None):
         self.expected = expected
+        #: shard -> ``{"key", "reason"}`` of the samples the reader passes over (links)
+        self.unread = unread or {}
         self.outputs = outputs
         self.dim = dim
         self.encoder = encoder
@@ -108,11 +111,13 @@ class ShardAssembler:
         order = np.argsort(cols["key"].astype(str), kind="stable")
         ok = cols["ok"][order].astype(bool)
         keys, labels, errors = cols["key"][order], cols["label"][order], cols["error"][order]
+        skipped = sorted([{"key": str(k), "reason": str(e)}
+                          for k, e in zip(keys[~ok], errors[~ok], strict=True)]
+                         + self.unread.get(shard, []), key=lambda s: s["key"])
         entry = {
-            "shard": shard, "output": self.outputs[shard].name, "read": len(order),
-            "embedded": int(ok.sum()), "skipped": int((~ok).sum()),
-            "skipped_keys": [{"key": str(k), "reason": str(e)}
-                             for k, e in zip(keys[~ok], errors[~ok], strict=True)],
+            "shard": shard, "output": self.outputs[shard].name, "read": len(order) + len(
+                self.unread.get(shard, [])),
+            "embedded": int(ok.sum()), "skipped": len(skipped), "skipped_keys": skipped,
             "encoder": self.encoder, "dim": self.dim,
         }
         table = features_table(emb[order][ok].reshape(-1, self.dim), keys[ok],

@@ -117,7 +117,8 @@ def extract_features(shards: str | Path | Sequence[str | Path], output_dir: str 
                      arch: str = "resnet50", head: bool = False, pixel_size: int = 8,
                      l2_normalize: bool = False, batch_size: int = 256, num_workers: int = 1,
                      use_gpu: bool = False, cpus_per_worker: float = 1.0, precision: str = "auto",
-                     ray_address: str | None = None, progress: bool = True) -> ExtractReport:
+                     ray_address: str | None = None, progress: bool = True,
+                     overwrite: bool = False) -> ExtractReport:
     """Embed every image of ``shards`` into ``output_dir/<shard>.parquet`` (resumable).
 
     Parameters
@@ -131,6 +132,9 @@ def extract_features(shards: str | Path | Sequence[str | Path], output_dir: str 
     num_workers : encoder actors (one GPU each with ``use_gpu``, else ``cpus_per_worker`` CPUs)
     precision : ``auto`` (bf16 on GPU, fp32 on CPU), ``bf16``, ``fp16`` or ``fp32``
     ray_address : Ray cluster to use when not connected yet (see :func:`ensure_ray`)
+    overwrite : extract every shard again, replacing its output (otherwise a complete output
+        of the same encoder is kept, and one of another encoder, or a file this function did
+        not write, is refused)
 
     Returns
     -------
@@ -168,14 +172,18 @@ def extract_features(shards: str | Path | Sequence[str | Path], output_dir: str 
     entries: dict[str, dict] = {}
     pending: list[str] = []
     for shard, out in outputs.items():
-        if not out.exists():
+        if overwrite or not out.exists():
             pending.append(shard)
             continue
-        entry = read_shard_entry(out)
+        try:
+            entry = read_shard_entry(out)
+        except (OSError, ValueError, DataError):  # pyarrow's ArrowInvalid is a ValueError
+            raise ConfigError(f"{out} exists and was not written by deepdpm extract: pass "
+                              "--overwrite to replace it, or extract into a new --output folder") from None
         if not same_encoder(entry.get("encoder"), identity) or entry.get("dim") != dim:
             raise ConfigError(
-                f"{out} holds features from another encoder ({entry.get('encoder')}); "
-                "extract into a new --output folder"
+                f"{out} holds features from another encoder ({entry.get('encoder')}): pass "
+                "--overwrite to replace them, or extract into a new --output folder"
             )
         entries[shard] = entry
     report = ExtractReport(output_dir=str(output_dir), manifest=str(output_dir / MANIFEST_NAME),
@@ -183,12 +191,15 @@ def extract_features(shards: str | Path | Sequence[str | Path], output_dir: str 
                            shards_reused=len(entries))
 
     expected: dict[str, int] = {}
+    unread: dict[str, list[dict]] = {}
     for shard in pending:
         try:
-            expected[shard] = count_samples(shard)
+            samples = count_samples(shard)
         except DataError as exc:
             report.shards_failed.append({"shard": shard, "reason": str(exc)})
-    assembler = ShardAssembler(expected, outputs, dim, identity)
+            continue
+        expected[shard], unread[shard] = samples.read, samples.unread
+    assembler = ShardAssembler(expected, outputs, dim, identity, unread)
 
     def finish(entry: dict) -> None:
         entries[entry["shard"]] = entry

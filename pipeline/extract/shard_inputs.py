@@ -9,6 +9,7 @@ import os
 import re
 import tarfile
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from deepdpm_core.errors import ConfigError, DataError
@@ -53,8 +54,34 @@ def resolve_shards(shards: str | Path | Sequence[str | Path]) -> list[Path]:
     return found
 
 
-def count_samples(shard: str | Path) -> int:
-    """Number of webdataset samples in ``shard`` from its tar headers (data are seeked over).
+@dataclass
+class ShardSamples:
+    """The webdataset samples of one shard, from its tar headers.
+
+    Attributes
+    ----------
+    read : int
+        Samples with at least one regular file: the reader yields each of them once.
+    unread : list of dict
+        ``{"key", "reason"}`` of each sample whose files are all links (hard or symbolic)
+        or other non-regular members, which the reader passes over: they are counted as
+        skipped, never lost.
+    """
+
+    read: int = 0
+    unread: list[dict] = field(default_factory=list)
+
+
+def _not_regular(member: tarfile.TarInfo) -> str:
+    if member.islnk():
+        return f"{member.name} is a hard link to {member.linkname}"
+    if member.issym():
+        return f"{member.name} is a symbolic link to {member.linkname}"
+    return f"{member.name} is not a regular file"
+
+
+def count_samples(shard: str | Path) -> ShardSamples:
+    """The webdataset samples in ``shard``, from its tar headers (data are seeked over).
 
     Raises
     ------
@@ -63,6 +90,8 @@ def count_samples(shard: str | Path) -> int:
         adjacent; Ray's reader would fail mid-run).
     """
     count, previous, seen = 0, None, set()
+    # samples named by members that are not regular files, in order: key -> reasons
+    links: dict[str, list[str]] = {}
     try:
         file_size = os.path.getsize(shard)
         with tarfile.open(shard, "r:*") as tar:
@@ -74,8 +103,11 @@ def count_samples(shard: str | Path) -> int:
                     raise DataError(
                         f"{shard}: truncated tar file (member {member.name} is cut off)"
                     )
-                match = _SAMPLE_NAME.match(member.name) if member.isreg() else None
-                if match is None or match.group(1) == previous:
+                match = _SAMPLE_NAME.match(member.name)
+                if match is not None and not member.isreg() and not member.isdir():
+                    links.setdefault(match.group(1), []).append(_not_regular(member))
+                    continue
+                if not member.isreg() or match is None or match.group(1) == previous:
                     continue
                 previous = match.group(1)
                 if previous in seen:
@@ -90,4 +122,6 @@ def count_samples(shard: str | Path) -> int:
                 raise DataError(f"{shard}: truncated tar file (no end-of-archive marker)")
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise DataError(f"{shard}: not a readable tar file ({exc})") from exc
-    return count
+    unread = [{"key": key, "reason": f"not read: {'; '.join(reasons)} (only regular files are read)"}
+              for key, reasons in links.items() if key not in seen]
+    return ShardSamples(count, unread)

@@ -1,11 +1,12 @@
 """One writer per output: a lock on the folder (or file) a command writes.
 
-``deepdpm fit``, ``extract``, ``predict`` and ``embed`` hold an exclusive ``flock`` on
+``deepdpm fit``, ``extract``, ``predict``, ``embed`` and ``report`` hold an exclusive ``flock`` on
 ``.<name>.lock`` beside their output while they run (:func:`output_lock`, taken by the CLI:
 :data:`OUTPUT_ARGUMENTS`); a second command on the same output fails at once naming the
 holder, and a lock of a killed run never blocks (the kernel releases it). The lock sits
 beside the output, not inside it, because a fit replaces its whole output folder when it
-publishes (docs/reliability.md, "One writer per output folder").
+publishes (docs/reliability.md, "One writer per output folder"). An existing output the
+user may not write is refused before the lock is taken (:func:`check_writable`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import fcntl
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -28,11 +30,39 @@ OUTPUT_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "extract": ("output",),
     "predict": ("output",),
     "embed": ("output",),
+    "report": ("output",),
 }
 
 
 class OutputLockedError(DeepDPMError):
     """Another process is writing the same output."""
+
+
+class OutputNotWritableError(DeepDPMError):
+    """The output exists and its owner may not write it."""
+
+
+def check_writable(output: str | Path) -> None:
+    """Refuse an existing output that the user cannot write, or that has no write
+    permission for anyone (``chmod a-w``: a folder kept read-only on purpose, which the
+    superuser could otherwise replace). A command would not write into it, but replace it
+    whole, which only its parent's permissions govern.
+
+    Raises
+    ------
+    OutputNotWritableError
+        One line naming the output and its mode.
+    """
+    path = Path(output)
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not os.access(path, os.W_OK) or not mode & 0o222:
+        kind = "folder" if stat.S_ISDIR(mode) else "file"
+        raise OutputNotWritableError(
+            f"{output} is a {kind} you may not write (mode {stat.S_IMODE(mode):o}): make it "
+            f"writable (chmod u+w {output}) or choose another output")
 
 
 def lock_path(output: str | Path) -> Path:
@@ -52,7 +82,10 @@ def output_lock(output: str | Path, command: str) -> Iterator[Path]:
     ------
     OutputLockedError
         Another live process holds it; the message names that process.
+    OutputNotWritableError
+        ``output`` exists and may not be written (:func:`check_writable`).
     """
+    check_writable(output)
     path = lock_path(output)
     created = _make_folders(path.parent)
     try:
@@ -131,4 +164,5 @@ def command_lock(args: argparse.Namespace) -> AbstractContextManager:
     return nullcontext()
 
 
-__all__ = ["OUTPUT_ARGUMENTS", "OutputLockedError", "command_lock", "lock_path", "output_lock"]
+__all__ = ["OUTPUT_ARGUMENTS", "OutputLockedError", "OutputNotWritableError", "check_writable",
+           "command_lock", "lock_path", "output_lock"]

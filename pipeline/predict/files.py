@@ -149,14 +149,18 @@ def is_complete(output: Path, rows: int, digest: str) -> bool:
     ConfigError
         ``output`` holds predictions of another model.
     """
+    if not output.exists():
+        return False
     try:
         metadata = pq.read_schema(output).metadata or {}
         done = json.loads(metadata[METADATA_KEY])
-    except (FileNotFoundError, pa.ArrowInvalid, OSError, KeyError, ValueError):
-        return False
+    except (pa.ArrowInvalid, OSError, KeyError, ValueError):
+        # a killed run's outputs are renamed into place whole: this is someone else's file
+        raise ConfigError(f"{output} exists and was not written by deepdpm predict: pass "
+                          "--overwrite to replace it, or predict into a new --output folder") from None
     if done.get("model_sha256") != digest:
-        raise ConfigError(f"{output} holds predictions of another model; predict into a new "
-                          "--output folder")
+        raise ConfigError(f"{output} holds predictions of another model: pass --overwrite to "
+                          "replace them, or predict into a new --output folder")
     return done.get("rows") == rows
 
 

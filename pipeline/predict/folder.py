@@ -140,7 +140,7 @@ class PredictRowGroups:
 def predict_folder(
     model_file: str | Path, input_dir: str | Path, output_dir: str | Path, *,
     batch_size: int = 4096, num_workers: int = 1, cpus_per_worker: float = 1.0,
-    ray_address: str | None = None, progress: bool = True,
+    ray_address: str | None = None, progress: bool = True, overwrite: bool = False,
 ) -> FolderPrediction:
     """Predict every Parquet file of ``input_dir`` into ``output_dir`` (resumable).
 
@@ -155,6 +155,8 @@ def predict_folder(
     ray_address : Ray cluster (``auto``, ``host:port``, ``ray://``); default
         ``$RAY_ADDRESS``, else a new local cluster; a connected driver is used as it is
     progress : show a progress bar (rows) on stderr
+    overwrite : predict every file again, also over an output of another model or one
+        that ``deepdpm predict`` did not write (refused otherwise)
 
     Returns
     -------
@@ -166,8 +168,9 @@ def predict_folder(
         No Parquet file, a file the model cannot read (wrong D, no embeddings,
         non-finite values), files that differ in their ``key``/``label`` columns.
     ConfigError
-        Bad options, an output folder with another model's predictions, a cluster
-        without the actors' resources.
+        Bad options, an output folder with another model's predictions or with a file
+        ``deepdpm predict`` did not write (without ``overwrite``), a cluster without the
+        actors' resources.
     """
     start = time.perf_counter()
     if batch_size < 1 or num_workers < 1 or cpus_per_worker <= 0:
@@ -187,7 +190,7 @@ def predict_folder(
     report = FolderPrediction(n_clusters=n_clusters)
     todo = []
     for f in files:
-        if is_complete(f.output, f.rows, digest):
+        if not overwrite and is_complete(f.output, f.rows, digest):
             report.skipped.append(str(f.output.relative_to(output_dir)))
         else:
             todo.append(f)

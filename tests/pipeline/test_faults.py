@@ -621,6 +621,132 @@ def test_a_refused_checkpoint_names_the_global_that_caused_it_not_the_tensors_be
     assert not marker.exists() and not (tmp_path / "predicted.parquet").exists()
 
 
+# --------------------------------------- existing outputs are replaced only on --overwrite
+def test_predict_embed_report_and_extract_refuse_an_existing_output_unless_overwrite(
+        earlier_run, mixture, tmp_path, capsys):
+    """Issue 50, item 3: an output that exists (a text file; a file that ``extract`` did not
+    write) is refused in one line, exit 2, and left as it was; with ``--overwrite`` it is
+    replaced by the new output in one rename."""
+    from tests.support.image_data import encode_png, write_raw_shard
+
+    def refused_then_replaced(argv: list[str], existing: Path, flag: str = "--output") -> None:
+        before = _files(existing) if existing.is_dir() else existing.read_bytes()
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert _one_refusal(err, "already exists: pass --overwrite to replace it"
+                            if existing.is_file() else "was not written by deepdpm extract: pass "
+                            "--overwrite"), err
+        assert (_files(existing) if existing.is_dir() else existing.read_bytes()) == before
+        assert main([*argv, "--overwrite"]) == 0, capsys.readouterr().err
+        capsys.readouterr()
+        assert not list(existing.parent.glob(f".{existing.name}.*.tmp"))
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    refused_then_replaced(["predict", "--model", str(earlier_run / "model.pt"), "--input", str(mixture),
+                           "--output", str(notes)], notes)
+    assert pq.read_table(notes).num_rows == 800  # the text file became the predictions
+
+    table = tmp_path / "embedded.parquet"
+    table.write_text("mine\n")
+    refused_then_replaced(["embed", "--input", str(mixture), "--output", str(table), "--method", "pca",
+                           "--dim", "2", "--quiet"], table)
+    assert pq.read_table(table).num_rows == 800
+
+    page = tmp_path / "report.html"
+    page.write_text("mine\n")
+    refused_then_replaced(["report", str(earlier_run), "--output", str(page)], page)
+    assert page.read_text().startswith("<!DOCTYPE html>")
+
+    shards, features = tmp_path / "shards", tmp_path / "features"
+    shards.mkdir()
+    write_raw_shard(shards / "s-000000.tar", [
+        {"__key__": f"k{i}", "png": encode_png(np.full((8, 8, 3), 30 * i, np.uint8)), "cls": b"0"}
+        for i in range(3)])
+    features.mkdir()
+    (features / "s-000000.parquet").write_text("mine\n")
+    refused_then_replaced(["extract", "--shards", str(shards), "--output", str(features), "--encoder",
+                           "pixels", "--no-tracking", "--no-progress"], features)
+    assert pq.read_table(features / "s-000000.parquet").num_rows == 3
+
+
+def test_an_output_folder_the_user_may_not_write_is_refused_whatever_its_parent_allows(
+        mixture, earlier_run, tmp_path, capsys):
+    """Issue 50, item 4: ``--output`` naming a folder of mode 555 in a writable folder is
+    refused in one line naming its mode (the publish would have replaced it whole); so is
+    a file of mode 444, for every command that writes one."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "keep.txt").write_text("mine")
+    locked.chmod(0o555)
+    page = tmp_path / "page.html"
+    page.write_text("mine")
+    page.chmod(0o444)
+    try:
+        for argv, output in (
+                (["fit", "--input", str(mixture), "--output", str(locked), *RESUMABLE_FIT], locked),
+                (["fit", "--input", str(mixture), "--output", str(locked), *RESUMABLE_FIT,
+                  "--overwrite"], locked),
+                (["predict", "--model", str(earlier_run / "model.pt"), "--input", str(mixture),
+                  "--output", str(page), "--overwrite"], page),
+                (["report", str(earlier_run), "--output", str(page), "--overwrite"], page)):
+            assert main(argv) == 2
+            mode = "555" if output == locked else "444"
+            assert _one_refusal(capsys.readouterr().err, f"{output} is a ",
+                                f"you may not write (mode {mode})")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["locked", "page.html"]
+        assert _files(locked) == {"keep.txt": b"mine"} and page.read_text() == "mine"
+        assert oct(locked.stat().st_mode & 0o777) == "0o555"
+    finally:
+        locked.chmod(0o755)
+        page.chmod(0o644)
+
+
+def test_extract_counts_and_lists_every_sample_it_skips_links_included(tmp_path):
+    """Issue 50, item 6: samples whose image is a hard link or a symbolic link member are
+    counted as read and listed as skipped with the reason; a missing image too."""
+    import io
+    import tarfile
+
+    from pipeline.io.tables import read_features
+    from tests.support.image_data import encode_png
+
+    shards, features = tmp_path / "shards", tmp_path / "features"
+    shards.mkdir()
+    png = encode_png(np.full((8, 8, 3), 90, np.uint8))
+
+    def regular(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+    def link(tar: tarfile.TarFile, name: str, target: str, kind: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = kind, target
+        tar.addfile(info)
+
+    with tarfile.open(shards / "s-000000.tar", "w") as tar:
+        regular(tar, "a.png", png)
+        regular(tar, "a.cls", b"0")
+        link(tar, "b.png", "a.png", tarfile.LNKTYPE)       # a hard link alone
+        link(tar, "c.png", "a.png", tarfile.SYMTYPE)       # a symbolic link alone
+        link(tar, "d.png", "a.png", tarfile.LNKTYPE)       # a hard link beside a regular label
+        regular(tar, "d.cls", b"1")
+        regular(tar, "e.png", png)
+    done = _deepdpm("extract", "--shards", str(shards), "--output", str(features), "--encoder", "pixels",
+                    "--no-tracking", "--no-progress", "--json")
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((features / "_manifest.json").read_text())
+    assert manifest["totals"] == {"shards": 1, "read": 5, "embedded": 2, "skipped": 3}
+    skipped = {s["key"]: s["reason"] for s in manifest["shards"][0]["skipped_keys"]}
+    assert sorted(skipped) == ["b", "c", "d"]
+    assert "b.png is a hard link to a.png" in skipped["b"]
+    assert "c.png is a symbolic link to a.png" in skipped["c"]
+    assert skipped["d"]  # its label arrived, its image (a link) did not
+    assert sorted(read_features(features).keys) == ["a", "e"]
+    assert json.loads(done.stdout)["images_skipped"] == 3
+
+
 # ------------------------------------------------------ data errors are errors, not retries
 #: local.yaml's fixed prior Ψ = 0.005·I (in the features' units) and a short schedule
 LOCAL_SHORT = [

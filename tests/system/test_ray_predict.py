@@ -33,6 +33,7 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 from deepdpm_core import DeepDPM  # noqa: E402
+from deepdpm_core.errors import ConfigError  # noqa: E402
 from pipeline.cli import build_parser, main  # noqa: E402
 from pipeline.io.tables import features_table  # noqa: E402
 from pipeline.predict.files import is_complete, model_digest  # noqa: E402
@@ -91,7 +92,8 @@ def _predict(*argv: str, capsys) -> dict:
 
 
 def _in_process(model: Path, file: Path, out: Path) -> pa.Table:
-    assert main(["predict", "--model", str(model), "--input", str(file), "--output", str(out)]) == 0
+    assert main(["predict", "--model", str(model), "--input", str(file), "--output", str(out),
+                 "--overwrite"]) == 0
     return pq.read_table(out)
 
 
@@ -189,9 +191,12 @@ def test_only_a_whole_output_of_the_same_model_counts_as_done(predicted, model, 
     done = predicted / "a.parquet"
     assert is_complete(done, 400, digest)
     assert not is_complete(done, 401, digest)  # the input grew
+    # outputs are renamed into place whole: a file without a footer is someone else's,
+    # replaced only on --overwrite
     cut = tmp_path / "cut.parquet"
-    cut.write_bytes(done.read_bytes()[:-100])  # no footer
-    assert not is_complete(cut, 400, digest)
+    cut.write_bytes(done.read_bytes()[:-100])
+    with pytest.raises(ConfigError, match="was not written by deepdpm predict: pass --overwrite"):
+        is_complete(cut, 400, digest)
     assert not is_complete(tmp_path / "absent.parquet", 400, digest)
 
 
