@@ -16,7 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "run", metavar="RUN_DIR_OR_RUN_ID",
         help="output directory of 'deepdpm fit' (has summary.json) or an MLflow run id",
     )  # fmt: skip
-    parser.add_argument("--output", "-o", default="report.html", help="HTML file to write")
+    parser.add_argument("--output", "-o",
+                        help="HTML file to write (default: report.html in the fit's folder; a "
+                             "run id needs one)")
     add_overwrite_argument(parser, "an existing --output file")
     parser.add_argument(
         "--images", metavar="DIR_OR_SHARDS",
@@ -25,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--tracking-uri",
-        help="MLflow tracking URI for a run id (default: $MLFLOW_TRACKING_URI, else "
-        "sqlite:///mlflow.db in the working directory)",
+        help="MLflow tracking URI for a run id (default: $MLFLOW_TRACKING_URI, else the "
+        "per-user store ~/.local/share/deepdpm/mlflow.db)",
     )
     parser.add_argument("--max-clusters", type=int, default=30, help="largest clusters shown")
     parser.add_argument("--per-cluster", type=int, default=8, help="sample images per cluster")
@@ -46,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
         require(f"an MLflow run id ({args.run})", "mlflow")
     if args.images and not Path(args.images).exists():
         raise FileNotFoundError(f"--images not found: {args.images}")
+    if args.output is None:  # beside the fit, never in the working directory
+        if run_source(args.run) == "run_id":
+            raise ConfigError("a report of an MLflow run needs --output/-o FILE (a fit "
+                              "folder's report goes beside the fit)")
+        args.output = str(Path(args.run) / "report.html")
     from pipeline.io.existing_outputs import refuse_existing_file
 
     refuse_existing_file(args.output, args.overwrite)
