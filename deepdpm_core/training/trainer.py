@@ -69,6 +69,11 @@ class Trainer:
         When moves run and when the fit stops.
     prior_fit : PriorFit
         The NIW prior and its refit.
+    ctx : FitContext
+        The rows in the fit's coordinates and what stays fixed through the fit.
+    body : EpochBody
+        The epoch body: :class:`~deepdpm_core.training.em_epoch.ExactEM` up to
+        ``small_data.max_rows`` rows, :class:`~deepdpm_core.training.minibatch_epoch.MinibatchEpochs` above.
     """
 
     def __init__(self, config: Config, x: Tensor, comm: Communicator | None = None,
@@ -89,7 +94,6 @@ class Trainer:
         #: per-feature variance (D,) of the (transformed) features, float64, for diagnostics
         self.feature_variance = self.coords.feature_std.square()
         self.prior_fit = PriorFit(config.prior, self.coords, self.device)
-        #: exact EM up to ``small_data.max_rows`` rows (:mod:`~deepdpm_core.training.small_data`)
         self.body: EpochBody = (ExactEM(ctx, config, self.estep) if self.n_total <= config.small_data.max_rows
                                 else MinibatchEpochs(ctx, config))
         self.schedule = MoveSchedule(self.body.schedule(config.schedule), config.moves)

@@ -121,19 +121,12 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     from sklearn.datasets import load_digits
 
-    from deepdpm_core import DeepDPM
-    from deepdpm_core.data import check_features, clustering_scores, readonly_tensor
+    from deepdpm_core.data import check_features, clustering_scores
     from deepdpm_core.moves import rows_needed
-    from deepdpm_core.training import Trainer
     from pipeline.fit.epoch_scores import EpochLabelScores
+    from pipeline.fit.job import FitJob
     from pipeline.fit.outputs import write_fit_outputs
-    from pipeline.fit.runner import (
-        FitHooks,
-        console_progress,
-        data_variance_summary,
-        epoch_callbacks,
-        run_epochs,
-    )
+    from pipeline.fit.runner import FitHooks, console_progress
     from pipeline.io.results import print_result
     from pipeline.io.tables import FeatureTable, features_table, read_features, write_parquet_atomic
     from pipeline.report.html_report import load_run_dir, render_report, write_report
@@ -214,16 +207,11 @@ def run(args: argparse.Namespace) -> int:
         tracker.log_params(fit_params(cfg.flat(), *emb.shape, num_workers=1))
         tracker.set_tags({**environment_tags(emb_path, command="demo"), "deepdpm.command": "demo"})
         # the epoch loop of every fit, with its per-epoch scores, tracking and diagnostics
-        t_fit = time.perf_counter()
-        rows = check_features(emb, min_rows=rows_needed(cfg.init.n_clusters))
-        trainer = Trainer(cfg, readonly_tensor(rows))
-        scores_cb = EpochLabelScores.for_labels(emb, emb_table.labels, seed=cfg.seed)
-        run_epochs(trainer, FitHooks(on_epoch=epoch_callbacks(trainer, tracker, scores_cb),
-                                     progress=console_progress(True)))
-        model = DeepDPM.from_trainer(trainer)
-        fit_seconds = time.perf_counter() - t_fit
-        summary = write_fit_outputs(out / "fit", model, emb_table, fit_seconds, emb_path,
-                                    extra=data_variance_summary(trainer))
+        job = FitJob(cfg, check_features(emb, min_rows=rows_needed(cfg.init.n_clusters)))
+        fit_seconds = job.run(FitHooks(progress=console_progress(True)), tracker,
+                              EpochLabelScores.for_labels(emb, emb_table.labels, seed=cfg.seed))
+        model = job.model()
+        summary = write_fit_outputs(out / "fit", model, emb_table, fit_seconds, emb_path, extra=job.variance())
         _step("fit", out / "fit", t0)
         pred = model.predict(emb)
         _step("predict", out / "fit" / "assignments.parquet", t0)

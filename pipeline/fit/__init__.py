@@ -2,8 +2,10 @@
 
 - :mod:`pipeline.fit.request`: :class:`~pipeline.fit.request.FitRequest` (stored for ``--resume``);
 - :mod:`pipeline.fit.runner`: the one epoch loop around the trainer, with its hooks;
+- :mod:`pipeline.fit.job`: :class:`~pipeline.fit.job.FitJob`, one fit put together (the
+  trainer, every fit's per-epoch callbacks, the epochs, the model), in every mode and the demo;
 - :mod:`pipeline.fit.local`, :mod:`pipeline.fit.ray` (workers: :mod:`pipeline.fit.ray_worker`),
-  :mod:`pipeline.fit.alternating`: the three modes, each a thin driver of the runner;
+  :mod:`pipeline.fit.alternating`: the three modes, each a thin driver of a fit job;
 - :mod:`pipeline.fit.outputs`: what every fit leaves on disk;
 - :mod:`pipeline.fit.checkpoints`: the checkpoint and autoencoder files.
 

@@ -22,21 +22,15 @@ import numpy as np
 import torch
 
 from deepdpm_core import Config, DeepDPM
-from deepdpm_core.data import check_features, check_init_labels, readonly_tensor
+from deepdpm_core.data import check_features, check_init_labels
 from deepdpm_core.features import AlternationStep, as_feature_matrix, fit_alternating
 from deepdpm_core.moves import rows_needed
-from deepdpm_core.training import Trainer, progress_bar
+from deepdpm_core.training import progress_bar
 from pipeline.fit import outputs
 from pipeline.fit.checkpoints import save_autoencoder
+from pipeline.fit.job import FitJob
 from pipeline.fit.request import FitRequest
-from pipeline.fit.runner import (
-    FaultHook,
-    FitHooks,
-    console_progress,
-    data_variance_summary,
-    epoch_callbacks,
-    run_epochs,
-)
+from pipeline.fit.runner import FaultHook, FitHooks, console_progress
 from pipeline.io.tables import FeatureTable, features_table, write_parquet_atomic
 
 
@@ -180,13 +174,11 @@ def _cluster(config: Config, Z: np.ndarray, labels: np.ndarray | None,
 
     Z = check_features(Z, min_rows=rows_needed(config.init.n_clusters))
     start = None if init_labels is None else torch.from_numpy(check_init_labels(init_labels, len(Z)))
-    trainer = Trainer(config, readonly_tensor(Z))
-    scores = EpochLabelScores.for_labels(Z, labels, seed=config.seed)
-    hooks = FitHooks(on_epoch=epoch_callbacks(trainer, tracker, scores),
-                     progress=console_progress(progress), fault=fault)
-    run_epochs(trainer, hooks, init_labels=start)
-    variance.update(data_variance_summary(trainer))
-    model = DeepDPM.from_trainer(trainer)
+    job = FitJob(config, Z)
+    job.run(FitHooks(progress=console_progress(progress), fault=fault), tracker,
+            EpochLabelScores.for_labels(Z, labels, seed=config.seed), init_labels=start)
+    variance.update(job.variance())
+    model = job.model()
     model.labels_ = model.predict(Z)  # what the alternation reads, as after DeepDPM.fit
     return model
 

@@ -12,24 +12,16 @@ stopped and resumed".
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from deepdpm_core import DeepDPM
-from deepdpm_core.data import check_features, readonly_tensor
+from deepdpm_core.data import check_features
 from deepdpm_core.moves import rows_needed
 from deepdpm_core.training import Trainer
 from pipeline.fit import checkpoints, outputs
 from pipeline.fit.interrupts import FitInterrupted, stop_between_epochs
+from pipeline.fit.job import FitJob
 from pipeline.fit.request import FitRequest
-from pipeline.fit.runner import (
-    FaultHook,
-    FitHooks,
-    console_progress,
-    data_variance_summary,
-    epoch_callbacks,
-    run_epochs,
-)
+from pipeline.fit.runner import FaultHook, FitHooks, console_progress
 
 
 def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> outputs.FitResult:
@@ -73,28 +65,22 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
         tracker.log_params(fit_params(config.flat(), *table.X.shape, num_workers=1))
         tracker.set_tags({**environment_tags(request.input),
                           **({"resumed_from_epoch": resumed_from} if state is not None else {})})
-        t0 = time.perf_counter()
-        x = readonly_tensor(table.X)
-        trainer = Trainer.from_state(state, x, config=config) if state is not None \
-            else Trainer(config, x)
-        before = sum(record["seconds"] for record in trainer.history)
+        job = FitJob(config, table.X, state=state)
+        trainer = job.trainer
         try:
             with stop_between_epochs(lambda: trainer.epoch + 1) as stop:
-                hooks = FitHooks(
-                    on_epoch=epoch_callbacks(trainer, tracker, scores),
+                fit_seconds = job.run(FitHooks(
                     checkpoint=(lambda t: checkpoints.write_checkpoint(t, out, request.fit_id))
                     if request.resumable else None,
                     checkpoint_every=request.checkpoint_every,
                     progress=console_progress(not request.quiet),
                     fault=fault,
                     stop=stop,
-                )
-                run_epochs(trainer, hooks)
-            fit_seconds = before + time.perf_counter() - t0
+                ), tracker, scores)
             extra = {"fit_id": request.fit_id, "num_workers": 1, "resumed_from_epoch": resumed_from,
-                     **data_variance_summary(trainer)}
+                     **job.variance()}
             # looked up in the module at call time: tests/support/fault_harness.py replaces it
-            summary = outputs.write_fit_outputs(out, DeepDPM.from_trainer(trainer), table,
+            summary = outputs.write_fit_outputs(out, job.model(), table,
                                                 fit_seconds, request.input, extra=extra,
                                                 replaced=outputs.replaced_entries(request))
         except KeyboardInterrupt as exc:

@@ -8,7 +8,6 @@ import contextlib
 import logging
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,21 +15,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from deepdpm_core.data import readonly_tensor
 from deepdpm_core.errors import DeepDPMError
 from deepdpm_core.model import DeepDPM
 from deepdpm_core.runtime import Communicator
 from deepdpm_core.training import Trainer
 from pipeline.fit.checkpoints import CHECKPOINT_FILE, load_ray_checkpoint, write_trainer_state
 from pipeline.fit.interrupts import FitInterrupted
+from pipeline.fit.job import FitJob
 from pipeline.fit.request import FitRequest
-from pipeline.fit.runner import (
-    CONSISTENCY_EVERY,
-    FitHooks,
-    data_variance_summary,
-    epoch_callbacks,
-    run_epochs,
-)
+from pipeline.fit.runner import CONSISTENCY_EVERY, FitHooks
 from pipeline.io.atomic_files import write_json_atomic
 from pipeline.io.feature_rows import feature_shape
 
@@ -79,23 +72,20 @@ def train_worker(loop: dict[str, Any]) -> None:
     with tracker:
         checkpoint = ray.train.get_checkpoint()
         try:
-            if checkpoint is not None:
-                trainer = Trainer.from_state(load_ray_checkpoint(checkpoint, req.fit_id), readonly_tensor(x),
-                                             comm, wrap, config=config)
-            else:
-                trainer = Trainer(config, readonly_tensor(x), comm, wrap)
+            job = FitJob(config, x, comm=comm, wrap=wrap,
+                         state=None if checkpoint is None else load_ray_checkpoint(checkpoint, req.fit_id))
         except DeepDPMError as exc:  # decided from global quantities: the same on every rank
             _stop_with(f"{type(exc).__name__}: {exc}", req, rank)
             return
         del x  # the trainer holds its own (shifted) copy
-        resumed_from = trainer.epoch if checkpoint is not None else None
+        trainer, resumed_from = job.trainer, job.resumed_from
         tracker.log_params(fit_params(config.flat(), n, dim, num_workers=world))
         tracker.set_tags({**environment_tags(req.input),
                           **({"resumed_from_epoch": resumed_from} if resumed_from is not None else {})})
         stop_file = Path(req.output) / STOP_FILE
+        # rank 0 logs each epoch, with its label scores
+        logged = (tracker, _rank0_scores(req, config.seed)) if rank == 0 else (None, None)
         hooks = FitHooks(
-            on_epoch=epoch_callbacks(trainer, tracker, _rank0_scores(req, config.seed))
-            if rank == 0 else [],
             checkpoint=lambda t: _report(t, rank, req.fit_id, final=False),
             checkpoint_every=req.checkpoint_every,
             consistency_every=CONSISTENCY_EVERY if world > 1 else 0,
@@ -104,10 +94,8 @@ def train_worker(loop: dict[str, Any]) -> None:
             stop=_DriverStop(comm, stop_file),
             rank=rank,
         )
-        t0 = time.perf_counter()
-        before = sum(r["seconds"] for r in trainer.history)
         try:
-            run_epochs(trainer, hooks)
+            fit_seconds = job.run(hooks, *logged)
         except FitInterrupted:  # the driver's Ctrl-C: every rank stands at this epoch's end
             if rank == 0:
                 write_json_atomic({"stopped_after_epoch": trainer.epoch}, stop_file)
@@ -124,10 +112,9 @@ def train_worker(loop: dict[str, Any]) -> None:
             return
         _report(trainer, rank, req.fit_id, final=True)
         if rank == 0:
-            _write_outputs(trainer, req, Path(loop["staging"]), before + time.perf_counter() - t0,
-                           tracker,
-                           {"fit_id": req.fit_id, "num_workers": world,
-                            "resumed_from_epoch": resumed_from, **data_variance_summary(trainer)})
+            _write_outputs(job.model(), req, Path(loop["staging"]), fit_seconds, tracker,
+                           {"fit_id": req.fit_id, "num_workers": world, "resumed_from_epoch": resumed_from,
+                            **job.variance()})
 
 
 class _DriverStop:
@@ -212,7 +199,7 @@ def _ray_progress(trainer: Trainer) -> Iterator[Callable[[dict], None]]:
         bar.close()
 
 
-def _write_outputs(trainer: Trainer, req: FitRequest, staging: Path, fit_seconds: float,
+def _write_outputs(model: DeepDPM, req: FitRequest, staging: Path, fit_seconds: float,
                    tracker: Any, extra: dict[str, Any]) -> None:
     """Rank 0: predict every row (full table read now) and write the fit's outputs into
     ``staging`` (the driver publishes them)."""
@@ -222,6 +209,6 @@ def _write_outputs(trainer: Trainer, req: FitRequest, staging: Path, fit_seconds
 
     table = read_features(req.input, req.table_columns)
     shutil.rmtree(staging, ignore_errors=True)  # what an attempt that failed left
-    write_fit_outputs(staging, DeepDPM.from_trainer(trainer), table, fit_seconds, req.input,
+    write_fit_outputs(staging, model, table, fit_seconds, req.input,
                       extra=extra, publish=False)
     log_fit_outputs(tracker, staging)  # + final_nmi/ari/acc over all labelled rows
