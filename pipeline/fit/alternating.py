@@ -114,7 +114,8 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
         def child_tracker(step: int) -> RunTracker:
             child = RunTracker(request.tracking_uri, request.experiment,
                                enabled=request.tracking and parent_id is not None,
-                               run_name=f"{request.run_name or 'fit'}/alternation-{step}")
+                               run_name=f"{request.run_name or 'fit'}/alternation-{step}",
+                               output=request.output)
             child.start()
             if parent_id is not None:
                 child.set_tags({"mlflow.parentRunId": parent_id, "alternation": str(step)})

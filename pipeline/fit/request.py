@@ -169,7 +169,7 @@ class FitRequest:
 
         return RunTracker(self.tracking_uri, self.experiment, enabled=self.tracking,
                           run_name=self.run_name, rank=rank, register_model=self.register_model,
-                          model_alias=self.model_alias)
+                          model_alias=self.model_alias, output=self.output)
 
     def stamped(self) -> FitRequest:
         """This request as a new fit: a fresh :attr:`fit_id`, and in :attr:`replaces` the

@@ -29,6 +29,7 @@ def tracker_from_args(args: argparse.Namespace, rank: int = 0) -> RunTracker:
         run_name=default_run_name(args), rank=rank,
         register_model=getattr(args, "register_model", None),
         model_alias=getattr(args, "model_alias", DEFAULT_MODEL_ALIAS),
+        output=getattr(args, "output", None),
     )
 
 

@@ -20,6 +20,13 @@ MLflow's own HTTP client retries a failed request 7 times with exponential backo
 (about 4 minutes) and waits 120 s per request by default. A tracked run lowers those
 through the documented environment variables (:data:`HTTP_ENV_DEFAULTS`) unless the
 user has set them.
+
+Every run ends in a final state (FINISHED, FAILED or KILLED) with the tag
+``deepdpm.end_reason`` saying why, and names its local outputs in ``deepdpm.output``. A
+run whose tracking failed ends FAILED. When the server does not answer at the end
+(killed, frozen), :meth:`RunTracker.close` waits at most :data:`CLOSE_GRACE_S` plus one
+health probe of :data:`PROBE_TIMEOUT_S` before it gives up, and records the run in
+:mod:`pipeline.tracking.pending_closes`; the next tracked command to that server ends it.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ import queue
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -42,6 +51,12 @@ from pipeline.tracking.environment import (
     sqlite_artifact_location,
 )
 from pipeline.tracking.options import DEFAULT_EXPERIMENT, DEFAULT_MODEL_ALIAS
+from pipeline.tracking.pending_closes import (
+    END_REASON_TAG,
+    OUTPUT_TAG,
+    close_pending,
+    record_pending,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +101,12 @@ QUIET_ENV_DEFAULTS: dict[str, str] = {
     "MLFLOW_LOGGING_LEVEL": "WARNING",
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
+
+#: seconds :meth:`RunTracker.close` waits for the pending calls before it asks whether the
+#: server answers at all; and how long that health probe may take (an ``http(s)://``
+#: server that does not answer it is given up on: the run is ended by a later command)
+CLOSE_GRACE_S = 2.0
+PROBE_TIMEOUT_S = 2.0
 
 #: MLflow accepts at most 100 params or tags and 1000 metrics per ``log_batch`` call
 _MAX_PARAMS_PER_BATCH = 100
@@ -160,6 +181,8 @@ class RunTracker:
         :func:`log_fit_outputs` registers the fit's MLflow model under this name.
     model_alias : str
         Alias of the registered model that is moved to the new version.
+    output : str or None
+        The local folder (or file) the command writes, tagged ``deepdpm.output``.
 
     Attributes
     ----------
@@ -173,7 +196,7 @@ class RunTracker:
                  enabled: bool = True, run_name: str | None = None, rank: int = 0, *,
                  queue_size: int = 10_000, close_timeout: float = 60.0,
                  artifact_location: str | None = None, register_model: str | None = None,
-                 model_alias: str = DEFAULT_MODEL_ALIAS) -> None:
+                 model_alias: str = DEFAULT_MODEL_ALIAS, output: str | Path | None = None) -> None:
         self.is_logger = rank == 0
         self.active = bool(enabled) and self.is_logger
         self.tracking_uri = resolve_tracking_uri(tracking_uri) if self.active else None
@@ -183,7 +206,10 @@ class RunTracker:
         self.artifact_location = artifact_location or sqlite_artifact_location(self.tracking_uri)
         self.register_model = register_model
         self.model_alias = model_alias
+        self.output = None if output is None else str(Path(output).resolve())
         self.failed = False
+        self._failure = ""
+        self._silent = False  # the server did not answer a health probe at the end
         self.warnings: list[str] = []
         self._run_id: str | None = None
         self._experiment_id: str | None = None
@@ -200,8 +226,13 @@ class RunTracker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close("FINISHED" if exc_type is None else
-                   "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED")
+        if exc_type is None:
+            self.close("FINISHED")
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.close("KILLED", f"interrupted{f' {exc}' if str(exc) else ''}")
+        else:
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+            self.close("FAILED", f"{exc_type.__name__}: {first}" if first else exc_type.__name__)
 
     def start(self) -> None:
         """Start the logging thread and create the run (asynchronously)."""
@@ -216,24 +247,97 @@ class RunTracker:
         self._thread.start()
         self._submit(self._start_run)
 
-    def close(self, status: str = "FINISHED") -> None:
+    def close(self, status: str = "FINISHED", reason: str | None = None) -> None:
         """End the run with ``status`` (FINISHED, FAILED, KILLED) and stop the thread.
 
-        Waits at most ``close_timeout`` seconds for the pending calls; never raises.
+        The run gets the tag ``deepdpm.end_reason``: ``reason`` (default: the status in
+        words) and where the outputs are. Waits for the pending calls at most
+        ``close_timeout`` seconds, and at most :data:`CLOSE_GRACE_S` +
+        :data:`PROBE_TIMEOUT_S` when the server does not answer a health probe; a run
+        that could not be ended so (or whose tracking failed earlier: it ends FAILED) is
+        recorded for the next tracked command to end (:mod:`pipeline.tracking.pending_closes`).
+        Never raises.
         """
         if self._thread is None:
             return
-        self._submit(lambda client: client.set_terminated(self._run_id, status=status))
+        ended_ms = int(time.time() * 1000)
+        why = reason or {"FINISHED": "finished", "KILLED": "interrupted"}.get(status, "failed")
+        if self.output:
+            why += f"; outputs in {self.output}"
+        self._submit(lambda client: client.set_tag(self._run_id, END_REASON_TAG, why))
+        self._submit(lambda client: client.set_terminated(self._run_id, status=status,
+                                                          end_time=ended_ms))
         self._closing.set()
-        self._thread.join(self.close_timeout)
-        if self._thread.is_alive():
-            self._fail(TimeoutError(f"pending calls did not finish within {self.close_timeout:.0f} s"))
+        if not self._wait_for_calls():
+            self._fail(TimeoutError("the tracking server did not answer at the end of the run"
+                                    if self._answers() is False else
+                                    f"pending calls did not finish within {self.close_timeout:.0f} s"))
         self._thread = None
         self._started.set()
+        if self.failed and self._run_id is not None:
+            # the run's record stops where tracking failed: it ends FAILED, saying why
+            self._end_later(f"tracking failed ({self._failure}); the command itself ended {status}: "
+                            f"{why}", ended_ms)
         url = self.run_url
         if url and not self.failed:
             print(f"deepdpm: MLflow run {self.run_name or self._run_id}: {url}", file=sys.stderr,
                   flush=True)  # fmt: skip
+
+    def _wait_for_calls(self) -> bool:
+        """Join the logging thread: True once it has sent every call; False after
+        ``close_timeout`` or as soon as an ``http(s)://`` server, asked after
+        :data:`CLOSE_GRACE_S`, does not answer its health probe."""
+        thread, start = self._thread, time.monotonic()
+        probe_at = start + CLOSE_GRACE_S
+        while thread.is_alive() and time.monotonic() - start < self.close_timeout:
+            thread.join(0.1)
+            if thread.is_alive() and time.monotonic() >= probe_at:
+                if self._answers() is False:
+                    return False
+                probe_at = time.monotonic() + CLOSE_GRACE_S
+        return not thread.is_alive()
+
+    def _answers(self) -> bool | None:
+        """Whether the ``http(s)://`` tracking server answers ``GET /health`` within
+        :data:`PROBE_TIMEOUT_S` (any HTTP answer counts; once it has not, it is not asked
+        again); None for other stores."""
+        if not (self.tracking_uri or "").startswith(("http://", "https://")):
+            return None
+        if self._silent:
+            return False
+        try:
+            with urllib.request.urlopen(f"{self.tracking_uri.rstrip('/')}/health",
+                                        timeout=PROBE_TIMEOUT_S):
+                return True
+        except urllib.error.HTTPError:
+            return True
+        except (urllib.error.URLError, OSError, ValueError):
+            self._silent = True
+            return False
+
+    def _end_later(self, reason: str, ended_ms: int) -> None:
+        """Record the run to be ended FAILED with ``reason``; end it now if the server
+        answers again already (within :data:`PROBE_TIMEOUT_S`)."""
+        try:
+            record_pending(self.tracking_uri, self._run_id, "FAILED", reason, ended_ms)
+        except OSError as exc:
+            print(f"deepdpm: warning: cannot record MLflow run {self._run_id} to be ended later "
+                  f"({exc})", file=sys.stderr, flush=True)
+            return
+        if self._answers() is False:
+            return
+
+        def end_now() -> None:
+            try:
+                from mlflow import MlflowClient
+
+                close_pending(MlflowClient(tracking_uri=self.tracking_uri), self.tracking_uri)
+            except Exception:  # left for the next command
+                logger.debug("ending recorded MLflow runs failed", exc_info=True)
+
+        closer = threading.Thread(target=end_now, name="deepdpm-mlflow-close", daemon=True)
+        closer.start()
+        closer.join(PROBE_TIMEOUT_S)
 
     @property
     def run_url(self) -> str | None:
@@ -349,6 +453,10 @@ class RunTracker:
                 self._fail(exc)
 
     def _start_run(self, client: Any) -> None:
+        try:  # runs that earlier commands could not end at this server
+            close_pending(client, self.tracking_uri)
+        except Exception:
+            logger.debug("ending recorded MLflow runs failed", exc_info=True)
         experiment = client.get_experiment_by_name(self.experiment)
         if experiment is not None:
             experiment_id = experiment.experiment_id
@@ -365,7 +473,8 @@ class RunTracker:
         if experiment is None or EXPERIMENT_KIND_TAG not in experiment.tags:
             # an experiment someone has set a kind for keeps it
             client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-        run = client.create_run(experiment_id, run_name=self.run_name)
+        run = client.create_run(experiment_id, run_name=self.run_name,
+                                tags={OUTPUT_TAG: self.output} if self.output else None)
         self._experiment_id = experiment_id
         self._run_id = run.info.run_id
         self._started.set()
@@ -385,6 +494,7 @@ class RunTracker:
         self._started.set()  # nobody waits for a run id that will never come
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         first_line = first_line.replace(self.tracking_uri or "", _redacted(self.tracking_uri))
+        self._failure = f"{type(exc).__name__}: {first_line[:300]}"
         print(f"deepdpm: warning: MLflow tracking at {_redacted(self.tracking_uri)} failed "
               f"({type(exc).__name__}: {first_line[:300]}); training continues without "
               "tracking and all outputs are still written locally", file=sys.stderr, flush=True)

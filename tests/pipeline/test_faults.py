@@ -467,6 +467,114 @@ def test_a_folder_holds_one_fit_overwrite_drops_the_old_and_resume_checks_what_i
     assert not (stopped / "summary.json").exists()
 
 
+# ------------------------------------------------ every tracked run ends, outages included
+def _runs(server) -> dict[str, dict]:
+    """run name -> status, end time and deepdpm tags, read from the server's store."""
+    import sqlite3
+
+    with sqlite3.connect(f"file:{server.root / 'mlflow.db'}?mode=ro", uri=True) as con:
+        runs = {uuid: {"name": name, "status": status, "end_time": end}
+                for uuid, name, status, end in con.execute(
+                    "select run_uuid, name, status, end_time from runs")}
+        for uuid, key, value in con.execute(
+                "select run_uuid, key, value from tags where key like 'deepdpm.%'"):
+            runs[uuid][key] = value
+        epochs = dict(con.execute("select run_uuid, count(*) from metrics where key = 'n_clusters' "
+                                  "group by run_uuid"))
+    return {r["name"]: {**r, "epochs": epochs.get(uuid, 0)} for uuid, r in runs.items()}
+
+
+def _logged(server, name: str) -> int:
+    """Epochs of the run ``name`` that reached the server."""
+    return _runs(server).get(name, {}).get("epochs", 0)
+
+
+def _outage_fit(server, data: Path, out: Path, state: Path, name: str, epochs: int) -> subprocess.Popen:
+    argv = ["fit", "--input", str(data), "--output", str(out), "--config",
+            str(REPO / "cluster_configs" / "local.yaml"), "--seed", "0", "--quiet",
+            "--set", f"schedule.max_epochs={epochs}", "--set", "schedule.patience=100000",
+            "--tracking-uri", server.uri, "--experiment", "outage", "--run-name", name]
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *argv], cwd=REPO,
+                            env={**_env(), "XDG_STATE_HOME": str(state)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _seconds_after_outputs(fit: subprocess.Popen, out: Path) -> float:
+    """Wait for ``fit`` to exit (status 0); seconds from its summary.json to its exit."""
+    deadline = time.monotonic() + 600
+    while fit.poll() is None:
+        assert time.monotonic() < deadline, "the fit did not end in 600 s"
+        time.sleep(0.05)
+    ended = time.time()
+    assert fit.returncode == 0, fit.stderr.read()
+    return ended - (out / "summary.json").stat().st_mtime
+
+
+def test_a_tracked_run_ends_in_a_final_state_saying_why_also_when_its_server_was_killed_or_frozen(
+        tmp_path):
+    """Issue 50, item 2. A real MLflow server on 127.0.0.1 is killed (SIGKILL to its process
+    group) during a tracked fit, another one frozen (SIGSTOP) near its end: each fit
+    finishes with its outputs, exits within 15 s of writing them, and its run, left
+    RUNNING, is ended FAILED (with the reason and the output folder) by the next tracked
+    command once the server answers again. A run that ends normally is FINISHED, one
+    stopped by Ctrl-C KILLED, each with its reason."""
+    from pipeline.tracking.pending_closes import END_REASON_TAG, OUTPUT_TAG
+    from tests.support.mlflow_server import MlflowServer
+
+    data = tmp_path / "c.npy"
+    rng = np.random.default_rng(2)
+    np.save(data, np.concatenate([c + rng.normal(size=(1000, 4)) for c in rng.normal(size=(3, 4)) * 10])
+            .astype(np.float32))
+    state = tmp_path / "state"
+    for how in ("killed", "frozen"):
+        server = MlflowServer(tmp_path / f"server-{how}").start()
+        try:
+            out = tmp_path / how
+            fit = _outage_fit(server, data, out, state, how, epochs=300)
+            # killed: after 20 epochs reached the server; frozen: 40 epochs before the end
+            at = 20 if how == "killed" else 260
+            _wait_for(lambda s=server, h=how, n=at, f=fit: _logged(s, h) >= n or f.poll() is not None,
+                      timeout=300, what=f"{at} epochs logged")
+            assert fit.poll() is None, "the fit ended before the outage"
+            os.killpg(server.proc.pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+            waited = _seconds_after_outputs(fit, out)
+            print(f"{how} server: the fit exited {waited:.1f} s after writing its outputs")
+            assert waited < 15, f"{how}: {waited:.1f} s after the outputs"
+            assert json.loads((out / "summary.json").read_text())["epochs"] == 300
+            if how == "killed":
+                server.proc.wait()
+                server.start()  # the same store, port and artifacts
+            else:
+                os.killpg(server.proc.pid, signal.SIGCONT)
+            _wait_for(server.healthy, timeout=120, what="the server to answer again")
+            # the next tracked command to this server ends the run
+            after = _outage_fit(server, data, tmp_path / f"{how}-after", state, f"{how}-after", epochs=3)
+            _seconds_after_outputs(after, tmp_path / f"{how}-after")
+            runs = _runs(server)
+            run = runs[how]
+            assert run["status"] == "FAILED" and run["end_time"], run
+            assert run[END_REASON_TAG].startswith("tracking failed (") and str(out) in run[END_REASON_TAG]
+            assert run[OUTPUT_TAG] == str(out)
+            finished = runs[f"{how}-after"]
+            assert finished["status"] == "FINISHED", finished
+            assert finished[END_REASON_TAG] == f"finished; outputs in {tmp_path / f'{how}-after'}"
+            assert not list((state / "deepdpm" / "pending_closes").glob("*.json"))
+        finally:
+            server.kill()
+
+    server = MlflowServer(tmp_path / "server-ctrl-c").start()
+    try:
+        fit = _outage_fit(server, data, tmp_path / "stopped", state, "stopped", epochs=300)
+        _wait_for(lambda: _logged(server, "stopped") >= 5, what="5 epochs logged")
+        fit.send_signal(signal.SIGINT)
+        assert fit.wait(timeout=60) == 130
+        run = _runs(server)["stopped"]
+        assert run["status"] == "KILLED" and run[END_REASON_TAG].startswith("interrupted after epoch")
+        assert run[OUTPUT_TAG] == str(tmp_path / "stopped")
+    finally:
+        server.kill()
+
+
 # ------------------------------------------------- small hostile inputs stay small
 def _alias_bomb(levels: int = 9) -> list[str]:
     """A "billion laughs" list: level i holds 9 aliases of level i - 1 (9**levels strings)."""

@@ -1,0 +1,84 @@
+"""MLflow runs that could not be ended because their tracking server did not answer.
+
+When :class:`~pipeline.tracking.run_tracker.RunTracker` cannot end its run (the server was
+killed, frozen or unreachable), it records the run here: one JSON file per run in a
+per-user state folder (:func:`pending_dir`) with the server, the run, the final status,
+the reason and the end time. The next tracked command to that server ends these runs
+first (:func:`close_pending`), so every run reaches FINISHED, FAILED or KILLED once the
+server answers again (docs/reliability.md, "Every tracked run ends").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from deepdpm_core.atomic_files import atomic_path
+
+#: run tags: why the run ended, and the local folder (or file) holding the outputs
+END_REASON_TAG = "deepdpm.end_reason"
+OUTPUT_TAG = "deepdpm.output"
+#: MLflow's final run states
+FINAL_STATES = ("FINISHED", "FAILED", "KILLED")
+
+
+def pending_dir() -> Path:
+    """``$XDG_STATE_HOME/deepdpm/pending_closes`` (default ``~/.local/state/...``)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "deepdpm" / "pending_closes"
+
+
+def record_pending(tracking_uri: str, run_id: str, status: str, reason: str, end_time_ms: int) -> Path:
+    """Remember that the run ``run_id`` at ``tracking_uri`` must still be ended with
+    ``status`` (the tag :data:`END_REASON_TAG` = ``reason``, end time ``end_time_ms``)."""
+    path = pending_dir() / f"{run_id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"tracking_uri": tracking_uri, "run_id": run_id, "status": status, "reason": reason,
+              "end_time_ms": end_time_ms}
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(record) + "\n")
+    return path
+
+
+def pending_runs(tracking_uri: str) -> list[tuple[Path, dict[str, Any]]]:
+    """The recorded runs of ``tracking_uri`` (unreadable records are left out)."""
+    folder = pending_dir()
+    found = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("tracking_uri") == tracking_uri:
+            found.append((path, record))
+    return found
+
+
+def close_pending(client: Any, tracking_uri: str) -> list[str]:
+    """End every recorded run of ``tracking_uri`` that is still RUNNING, with its recorded
+    status, reason and end time, and forget the records; returns the run ids ended.
+
+    A call that fails (the server is still away) raises, and the records stay for the
+    next command.
+    """
+    ended = []
+    for path, record in pending_runs(tracking_uri):
+        run_id = record["run_id"]
+        try:
+            status = client.get_run(run_id).info.status
+        except Exception as exc:  # the run was deleted: nothing left to end
+            if "RESOURCE_DOES_NOT_EXIST" not in str(exc):
+                raise
+            status = "DELETED"
+        if status not in FINAL_STATES and status != "DELETED":
+            client.set_tag(run_id, END_REASON_TAG, record["reason"])
+            client.set_terminated(run_id, status=record["status"], end_time=record["end_time_ms"])
+            ended.append(run_id)
+        path.unlink(missing_ok=True)
+    return ended
+
+
+__all__ = ["END_REASON_TAG", "FINAL_STATES", "OUTPUT_TAG", "close_pending", "pending_dir",
+           "pending_runs", "record_pending"]
