@@ -5,6 +5,8 @@ from deepdpm_core.model.diagnostics import (
     DiagnosticsMonitor,
     diagnose,
     stop_reason,
+    tiny_cluster_rows,
+    tiny_clusters,
     variance_summary,
 )
 from deepdpm_core.model.estimator import DeepDPM
@@ -13,5 +15,6 @@ from deepdpm_core.model.fitted_model import FORMAT, ClusterAssigner, FittedModel
 
 __all__ = [
     "ClusterAssigner", "DeepDPM", "diagnose", "DiagnosticsMonitor", "FittedModel", "FORMAT",
-    "safe_load", "save_checkpoint", "stop_reason", "variance_summary"
+    "safe_load", "save_checkpoint", "stop_reason", "tiny_cluster_rows", "tiny_clusters",
+    "variance_summary"
 ]

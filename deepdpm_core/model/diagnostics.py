@@ -1,18 +1,23 @@
-"""Warnings for fits whose K is stuck, and which prior knob moves it.
+"""Warnings about a fit's K, only where something is wrong, and how many clusters are tiny.
 
-K still depends on the prior (paper Supmat "The Factors Affecting K"): α, the NIW scale
-s (``prior.sigma_scale``) and ν0 (``prior.nu``). :func:`diagnose` reads a fit's epoch
-records and says what to turn and which way (:class:`DiagnosticsMonitor`: live, per epoch,
-in the CLI; ``DeepDPM.fit``: once at the end). From a largest per-feature variance
-:data:`UNITS_RATIO` times the median (features in different units) it names
-``data.transform=standard`` instead of the knobs. Measured by ``bench/prior_knobs.py``
-(docs/design.md, "Tracking and reports"): a larger ν0 gives fewer clusters; a fixed s
-moves K non-monotonically, peaking for s at roughly 0.1–30 % of the median per-feature
-variance (:data:`SIGMA_PIVOT`); α barely matters.
+A fit that found its clusters says nothing. :func:`diagnose` reads a finished fit's epoch
+records and warns when K ended at 1 having fallen from more or with its split rounds
+idle (``collapsed``), or when the fit stopped at ``schedule.max_epochs`` before K settled
+(``unsettled``). Each warning says what happened, what it means for the result and the one
+thing to try: the default ``prior.sigma_scale`` where a fixed one was set, standardised
+features when one feature's variance dwarfs the others' (:data:`UNITS_RATIO`), else a
+learned feature space (for groups that overlap as Gaussians in these features, no prior
+setting helps: two overlapping Gaussians stay at K = 1 under every knob). The CLI
+(:class:`DiagnosticsMonitor`), ``DeepDPM.fit`` and the report all judge the fit's final
+records, so they say the same.
+
+:func:`tiny_clusters` names the clusters that hold too few rows to be a group
+(:func:`tiny_cluster_rows`): outliers or splinters that K counts.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,17 +27,8 @@ import numpy as np
 from deepdpm_core.config import MovesConfig, ScheduleConfig
 from deepdpm_core.moves import MoveSchedule
 
-#: Ψ's diagonal over the median per-feature variance above which a SMALLER
-#: ``prior.sigma_scale`` gives more clusters (below it, a larger one does)
-SIGMA_PIVOT = 1.0
-
-#: a stalled fit: no split accepted in this many split rounds in a row. With the default
-#: schedule (split and merge rounds alternate; the fit stops after ``patience`` = 3
-#: rounds without any move, i.e. after 1 or 2 idle split rounds) this fires only while
-#: merges are still accepted (K shrinking without splits) or with a larger ``patience``
-STALL_SPLIT_ROUNDS = 3
-#: a collapsed fit: K at most this
-COLLAPSED_K = 2
+#: a collapsed fit: K at most this (two clusters may be the two groups the data hold)
+COLLAPSED_K = 1
 #: a fit stuck at K <= COLLAPSED_K: this many split rounds in a row accepted no split,
 #: or at least one when the fit has converged (stopped for ``patience``). A fit that
 #: starts at a small K (``init.n_clusters``) and is still splitting is growing, not stuck
@@ -40,6 +36,12 @@ STUCK_SPLIT_ROUNDS = 2
 #: largest per-feature variance over the median from which the features are taken to be
 #: in different units (digits' pixels: 2.3, iris: 4.9; raw wine: 1.5e5, breast cancer: 6e7)
 UNITS_RATIO = 100.0
+#: a cluster is tiny below this many rows, or below :data:`TINY_SHARE` of the mean
+#: cluster size where that is more (:func:`tiny_cluster_rows`)
+TINY_ROWS = 10
+#: ... a twentieth of the mean cluster size: digits' K = 7 with clusters of 9, 1 and 1
+#: rows in 1,797 (13 rows); 1,000 clusters of ~1,280 rows (64 rows)
+TINY_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -98,51 +100,6 @@ def _typed(cls: type, section: Any) -> Any:
     return cls(**dict(section or {}))
 
 
-def _sigma_advice(prior: Any, feature_variance: float | None, fitted_scale: float | None) -> str:
-    s = _get(prior, "sigma_scale", "auto")
-    if isinstance(s, str):  # auto | evidence: fitted to the clusters
-        fitted = "" if fitted_scale is None else f" (last fitted s = {fitted_scale:.3g})"
-        return (f"prior.sigma_scale is fitted to the clusters{fitted}: a fixed value moves K "
-                "non-monotonically (bench/prior_knobs.py); with many features and few points per "
-                "cluster try prior.covariance_type=diag")
-    if feature_variance is None or not feature_variance > 0:
-        return (
-            f"prior.sigma_scale (now {s}) moves K non-monotonically: raise it if it is far "
-            "below the per-feature variance of the data, lower it if it is comparable or above"
-        )
-    # Ψ0 = s·I, or s·diag(std) with psi="data_std"
-    diag = s * feature_variance**0.5 if _get(prior, "psi", "identity") == "data_std" else s
-    ratio = diag / feature_variance
-    verb = "lower" if ratio >= SIGMA_PIVOT else "raise"
-    return (f"{verb} prior.sigma_scale (now {s}: Ψ is {ratio:.2g} × the median feature variance; "
-            "K peaks around 0.001–0.3 ×)")
-
-
-def knob_advice(prior: Any, feature_variance: float | None = None,
-                fitted_scale: float | None = None) -> str:
-    """Which prior knobs give MORE clusters, with their current values.
-
-    Parameters
-    ----------
-    prior : PriorConfig or dict
-    feature_variance : float, optional
-        Median per-feature variance of the data; decides the direction for a fixed
-        ``prior.sigma_scale`` (see :data:`SIGMA_PIVOT`).
-    fitted_scale : float, optional
-        The s the last M-step fitted (``prior_scale`` of the epoch record), named when
-        ``prior.sigma_scale`` is ``auto``.
-    """
-    nu = _get(prior, "nu")
-    nu_now = {None: "null = D + 2; it must stay > D − 1",
-              "auto": "auto: fitted to the clusters, at least D + 2"}.get(nu, nu)
-    alpha = _get(prior, "alpha", 10.0)
-    return "; ".join([
-        _sigma_advice(prior, feature_variance, fitted_scale),
-        f"lower prior.nu (now {nu_now}; a larger ν is a heavier prior: fewer clusters)",
-        f"raise prior.alpha (now {alpha}; weak: log α per split)",
-    ])
-
-
 def variance_summary(variances: Any) -> dict[str, float]:
     """What the diagnostics need to know of the data, from its per-feature variances.
 
@@ -165,49 +122,80 @@ def variance_summary(variances: Any) -> dict[str, float]:
     return {"median_feature_variance": float(np.median(v)), "feature_variance_ratio": ratio}
 
 
-def remedy(prior: Any, feature_variance: float | None = None, fitted_scale: float | None = None,
-           variance_ratio: float | None = None) -> str:
-    """What to change for more clusters: the features' units when one feature's variance
-    dwarfs the others' (``variance_ratio`` >= :data:`UNITS_RATIO`), else the prior knobs
-    (:func:`knob_advice`)."""
+def remedy(prior: Any, variance_ratio: float | None = None) -> str:
+    """The one thing to try for more clusters: the default ``prior.sigma_scale`` where a
+    fixed one was set; standardised features when one feature's variance dwarfs the
+    others' (``variance_ratio`` >= :data:`UNITS_RATIO`); else a learned feature space."""
+    s = _get(prior, "sigma_scale", "auto")
+    if not isinstance(s, str):
+        return (f"Try the default prior.sigma_scale=auto (fitted to the data) instead of "
+                f"the fixed {s}.")
     if variance_ratio is not None and variance_ratio >= UNITS_RATIO:
-        return (f"the largest per-feature variance is {variance_ratio:.2g} × the median, so "
-                "a few features in large units are nearly all the fit sees: standardise the "
-                "features (data.transform=standard)")
-    return knob_advice(prior, feature_variance, fitted_scale)
+        return (f"One feature's variance is {variance_ratio:.2g} times the median, so features "
+                "in large units are nearly all the fit sees. Try standardised features: "
+                "data.transform=standard.")
+    return ("Try clustering a learned feature space (deepdpm embed --method umap, then fit "
+            "its output).")
+
+
+def tiny_cluster_rows(n_rows: int, n_clusters: int) -> int:
+    """Rows below which a cluster is tiny: :data:`TINY_ROWS`, or :data:`TINY_SHARE` of
+    the mean cluster size (``n_rows / n_clusters``) where that is more."""
+    return max(TINY_ROWS, math.ceil(TINY_SHARE * n_rows / max(int(n_clusters), 1)))
+
+
+def tiny_clusters(sizes: Sequence[int] | np.ndarray, min_rows: int | None = None) -> list[int]:
+    """The clusters that hold some rows but fewer than ``min_rows``.
+
+    Parameters
+    ----------
+    sizes : array-like of shape (K,)
+        Rows per cluster (empty clusters are not counted).
+    min_rows : int, optional
+        Default :func:`tiny_cluster_rows` of the rows and the non-empty clusters.
+
+    Returns
+    -------
+    list of int
+        Cluster ids, smallest cluster first.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    used = np.flatnonzero(sizes > 0)
+    if min_rows is None:
+        min_rows = tiny_cluster_rows(int(sizes.sum()), len(used))
+    tiny = used[sizes[used] < min_rows]
+    return [int(k) for k in tiny[np.argsort(sizes[tiny], kind="stable")]]
 
 
 def diagnose(history: Sequence[Mapping[str, Any]], config: Any = None,
-             feature_variance: float | None = None,
              variance_ratio: float | None = None) -> list[Diagnostic]:
-    """Warnings about a fit's K from its epoch records so far.
+    """Warnings about a fit's K from its epoch records (judged as a finished fit).
 
     Parameters
     ----------
     history : sequence of epoch records (``epoch``, ``n_clusters``, ``splits_accepted``,
-        ``merges_accepted``, ...), oldest first
+        ``merges_accepted``, ``move``, ...), oldest first
     config : Config, nested dict or None
-        Its ``prior``, ``schedule`` and ``moves`` sections name the current knob values
-        and the move schedule (defaults when None).
-    feature_variance : float, optional
-        Median per-feature variance of the data (see :func:`knob_advice`).
+        Its ``prior``, ``schedule`` and ``moves`` sections: the knob values and the move
+        schedule (defaults when None).
     variance_ratio : float, optional
         Largest per-feature variance over the median (:func:`variance_summary`); from
-        :data:`UNITS_RATIO` on, the warnings advise ``data.transform=standard``.
+        :data:`UNITS_RATIO` on, a collapse advises ``data.transform=standard``.
 
     Returns
     -------
     list of Diagnostic
-        ``no_split``: the last :data:`STALL_SPLIT_ROUNDS` (or more) split rounds accepted
-        no split. ``collapsed``: K is at most :data:`COLLAPSED_K` after moves started,
-        having fallen from a larger K, or with the last :data:`STUCK_SPLIT_ROUNDS` split
-        rounds idle, or with the last split round idle and the fit converged.
+        ``collapsed``: K is at most :data:`COLLAPSED_K` after moves started, having
+        fallen from a larger K, or with the last :data:`STUCK_SPLIT_ROUNDS` split rounds
+        idle, or with the last split round idle and the fit converged. ``unsettled``:
+        the fit ran ``schedule.max_epochs`` epochs, K had not settled and one of its last
+        ``schedule.patience`` move rounds still changed it. A fit that found
+        its clusters, whether by splits or by merging its initial clusters, gets none.
     """
     if not history:
         return []
     prior = _section(config, "prior")
     k_now = int(history[-1]["n_clusters"])
-    fitted = history[-1].get("prior_scale")
     out: list[Diagnostic] = []
 
     kinds = move_kinds(history)
@@ -215,62 +203,75 @@ def diagnose(history: Sequence[Mapping[str, Any]], config: Any = None,
     for kind, record in zip(kinds, history, strict=True):
         if kind == "split":
             stalled = 0 if int(record.get("splits_accepted") or 0) else stalled + 1
-    converged = _schedule_after(history, config).converged(len(history))  # the fit's own stop rule
-    if stalled >= STALL_SPLIT_ROUNDS:
-        out.append(Diagnostic(
-            "no_split", f"no split accepted in the last {stalled} split rounds (K = {k_now}). "
-            f"If you expect more clusters: {remedy(prior, feature_variance, fitted, variance_ratio)}"))
+    schedule = _schedule_after(history, config)
+    converged = schedule.converged(len(history))  # the fit's own stop rule
 
     k_max = max(int(r["n_clusters"]) for r in history)
     if k_now <= COLLAPSED_K and any(kind is not None for kind in kinds):
         if k_max > k_now:
-            what = f"K collapsed to {k_now} (largest K so far: {k_max})"
+            what = (f"The fit ended with one cluster (K = {k_now}), down from {k_max}: it "
+                    "merged them all, so no groups in these features are apart enough to be "
+                    "separate Gaussian clusters.")
         elif stalled >= STUCK_SPLIT_ROUNDS or (stalled and converged):
-            rounds = f"{stalled} split rounds" if stalled > 1 else "split round"
-            what = f"K stayed at {k_now}: the last {rounds} accepted no split"
+            what = (f"The fit ended with one cluster (K = {k_now}): no split paid, so no "
+                    "groups in these features are apart enough to be separate Gaussian "
+                    "clusters.")
         else:
             what = None  # K is still growing from a small initial K
         if what is not None:
-            out.append(Diagnostic("collapsed", f"{what}. If the data have more clusters: "
-                                  f"{remedy(prior, feature_variance, fitted, variance_ratio)}"))
+            out.append(Diagnostic("collapsed", f"{what} {remedy(prior, variance_ratio)}"))
+    sched = _section(config, "schedule")
+    max_epochs = int(_get(sched, "max_epochs", ScheduleConfig().max_epochs))
+    rounds = [r for kind, r in zip(kinds, history, strict=True) if kind is not None]
+    recent = rounds[-int(_get(sched, "patience", ScheduleConfig().patience)):]
+    changing = any(int(r.get("splits_accepted") or 0) + int(r.get("merges_accepted") or 0)
+                   for r in recent)
+    if len(history) >= max_epochs and not converged and changing:
+        out.append(Diagnostic(
+            "unsettled", f"The fit stopped at its limit of {max_epochs} epochs while K was "
+            f"still changing (K = {k_now}), so K may not be final. Try more epochs: "
+            f"schedule.max_epochs={2 * max_epochs}."))
     return out
 
 
+def finished(history: Sequence[Mapping[str, Any]], config: Any = None) -> bool:
+    """The records end where the fit stops: K settled, or ``schedule.max_epochs`` done."""
+    return bool(history) and stop_reason(history, config) is not None
+
+
 class DiagnosticsMonitor:
-    """Per-epoch callback that runs :func:`diagnose` and reports each kind once.
+    """Per-epoch callback that runs :func:`diagnose` once the fit stops and reports its
+    warnings, so a fit's warnings are those its report shows.
 
     Parameters
     ----------
     config : Config or nested dict
     warn : callable taking a message, e.g. :meth:`pipeline.tracking.run_tracker.RunTracker.warn`
-    feature_variance : float, optional
-        Median per-feature variance of the data (see :func:`knob_advice`).
     variance_ratio : float, optional
         Largest per-feature variance over the median (see :func:`diagnose`).
     """
 
     def __init__(self, config: Any, warn: Callable[[str], None],
-                 feature_variance: float | None = None,
                  variance_ratio: float | None = None) -> None:
         self.config = config
         self.warn = warn
-        self.feature_variance = feature_variance
         self.variance_ratio = variance_ratio
         self.history: list[Mapping[str, Any]] = []
         self.reported: list[Diagnostic] = []
 
     def __call__(self, record: Mapping[str, Any]) -> None:
         self.history.append(dict(record))
+        if not finished(self.history, self.config):
+            return
         seen = {d.kind for d in self.reported}
-        for diagnostic in diagnose(self.history, self.config, self.feature_variance,
-                                   self.variance_ratio):
+        for diagnostic in diagnose(self.history, self.config, self.variance_ratio):
             if diagnostic.kind not in seen:
                 self.reported.append(diagnostic)
                 self.warn(diagnostic.message)
 
 
 __all__ = [
-    "COLLAPSED_K", "SIGMA_PIVOT", "STALL_SPLIT_ROUNDS", "STUCK_SPLIT_ROUNDS", "UNITS_RATIO",
-    "Diagnostic", "DiagnosticsMonitor", "diagnose", "knob_advice", "move_kinds", "remedy",
-    "stop_reason", "variance_summary",
+    "COLLAPSED_K", "STUCK_SPLIT_ROUNDS", "TINY_ROWS", "TINY_SHARE", "UNITS_RATIO", "Diagnostic",
+    "DiagnosticsMonitor", "diagnose", "finished", "move_kinds", "remedy", "stop_reason",
+    "tiny_cluster_rows", "tiny_clusters", "variance_summary",
 ]

@@ -25,7 +25,12 @@ from sklearn.utils.validation import check_is_fitted
 from deepdpm_core.config import Config, config_sections, from_dict, load_config
 from deepdpm_core.data import check_features, check_init_labels, readonly_tensor
 from deepdpm_core.errors import ConfigError
-from deepdpm_core.model.diagnostics import diagnose, variance_summary
+from deepdpm_core.model.diagnostics import (
+    diagnose,
+    tiny_cluster_rows,
+    tiny_clusters,
+    variance_summary,
+)
 from deepdpm_core.model.fitted_model import FORMAT, FittedModel
 from deepdpm_core.moves import rows_needed
 from deepdpm_core.training import EpochHooks, Trainer, epoch_updater, progress_bar
@@ -130,6 +135,14 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         K found (clusters owning at least one training point).
     labels_ : ndarray of shape (N,)
         Cluster of each training point.
+    cluster_sizes_ : ndarray of shape (K,)
+        Training points per cluster.
+    tiny_clusters_ : list of int
+        Clusters too small to be a group (fewer than ``tiny_cluster_rows_`` points, smallest
+        first): outliers or splinters that ``n_clusters_`` counts.
+    tiny_cluster_rows_ : int
+        Points below which a cluster is tiny: 10, or a twentieth of the mean cluster size
+        where that is more (:func:`deepdpm_core.model.diagnostics.tiny_cluster_rows`).
     means_ : ndarray of shape (K, D)
     covariances_ : ndarray of shape (K, D, D)
     weights_ : ndarray of shape (K,)
@@ -225,11 +238,12 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         Warns
         -----
         UserWarning
-            The fit ended with one cluster, fallen from more or with its split rounds
-            idle (:func:`deepdpm_core.model.diagnostics.diagnose`): the message names the
-            remedy, ``data.transform=standard`` for features in different units, else
-            the prior knobs. Fewer clusters than the initial k-means ones, or a fit that
-            only merged, are a normal end and do not warn (the CLI reports them).
+            Something is wrong with K (:func:`deepdpm_core.model.diagnostics.diagnose`,
+            the warnings the CLI prints): the fit ended with one cluster, fallen from
+            more or with its split rounds idle, or stopped at ``schedule.max_epochs``
+            before K settled. The message says what it means and the one thing to try.
+            A fit that found its clusters, by splits or by merging the initial k-means
+            ones, does not warn.
         """
         config = self.get_config()
         X = check_features(X, min_rows=rows_needed(config.init.n_clusters))
@@ -248,14 +262,9 @@ class DeepDPM(ClusterMixin, BaseEstimator):
                 cbs.append(epoch_updater(bar, trainer.schedule))
             trainer.fit(start_labels, EpochHooks(on_epoch=cbs))
         variances = variance_summary(trainer.feature_variance.cpu().numpy())
-        found = {d.kind: d.message for d in diagnose(
-            trainer.history, config, variances["median_feature_variance"],
-            variances["feature_variance_ratio"])}
-        # K = 1 is the silent failure worth a warning; merging the initial k-means clusters
-        # down to 2 or more, with no split needed, is how a fit on few clusters ends
-        if "collapsed" in found and trainer.n_clusters == 1:
+        for diagnostic in diagnose(trainer.history, config, variances["feature_variance_ratio"]):
             # stacklevel 2: the warning points at the caller's fit
-            warnings.warn(found["collapsed"], UserWarning, stacklevel=2)
+            warnings.warn(diagnostic.message, UserWarning, stacklevel=2)
         # only the model stays: the trainer (its copy of X, its optimisers) is freed on return
         self.model_ = FittedModel.from_trainer(trainer).freeze()
         self.labels_ = self.predict(X)
@@ -318,6 +327,20 @@ class DeepDPM(ClusterMixin, BaseEstimator):
     @property
     def weights_(self) -> np.ndarray:
         return self._fitted().weights().numpy()
+
+    @property
+    def cluster_sizes_(self) -> np.ndarray:
+        check_is_fitted(self, "labels_", msg=_NOT_FITTED)
+        return np.bincount(self.labels_, minlength=self.n_clusters_)
+
+    @property
+    def tiny_cluster_rows_(self) -> int:
+        sizes = self.cluster_sizes_
+        return tiny_cluster_rows(int(sizes.sum()), int((sizes > 0).sum()))
+
+    @property
+    def tiny_clusters_(self) -> list[int]:
+        return tiny_clusters(self.cluster_sizes_, self.tiny_cluster_rows_)
 
     @property
     def history_(self) -> list[dict]:

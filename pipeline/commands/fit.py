@@ -220,11 +220,16 @@ def _print_summary(args: argparse.Namespace, result: FitResult) -> None:
     summary, output = result.summary, shown_path(result.output)
     steps = (f"alternations={len(summary['alternation']) - 1}" if "alternation" in summary
              else f"epochs={summary['epochs']}")
-    human = (f"K={summary['n_clusters']} {steps} time={summary['fit_seconds']:.1f}s "
+    tiny = summary.get("tiny_clusters") or []
+    sizes = summary.get("cluster_sizes") or []
+    tiny_text = (f" ({len(tiny)} tiny: {', '.join(str(sizes[k]) for k in tiny[:5])}"
+                 f"{', ...' if len(tiny) > 5 else ''} rows)" if tiny else "")
+    human = (f"K={summary['n_clusters']}{tiny_text} {steps} time={summary['fit_seconds']:.1f}s "
              f"{scores_text(summary['metrics'])}".rstrip() + f" -> {output}")
     out = Path(output)
     data = {
         "output": output,
+        "n_clusters_tiny": len(tiny), "tiny_clusters": tiny,
         **{key: summary.get(key) for key in ("n_clusters", "n_clusters_nonempty", "epochs",
                                              "fit_seconds", "n_samples", "n_features", "metrics")},
         "files": {name: str(out / name) for name in result.files},

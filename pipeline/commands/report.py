@@ -31,7 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "per-user store ~/.local/share/deepdpm/mlflow.db)",
     )
     parser.add_argument("--max-clusters", type=int, default=30, help="largest clusters shown")
-    parser.add_argument("--per-cluster", type=int, default=8, help="sample images per cluster")
+    parser.add_argument("--per-cluster", type=int, default=8,
+                        help="sample images per cluster (rows: at most 5)")
+    parser.add_argument("--row-shape", metavar="HxW",
+                        help="draw each sample row as an H x W image (rows of pixels, e.g. 8x8 "
+                             "for scikit-learn's digits) instead of as numbers")
     add_json_argument(parser)
 
 
@@ -42,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
     # checked before matplotlib loads, so that a mistake is answered at once
     if args.max_clusters < 1 or args.per_cluster < 1:
         raise ConfigError("--max-clusters and --per-cluster must be >= 1")
+    from pipeline.report import parse_row_shape
+
+    row_shape = parse_row_shape(args.row_shape)
     if run_source(args.run) == "run_id":
         from pipeline.extras import require
 
@@ -62,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.tracking.environment import resolve_tracking_uri
 
     data = load_run(args.run, resolve_tracking_uri(args.tracking_uri))
-    text = render_report(data, args.images, args.max_clusters, args.per_cluster)
+    text = render_report(data, args.images, args.max_clusters, args.per_cluster, row_shape)
     path = shown_path(write_report(text, args.output))
     print_result(args, f"report written to {path}", {
         "output": path, "source": data.source,

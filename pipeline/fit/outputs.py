@@ -19,6 +19,7 @@ import yaml
 from deepdpm_core import DeepDPM
 from deepdpm_core.atomic_files import atomic_path
 from deepdpm_core.data import clustering_scores
+from deepdpm_core.model import tiny_cluster_rows, tiny_clusters
 from pipeline.io.atomic_files import write_json_atomic
 from pipeline.io.run_folder import publish_run, staging_folder
 from pipeline.io.tables import FeatureTable, assignments_table, write_parquet_atomic
@@ -150,6 +151,8 @@ def write_into(
     return the summary."""
     # label + max responsibility per batch: the (N, K) array is 5 GB at 1.28M x 1000
     labels, confidence = model.predict_confidence(table.X)
+    sizes = np.bincount(labels, minlength=model.n_clusters_)
+    tiny_rows = tiny_cluster_rows(len(labels), int((sizes > 0).sum()))
     summary: dict[str, Any] = {
         "n_clusters": int(model.n_clusters_),
         "n_clusters_nonempty": int(len(np.unique(labels))),
@@ -160,6 +163,9 @@ def write_into(
         "n_features": int(table.X.shape[1]),
         "metrics": label_metrics(table.labels, labels),
         "cluster_sizes": np.bincount(labels, minlength=model.n_clusters_).tolist(),
+        # clusters too small to be a group, smallest first, and the size that decides it
+        "tiny_clusters": tiny_clusters(sizes, tiny_rows),
+        "tiny_cluster_rows": tiny_rows,
         **({"feature_names": table.feature_names} if table.feature_names else {}),
         **({"label_names": table.label_names} if table.label_names else {}),
         "history": model.history_,

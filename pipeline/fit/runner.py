@@ -165,8 +165,7 @@ def epoch_callbacks(trainer: Trainer, tracker: Any, scores: Any = None) -> list[
         scores.bind(TrainerModel(trainer))
         callbacks.append(scores)
     variances = data_variance_summary(trainer)
-    callbacks.append(epoch_callback(tracker, trainer.config, variances["median_feature_variance"],
-                                    variances["feature_variance_ratio"]))
+    callbacks.append(epoch_callback(tracker, trainer.config, variances["feature_variance_ratio"]))
     return callbacks
 
 

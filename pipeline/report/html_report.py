@@ -1,10 +1,13 @@
 """A self-contained HTML report of one fit.
 
-One HTML file with every image inlined as a base64 PNG, so it opens offline: K over epochs,
-split/merge acceptance, losses, cluster sizes, final metrics, the diagnostics of
-:mod:`deepdpm_core.model.diagnostics`, the largest clusters and, for image features, sample
-images per cluster (docs/tracking.md, "Report"). A run is read from a fit output directory
-or from an MLflow run id (the same files, downloaded from the run's artifacts).
+One HTML file with every image inlined as a base64 PNG, so it opens offline: the result
+(K, tiny clusters, metrics) and the warnings of :mod:`deepdpm_core.model.diagnostics`; the
+data, read again from the fit's input, in 2-D coloured by cluster with a few rows of each
+cluster (:mod:`pipeline.report.data_view`); the clusters, tiny ones listed apart; how the
+search went (K over epochs, moves, losses, scores) and, for image features, sample images
+per cluster (docs/tracking.md, "Report"). Every plot has one sentence on how to read it.
+A run is read from a fit output directory or from an MLflow run id (the same files,
+downloaded from the run's artifacts).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import yaml
 
 from deepdpm_core.atomic_files import atomic_path
 from deepdpm_core.errors import DataError
-from deepdpm_core.model import diagnose, stop_reason
-from pipeline.report import plots, run_source
+from deepdpm_core.model import diagnose, stop_reason, tiny_cluster_rows, tiny_clusters
+from pipeline.report import data_view, plots, run_source
 from pipeline.report.sample_images import find_images, image_strip, sample_keys
 
 
@@ -185,7 +188,25 @@ table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding
 th{background:#f3f3f3}.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(460px,1fr));gap:1em}
 .grid img{max-width:100%}.warn{background:#fff4e5;border-left:4px solid #f0a020;padding:.5em 1em;margin:.5em 0}
 .samples td{text-align:left;vertical-align:middle}pre{background:#f7f7f7;padding:1em;overflow:auto}
+figure{margin:0}figcaption{color:#444;font-size:.92em;margin:.2em 0 .8em}
+.rows td{font-family:ui-monospace,monospace;font-size:.85em}
 """
+
+
+def _tiny(summary: dict[str, Any], rows: list[ClusterRow]) -> tuple[list[int], int]:
+    """The tiny clusters and the size below which a cluster is tiny: from ``summary.json``,
+    or (summaries written before they were) from the assignments' cluster sizes."""
+    if "tiny_clusters" in summary:
+        return list(summary["tiny_clusters"]), int(summary.get("tiny_cluster_rows") or 0)
+    sizes = np.zeros(max((r.cluster for r in rows), default=-1) + 1, dtype=np.int64)
+    for r in rows:
+        sizes[r.cluster] = r.size
+    threshold = tiny_cluster_rows(int(sizes.sum()), int((sizes > 0).sum()))
+    return tiny_clusters(sizes, threshold), threshold
+
+
+def _figure(png: bytes, name: str, caption: str) -> str:
+    return f"<figure>{_img(png, name)}<figcaption>{html.escape(caption)}</figcaption></figure>"
 
 
 def render_report(
@@ -193,6 +214,7 @@ def render_report(
     images: str | Path | None = None,
     max_clusters: int = 30,
     per_cluster: int = 8,
+    row_shape: tuple[int, int] | None = None,
 ) -> str:
     """The report of ``run`` as one self-contained HTML string.
 
@@ -204,12 +226,15 @@ def render_report(
     max_clusters : int
         Clusters shown in the table and the sample strips (the largest ones).
     per_cluster : int
-        Sample images per cluster.
+        Sample images (or rows) per cluster.
+    row_shape : (int, int), optional
+        Draw each sample row as an image of this height and width (rows of pixels).
     """
     summary = run.summary
     history = summary.get("history") or []
     config = summary.get("config") or {}
     rows = cluster_rows(run.assignments) if run.assignments is not None else []
+    tiny, tiny_rows = _tiny(summary, rows)
     title = f"DeepDPM report: K = {summary.get('n_clusters', '?')}"
     parts = [
         "<!DOCTYPE html>",
@@ -217,37 +242,67 @@ def render_report(
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         f'<p class="source">{html.escape(run.source)}</p>',
-        _overview(summary),
+        _overview(summary, tiny, tiny_rows, rows),
     ]
-    for diagnostic in diagnose(history, config, summary.get("median_feature_variance"),
-                               summary.get("feature_variance_ratio")):
+    for diagnostic in diagnose(history, config, summary.get("feature_variance_ratio")):
         parts.append(f'<div class="warn">{html.escape(diagnostic.message)}</div>')
 
     with tempfile.TemporaryDirectory(prefix="deepdpm-report-") as tmp:
         tmp_dir = Path(tmp)
-        figures = [
-            ("K over epochs", plots.plot_k_over_epochs(history, tmp_dir / "k.png")),
-            ("Split / merge acceptance", plots.plot_moves(history, tmp_dir / "moves.png")),
-        ]
+        parts.append(_data_section(summary, run.assignments, rows[:max_clusters], set(tiny),
+                                   tmp_dir, min(per_cluster, 5), row_shape))
         if rows:
+            normal = [r for r in rows if r.cluster not in set(tiny)]
+            parts.append(_cluster_table(normal[:max_clusters], len(normal), "Clusters"))
+            if tiny:
+                small = [r for r in rows if r.cluster in set(tiny)]
+                parts.append(f"<p>Tiny clusters hold fewer than {tiny_rows} rows each: too few "
+                             "to be a group, they are most likely outliers or splinters of a "
+                             "larger cluster. K counts them.</p>")
+                parts.append(_cluster_table(small[:max_clusters], len(small),
+                                            f"Tiny clusters (fewer than {tiny_rows} rows)"))
             sizes = plots.plot_cluster_sizes([r.size for r in rows], tmp_dir / "sizes.png",
                                              ids=[r.cluster for r in rows])
-            figures.append(("Cluster sizes", sizes))
-        figures.append(("Losses", plots.plot_losses(history, tmp_dir / "losses.png")))
-        if plots.has_phases(history):
-            figures.append(("Where the epochs went", plots.plot_epoch_time(history, tmp_dir / "time.png",
-                                                                       summary.get("fit_seconds"))))
+            parts.append(_figure(sizes.read_bytes(), "Cluster sizes",
+                                 "Rows in each cluster, largest first (a log scale when they "
+                                 "differ by more than 50 times); the bars at the right end "
+                                 "are the smallest clusters."))
+        parts.append("<h2>How the search went</h2>"
+                     "<p>The fit starts from k-means clusters and, epoch by epoch, trains a "
+                     "net to match a Gaussian mixture while split and merge moves change K, "
+                     "until K settles.</p>")
+        parts.append('<div class="grid">')
+        resumed = summary.get("resumed_from_epoch")
+        k_caption = ("Clusters (K) after each epoch: splits raise it, merges lower it, and a "
+                     "flat end means K settled.")
+        if resumed:
+            k_caption += f" This fit was resumed after epoch {resumed}."
+        parts.append(_figure(plots.plot_k_over_epochs(history, tmp_dir / "k.png").read_bytes(),
+                             "K over epochs", k_caption))
+        parts.append(_figure(plots.plot_moves(history, tmp_dir / "moves.png").read_bytes(),
+                             "Split / merge acceptance",
+                             "Splits and merges accepted in each move round: the search ends "
+                             "once rounds stop accepting either."))
+        parts.append(_figure(plots.plot_losses(history, tmp_dir / "losses.png").read_bytes(),
+                             "Losses",
+                             "How far the clustering net (cluster loss) and the nets that "
+                             "propose splits (sub-cluster loss) are from the mixture: lower is "
+                             "better, a level end means they have learned it; jumps follow "
+                             "accepted moves."))
         if plots.has_scores(history):
             scores = plots.plot_scores(history, tmp_dir / "scores.png")
-            figures.append(("NMI / ARI / ACC over epochs", scores))
-        parts.append('<h2>Training</h2><div class="grid">')
-        parts.extend(_img(path.read_bytes(), name) for name, path in figures)
+            parts.append(_figure(scores.read_bytes(), "NMI / ARI / ACC over epochs",
+                                 "Agreement of the clusters with the input's labels after "
+                                 "each epoch (1 = the same grouping)."))
         parts.append("</div>")
-
-    if rows:
-        parts.append(_cluster_table(rows[:max_clusters], len(rows)))
-    if images is not None and run.assignments is not None:
-        parts.append(_samples(run.assignments, rows[:max_clusters], images, per_cluster))
+        if images is not None and run.assignments is not None:
+            parts.append(_samples(run.assignments, rows[:max_clusters], images, per_cluster))
+        if plots.has_phases(history):
+            seconds = plots.plot_epoch_time(history, tmp_dir / "time.png", summary.get("fit_seconds"))
+            parts.append("<h2>Details</h2>")
+            parts.append(_figure(seconds.read_bytes(), "Where the epochs went",
+                                 "Seconds each epoch spent in each step of the fit: for tuning "
+                                 "its speed, not needed to read the result."))
     if config:
         parts.append("<h2>Config</h2><pre>")
         parts.append(html.escape(yaml.safe_dump(config, sort_keys=False)))
@@ -256,15 +311,73 @@ def render_report(
     return "\n".join(parts)
 
 
-def _overview(summary: dict[str, Any]) -> str:
+def _data_section(summary: dict[str, Any], assignments: pa.Table | None, rows: list[ClusterRow],
+                  tiny: set[int], tmp_dir: Path, per_cluster: int,
+                  row_shape: tuple[int, int] | None) -> str:
+    """The rows in 2-D coloured by cluster, and the most confident rows of each cluster."""
+    read = data_view.fit_rows(summary, assignments)
+    if read is None:
+        return ("<h2>The data</h2><p>The fit's input "
+                f"({html.escape(str(summary.get('input')))}) could not be read as the rows "
+                "of these assignments, so the data are not shown.</p>")
+    X, names = read
+    clusters = assignments.column("cluster").to_numpy()
+    xy, picked, explained = data_view.pca_2d(X)
+    png = data_view.plot_projection(xy, clusters[picked], tiny, explained,
+                                    tmp_dir / "projection.png").read_bytes()
+    parts = ["<h2>The data</h2>", _figure(
+        png, "The rows in 2-D",
+        "Each row drawn at its position on the two directions along which the data vary most "
+        "(PCA), in the colour of its cluster; tiny clusters are black crosses. Clusters that "
+        "overlap here may still be apart in the other dimensions.")]
+    confidence = (assignments.column("confidence").to_numpy()
+                  if "confidence" in assignments.column_names else np.zeros(len(X)))
+    shown = names[:data_view.SHOWN_COLUMNS]
+    if row_shape is not None and row_shape[0] * row_shape[1] != X.shape[1]:
+        row_shape = None  # not this many pixels: shown as numbers
+    head = "<tr><th>cluster</th>" + ("<th>most confident rows</th>" if row_shape else "".join(
+        f"<th>{html.escape(n)}</th>" for n in shown)) + "</tr>"
+    body = []
+    for r in rows:
+        members = np.flatnonzero(clusters == r.cluster)
+        best = members[np.argsort(-confidence[members], kind="stable")[:per_cluster]]
+        label = f"{r.cluster}<br>{r.size} rows" + ("<br>(tiny)" if r.cluster in tiny else "")
+        if row_shape:
+            body.append(f"<tr><th>{label}</th><td>"
+                        f"{_img(data_view.row_image(X[best], row_shape), f'cluster {r.cluster}')}"
+                        "</td></tr>")
+            continue
+        for i, row in enumerate(best):
+            cells = "".join(f"<td>{_fmt(float(v))}</td>" for v in X[row, :len(shown)])
+            first = f'<th rowspan="{len(best)}">{label}</th>' if i == 0 else ""
+            body.append(f"<tr>{first}{cells}</tr>")
+    more = (f" (the first {len(shown)} of {len(names)} columns)" if len(names) > len(shown)
+            else "")
+    how = ("drawn as images" if row_shape else f"as numbers{more}")
+    parts.append(f"<h3>Sample rows per cluster</h3><p>The {per_cluster} rows of each cluster "
+                 f"the model is most sure of, {how}: rows of one cluster should look alike."
+                 f'</p><table class="rows">{head}{"".join(body)}</table>')
+    return "\n".join(parts)
+
+
+def _overview(summary: dict[str, Any], tiny: list[int], tiny_rows: int,
+              rows: list[ClusterRow]) -> str:
+    sizes = {r.cluster: r.size for r in rows}
+    tiny_text = None
+    if tiny:
+        shown = ", ".join(str(sizes.get(k, "?")) for k in tiny[:8])
+        tiny_text = (f"{len(tiny)}, each of fewer than {tiny_rows} rows ({shown}"
+                     f"{', ...' if len(tiny) > 8 else ''} rows); "
+                     f"{int(summary.get('n_clusters', 0)) - len(tiny)} clusters without them")
+    elif rows:
+        tiny_text = f"none (a cluster of fewer than {tiny_rows} rows would be)"
     facts = [
         ("clusters found (K)", summary.get("n_clusters")),
+        ("tiny clusters", tiny_text),
         ("epochs", summary.get("epochs")),
         ("stopped", stop_reason(summary.get("history") or [], summary.get("config"))),
+        ("resumed after epoch", summary.get("resumed_from_epoch")),
         ("fit time (s)", summary.get("fit_seconds")),
-        # what the epoch-time plot adds up; the fit time also counts the initialisation
-        ("of which epochs (s)", sum(r.get("seconds") or 0.0 for r in summary.get("history") or [])
-         if summary.get("history") else None),
         ("points (N)", summary.get("n_samples")),
         ("features (D)", summary.get("n_features")),
         ("input", summary.get("input")),
@@ -280,7 +393,7 @@ def _overview(summary: dict[str, Any]) -> str:
     return f"<h2>Result</h2><table>{cells}</table>{note}"
 
 
-def _cluster_table(rows: list[ClusterRow], total: int) -> str:
+def _cluster_table(rows: list[ClusterRow], total: int, title: str = "Clusters") -> str:
     has_labels = any(r.majority_label is not None for r in rows)
     head = "<tr><th>cluster</th><th>size</th><th>mean confidence</th>"
     head += "<th>majority label</th><th>purity</th></tr>" if has_labels else "</tr>"
@@ -294,7 +407,7 @@ def _cluster_table(rows: list[ClusterRow], total: int) -> str:
             ]
         body.append("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in cells) + "</tr>")
     shown = f"the {len(rows)} largest of {total}" if len(rows) < total else f"all {total}"
-    return f"<h2>Clusters ({shown})</h2><table>{head}{''.join(body)}</table>"
+    return f"<h2>{html.escape(title)} ({shown})</h2><table>{head}{''.join(body)}</table>"
 
 
 def _samples(

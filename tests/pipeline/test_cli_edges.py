@@ -140,8 +140,9 @@ def test_the_diagnostics_warning_of_a_fit_is_on_its_own_line(tmp_path, blobs, ca
             "--set", "schedule.freeze_epochs=0"]
     assert main(argv) == 0
     err = capsys.readouterr().err
-    assert "deepdpm: warning: K stayed at 1" in err
-    assert any(s.startswith("deepdpm: warning: K stayed at 1") for s in _segments(err)), err
+    assert "deepdpm: warning: The fit ended with one cluster (K = 1)" in err
+    assert any(s.startswith("deepdpm: warning: The fit ended with one cluster")
+               for s in _segments(err)), err
     assert "]deepdpm" not in err
 
 

@@ -169,17 +169,24 @@ def test_disabled_or_other_rank_logs_nothing(tmp_path, monkeypatch, mlflow_env, 
     assert capsys.readouterr().err.count("only rank 0 prints") == 1
 
 
-def test_default_store_is_sqlite_in_working_directory(tmp_path, monkeypatch, mlflow_env):  # noqa: F811
-    monkeypatch.chdir(tmp_path)
+def test_default_store_is_the_per_user_sqlite_store(tmp_path, monkeypatch, mlflow_env):  # noqa: F811
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     for key in HTTP_ENV_DEFAULTS:
         monkeypatch.delenv(key)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "300")  # the user's choice wins
     with RunTracker(None, "local") as tracker:
         for record in _records(3):
             tracker.log_epoch(record)
+        tracker.log_artifacts([Path(__file__)])
     assert not tracker.failed
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    store = tmp_path / "data" / "deepdpm"
+    client = MlflowClient(f"sqlite:///{store}/mlflow.db")
     assert len(client.get_metric_history(tracker.run_id, "n_clusters")) == 3
+    # the artifacts beside the database, nothing in the working directory
+    assert list((store / "mlartifacts").rglob(Path(__file__).name))
+    assert list((tmp_path / "work").iterdir()) == []
     assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "300"
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
 
@@ -257,7 +264,7 @@ def test_fit_output_directory_and_diagnostics_logged(
     history = named_rounds([
         {**r, "n_clusters": 1, "splits_accepted": 0, "merges_accepted": 0}
         for r in _records(30, with_labels=False)
-    ], config)  # a fit that never splits: both diagnostics fire
+    ], config)  # a fit that never splits: K = 1 is named once it stops
     (out / "config.yaml").write_text(yaml.safe_dump(config.to_dict()))
     summary = {"n_clusters": 1, "epochs": 30, "fit_seconds": 3.5, "history": history}
     (out / "summary.json").write_text(json.dumps({**summary, "metrics": {"nmi": 0.0}}))
@@ -274,7 +281,7 @@ def test_fit_output_directory_and_diagnostics_logged(
         log_fit_outputs(tracker, out)
     assert not tracker.failed
     err = capsys.readouterr().err
-    assert "no split accepted" in err and "K stayed at 1" in err
+    assert err.count("deepdpm: warning: The fit ended with one cluster (K = 1)") == 1
 
     client = MlflowClient(mlflow_server.uri)
     run = client.get_run(tracker.run_id)
@@ -290,7 +297,7 @@ def test_fit_output_directory_and_diagnostics_logged(
     text = Path(
         client.download_artifacts(tracker.run_id, "warnings.txt", str(tmp_path))
     ).read_text()
-    assert len(text.strip().splitlines()) == 2
+    assert len(text.strip().splitlines()) == 1  # the one warning the fit printed
 
 
 def build_args(argv: list[str]):

@@ -1,11 +1,12 @@
-"""Diagnostics name the prior knobs when splits stall or K collapses."""
+"""Diagnostics warn only where something is wrong with K, and say the one thing to try;
+tiny clusters are named."""
 
 from __future__ import annotations
 
 import warnings
 
 import pytest
-from sklearn.datasets import load_wine
+from sklearn.datasets import load_wine, make_blobs
 from sklearn.preprocessing import StandardScaler
 
 from deepdpm_core import DeepDPM
@@ -14,8 +15,11 @@ from deepdpm_core.model.diagnostics import (
     UNITS_RATIO,
     DiagnosticsMonitor,
     diagnose,
-    knob_advice,
+    finished,
     move_kinds,
+    remedy,
+    tiny_cluster_rows,
+    tiny_clusters,
     variance_summary,
 )
 from tests.support.histories import named_rounds
@@ -57,92 +61,103 @@ def test_no_warning_for_a_healthy_fit():
     history = [_record(e, 1) for e in range(5)] + [_record(5, 4, splits=3)]
     history += [_record(e, 4) for e in range(6, 20)] + [_record(20, 6, splits=2)]
     assert diagnose(named_rounds(history, cfg), cfg) == []
+    # from 10 k-means clusters merged down to 4, no split ever needed: how a fit on few
+    # clusters ends, not a stall
+    merged = [_record(e, 10) for e in range(6)] + [_record(6, 4, merges=6)]
+    merged += [_record(e, 4) for e in range(7, 40)]
+    assert diagnose(named_rounds(merged, cfg), cfg) == []
 
 
-def test_stalled_splits_name_every_knob_with_its_value():
-    cfg = Config().with_overrides({"prior.alpha": 3.0, "prior.sigma_scale": 0.005})
-    history = [_record(e, 5) for e in range(30)]  # K_init = 5, no move in 5 rounds
-    (warning,) = diagnose(named_rounds(history, cfg), cfg)
-    assert warning.kind == "no_split"
-    assert "no split accepted in the last 3 split rounds" in warning.message
-    assert "raise prior.alpha (now 3.0" in warning.message
-    assert "lower prior.nu (now auto: fitted to the clusters, at least D + 2" in warning.message
-    assert "prior.sigma_scale (now 0.005) moves K non-monotonically" in warning.message
+@pytest.mark.parametrize("centers, n_samples, n_features", [
+    (4, 2000, 2), (8, 4000, 2), (4, 1000, 5), (8, 2000, 8)])
+def test_clean_blobs_that_find_their_k_print_no_warning(centers, n_samples, n_features):
+    # what the CLI prints: the monitor over the fit's records (it said "no split accepted
+    # in the last 3 split rounds" for every one of these)
+    X, _ = make_blobs(n_samples=n_samples, centers=centers, n_features=n_features,
+                      random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # DeepDPM.fit warns as the CLI does
+        model = DeepDPM(random_state=0).fit(X)
+    assert model.n_clusters_ == centers
+    printed: list[str] = []
+    monitor = DiagnosticsMonitor(model.get_config(), printed.append)
+    for record in model.history_:
+        monitor(record)
+    assert printed == []
+    assert model.tiny_clusters_ == []
+    assert model.cluster_sizes_.sum() == len(X)
 
 
-def test_sigma_scale_direction_follows_the_data_variance():
-    # measured (module docstring): K peaks for Ψ ~ 0.001-0.3 x the feature variance
-    assert knob_advice({"sigma_scale": 0.005}, 0.16).startswith("raise prior.sigma_scale")
-    assert knob_advice({"sigma_scale": 0.5}, 0.16).startswith("lower prior.sigma_scale")
-    # psi="data_std": Ψ = s·std, so s = 1 on unit-variance data is at the pivot
-    assert knob_advice({"sigma_scale": 1.0, "psi": "data_std"}, 1.0).startswith("lower")
-    assert knob_advice({"sigma_scale": 1.0, "psi": "data_std"}, 100.0).startswith("raise")
-    assert "(now 0.5: Ψ is 3.1 × the median feature variance" in knob_advice(
-        {"sigma_scale": 0.5}, 0.16
-    )
+def test_the_one_thing_to_try():
+    # a fixed prior scale the user set: back to the fitted one
+    assert "prior.sigma_scale=auto" in remedy({"sigma_scale": 0.005})
+    # features in different units: standardise
+    assert "data.transform=standard" in remedy({"sigma_scale": "auto"}, UNITS_RATIO * 10)
+    # otherwise no prior setting separates overlapping groups: a learned feature space
+    assert "deepdpm embed --method umap" in remedy({"sigma_scale": "auto"}, 2.0)
 
 
-def test_collapse_to_one_or_two_clusters():
-    history = [_record(e, 8) for e in range(10)] + [_record(10, 2, merges=6)]
-    kinds = {d.kind for d in diagnose(named_rounds(history, Config().to_dict()), Config().to_dict())}
-    assert kinds == {"collapsed"}
-    (warning,) = [d for d in diagnose(named_rounds(history, None), None) if d.kind == "collapsed"]
-    assert "K collapsed to 2 (largest K so far: 8)" in warning.message
+def test_collapse_to_one_cluster():
+    history = [_record(e, 8) for e in range(10)] + [_record(10, 1, merges=7)]
+    history += [_record(e, 1) for e in range(11, 40)]
+    (warning,) = diagnose(named_rounds(history, Config()), Config().to_dict())
+    assert warning.kind == "collapsed"
+    assert warning.message.startswith("The fit ended with one cluster (K = 1), down from 8")
+    # two clusters may be the two groups the data hold: no warning
+    two = [{**r, "n_clusters": max(2, r["n_clusters"])} for r in history]
+    assert diagnose(named_rounds(two, Config()), Config()) == []
 
 
 def test_growing_from_one_cluster_is_not_a_collapse():
-    # init.n_clusters = 1 (the default): the first split round (epoch 9) takes K to 2,
-    # which is growth, not collapse (schedule pinned: moves every 5 epochs, patience 3)
-    cfg = Config().with_overrides({"schedule.move_every": 5, "schedule.patience": 3,
-                                   "prior.sigma_scale": 0.005})
-    growing = [_record(e, 1) for e in range(9)] + [_record(9, 2, splits=1)]
-    growing += [_record(e, 2) for e in range(10, 19)]
+    # init.n_clusters = 1: K at 1 while the first split rounds come is growth, not collapse
+    cfg = Config().with_overrides({"schedule.move_every": 5, "schedule.patience": 10})
+    growing = [_record(e, 1) for e in range(12)]
     assert diagnose(named_rounds(growing, cfg), cfg) == []
-    # K stays at 2 through the merge (14), split (19) and merge (24) rounds: 3 idle
-    # rounds = patience, the fit stops there, after one idle split round
-    ended = growing + [_record(e, 2) for e in range(19, 25)]
-    assert diagnose(named_rounds(ended[:-1], cfg), cfg) == []
-    (warning,) = diagnose(named_rounds(ended, cfg), cfg, feature_variance=36.0)
-    assert warning.kind == "collapsed"
-    assert warning.message.startswith("K stayed at 2: the last split round accepted no split.")
-    assert "raise prior.sigma_scale (now 0.005" in warning.message
-    # a fit that goes on needs 2 idle split rounds (19 and 29) before K counts as stuck
-    patient = cfg.with_overrides({"schedule.patience": 10})
-    stuck = growing + [_record(e, 2) for e in range(19, 30)]
-    assert diagnose(named_rounds(ended, patient), patient) == []
-    assert diagnose(named_rounds(stuck[:-1], patient), patient) == []
-    (warning,) = diagnose(named_rounds(stuck, patient), patient)
-    assert warning.message.startswith("K stayed at 2: the last 2 split rounds accepted no split.")
+    stuck = [_record(e, 1) for e in range(30)]  # 2 idle split rounds (9 and 19... )
+    (warning,) = diagnose(named_rounds(stuck, cfg), cfg)
+    assert warning.message.startswith("The fit ended with one cluster (K = 1): no split paid")
 
 
-def test_monitor_reports_each_kind_once():
+def test_monitor_warns_once_when_the_fit_stops():
     messages: list[str] = []
     monitor = DiagnosticsMonitor(Config(), messages.append)
-    for record in named_rounds([_record(e, 1) for e in range(60)]):
+    records = named_rounds([_record(e, 1) for e in range(60)])
+    stop = next(i for i in range(1, 61) if finished(records[:i], Config()))
+    for record in records[:stop - 1]:
         monitor(record)
-    assert len(messages) == 2
-    assert {d.kind for d in monitor.reported} == {"no_split", "collapsed"}
+    assert messages == []  # nothing while the fit goes on: its end decides
+    for record in records[stop - 1:]:
+        monitor(record)
+    assert len(messages) == 1 and {d.kind for d in monitor.reported} == {"collapsed"}
+    # the report, reading the final records, says the same
+    assert [d.message for d in diagnose(records, Config())] == messages
 
 
-def test_fitted_prior_scale_is_named_when_it_is_fitted():
-    history = [{**_record(e, 5), "prior_scale": 0.0123} for e in range(30)]
-    (warning,) = diagnose(named_rounds(history), Config().with_overrides({"prior.sigma_scale": "evidence"}))
-    assert "prior.sigma_scale is fitted to the clusters (last fitted s = 0.0123)" in warning.message
-    assert "prior.covariance_type=diag" in warning.message
+def test_a_fit_that_runs_out_of_epochs_says_so():
+    cfg = Config().with_overrides({"schedule.max_epochs": 30, "schedule.move_every": 2})
+    # K still growing: a split accepted in every round
+    history = [_record(e, 5 + e, splits=1) for e in range(30)]
+    kinds = {d.kind: d.message for d in diagnose(named_rounds(history, cfg), cfg)}
+    assert "unsettled" in kinds and "schedule.max_epochs=60" in kinds["unsettled"]
 
 
-def test_features_in_different_units_are_named_before_the_prior_knobs():
+def test_tiny_clusters():
+    assert tiny_cluster_rows(1797, 7) == 13  # a twentieth of the mean, 256.7 rows
+    assert tiny_cluster_rows(178, 5) == 10
+    assert tiny_clusters([1058, 9, 400, 1, 0, 1]) == [3, 5, 1]  # smallest first, empty not counted
+    assert tiny_clusters([50, 50, 50]) == []
+
+
+def test_features_in_different_units_are_named():
     # wine's proline (variance ~1e5) against its other 12 features (median ~0.7)
     summary = variance_summary([1e5, 0.7, 0.5, 0.0])
     assert summary["feature_variance_ratio"] == pytest.approx(1e5 / 0.7)  # constant column ignored
     assert variance_summary([0.0, 0.0])["feature_variance_ratio"] == 1.0
     history = [_record(e, 8) for e in range(10)] + [_record(10, 1, merges=7)]
-    (units,) = diagnose(named_rounds(history), Config(), 0.6, summary["feature_variance_ratio"])
-    assert units.message.startswith("K collapsed to 1 (largest K so far: 8).")
-    assert "data.transform=standard" in units.message and "prior.nu" not in units.message
-    # one unit: the prior knobs
-    (knobs,) = diagnose(named_rounds(history), Config(), 1.0, UNITS_RATIO / 2)
-    assert "data.transform" not in knobs.message and "lower prior.nu" in knobs.message
+    (units,) = diagnose(named_rounds(history), Config(), summary["feature_variance_ratio"])
+    assert "data.transform=standard" in units.message
+    (other,) = diagnose(named_rounds(history), Config(), UNITS_RATIO / 2)
+    assert "data.transform" not in other.message and "learned feature space" in other.message
 
 
 def test_a_fit_that_collapses_on_raw_units_warns_to_standardise():
@@ -153,8 +168,8 @@ def test_a_fit_that_collapses_on_raw_units_warns_to_standardise():
     assert model.n_clusters_ == 1
     (warning,) = caught  # one warning per fit, pointing at the caller's line
     assert warning.filename == __file__
-    assert "K collapsed to 1" in str(warning.message)
-    assert "standardise the features (data.transform=standard)" in str(warning.message)
+    assert "The fit ended with one cluster (K = 1)" in str(warning.message)
+    assert "Try standardised features: data.transform=standard." in str(warning.message)
     # standardised, by hand or by the default transform, the same data find clusters and
     # no warning names the transform
     for data, kwargs in ((StandardScaler().fit_transform(X), {"data__transform": "none"}), (X, {})):

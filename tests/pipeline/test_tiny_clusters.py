@@ -1,0 +1,46 @@
+"""Clusters of a few rows are named as tiny wherever K is: the estimator, the result line,
+``summary.json`` and the report, which lists them apart and shows the data in 2-D."""
+
+import json
+
+import numpy as np
+import pytest
+from sklearn.datasets import make_blobs
+
+from deepdpm_core import DeepDPM
+from pipeline.cli import main
+
+
+@pytest.fixture(scope="module")
+def blobs_and_outliers(tmp_path_factory):
+    """Three blobs of 300 rows and two far rows: K = 4, one cluster of 2 rows."""
+    X, _ = make_blobs(n_samples=900, centers=3, n_features=2, random_state=1, cluster_std=0.6)
+    far = np.array([[40, 40], [40.5, 40.2], [39.8, 40.4], [-40, -40], [-40.3, -40.1]])
+    path = tmp_path_factory.mktemp("tiny") / "x.npy"
+    np.save(path, np.vstack([X, far]).astype(np.float32))
+    return path
+
+
+def test_tiny_clusters_are_named_everywhere(blobs_and_outliers, tmp_path, capsys):
+    X = np.load(blobs_and_outliers)
+    model = DeepDPM(random_state=0).fit(X)
+    assert model.n_clusters_ == 4 and model.tiny_cluster_rows_ == 12
+    (tiny,) = model.tiny_clusters_
+    assert model.cluster_sizes_[tiny] == 2 and model.cluster_sizes_.sum() == len(X)
+
+    out = tmp_path / "fit"
+    assert main(["fit", "--input", str(blobs_and_outliers), "--output", str(out), "--quiet",
+                 "--no-tracking", "--seed", "0"]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith("K=4 (1 tiny: 2 rows) "), line
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tiny_cluster_rows"] == 12 and len(summary["tiny_clusters"]) == 1
+    assert summary["cluster_sizes"][summary["tiny_clusters"][0]] == 2
+
+    assert main(["report", str(out)]) == 0  # beside the fit
+    text = (out / "report.html").read_text()
+    assert "1, each of fewer than 12 rows (2 rows); 3 clusters without them" in text
+    assert "<h2>Tiny clusters (fewer than 12 rows) (all 1)</h2>" in text
+    assert "<h2>Clusters (all 3)</h2>" in text
+    assert 'alt="The rows in 2-D"' in text and "Sample rows per cluster" in text
+    assert text.count("<figcaption>") >= 5  # a sentence under every plot
