@@ -14,6 +14,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # the per-user MLflow store of runs tracked without a tracking URI
 # (pipeline.tracking.environment.default_store_folder): a fresh one, not the user's
 os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="deepdpm-tests-data-")
+# MLflow runs a tracked command could not end (pipeline.tracking.pending_closes): the
+# tests' own, not the user's
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="deepdpm-tests-state-")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
