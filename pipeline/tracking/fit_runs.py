@@ -42,19 +42,18 @@ def fit_params(
 
 
 def epoch_callback(
-    tracker: RunTracker, config: Any, feature_variance: float | None = None,
-    variance_ratio: float | None = None,
+    tracker: RunTracker, config: Any, variance_ratio: float | None = None,
 ) -> Callable[[Mapping[str, Any]], None]:
     """Per-epoch callback for the estimator: log the record and run the diagnostics
-    (:class:`deepdpm_core.model.diagnostics.DiagnosticsMonitor`, warnings through ``tracker.warn``).
+    (:class:`deepdpm_core.model.diagnostics.DiagnosticsMonitor`, warnings through
+    ``tracker.warn`` once the fit stops).
 
-    ``feature_variance`` (median per-feature variance of X) lets the diagnostics say
-    which way ``prior.sigma_scale`` moves K for these data, ``variance_ratio`` (largest
-    per-feature variance over the median) whether to standardise them instead.
+    ``variance_ratio`` (largest per-feature variance over the median) lets a warning
+    advise standardising the features.
     """
     from deepdpm_core.model import DiagnosticsMonitor
 
-    monitor = DiagnosticsMonitor(config, tracker.warn, feature_variance, variance_ratio)
+    monitor = DiagnosticsMonitor(config, tracker.warn, variance_ratio)
 
     def on_epoch(record: Mapping[str, Any]) -> None:
         tracker.log_epoch(record)
