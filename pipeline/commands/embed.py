@@ -94,9 +94,8 @@ def run(args: argparse.Namespace) -> int:
     if table.X.ndim <= 2:  # rows of features; [N, ...] images are checked when flattened
         check_fit_rows(table, args.input)
 
-    from deepdpm_core.features import as_feature_matrix, embed
+    from deepdpm_core.features import as_feature_matrix, embed, save_autoencoder
     from deepdpm_core.training import progress_bar
-    from pipeline.fit.checkpoints import save_autoencoder
     from pipeline.io.results import print_result, shown_path
 
     X = as_feature_matrix(table.X, name=str(args.input))

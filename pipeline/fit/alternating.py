@@ -23,11 +23,15 @@ import torch
 
 from deepdpm_core import Config, DeepDPM
 from deepdpm_core.data import check_features, check_init_labels
-from deepdpm_core.features import AlternationStep, as_feature_matrix, fit_alternating
+from deepdpm_core.features import (
+    AlternationStep,
+    as_feature_matrix,
+    fit_alternating,
+    save_autoencoder,
+)
 from deepdpm_core.moves import rows_needed
 from deepdpm_core.training import progress_bar
 from pipeline.fit import outputs
-from pipeline.fit.checkpoints import save_autoencoder
 from pipeline.fit.job import FitJob
 from pipeline.fit.request import FitRequest
 from pipeline.fit.runner import FaultHook, FitHooks, console_progress

@@ -4,9 +4,9 @@ All are written atomically by :func:`deepdpm_core.model.files.save_checkpoint` a
 :func:`deepdpm_core.model.files.safe_load`, which refuses a pickle that would run code:
 ``OUT/checkpoints/epoch_EEEEEE.pt`` (a fit in this process, the newest
 :data:`CHECKPOINTS_KEPT` kept), ``OUT/ray_train/checkpoint_*/model.pt`` (a Ray fit, kept by
-Ray Train; :func:`prune_checkpoints` removes orphans) and ``OUT/autoencoder.pt``
-(:func:`save_autoencoder`). Checkpoints hold a trainer's state in the model file format, so
-a resumed fit runs its remaining epochs exactly as the uninterrupted fit would have
+Ray Train; :func:`prune_checkpoints` removes orphans); ``OUT/autoencoder.pt`` is written by
+:mod:`deepdpm_core.features.autoencoder_files`. Checkpoints hold a trainer's state in the
+model file format, so a resumed fit runs its remaining epochs exactly as the uninterrupted fit would have
 (docs/design.md, "Fitted model and file formats"). Torch is imported on use, so
 ``deepdpm fit`` can look for checkpoints while it checks its arguments.
 """
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from deepdpm_core.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from deepdpm_core.config import Config
     from deepdpm_core.training import Trainer
 
 CHECKPOINT_DIR = "checkpoints"
@@ -32,7 +31,6 @@ CHECKPOINTS_KEPT = 2
 TRAIN_DIR = "ray_train"
 #: the trainer state in a Ray Train checkpoint folder
 CHECKPOINT_FILE = "model.pt"
-AE_FORMAT = "deepdpm-autoencoder-v1"
 _NAME = re.compile(r"epoch_(\d+)\.pt")
 
 
@@ -195,43 +193,8 @@ def prune_checkpoints(out: str | Path) -> list[Path]:
     return orphans
 
 
-# -------------------------------------------------------------- the autoencoder
-def save_autoencoder(model: Any, config: Config, path: str | Path) -> None:
-    """Write an :class:`~deepdpm_core.features.autoencoder.MLPAutoencoder` (architecture, weights,
-    input scaling) and its config atomically."""
-    from deepdpm_core.model import save_checkpoint
-
-    payload = {
-        "format": AE_FORMAT,
-        "architecture": model.architecture(),
-        "state_dict": model.state_dict(),
-        "config": config.to_dict(),
-    }
-    save_checkpoint(payload, path)
-
-
-def load_autoencoder(path: str | Path):
-    """Read a model written by :func:`save_autoencoder`, in eval mode.
-
-    Raises
-    ------
-    CheckpointError
-        The file is unsafe or not a deepdpm autoencoder.
-    """
-    from deepdpm_core.features import MLPAutoencoder
-    from deepdpm_core.model import safe_load
-
-    payload = safe_load(path, "autoencoder")
-    if not isinstance(payload, dict) or payload.get("format") != AE_FORMAT:
-        raise CheckpointError(f"{path} is not a deepdpm autoencoder ({AE_FORMAT})")
-    arch = payload["architecture"]
-    model = MLPAutoencoder(arch["input_dim"], arch["latent_dim"], arch["hidden"])
-    model.load_state_dict(payload["state_dict"])
-    return model.eval()
-
-
-__all__ = ["AE_FORMAT", "CHECKPOINTS_KEPT", "CHECKPOINT_DIR", "CHECKPOINT_FILE", "TRAIN_DIR",
+__all__ = ["CHECKPOINTS_KEPT", "CHECKPOINT_DIR", "CHECKPOINT_FILE", "TRAIN_DIR",
            "check_fit_id", "checkpoint_dir_names", "checkpoint_paths", "has_local_checkpoints",
-           "has_ray_checkpoints", "latest_ray_epoch", "latest_state", "load_autoencoder",
-           "load_ray_checkpoint", "prune_checkpoints", "remove_checkpoints", "save_autoencoder",
+           "has_ray_checkpoints", "latest_ray_epoch", "latest_state",
+           "load_ray_checkpoint", "prune_checkpoints", "remove_checkpoints",
            "read_trainer_state", "write_checkpoint", "write_trainer_state"]

@@ -37,7 +37,7 @@ class DeepDPMModel(mlflow.pyfunc.PythonModel):
         self.model = DeepDPM.load(context.artifacts["model"])
         self.autoencoder = None
         if "autoencoder" in context.artifacts:
-            from pipeline.fit.checkpoints import load_autoencoder
+            from deepdpm_core.features import load_autoencoder
 
             self.autoencoder = load_autoencoder(context.artifacts["autoencoder"])
 
@@ -163,7 +163,7 @@ def log_fit_model(
 def _input_features(artifacts: dict[str, str]) -> int:
     """D of the rows the model takes: the autoencoder's input, else the clustering's."""
     if "autoencoder" in artifacts:
-        from pipeline.fit.checkpoints import load_autoencoder
+        from deepdpm_core.features import load_autoencoder
 
         return int(load_autoencoder(artifacts["autoencoder"]).input_dim)
     from deepdpm_core import DeepDPM

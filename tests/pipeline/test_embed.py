@@ -17,10 +17,9 @@ from sklearn.datasets import load_digits
 
 from deepdpm_core.config import Config
 from deepdpm_core.errors import ConfigError, DataError
-from deepdpm_core.features import as_feature_matrix, embed
+from deepdpm_core.features import as_feature_matrix, embed, load_autoencoder
 from deepdpm_core.features.embedding import pca_embed
 from pipeline.cli import main
-from pipeline.fit.checkpoints import load_autoencoder
 from pipeline.io.tables import features_table, read_features, write_parquet_atomic
 
 # A narrower net and few epochs keep the CPU tests fast; the code path is the paper's.

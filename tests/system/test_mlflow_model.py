@@ -285,9 +285,8 @@ def test_the_model_of_an_alternating_fit_takes_raw_rows(mlflow_server, tmp_path,
     import mlflow.pyfunc
 
     from deepdpm_core.config import Config
-    from deepdpm_core.features import encode
+    from deepdpm_core.features import encode, save_autoencoder
     from deepdpm_core.features.autoencoder import build_autoencoder
-    from pipeline.fit.checkpoints import save_autoencoder
     from pipeline.tracking.mlflow_model import log_fit_model
 
     rng = np.random.default_rng(2)

@@ -209,8 +209,8 @@ def test_fit_alternate_command_writes_outputs_and_nested_mlflow_runs(
 
     from mlflow import MlflowClient
 
+    from deepdpm_core.features import load_autoencoder
     from pipeline.cli import main
-    from pipeline.fit.checkpoints import load_autoencoder
     from pipeline.io.tables import read_features
 
     X, y = digits
