@@ -2,8 +2,8 @@
 
 A fit that found its clusters says nothing. :func:`diagnose` reads a finished fit's epoch
 records and warns when K ended at 1 having fallen from more or with its split rounds
-idle (``collapsed``), or when the fit stopped at ``schedule.max_epochs`` before K settled
-(``unsettled``). Each warning says what happened, what it means for the result and the one
+idle (``collapsed``); a fit stopped by ``schedule.max_epochs`` says so where it says why it
+stopped (the progress bar, the report). Each warning says what happened, what it means for the result and the one
 thing to try: the default ``prior.sigma_scale`` where a fixed one was set, standardised
 features when one feature's variance dwarfs the others' (:data:`UNITS_RATIO`), else a
 learned feature space (for groups that overlap as Gaussians in these features, no prior
@@ -187,9 +187,7 @@ def diagnose(history: Sequence[Mapping[str, Any]], config: Any = None,
     list of Diagnostic
         ``collapsed``: K is at most :data:`COLLAPSED_K` after moves started, having
         fallen from a larger K, or with the last :data:`STUCK_SPLIT_ROUNDS` split rounds
-        idle, or with the last split round idle and the fit converged. ``unsettled``:
-        the fit ran ``schedule.max_epochs`` epochs, K had not settled and one of its last
-        ``schedule.patience`` move rounds still changed it. A fit that found
+        idle, or with the last split round idle and the fit converged. A fit that found
         its clusters, whether by splits or by merging its initial clusters, gets none.
     """
     if not history:
@@ -203,8 +201,7 @@ def diagnose(history: Sequence[Mapping[str, Any]], config: Any = None,
     for kind, record in zip(kinds, history, strict=True):
         if kind == "split":
             stalled = 0 if int(record.get("splits_accepted") or 0) else stalled + 1
-    schedule = _schedule_after(history, config)
-    converged = schedule.converged(len(history))  # the fit's own stop rule
+    converged = _schedule_after(history, config).converged(len(history))  # its own stop rule
 
     k_max = max(int(r["n_clusters"]) for r in history)
     if k_now <= COLLAPSED_K and any(kind is not None for kind in kinds):
@@ -220,17 +217,6 @@ def diagnose(history: Sequence[Mapping[str, Any]], config: Any = None,
             what = None  # K is still growing from a small initial K
         if what is not None:
             out.append(Diagnostic("collapsed", f"{what} {remedy(prior, variance_ratio)}"))
-    sched = _section(config, "schedule")
-    max_epochs = int(_get(sched, "max_epochs", ScheduleConfig().max_epochs))
-    rounds = [r for kind, r in zip(kinds, history, strict=True) if kind is not None]
-    recent = rounds[-int(_get(sched, "patience", ScheduleConfig().patience)):]
-    changing = any(int(r.get("splits_accepted") or 0) + int(r.get("merges_accepted") or 0)
-                   for r in recent)
-    if len(history) >= max_epochs and not converged and changing:
-        out.append(Diagnostic(
-            "unsettled", f"The fit stopped at its limit of {max_epochs} epochs while K was "
-            f"still changing (K = {k_now}), so K may not be final. Try more epochs: "
-            f"schedule.max_epochs={2 * max_epochs}."))
     return out
 
 

@@ -240,8 +240,8 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         UserWarning
             Something is wrong with K (:func:`deepdpm_core.model.diagnostics.diagnose`,
             the warnings the CLI prints): the fit ended with one cluster, fallen from
-            more or with its split rounds idle, or stopped at ``schedule.max_epochs``
-            before K settled. The message says what it means and the one thing to try.
+            more or with its split rounds idle. The message says what it means and the
+            one thing to try.
             A fit that found its clusters, by splits or by merging the initial k-means
             ones, does not warn.
         """

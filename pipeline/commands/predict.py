@@ -79,19 +79,28 @@ def run(args: argparse.Namespace) -> int:
 
 def _ray_folder(args: argparse.Namespace) -> bool:
     """A folder of Parquet feature tables (an ``embedding`` column, no ``--features``):
-    predicted with Ray Data, one output file per input file."""
+    predicted with Ray Data, one output file per input file. Decided from the file names and
+    the first file's schema, so that a missing Ray is named before the files are read."""
     path = Path(args.input)
     if not path.is_dir():
         return False
+    from pipeline.io.wide_tables import file_kind
+
+    files = sorted(p for p in path.rglob("*") if p.is_file() and file_kind(p) == "parquet"
+                   and not p.name.startswith((".", "_")))
+    if not files:
+        return False
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from pipeline.io.columns import columns_from_args
-    from pipeline.io.tables import folder_files, is_embedding_layout
+    from pipeline.io.tables import is_embedding_layout
 
-    kind, files = folder_files(path)
-    return kind == "parquet" and bool(files) and is_embedding_layout(
-        pq.read_schema(files[0]).names, columns_from_args(args))
-
+    try:
+        names = pq.read_schema(files[0]).names
+    except (pa.ArrowInvalid, OSError):
+        return True  # the folder predict names what it cannot read
+    return is_embedding_layout(names, columns_from_args(args))
 
 def _run_file(args: argparse.Namespace) -> int:
     from deepdpm_core.errors import ConfigError, DataError

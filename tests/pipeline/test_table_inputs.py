@@ -130,6 +130,7 @@ def test_bad_tables_fail_in_one_line_before_torch(tmp_path, name, write, message
     code = ("import sys, time; t = time.perf_counter(); from pipeline.cli import main; "
             f"rc = main(['fit', '--input', {str(path)!r}, '--output', {str(tmp_path / 'o')!r}, "
             "'--no-tracking']); assert 'torch' not in sys.modules, 'torch loaded'; "
+            "assert 'pandas' not in sys.modules, 'pandas loaded'; "
             "print(time.perf_counter() - t); sys.exit(rc)")
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -138,5 +139,6 @@ def test_bad_tables_fail_in_one_line_before_torch(tmp_path, name, write, message
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("deepdpm fit: error: "), done.stderr
-    assert wall < 3.0, wall  # the command itself (printed) ~0.3 s; interpreter start aside
-    assert float(done.stdout) < 1.0
+    # the command itself (printed) takes ~0.4 s on a quiet machine, the interpreter's start
+    # aside; what keeps it so is that neither torch nor pandas loads (asserted above)
+    assert float(done.stdout) < 3.0 and wall < 6.0, (done.stdout, wall)

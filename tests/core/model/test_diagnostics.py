@@ -133,14 +133,6 @@ def test_monitor_warns_once_when_the_fit_stops():
     assert [d.message for d in diagnose(records, Config())] == messages
 
 
-def test_a_fit_that_runs_out_of_epochs_says_so():
-    cfg = Config().with_overrides({"schedule.max_epochs": 30, "schedule.move_every": 2})
-    # K still growing: a split accepted in every round
-    history = [_record(e, 5 + e, splits=1) for e in range(30)]
-    kinds = {d.kind: d.message for d in diagnose(named_rounds(history, cfg), cfg)}
-    assert "unsettled" in kinds and "schedule.max_epochs=60" in kinds["unsettled"]
-
-
 def test_tiny_clusters():
     assert tiny_cluster_rows(1797, 7) == 13  # a twentieth of the mean, 256.7 rows
     assert tiny_cluster_rows(178, 5) == 10
