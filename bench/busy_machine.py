@@ -236,7 +236,7 @@ def main() -> None:
             print(f"{case} {mode}: busy/alone {ratio}", file=sys.stderr, flush=True)
             if args.json not in (None, "-"):  # the rows so far survive a run stopped later
                 # imported here: it loads numpy, which a --child run must load after its settings
-                from pipeline.io.atomic_files import write_json_atomic
+                from deepdpm_core.atomic_files import write_json_atomic
 
                 write_json_atomic(report, args.json)
     print(f"{cores} cores, {args.neighbours} busy neighbours, OMP_NUM_THREADS={args.threads}; "

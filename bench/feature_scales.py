@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from redundant_tables import run, timed  # noqa: E402
 
 from deepdpm_core import DeepDPM  # noqa: E402
-from pipeline.io.atomic_files import write_json_atomic  # noqa: E402
+from deepdpm_core.atomic_files import write_json_atomic  # noqa: E402
 
 KINDS = ("units", "noise")
 METHODS = ("DeepDPM", "DeepDPM psi=identity", "BGM-DP", "k-means (true K)")

@@ -75,8 +75,8 @@ from k_vs_n import DEFAULT_N, checked_overrides, faiss_kmeans  # noqa: E402
 from k_vs_n import FAMILIES as K_VS_N  # noqa: E402
 
 from deepdpm_core import DeepDPM  # noqa: E402
+from deepdpm_core.atomic_files import write_json_atomic  # noqa: E402
 from deepdpm_core.data import clustering_scores  # noqa: E402
-from pipeline.io.atomic_files import write_json_atomic  # noqa: E402
 
 Data = tuple[np.ndarray, np.ndarray]
 QUICK_N = 1000

@@ -104,6 +104,7 @@ from sklearn.preprocessing import StandardScaler
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from deepdpm_core import DeepDPM  # noqa: E402
+from deepdpm_core.atomic_files import write_json_atomic  # noqa: E402
 from deepdpm_core.bayes import partition_evidence  # noqa: E402
 from deepdpm_core.config import (
     Config,  # noqa: E402
@@ -115,7 +116,6 @@ from deepdpm_core.data import (
 )
 from deepdpm_core.errors import ConfigError  # noqa: E402
 from deepdpm_core.features import embed  # noqa: E402
-from pipeline.io.atomic_files import write_json_atomic  # noqa: E402
 
 Dataset = tuple[np.ndarray, np.ndarray, str]
 """(X [N, D] float32 or float64, true labels [N], one-line description)."""

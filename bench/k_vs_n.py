@@ -61,6 +61,7 @@ from sklearn.mixture import BayesianGaussianMixture
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from deepdpm_core import DeepDPM  # noqa: E402
+from deepdpm_core.atomic_files import write_json_atomic  # noqa: E402
 from deepdpm_core.config import (
     Config,  # noqa: E402
     parse_overrides,  # noqa: E402
@@ -68,7 +69,6 @@ from deepdpm_core.config import (
 from deepdpm_core.data import clustering_scores  # noqa: E402
 from deepdpm_core.errors import ConfigError  # noqa: E402
 from deepdpm_core.features import embed  # noqa: E402
-from pipeline.io.atomic_files import write_json_atomic  # noqa: E402
 
 N_CLUSTERS = 10
 DEFAULT_N = (2000, 20000, 70000, 200000)

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.io.atomic_files import write_json_atomic  # noqa: E402
+from deepdpm_core.atomic_files import write_json_atomic  # noqa: E402
 from pipeline.io.tables import features_table  # noqa: E402
 
 MIB = 2**20

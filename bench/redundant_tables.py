@@ -31,8 +31,8 @@ from sklearn.mixture import BayesianGaussianMixture
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from deepdpm_core import DeepDPM  # noqa: E402
+from deepdpm_core.atomic_files import write_json_atomic  # noqa: E402
 from deepdpm_core.data import clustering_scores  # noqa: E402
-from pipeline.io.atomic_files import write_json_atomic  # noqa: E402
 
 
 def table(seed: int) -> tuple[np.ndarray, np.ndarray, str]:

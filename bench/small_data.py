@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from k_suite import DATASETS, select  # noqa: E402
 
 from deepdpm_core import DeepDPM  # noqa: E402
-from pipeline.io.atomic_files import write_json_atomic  # noqa: E402
+from deepdpm_core.atomic_files import write_json_atomic  # noqa: E402
 
 DEFAULT_SETS = ["iris-std", "wine-std", "breast-cancer-std", "digits-pca10", "blobs16", "blobs512",
                 "sphere128", "blobs2d-dense", "blobs2d-overlap", "blobs2d-unequal", "table-degenerate",

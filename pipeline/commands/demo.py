@@ -101,7 +101,7 @@ class DemoStages:
         self._write()
 
     def _write(self) -> None:
-        from pipeline.io.atomic_files import write_json_atomic
+        from deepdpm_core.atomic_files import write_json_atomic
 
         write_json_atomic(self.done, self.path)
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from deepdpm_core.atomic_files import write_json_atomic
 from deepdpm_core.errors import ConfigError, DataError
 from pipeline.extract.encoder_choices import PRECISIONS
 from pipeline.extract.encoders import RANDOM_INIT_SEED, EncoderSpec, build_encoder, embed_numpy
@@ -42,7 +43,6 @@ from pipeline.extract.manifest import (
 )
 from pipeline.extract.preprocess import decode_sample, wanted_member
 from pipeline.extract.shard_inputs import count_samples, resolve_shards
-from pipeline.io.atomic_files import write_json_atomic
 
 _MANIFEST_EVERY_S = 30.0
 

@@ -26,8 +26,8 @@ import webdataset as wds
 from PIL import Image
 from tqdm import tqdm
 
+from deepdpm_core.atomic_files import write_json_atomic
 from deepdpm_core.errors import ConfigError, DataError
-from pipeline.io.atomic_files import write_json_atomic
 
 #: torchvision's IMG_EXTENSIONS
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")

@@ -17,10 +17,9 @@ import numpy as np
 import yaml
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.atomic_files import atomic_path
+from deepdpm_core.atomic_files import atomic_path, write_json_atomic
 from deepdpm_core.data import clustering_scores
 from deepdpm_core.model import tiny_cluster_rows, tiny_clusters
-from pipeline.io.atomic_files import write_json_atomic
 from pipeline.io.run_folder import publish_run, staging_folder
 from pipeline.io.tables import FeatureTable, assignments_table, write_parquet_atomic
 from pipeline.report.plots import write_fit_plots

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from deepdpm_core import errors
+from deepdpm_core.atomic_files import write_json_atomic
 from deepdpm_core.errors import ConfigError, DataError, DeepDPMError
 from deepdpm_core.moves import rows_needed
 from pipeline.fit.checkpoints import (
@@ -46,7 +47,6 @@ from pipeline.fit.outputs import RUN_OUTPUTS, FitResult
 from pipeline.fit.ray_worker import ERROR_FILE, STOP_FILE, train_worker
 from pipeline.fit.request import REQUEST_FILE, FitRequest
 from pipeline.fit.runner import FaultHook
-from pipeline.io.atomic_files import write_json_atomic
 from pipeline.io.feature_rows import feature_shape
 from pipeline.io.run_folder import publish_run, staging_folder
 from pipeline.ray_cluster.bars import plain_log_prefix, plain_ray_bars

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from deepdpm_core.atomic_files import write_json_atomic
 from deepdpm_core.errors import DeepDPMError
 from deepdpm_core.model import DeepDPM
 from deepdpm_core.runtime import Communicator
@@ -24,7 +25,6 @@ from pipeline.fit.interrupts import FitInterrupted
 from pipeline.fit.job import FitJob
 from pipeline.fit.request import FitRequest
 from pipeline.fit.runner import CONSISTENCY_EVERY, FitHooks
-from pipeline.io.atomic_files import write_json_atomic
 from pipeline.io.feature_rows import feature_shape
 
 #: a user error the workers agreed on (bad rows, a checkpoint of other data), for the driver

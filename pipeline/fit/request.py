@@ -182,7 +182,7 @@ class FitRequest:
     def save(self) -> None:
         """Write the request to ``output/fit_request.json`` (atomically), with the
         fingerprint of its input."""
-        from pipeline.io.atomic_files import write_json_atomic
+        from deepdpm_core.atomic_files import write_json_atomic
         from pipeline.io.input_fingerprint import input_fingerprint
 
         # how this invocation started is not part of the run: a resume starts afresh

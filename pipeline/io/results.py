@@ -26,7 +26,7 @@ def add_json_argument(parser: argparse.ArgumentParser) -> None:
 
 def print_result(args: argparse.Namespace, human: str | list[str], data: Mapping[str, Any]) -> None:
     """Print ``data`` as one JSON line when ``args.json``, else the ``human`` line(s); on stdout."""
-    from pipeline.io.atomic_files import json_text
+    from deepdpm_core.atomic_files import json_text
 
     if getattr(args, "json", False):
         text = json_text({"command": getattr(args, "command", None), **data}, indent=None)

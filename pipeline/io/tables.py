@@ -2,7 +2,7 @@
 
 The feature table is the hand-off between ``extract``/``embed`` and ``fit``/``predict``
 (its columns and the ``.npy``/``.npz`` inputs: docs/design.md, "Fitted model and file
-formats"). Atomic writing is :mod:`pipeline.io.atomic_files`; an input's shape and row
+formats"). Atomic writing is :mod:`deepdpm_core.atomic_files`; an input's shape and row
 ranges, read without loading it, :mod:`pipeline.io.feature_rows`.
 """
 

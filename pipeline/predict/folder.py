@@ -11,7 +11,7 @@ Each input file ``IN/a/b.parquet`` gets ``OUT/a/b.parquet`` with the columns of 
 single-file path (:func:`pipeline.io.tables.assignments_table`). Every output row carries
 its (file index, row group index), so nothing depends on the order in which Ray Data hands
 results back. A file is written once all its row groups are in, under a temporary name
-and renamed (:func:`pipeline.io.atomic_files.atomic_path`: never a partial ``b.parquet``);
+and renamed (:func:`deepdpm_core.atomic_files.atomic_path`: never a partial ``b.parquet``);
 its metadata records the row count and the model's SHA-256, and a rerun skips the files
 whose output has both. Neither an actor nor the driver (which imports no torch) ever holds
 the whole table or N x K values; the assigner reaches the actors as bytes in the object

@@ -255,7 +255,7 @@ def test_bad_inputs_are_one_line_errors(run_dir, tmp_path):
 
 
 def test_summaries_are_strict_json_with_null_for_non_finite_numbers(tmp_path):
-    from pipeline.io.atomic_files import write_json_atomic
+    from deepdpm_core.atomic_files import write_json_atomic
 
     path = tmp_path / "summary.json"
     write_json_atomic({"history": [{"loss": float("nan"), "k": np.int64(3)}], "x": [float("inf"), 1.5]}, path)
