@@ -737,16 +737,24 @@ def test_predict_embed_report_and_extract_refuse_an_existing_output_unless_overw
     replaced by the new output in one rename."""
     from tests.support.image_data import encode_png, write_raw_shard
 
-    def refused_then_replaced(argv: list[str], existing: Path, flag: str = "--output") -> None:
+    def in_process(argv: list[str]) -> tuple[int, str]:
+        code = main(argv)
+        return code, capsys.readouterr().err
+
+    def in_a_process(argv: list[str]) -> tuple[int, str]:  # extract: Ray stays out of pytest
+        done = _deepdpm(*argv)
+        return done.returncode, done.stderr
+
+    def refused_then_replaced(argv: list[str], existing: Path, run=in_process) -> None:
         before = _files(existing) if existing.is_dir() else existing.read_bytes()
-        assert main(argv) == 2
-        err = capsys.readouterr().err
+        code, err = run(argv)
+        assert code == 2
         assert _one_refusal(err, "already exists: pass --overwrite to replace it"
                             if existing.is_file() else "was not written by deepdpm extract: pass "
                             "--overwrite"), err
         assert (_files(existing) if existing.is_dir() else existing.read_bytes()) == before
-        assert main([*argv, "--overwrite"]) == 0, capsys.readouterr().err
-        capsys.readouterr()
+        code, err = run([*argv, "--overwrite"])
+        assert code == 0, err
         assert not list(existing.parent.glob(f".{existing.name}.*.tmp"))
 
     notes = tmp_path / "notes.txt"
@@ -774,7 +782,7 @@ def test_predict_embed_report_and_extract_refuse_an_existing_output_unless_overw
     features.mkdir()
     (features / "s-000000.parquet").write_text("mine\n")
     refused_then_replaced(["extract", "--shards", str(shards), "--output", str(features), "--encoder",
-                           "pixels", "--no-tracking", "--no-progress"], features)
+                           "pixels", "--no-tracking", "--no-progress"], features, run=in_a_process)
     assert pq.read_table(features / "s-000000.parquet").num_rows == 3
 
 
