@@ -11,7 +11,11 @@ server answers again (docs/reliability.md, "Every tracked run ends").
 from __future__ import annotations
 
 import json
+import logging
 import os
+import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,42 @@ END_REASON_TAG = "deepdpm.end_reason"
 OUTPUT_TAG = "deepdpm.output"
 #: MLflow's final run states
 FINAL_STATES = ("FINISHED", "FAILED", "KILLED")
+#: seconds a health probe of the tracking server, and an attempt to end the recorded runs
+#: at the end of a command, may take
+PROBE_TIMEOUT_S = 2.0
+
+logger = logging.getLogger(__name__)
+
+
+def server_answers(tracking_uri: str) -> bool | None:
+    """Whether the ``http(s)://`` tracking server answers ``GET /health`` within
+    :data:`PROBE_TIMEOUT_S` (any HTTP answer counts); None for other stores."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return None
+    try:
+        with urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def close_pending_now(tracking_uri: str) -> None:
+    """:func:`close_pending` for ``tracking_uri`` on a thread given
+    :data:`PROBE_TIMEOUT_S`; what it does not end stays recorded (never raises)."""
+
+    def end() -> None:
+        try:
+            from mlflow import MlflowClient
+
+            close_pending(MlflowClient(tracking_uri=tracking_uri), tracking_uri)
+        except Exception:  # left for the next command
+            logger.debug("ending recorded MLflow runs failed", exc_info=True)
+
+    closer = threading.Thread(target=end, name="deepdpm-mlflow-close", daemon=True)
+    closer.start()
+    closer.join(PROBE_TIMEOUT_S)
 
 
 def pending_dir() -> Path:
@@ -80,5 +120,5 @@ def close_pending(client: Any, tracking_uri: str) -> list[str]:
     return ended
 
 
-__all__ = ["END_REASON_TAG", "FINAL_STATES", "OUTPUT_TAG", "close_pending", "pending_dir",
-           "pending_runs", "record_pending"]
+__all__ = ["END_REASON_TAG", "FINAL_STATES", "OUTPUT_TAG", "PROBE_TIMEOUT_S", "close_pending",
+           "close_pending_now", "pending_dir", "pending_runs", "record_pending", "server_answers"]

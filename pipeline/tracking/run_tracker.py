@@ -25,7 +25,7 @@ Every run ends in a final state (FINISHED, FAILED or KILLED) with the tag
 ``deepdpm.end_reason`` saying why, and names its local outputs in ``deepdpm.output``. A
 run whose tracking failed ends FAILED. When the server does not answer at the end
 (killed, frozen), :meth:`RunTracker.close` waits at most :data:`CLOSE_GRACE_S` plus one
-health probe of :data:`PROBE_TIMEOUT_S` before it gives up, and records the run in
+health probe (2 s) before it gives up, and records the run in
 :mod:`pipeline.tracking.pending_closes`; the next tracked command to that server ends it.
 """
 
@@ -37,8 +37,6 @@ import queue
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -55,7 +53,9 @@ from pipeline.tracking.pending_closes import (
     END_REASON_TAG,
     OUTPUT_TAG,
     close_pending,
+    close_pending_now,
     record_pending,
+    server_answers,
 )
 
 logger = logging.getLogger(__name__)
@@ -103,10 +103,10 @@ QUIET_ENV_DEFAULTS: dict[str, str] = {
 }
 
 #: seconds :meth:`RunTracker.close` waits for the pending calls before it asks whether the
-#: server answers at all; and how long that health probe may take (an ``http(s)://``
-#: server that does not answer it is given up on: the run is ended by a later command)
+#: server answers at all (a health probe of
+#: :data:`~pipeline.tracking.pending_closes.PROBE_TIMEOUT_S`); an ``http(s)://`` server that
+#: does not answer it is given up on, and the run is ended by a later command
 CLOSE_GRACE_S = 2.0
-PROBE_TIMEOUT_S = 2.0
 
 #: MLflow accepts at most 100 params or tags and 1000 metrics per ``log_batch`` call
 _MAX_PARAMS_PER_BATCH = 100
@@ -253,7 +253,7 @@ class RunTracker:
         The run gets the tag ``deepdpm.end_reason``: ``reason`` (default: the status in
         words) and where the outputs are. Waits for the pending calls at most
         ``close_timeout`` seconds, and at most :data:`CLOSE_GRACE_S` +
-        :data:`PROBE_TIMEOUT_S` when the server does not answer a health probe; a run
+        ``PROBE_TIMEOUT_S`` when the server does not answer a health probe; a run
         that could not be ended so (or whose tracking failed earlier: it ends FAILED) is
         recorded for the next tracked command to end (:mod:`pipeline.tracking.pending_closes`).
         Never raises.
@@ -298,46 +298,25 @@ class RunTracker:
         return not thread.is_alive()
 
     def _answers(self) -> bool | None:
-        """Whether the ``http(s)://`` tracking server answers ``GET /health`` within
-        :data:`PROBE_TIMEOUT_S` (any HTTP answer counts; once it has not, it is not asked
-        again); None for other stores."""
-        if not (self.tracking_uri or "").startswith(("http://", "https://")):
-            return None
+        """:func:`~pipeline.tracking.pending_closes.server_answers`, not asked again once
+        the server has not answered."""
         if self._silent:
             return False
-        try:
-            with urllib.request.urlopen(f"{self.tracking_uri.rstrip('/')}/health",
-                                        timeout=PROBE_TIMEOUT_S):
-                return True
-        except urllib.error.HTTPError:
-            return True
-        except (urllib.error.URLError, OSError, ValueError):
-            self._silent = True
-            return False
+        answers = server_answers(self.tracking_uri or "")
+        self._silent = answers is False
+        return answers
 
     def _end_later(self, reason: str, ended_ms: int) -> None:
         """Record the run to be ended FAILED with ``reason``; end it now if the server
-        answers again already (within :data:`PROBE_TIMEOUT_S`)."""
+        answers again already."""
         try:
             record_pending(self.tracking_uri, self._run_id, "FAILED", reason, ended_ms)
         except OSError as exc:
             print(f"deepdpm: warning: cannot record MLflow run {self._run_id} to be ended later "
                   f"({exc})", file=sys.stderr, flush=True)
             return
-        if self._answers() is False:
-            return
-
-        def end_now() -> None:
-            try:
-                from mlflow import MlflowClient
-
-                close_pending(MlflowClient(tracking_uri=self.tracking_uri), self.tracking_uri)
-            except Exception:  # left for the next command
-                logger.debug("ending recorded MLflow runs failed", exc_info=True)
-
-        closer = threading.Thread(target=end_now, name="deepdpm-mlflow-close", daemon=True)
-        closer.start()
-        closer.join(PROBE_TIMEOUT_S)
+        if self._answers() is not False:
+            close_pending_now(self.tracking_uri)
 
     @property
     def run_url(self) -> str | None:
@@ -495,6 +474,8 @@ class RunTracker:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         first_line = first_line.replace(self.tracking_uri or "", _redacted(self.tracking_uri))
         self._failure = f"{type(exc).__name__}: {first_line[:300]}"
+        then = ("its outputs are written locally, and the next command tracked to this server "
+                "ends its run" if self._closing.is_set() else "training continues without "
+                "tracking and all outputs are still written locally")
         print(f"deepdpm: warning: MLflow tracking at {_redacted(self.tracking_uri)} failed "
-              f"({type(exc).__name__}: {first_line[:300]}); training continues without "
-              "tracking and all outputs are still written locally", file=sys.stderr, flush=True)
+              f"({type(exc).__name__}: {first_line[:300]}); {then}", file=sys.stderr, flush=True)
