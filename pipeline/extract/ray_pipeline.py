@@ -19,6 +19,7 @@ extraction: image folders → webdataset shards → embeddings (Parquet)".
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
 import warnings
@@ -247,6 +248,10 @@ def _pipeline(shards: list[str], spec: EncoderSpec, batch_size: int, num_workers
 
     ensure_ray(ray_address)
     DataContext.get_current().enable_progress_bars = False  # the driver shows one tqdm bar
+    # Ray Data's INFO records (each dataset's start, plan and end) are routine, and so is
+    # its warning that the progress bars it would draw are off
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     ds = ray.data.read_webdataset(
         shards,
         # decode inside the read task (CPU); a corrupt image becomes a counted skip
@@ -254,18 +259,26 @@ def _pipeline(shards: list[str], spec: EncoderSpec, batch_size: int, num_workers
         suffixes=wanted_member,
         override_num_blocks=len(shards),
     )
-    ds = ds.map_batches(
-        EmbedImages,
-        fn_constructor_kwargs={
-            "spec": spec,
-            "use_gpu": use_gpu,
-            "precision": precision,
-            "threads": max(1, int(cpus_per_worker)),
-        },
-        compute=ActorPoolStrategy(size=num_workers),
-        batch_size=batch_size,
-        batch_format="numpy",
-        num_gpus=1 if use_gpu else 0,
-        num_cpus=1 if use_gpu else cpus_per_worker,
-    )
+    with warnings.catch_warnings():
+        # Ray 2.60 names no parameter for max_restarts and deprecates passing it
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        ds = ds.map_batches(
+            EmbedImages,
+            fn_constructor_kwargs={
+                "spec": spec,
+                "use_gpu": use_gpu,
+                "precision": precision,
+                "threads": max(1, int(cpus_per_worker)),
+            },
+            compute=ActorPoolStrategy(size=num_workers),
+            batch_size=batch_size,
+            batch_format="numpy",
+            num_gpus=1 if use_gpu else 0,
+            num_cpus=1 if use_gpu else cpus_per_worker,
+            # an encoder actor that dies ends the extract, whose rerun reuses the finished
+            # shards, rather than being restarted: Ray announces the restart policy of an
+            # actor with constructor arguments in the object store as an error line on every
+            # run (ray-project/ray#53727)
+            max_restarts=0,
+        )
     yield from ds.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=2)
