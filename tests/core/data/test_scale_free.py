@@ -120,7 +120,7 @@ def test_small_data_are_not_collapsed_to_one_cluster():
     finds the three, as well as k-means given K = 3 does. (The defaults: docs/benchmarks.md.)"""
     X, y = load_wine(return_X_y=True)
     X = StandardScaler().fit_transform(X)
-    with pytest.warns(UserWarning, match="K stayed at 1"):
+    with pytest.warns(UserWarning, match=r"The fit ended with one cluster \(K = 1\)"):
         paper = DeepDPM(random_state=0, prior__sigma_scale=0.005, prior__kappa=1e-4, prior__nu=None,
                         prior__covariance_type="full", init__n_clusters=1).fit(X)
     assert paper.n_clusters_ == 1
