@@ -276,9 +276,9 @@ def render_report(
         k_caption = ("Clusters (K) after each epoch: splits raise it, merges lower it, and a "
                      "flat end means K settled.")
         if resumed:
-            k_caption += f" This fit was resumed after epoch {resumed}."
-        parts.append(_figure(plots.plot_k_over_epochs(history, tmp_dir / "k.png").read_bytes(),
-                             "K over epochs", k_caption))
+            k_caption += f" This fit was resumed after epoch {resumed} (the dashed line)."
+        k_plot = plots.plot_k_over_epochs(history, tmp_dir / "k.png", resumed)
+        parts.append(_figure(k_plot.read_bytes(), "K over epochs", k_caption))
         parts.append(_figure(plots.plot_moves(history, tmp_dir / "moves.png").read_bytes(),
                              "Split / merge acceptance",
                              "Splits and merges accepted in each move round: the search ends "

@@ -57,7 +57,8 @@ def _column(history: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
     return np.array([float(r.get(key) or 0) for r in history])
 
 
-def plot_k_over_epochs(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+def plot_k_over_epochs(history: Sequence[Mapping[str, Any]], path: str | Path,
+                       resumed_after: int | None = None) -> Path:
     """K after each epoch, with the epochs of accepted splits/merges marked.
 
     Parameters
@@ -65,6 +66,8 @@ def plot_k_over_epochs(history: Sequence[Mapping[str, Any]], path: str | Path) -
     history : sequence of epoch records (``epoch``, ``n_clusters``, ``splits_accepted``,
         ``merges_accepted``)
     path : destination PNG
+    resumed_after : int, optional
+        The epoch after which a resumed fit continued: a dashed line there.
     """
     epochs = _column(history, "epoch")
     k = _column(history, "n_clusters")
@@ -77,6 +80,9 @@ def plot_k_over_epochs(history: Sequence[Mapping[str, Any]], path: str | Path) -
         moved = _column(history, key) > 0
         if moved.any():
             ax.scatter(epochs[moved], k[moved], color=colour, zorder=3, s=28, label=name)
+    if resumed_after:
+        ax.axvline(resumed_after, color="grey", ls="--", lw=1,
+                   label=f"resumed after epoch {resumed_after}")
     ax.set_xlabel("epoch")
     ax.set_ylabel("number of clusters K")
     ax.set_title("K over epochs")

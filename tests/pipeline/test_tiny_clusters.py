@@ -44,3 +44,16 @@ def test_tiny_clusters_are_named_everywhere(blobs_and_outliers, tmp_path, capsys
     assert "<h2>Clusters (all 3)</h2>" in text
     assert 'alt="The rows in 2-D"' in text and "Sample rows per cluster" in text
     assert text.count("<figcaption>") >= 5  # a sentence under every plot
+
+
+def test_the_report_marks_where_a_resumed_fit_continued(blobs_and_outliers, tmp_path):
+    from pipeline.report.html_report import load_run_dir, render_report
+
+    out = tmp_path / "fit"
+    assert main(["fit", "--input", str(blobs_and_outliers), "--output", str(out), "--quiet",
+                 "--no-tracking", "--seed", "0", "--set", "schedule.max_epochs=6"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").write_text(json.dumps({**summary, "resumed_from_epoch": 3}))
+    text = render_report(load_run_dir(out))
+    assert "This fit was resumed after epoch 3 (the dashed line)." in text
+    assert "<th>resumed after epoch</th><td>3</td>" in text
