@@ -1,8 +1,9 @@
 """Shared test set-up: quiet, single-threaded BLAS, no MLflow telemetry, and the tiers.
 
 The folders are the tiers: ``core/<package>/`` the method, one folder per package of
-deepdpm_core; ``pipeline/`` the CLI, files and fit modes in one process; ``system/`` Ray,
-MLflow servers and deployment files. Helpers live in ``support/``.
+deepdpm_core; ``pipeline/<package>/`` the pipeline in one process, one folder per package
+of it (the fault suite and the CLI's edge cases at its top); ``system/`` Ray, MLflow
+servers, container images and deployment files. Helpers live in ``support/``.
 """
 
 import os

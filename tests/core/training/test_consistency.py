@@ -1,4 +1,4 @@
-"""The rank-consistency checksum (the gloo test of diverged ranks is in tests/pipeline/test_distributed.py)."""
+"""The rank-consistency checksum (the gloo test of diverged ranks is in tests/pipeline/fit/test_distributed.py)."""
 
 import pytest
 import torch

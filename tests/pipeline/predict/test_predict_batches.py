@@ -28,7 +28,7 @@ from pipeline.fit.outputs import label_metrics
 from pipeline.io.tables import FeatureTable, assignments_table, features_table, read_features
 from pipeline.predict.files import read_assigner
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 #: rows of the row groups of the test file: uneven, one empty, none a multiple of the batch
 ROW_GROUPS = [300, 7, 0, 150, 93]
 BATCH = 64

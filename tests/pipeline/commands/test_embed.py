@@ -287,7 +287,7 @@ def test_digits_ae_umap_then_fit_finds_the_digits(tmp_path, digits_npz):
     """
     import json
 
-    recipe = str(Path(__file__).parents[2] / "cluster_configs" / "n2d.yaml")
+    recipe = str(Path(__file__).parents[3] / "cluster_configs" / "n2d.yaml")
     emb = tmp_path / "n2d.parquet"
     code = main(
         ["embed", "--input", str(digits_npz), "--output", str(emb), "--method", "ae-umap", "--quiet",
