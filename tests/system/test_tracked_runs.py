@@ -232,7 +232,8 @@ def test_report_of_the_real_fit(fit_run, mlflow_server, tmp_path, source):  # no
     text, pngs = _report_images(html)
     summary = _summary(out)
     assert f"DeepDPM report: K = {summary['n_clusters']}" in text
-    assert len(pngs) == 6  # K, moves, cluster sizes, losses, epoch time, scores
+    # the rows in 2-D, cluster sizes, K, moves, losses, scores, epoch time
+    assert len(pngs) == 7
     for png in pngs:
         Image.open(io.BytesIO(png)).verify()
     assert 'class="warn"' not in text
