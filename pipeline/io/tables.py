@@ -165,8 +165,8 @@ def folder_files(path: Path) -> tuple[str, list[str]]:
         if entry.is_file() and kind in ("parquet", "csv", "arrow") \
                 and not entry.name.startswith((".", "_")):
             found.setdefault(kind, []).append(str(entry))
-    if not found and parquet_files(path):  # Parquet in sub-folders (a partitioned dataset)
-        found["parquet"] = []
+    if not found and any(file_kind(p) == "parquet" for p in path.rglob("*") if p.is_file()):
+        found["parquet"] = []  # Parquet in sub-folders (a partitioned dataset)
     if not found:
         raise DataError(f"{path} is a folder without .parquet files (nor .csv, .tsv or "
                         ".arrow/.feather files)")
