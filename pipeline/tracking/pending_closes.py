@@ -3,9 +3,12 @@
 When :class:`~pipeline.tracking.run_tracker.RunTracker` cannot end its run (the server was
 killed, frozen or unreachable), it records the run here: one JSON file per run in a
 per-user state folder (:func:`pending_dir`) with the server, the run, the final status,
-the reason and the end time. The next tracked command to that server ends these runs
-first (:func:`close_pending`), so every run reaches FINISHED, FAILED or KILLED once the
-server answers again (docs/reliability.md, "Every tracked run ends").
+the reason and the end time. A run it starts is recorded at once as KILLED, owned by the
+command's process, and forgotten when the run ends: should the command be killed
+(SIGKILL), the record outlives it. The next tracked command to that server ends these runs
+first (:func:`close_pending`), those of live owners excepted, so every run reaches
+FINISHED, FAILED or KILLED once the server answers again (docs/reliability.md, "Every
+tracked run ends").
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ import json
 import logging
 import os
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from deepdpm_core.atomic_files import atomic_path
 
@@ -70,20 +76,41 @@ def pending_dir() -> Path:
     return Path(base) / "deepdpm" / "pending_closes"
 
 
-def record_pending(tracking_uri: str, run_id: str, status: str, reason: str, end_time_ms: int) -> Path:
+def record_pending(tracking_uri: str, run_id: str, status: str, reason: str,
+                   end_time_ms: int | None, owner: int | None = None) -> Path:
     """Remember that the run ``run_id`` at ``tracking_uri`` must still be ended with
-    ``status`` (the tag :data:`END_REASON_TAG` = ``reason``, end time ``end_time_ms``)."""
+    ``status`` (the tag :data:`END_REASON_TAG` = ``reason``, end time ``end_time_ms``, or
+    the time it is ended when None), unless the process ``owner`` (a pid) still runs."""
     path = pending_dir() / f"{run_id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"tracking_uri": tracking_uri, "run_id": run_id, "status": status, "reason": reason,
               "end_time_ms": end_time_ms}
+    if owner is not None:
+        record["owner"] = [owner, psutil.Process(owner).create_time()]
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(record) + "\n")
     return path
 
 
+def forget_pending(run_id: str) -> None:
+    """Drop the record of the run ``run_id``, which its command has ended."""
+    (pending_dir() / f"{run_id}.json").unlink(missing_ok=True)
+
+
+def _owner_runs(record: dict[str, Any]) -> bool:
+    """Whether the process that owns ``record`` (pid and start time) still runs."""
+    if "owner" not in record:
+        return False
+    pid, started = record["owner"]
+    try:
+        return psutil.Process(pid).create_time() == started
+    except psutil.Error:
+        return False
+
+
 def pending_runs(tracking_uri: str) -> list[tuple[Path, dict[str, Any]]]:
-    """The recorded runs of ``tracking_uri`` (unreadable records are left out)."""
+    """The recorded runs of ``tracking_uri`` whose commands have ended (unreadable records
+    are left out)."""
     folder = pending_dir()
     found = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
@@ -91,7 +118,8 @@ def pending_runs(tracking_uri: str) -> list[tuple[Path, dict[str, Any]]]:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(record, dict) and record.get("tracking_uri") == tracking_uri:
+        if (isinstance(record, dict) and record.get("tracking_uri") == tracking_uri
+                and not _owner_runs(record)):
             found.append((path, record))
     return found
 
@@ -114,11 +142,12 @@ def close_pending(client: Any, tracking_uri: str) -> list[str]:
             status = "DELETED"
         if status not in FINAL_STATES and status != "DELETED":
             client.set_tag(run_id, END_REASON_TAG, record["reason"])
-            client.set_terminated(run_id, status=record["status"], end_time=record["end_time_ms"])
+            client.set_terminated(run_id, status=record["status"],
+                                  end_time=record["end_time_ms"] or int(time.time() * 1000))
             ended.append(run_id)
         path.unlink(missing_ok=True)
     return ended
 
 
 __all__ = ["END_REASON_TAG", "FINAL_STATES", "OUTPUT_TAG", "PROBE_TIMEOUT_S", "close_pending",
-           "close_pending_now", "pending_dir", "pending_runs", "record_pending", "server_answers"]
+           "close_pending_now", "forget_pending", "pending_dir", "pending_runs", "record_pending", "server_answers"]

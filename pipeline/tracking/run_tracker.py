@@ -54,6 +54,7 @@ from pipeline.tracking.pending_closes import (
     OUTPUT_TAG,
     close_pending,
     close_pending_now,
+    forget_pending,
     record_pending,
     server_answers,
 )
@@ -274,6 +275,8 @@ class RunTracker:
                                     f"pending calls did not finish within {self.close_timeout:.0f} s"))
         self._thread = None
         self._started.set()
+        if not self.failed and self._run_id is not None:
+            forget_pending(self._run_id)
         if self.failed and self._run_id is not None:
             # the run's record stops where tracking failed: it ends FAILED, saying why
             self._end_later(f"tracking failed ({self._failure}); the command itself ended {status}: "
@@ -456,6 +459,13 @@ class RunTracker:
                                 tags={OUTPUT_TAG: self.output} if self.output else None)
         self._experiment_id = experiment_id
         self._run_id = run.info.run_id
+        try:  # ended KILLED by a later command should this one be killed before it ends the run
+            record_pending(self.tracking_uri, self._run_id, "KILLED",
+                           f"the command (pid {os.getpid()}) was killed before it ended its run"
+                           + (f"; outputs, if any, in {self.output}" if self.output else ""),
+                           None, owner=os.getpid())
+        except OSError:
+            logger.debug("cannot record the MLflow run", exc_info=True)
         self._started.set()
 
     def _log_batch(self, client: Any, params=(), tags=(), metrics=()) -> None:

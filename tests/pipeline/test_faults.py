@@ -575,6 +575,47 @@ def test_a_tracked_run_ends_in_a_final_state_saying_why_also_when_its_server_was
         server.kill()
 
 
+def test_a_run_whose_command_is_killed_ends_killed_by_the_next_command_and_live_runs_are_left_alone(
+        tmp_path):
+    """A tracked fit killed by SIGKILL (nothing of it left to end its run) has its run
+    ended KILLED, saying so, by the next tracked command to the same real MLflow server on
+    127.0.0.1; a command that ends while another one's run is live leaves that run
+    RUNNING."""
+    from pipeline.tracking.pending_closes import END_REASON_TAG
+    from tests.support.mlflow_server import MlflowServer
+
+    data = tmp_path / "c.npy"
+    rng = np.random.default_rng(3)
+    np.save(data, np.concatenate([c + rng.normal(size=(1000, 4)) for c in rng.normal(size=(3, 4)) * 10])
+            .astype(np.float32))
+    state = tmp_path / "state"
+    server = MlflowServer(tmp_path / "server").start()
+    try:
+        fit = _outage_fit(server, data, tmp_path / "killed", state, "killed", epochs=100_000)
+        try:
+            _wait_for(lambda: _logged(server, "killed") >= 5 or fit.poll() is not None,
+                      what="5 epochs logged")
+            assert fit.poll() is None, "the fit ended before the kill"
+            beside = _outage_fit(server, data, tmp_path / "beside", state, "beside", epochs=3)
+            _seconds_after_outputs(beside, tmp_path / "beside")
+            assert _runs(server)["killed"]["status"] == "RUNNING"  # its command still runs
+        finally:
+            fit.kill()
+            fit.wait()
+        after = _outage_fit(server, data, tmp_path / "after", state, "after", epochs=3)
+        _seconds_after_outputs(after, tmp_path / "after")
+        runs = _runs(server)
+        killed = runs["killed"]
+        assert killed["status"] == "KILLED" and killed["end_time"], killed
+        assert killed[END_REASON_TAG].startswith(f"the command (pid {fit.pid}) was killed before it "
+                                                 "ended its run"), killed
+        assert str(tmp_path / "killed") in killed[END_REASON_TAG]
+        assert runs["beside"]["status"] == runs["after"]["status"] == "FINISHED"
+        assert not list((state / "deepdpm" / "pending_closes").glob("*.json"))
+    finally:
+        server.kill()
+
+
 # ------------------------------------------------- small hostile inputs stay small
 def _alias_bomb(levels: int = 9) -> list[str]:
     """A "billion laughs" list: level i holds 9 aliases of level i - 1 (9**levels strings)."""

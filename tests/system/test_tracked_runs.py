@@ -277,7 +277,9 @@ def test_fit_survives_its_tracking_server_being_killed(mixture, tmp_path):
         server.kill()
     assert fit.returncode == 0, stderr
     assert stderr.count(TRACKING_WARNING) == 1, stderr
-    assert "training continues without tracking" in stderr
+    # noticed mid-fit, or, when the remaining epochs outran the failing calls, at the close
+    assert ("training continues without tracking" in stderr
+            or "the next command tracked to this server ends its run" in stderr), stderr
 
     summary = _summary(out)
     assert summary["epochs"] == epochs
