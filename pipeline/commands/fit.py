@@ -141,13 +141,14 @@ def check_input(request: FitRequest) -> None:
     ------
     DataError
     """
+    from deepdpm_core.errors import DataError
     from pipeline.io.feature_rows import feature_shape
     from pipeline.io.tables import check_fit_rows, read_features
 
     if request.mode == "ray":
         n, dim = feature_shape(request.input, request.table_columns)
         if n == 0 or dim == 0:
-            check_fit_rows(read_features(request.input, request.table_columns), request.input)
+            raise DataError(f"{request.input} has no {'rows' if n == 0 else 'feature columns'}")
     elif request.mode == "alternating":
         read_features(request.input, request.table_columns)
     else:

@@ -84,11 +84,12 @@ def _ray_folder(args: argparse.Namespace) -> bool:
     path = Path(args.input)
     if not path.is_dir():
         return False
-    from pipeline.io.wide_tables import file_kind
+    from deepdpm_core.errors import DataError
+    from pipeline.predict.files import input_files
 
-    files = sorted(p for p in path.rglob("*") if p.is_file() and file_kind(p) == "parquet"
-                   and not p.name.startswith((".", "_")))
-    if not files:
+    try:
+        files = input_files(path)
+    except DataError:  # no .parquet files: read as a folder of tables
         return False
     import pyarrow as pa
     import pyarrow.parquet as pq

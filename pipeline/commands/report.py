@@ -60,6 +60,15 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("a report of an MLflow run needs --output/-o FILE (a fit "
                               "folder's report goes beside the fit)")
         args.output = str(Path(args.run) / "report.html")
+        from pipeline.io.locks import output_lock
+
+        with output_lock(args.output, "report"):  # the CLI had no output to lock yet
+            return _write(args, row_shape)
+    return _write(args, row_shape)
+
+
+def _write(args: argparse.Namespace, row_shape: tuple[int, int] | None) -> int:
+    """Render the report of ``args.run`` and write it to ``args.output``."""
     from pipeline.io.existing_outputs import refuse_existing_file
 
     refuse_existing_file(args.output, args.overwrite)

@@ -12,7 +12,6 @@ DeepDPM clusters; 256-D for v3; the 1000 logits for torchvision); docs/features.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from deepdpm_core.errors import CheckpointError, ConfigError
 from deepdpm_core.model import safe_load
 from pipeline.extract.encoder_choices import ENCODERS, RESNET_ARCHS
 from pipeline.extract.preprocess import Preprocess
+from pipeline.io.input_fingerprint import file_sha256
 
 #: prefixes of the query/base encoder inside the published MoCo checkpoints (DDP and not)
 MOCO_PREFIXES = {"moco_v2": ("module.encoder_q.", "encoder_q."),
@@ -80,16 +80,8 @@ class EncoderSpec:
         ident = asdict(self)
         if self.weights is not None:
             ident["weights"] = str(Path(self.weights).resolve())
-            ident["weights_sha256"] = _sha256(self.weights)
+            ident["weights_sha256"] = file_sha256(self.weights)
         return ident
-
-
-def _sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class PixelEncoder(nn.Module):

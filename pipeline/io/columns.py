@@ -94,8 +94,8 @@ def add_column_arguments(parser: Any) -> None:
 
 def columns_from_args(args: Any) -> TableColumns:
     """The :class:`TableColumns` of :func:`add_column_arguments` flags."""
-    return TableColumns(features=split_names(args.features) if args.features else None,
-                        label=args.label, key=args.key, header=args.header)
+    return TableColumns(features=args.features or None, label=args.label, key=args.key,
+                        header=args.header)
 
 
 def split_names(text: str) -> tuple[str, ...]:

@@ -68,11 +68,16 @@ def _file_fingerprint(path: Path) -> dict[str, Any]:
                 fh.seek(size - 8 - footer_length)
                 footer = hashlib.sha256(fh.read(footer_length)).hexdigest()
                 return {"size": size, "parquet_footer_sha256": footer}
-        fh.seek(0)
-        digest = hashlib.sha256()
+    return {"size": size, "sha256": file_sha256(path)}
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of the file ``path``, read 1 MiB at a time (never whole)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
         while chunk := fh.read(_CHUNK):
             digest.update(chunk)
-    return {"size": size, "sha256": digest.hexdigest()}
+    return digest.hexdigest()
 
 
-__all__ = ["fingerprint_change", "input_fingerprint"]
+__all__ = ["file_sha256", "fingerprint_change", "input_fingerprint"]

@@ -341,12 +341,23 @@ def open_parquet(path: str | Path) -> pq.ParquetFile:
 
 def parquet_labelled(parquet: pq.ParquetFile, path: str | Path, column: str = "label") -> bool:
     """True when the file's label ``column`` holds a value (nulls only: no labels), read
-    from that column alone; as :func:`read_features` decides it."""
+    from that column alone; as :func:`read_features` decides it.
+
+    Raises
+    ------
+    DataError
+        The labels are not integers (read batch by batch, they cannot be numbered over
+        the whole file as :func:`read_features` numbers strings).
+    """
     schema = parquet.schema_arrow
     if column not in schema.names:
         return False
     nulls = sum(b.column(0).null_count for b in parquet.iter_batches(columns=[column]))
-    return nulls < parquet.metadata.num_rows
+    labelled = nulls < parquet.metadata.num_rows
+    if labelled and not pa.types.is_integer(schema.field(column).type):
+        raise DataError(f"{path}: column '{column}' must hold integers, got "
+                        f"{schema.field(column).type}")
+    return labelled
 
 
 def check_finite_rows(X: np.ndarray, path: str | Path, start: int) -> None:

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from deepdpm_core.atomic_files import atomic_path
 from deepdpm_core.errors import CheckpointError, ConfigError, DataError
+from pipeline.io.input_fingerprint import file_sha256
 from pipeline.io.tables import FeatureTable, assignments_table, open_parquet, parquet_labelled
 
 #: the output's Parquet metadata key: ``{"rows": n, "model_sha256": ...}``
@@ -73,11 +74,7 @@ def model_digest(data: bytes) -> str:
 
 def model_file_digest(path: str | Path) -> str:
     """:func:`model_digest` of the file ``path``, read 1 MiB at a time (never whole)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_sha256(path)
 
 
 def read_assigner(model_file: str | Path) -> tuple[int, int, bytes]:

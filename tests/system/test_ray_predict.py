@@ -234,6 +234,16 @@ def test_bad_input_folders_are_one_line_errors(ray_session, model, features, pre
                           str(tmp_path / "o3"))
     assert "differ in their columns" in err
 
+    named = tmp_path / "string_labels"
+    named.mkdir()
+    table = pq.read_table(features / "a.parquet")
+    labels = pa.array([f"class {v}" for v in table.column("label").to_pylist()])
+    pq.write_table(table.set_column(table.schema.get_field_index("label"), "label", labels),
+                   named / "a.parquet")
+    err = _one_line_error(capsys, "--model", str(model), "--input", str(named), "--output",
+                          str(tmp_path / "o4"))
+    assert "column 'label' must hold integers, got string" in err
+
     err = _one_line_error(capsys, "--model", str(tmp_path / "other.pt"), "--input", str(features),
                           "--output", str(predicted))
     assert "other.pt" in err  # a model file that is not there
