@@ -90,6 +90,8 @@ def _schedule_after(history: Sequence[Mapping[str, Any]], config: Any) -> MoveSc
         if kind is not None:
             schedule.moved(epoch, int(record.get("splits_accepted") or 0)
                            + int(record.get("merges_accepted") or 0), int(record["n_clusters"]))
+        if record.get("grown") is not None:  # the search started again from a grown partition
+            schedule.restart(epoch)
     return schedule
 
 
@@ -111,8 +113,7 @@ def variance_summary(variances: Any) -> dict[str, float]:
     Returns
     -------
     dict
-        ``median_feature_variance`` (decides the direction of a fixed
-        ``prior.sigma_scale``, see :func:`knob_advice`) and ``feature_variance_ratio``:
+        ``median_feature_variance`` and ``feature_variance_ratio``:
         the largest variance over the median of the non-zero ones (constant columns do
         not count; 1.0 when all are constant).
     """

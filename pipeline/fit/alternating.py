@@ -157,7 +157,7 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
             write_parquet_atomic(features_table(result.embedding, table.keys, table.labels),
                                  folder / "embedding.parquet")
 
-        extra = {"fit_id": request.fit_id, "num_workers": 1, "resumed_from_epoch": None, **variance,
+        extra = {"fit_id": request.fit_id, "columns": request.columns, "num_workers": 1, "resumed_from_epoch": None, **variance,
                  "alternation": steps_summary, "stopped_because": result.stopped_because}
         summary = outputs.write_fit_outputs(out, result.clustering, learned, seconds,
                                             request.input, extra=extra, more_outputs=write_encoder,

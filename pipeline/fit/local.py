@@ -77,7 +77,7 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
                     fault=fault,
                     stop=stop,
                 ), tracker, scores)
-            extra = {"fit_id": request.fit_id, "num_workers": 1, "resumed_from_epoch": resumed_from,
+            extra = {"fit_id": request.fit_id, "columns": request.columns, "num_workers": 1, "resumed_from_epoch": resumed_from,
                      **job.variance()}
             # looked up in the module at call time: tests/support/fault_harness.py replaces it
             summary = outputs.write_fit_outputs(out, job.model(), table,

@@ -151,17 +151,18 @@ def write_into(
     # label + max responsibility per batch: the (N, K) array is 5 GB at 1.28M x 1000
     labels, confidence = model.predict_confidence(table.X)
     sizes = np.bincount(labels, minlength=model.n_clusters_)
-    tiny_rows = tiny_cluster_rows(len(labels), int((sizes > 0).sum()))
+    nonempty = int((sizes > 0).sum())
+    tiny_rows = tiny_cluster_rows(len(labels), nonempty)
     summary: dict[str, Any] = {
         "n_clusters": int(model.n_clusters_),
-        "n_clusters_nonempty": int(len(np.unique(labels))),
+        "n_clusters_nonempty": nonempty,
         "epochs": len(model.history_),
         "fit_seconds": round(float(fit_seconds), 3),
         "input": str(input_path),
         "n_samples": int(table.X.shape[0]),
         "n_features": int(table.X.shape[1]),
         "metrics": label_metrics(table.labels, labels),
-        "cluster_sizes": np.bincount(labels, minlength=model.n_clusters_).tolist(),
+        "cluster_sizes": sizes.tolist(),
         # clusters too small to be a group, smallest first, and the size that decides it
         "tiny_clusters": tiny_clusters(sizes, tiny_rows),
         "tiny_cluster_rows": tiny_rows,

@@ -43,7 +43,7 @@ from pipeline.fit.checkpoints import (
     remove_checkpoints,
 )
 from pipeline.fit.interrupts import FitInterrupted, stop_between_epochs
-from pipeline.fit.outputs import RUN_OUTPUTS, FitResult
+from pipeline.fit.outputs import FitResult, replaced_entries
 from pipeline.fit.ray_worker import ERROR_FILE, STOP_FILE, train_worker
 from pipeline.fit.request import REQUEST_FILE, FitRequest
 from pipeline.fit.runner import FaultHook
@@ -155,7 +155,7 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
         message = json.loads(error_file.read_text())["error"]
         error_file.unlink()
         raise _rebuild_error(message)
-    publish_run(staging, out, RUN_OUTPUTS)
+    publish_run(staging, out, replaced_entries(request))  # a Ray fit is resumable: its outputs
     prune_checkpoints(out)
     return FitResult(json.loads((out / "summary.json").read_text()), str(out))
 

@@ -113,7 +113,7 @@ def train_worker(loop: dict[str, Any]) -> None:
         _report(trainer, rank, req.fit_id, final=True)
         if rank == 0:
             _write_outputs(job.model(), req, Path(loop["staging"]), fit_seconds, tracker,
-                           {"fit_id": req.fit_id, "num_workers": world, "resumed_from_epoch": resumed_from,
+                           {"fit_id": req.fit_id, "columns": req.columns, "num_workers": world, "resumed_from_epoch": resumed_from,
                             **job.variance()})
 
 

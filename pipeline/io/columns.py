@@ -72,6 +72,14 @@ class TableColumns:
                 if (v := getattr(self, name)) is not None}
 
 
+def summary_columns(summary: Mapping[str, Any]) -> TableColumns | None:
+    """The columns a fit read its input by, from its ``summary.json`` (one written before
+    fits recorded them: its feature names); None: the defaults."""
+    if "columns" in summary:
+        return TableColumns.of(summary["columns"])
+    return TableColumns(features=summary["feature_names"]) if summary.get("feature_names") else None
+
+
 def add_column_arguments(parser: Any) -> None:
     """``--features``, ``--label``, ``--key``, ``--header``/``--no-header``: how a command
     reads a wide table (:class:`TableColumns`)."""
@@ -167,4 +175,4 @@ def choose_columns(schema: pa.Schema, columns: TableColumns, path: str | Path) -
 
 
 __all__ = ["ChosenColumns", "TableColumns", "add_column_arguments", "choose_columns",
-           "columns_from_args", "is_number_type", "split_names"]
+           "columns_from_args", "is_number_type", "split_names", "summary_columns"]

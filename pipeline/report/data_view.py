@@ -22,6 +22,7 @@ from PIL import Image  # noqa: E402
 
 from deepdpm_core.atomic_files import atomic_path  # noqa: E402
 from deepdpm_core.errors import DeepDPMError  # noqa: E402
+from pipeline.io.columns import summary_columns  # noqa: E402
 from pipeline.io.tables import read_features  # noqa: E402
 
 #: rows drawn in the projection (a random subset of larger inputs)
@@ -37,9 +38,8 @@ def fit_rows(summary: dict[str, Any], assignments: pa.Table | None) -> tuple[np.
     path = summary.get("input")
     if not path or assignments is None or not Path(path).exists():
         return None
-    columns = {"features": summary["feature_names"]} if summary.get("feature_names") else None
     try:
-        table = read_features(path, columns)
+        table = read_features(path, summary_columns(summary))
     except (DeepDPMError, OSError, ValueError):
         return None
     X = table.X.reshape(len(table.X), -1) if table.X.ndim > 2 else table.X

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.io.columns import summary_columns
 from pipeline.tracking.options import DEFAULT_MODEL_ALIAS, default_run_name, tracking_on
 from pipeline.tracking.run_tracker import RunTracker
 
@@ -87,8 +88,7 @@ def log_fit_outputs(tracker: RunTracker, out_dir: str | Path, example_rows: np.n
     if not (out_dir / "model.pt").exists():
         return
     input_path = summary.get("input")
-    # a wide table is read by the feature columns the fit used
-    columns = {"features": summary["feature_names"]} if summary.get("feature_names") else None
+    columns = summary_columns(summary)  # a wide table is read by the columns the fit used
     name, alias = tracker.register_model, tracker.model_alias
 
     def log_model(client: Any, run_id: str) -> None:

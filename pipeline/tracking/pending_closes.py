@@ -23,9 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from deepdpm_core.atomic_files import atomic_path
+from deepdpm_core.atomic_files import write_json_atomic
+from pipeline.ray_cluster.guard import start_time
 
 #: run tags: why the run ended, and the local folder (or file) holding the outputs
 END_REASON_TAG = "deepdpm.end_reason"
@@ -86,9 +85,8 @@ def record_pending(tracking_uri: str, run_id: str, status: str, reason: str,
     record = {"tracking_uri": tracking_uri, "run_id": run_id, "status": status, "reason": reason,
               "end_time_ms": end_time_ms}
     if owner is not None:
-        record["owner"] = [owner, psutil.Process(owner).create_time()]
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(record) + "\n")
+        record["owner"] = [owner, start_time(owner)]
+    write_json_atomic(record, path)
     return path
 
 
@@ -102,10 +100,7 @@ def _owner_runs(record: dict[str, Any]) -> bool:
     if "owner" not in record:
         return False
     pid, started = record["owner"]
-    try:
-        return psutil.Process(pid).create_time() == started
-    except psutil.Error:
-        return False
+    return start_time(pid) == started
 
 
 def pending_runs(tracking_uri: str) -> list[tuple[Path, dict[str, Any]]]:

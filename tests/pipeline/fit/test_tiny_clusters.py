@@ -57,3 +57,19 @@ def test_the_report_marks_where_a_resumed_fit_continued(blobs_and_outliers, tmp_
     text = render_report(load_run_dir(out))
     assert "This fit was resumed after epoch 3 (the dashed line)." in text
     assert "<th>resumed after epoch</th><td>3</td>" in text
+
+
+def test_the_report_reads_a_table_by_the_columns_the_fit_named(blobs_and_outliers, tmp_path):
+    """A CSV fitted with ``--key`` and ``--label``: the report re-reads its rows by the same
+    columns, so the keys match the assignments and the data are drawn."""
+    X = np.load(blobs_and_outliers)
+    csv = tmp_path / "rows.csv"
+    lines = ["id,a,b,group"] + [f"r{i},{a},{b},g{i % 3}" for i, (a, b) in enumerate(X)]
+    csv.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "fit"
+    assert main(["fit", "--input", str(csv), "--key", "id", "--label", "group", "--output",
+                 str(out), "--quiet", "--no-tracking", "--seed", "0",
+                 "--set", "schedule.max_epochs=6"]) == 0
+    assert json.loads((out / "summary.json").read_text())["columns"] == {"label": "group", "key": "id"}
+    assert main(["report", str(out)]) == 0
+    assert 'alt="The rows in 2-D"' in (out / "report.html").read_text()
