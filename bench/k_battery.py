@@ -36,8 +36,21 @@ alone; overlap, wherever BIC picks the true K at most seeds, the true K at >= 2 
 For ``umap`` and ``n2d`` the true K is the class count; the layout itself may cut a class
 into islands or join classes, so its count of valley-separated groups is left to the reader.
 
-    OMP_NUM_THREADS=1 python bench/k_battery.py --json bench/results/k_battery.json > /tmp/kb.md
-    OMP_NUM_THREADS=1 python bench/k_battery.py --quick --json /tmp/kb_quick.json  # ~2 min
+**Starts** (``--starts``): DeepDPM is fitted from each of ``default`` (``init.n_clusters:
+auto``), ``10`` and ``3k`` (three times the true K) k-means clusters, and each of its
+partitions is scored by the model's own objective, ln p(X, z) with the prior fitted to the
+partition (``partition_evidence``), beside the true classes' score: a fit that scores below
+the classes stopped short of them (a search failure), one that scores above them is what
+the model prefers. The start table gives K, NMI and the score of each start, and whether the
+starts agree (K within max(1, 10 %) of each other).
+
+**Quick** (``--quick``): every family at its most telling size (``QUICK_N``, at most 100k
+rows), seed 0, from the three starts, BGM stopped after 60 s, HDBSCAN up to 20k rows: every
+family at once, so that a change of the method is measured on all of them. The run's wall
+and CPU seconds close its table (CPU seconds are what a busy machine does not inflate).
+
+    OMP_NUM_THREADS=2 python bench/k_battery.py --quick --json bench/results/k_battery_quick.json
+    OMP_NUM_THREADS=1 python bench/k_battery.py --families grid100 --json bench/results/k_battery_grid100.json
     python bench/k_battery.py --families 'overlap*' --set prior.coarsening=null
 
 The Markdown table goes to stdout, progress to stderr; ``--json FILE`` holds every record
@@ -50,6 +63,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import resource
 import shlex
 import signal
 import sys
@@ -76,12 +90,22 @@ from k_vs_n import FAMILIES as K_VS_N  # noqa: E402
 
 from deepdpm_core import DeepDPM  # noqa: E402
 from deepdpm_core.atomic_files import write_json_atomic  # noqa: E402
+from deepdpm_core.bayes import partition_evidence  # noqa: E402
 from deepdpm_core.data import clustering_scores  # noqa: E402
 
 Data = tuple[np.ndarray, np.ndarray]
-QUICK_N = 1000
-"""--quick: every family at this many rows at most (tables subsampled), one seed."""
 BGM_MAX_ITER, BGM_CHUNK = 500, 25
+#: ``--starts``' names: the initial clusters of each DeepDPM fit (``init.n_clusters``)
+STARTS = ("default", "10", "3k")
+#: --quick: the most telling size of each family (None: a table's own N), where the start
+#: or N decided K at the defaults of the past; every family at most 100k rows
+QUICK_N: dict[str, int | None] = {
+    "student": 70_000, "curved": 70_000, "sphere": 20_000, "umap": 70_000, "n2d": 20_000,
+    "grid100": 100_000, "curve100": 100_000, "worms35-2d": 100_000, "worms35-64d": 50_000,
+    "blobs200-32d": 20_000, "sphere-1000": 50_000,
+}
+#: --quick: BGM's time limit (seconds) and HDBSCAN's most rows (70k rows in 10-D took 80 s)
+QUICK_BGM_SECONDS, QUICK_HDBSCAN_N = 60.0, 20_000
 
 
 @dataclass(frozen=True)
@@ -186,12 +210,8 @@ def overlap(n: int, seed: int, share: float, dim: int) -> Data:
 
 
 def table(name: str, n: int | None, seed: int) -> Data:
-    """k_suite's set ``name`` at its own N (``n`` ignored), the first ``QUICK_N`` of a seeded
-    permutation if ``n`` is ``QUICK_N`` (``--quick``)."""
+    """k_suite's set ``name`` at its own N (``n`` ignored)."""
     X, y, _ = make_datasets()[name](seed)
-    if n == QUICK_N and len(X) > QUICK_N:
-        keep = np.random.default_rng(seed).permutation(len(X))[:QUICK_N]
-        X, y = X[keep], y[keep]
     return X.astype(np.float32), np.asarray(y)
 
 
@@ -244,11 +264,25 @@ def gmm_bic(X: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, dict]:
     return fits[int(np.argmin(bics))].predict(X), {"bic": bics}
 
 
-def deepdpm(X: np.ndarray, seed: int, overrides: dict) -> tuple[np.ndarray, dict]:
-    """DeepDPM's labels, epochs, K after each change (``k_path``), ``n_components_`` if any."""
-    model = DeepDPM(random_state=seed, **overrides).fit(X)
+def start_clusters(start: str, true_k: int) -> int | str:
+    """``init.n_clusters`` of the start named ``start`` (:data:`STARTS`)."""
+    return {"default": "auto", "10": 10, "3k": 3 * true_k}[start]
+
+
+def objective(X: np.ndarray, labels: np.ndarray, overrides: dict) -> float:
+    """The model's score of the partition ``labels``: ln p(X, z) with the prior fitted to it
+    (:func:`~deepdpm_core.bayes.partition_evidence`), under the fit's config."""
+    config = DeepDPM(**overrides).get_config()
+    return float(partition_evidence(X, labels, config).log_joint)
+
+
+def deepdpm(X: np.ndarray, seed: int, overrides: dict, init_clusters: int | str) -> tuple[np.ndarray, dict]:
+    """DeepDPM's labels from ``init_clusters`` initial clusters, epochs, K after each change
+    (``k_path``), ``n_components_`` if any and the objective of its partition."""
+    model = DeepDPM(random_state=seed, **{**overrides, "init__n_clusters": init_clusters}).fit(X)
     ks = [h["n_clusters"] for h in model.history_]
-    extra = {"epochs": len(ks), "k_path": [k for i, k in enumerate(ks) if i == 0 or k != ks[i - 1]]}
+    extra = {"epochs": len(ks), "k_path": [k for i, k in enumerate(ks) if i == 0 or k != ks[i - 1]],
+             "initial_k": ks[0] if ks else None}
     if getattr(model, "n_components_", None) is not None:
         extra["n_components"] = int(model.n_components_)
     return model.labels_, extra
@@ -256,12 +290,15 @@ def deepdpm(X: np.ndarray, seed: int, overrides: dict) -> tuple[np.ndarray, dict
 
 def run_methods(X: np.ndarray, y: np.ndarray, seed: int, overrides: dict, args: argparse.Namespace):
     """Yield one record per method on (X, y) as each finishes: ``k``,
-    ``nmi``, ``ari``, ``seconds`` and extras, or ``skipped`` / ``error`` (and no scores)."""
+    ``nmi``, ``ari``, ``seconds`` and extras, or ``skipped`` / ``error`` (and no scores).
+    DeepDPM gives one record per start of ``args.starts`` (``start``, ``log_joint``); the
+    true classes one record (``log_joint``, no fit)."""
     n, d = X.shape
     k = len(np.unique(y))
     bgm_cost = n * bgm_components(n, k) * (d * d + 2000)
     fits = {
-        "DeepDPM": lambda: deepdpm(X, seed, overrides),
+        **{("DeepDPM", start): partial(deepdpm, X, seed, overrides, start_clusters(start, k))
+           for start in args.starts},
         "k-means (true K)": lambda: (faiss_kmeans(X, k, seed) if k > 100 else
                                      KMeans(k, n_init=3, random_state=seed).fit_predict(X), {}),
         "BGM-DP": lambda: bgm_dp(X, k, seed, args.bgm_max_seconds),
@@ -273,41 +310,59 @@ def run_methods(X: np.ndarray, y: np.ndarray, seed: int, overrides: dict, args: 
             "HDBSCAN": (n > args.hdbscan_max_n and f"N > {args.hdbscan_max_n}") or (
                 n * n * d > args.hdbscan_max_cost and f"N^2 D {n * n * d:.1e} > {args.hdbscan_max_cost:.0e}"),
             "GMM-BIC": k > 5 and "true K > 5"}
-    for method, fit in fits.items():
+    yield {"method": "true classes", "k": k, "nmi": 1.0, "ari": 1.0, "seconds": 0.0,
+           "log_joint": objective(X, y, overrides)}
+    for key, fit in fits.items():
+        method, start = key if isinstance(key, tuple) else (key, None)
+        named = {"method": method, **({"start": start} if start else {})}
         if skip.get(method):
-            yield {"method": method, "k": None, "nmi": None, "ari": None, "seconds": None,
-                   "skipped": skip[method]}
+            yield {**named, "k": None, "nmi": None, "ari": None, "seconds": None, "skipped": skip[method]}
             continue
-        start = time.perf_counter()
+        start_time = time.perf_counter()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
                 labels, extra = fit()
-            seconds = time.perf_counter() - start
+            seconds = time.perf_counter() - start_time
         except Exception as exc:  # one failed fit is one result of the battery
-            yield {"method": method, "k": None, "nmi": None, "ari": None,
-                   "seconds": time.perf_counter() - start, "error": f"{type(exc).__name__}: {exc}"}
+            yield {**named, "k": None, "nmi": None, "ari": None,
+                   "seconds": time.perf_counter() - start_time, "error": f"{type(exc).__name__}: {exc}"}
             continue
         labels = np.asarray(labels)
         scores = clustering_scores(y, labels)
-        record = {"method": method, "k": len(np.unique(labels[labels != NOISE])), "nmi": scores["nmi"],
+        record = {**named, "k": len(np.unique(labels[labels != NOISE])), "nmi": scores["nmi"],
                   "ari": scores["ari"], "seconds": seconds, **extra}
+        if method == "DeepDPM":
+            record["log_joint"] = objective(X, labels, overrides)
         if method == "HDBSCAN":
             record["noise"] = float(np.mean(labels == NOISE))
         yield record
 
 
 # --------------------------------------------------------------------------------- report
-def _ran(rows: list[dict], method: str) -> list[dict]:
-    return [r for r in rows if r["method"] == method and r["k"] is not None]
+def _ran(rows: list[dict], method: str, start: str | None = None) -> list[dict]:
+    """The records of ``method`` that have a K; DeepDPM's of one start only (``start``, or
+    the first start of the records)."""
+    ran = [r for r in rows if r["method"] == method and r["k"] is not None]
+    if method == "DeepDPM":
+        ran = [r for r in ran if r.get("start", "default") == (start or _first_start(rows))]
+    return ran
+
+
+def _first_start(rows: list[dict]) -> str | None:
+    """The start of the first DeepDPM record: the one the targets are judged on."""
+    return next((r.get("start", "default") for r in rows if r["method"] == "DeepDPM"), None)
 
 
 def verdict(kind: str, true_k: int, rows: list[dict]) -> str:
-    """DeepDPM's targets (module docstring) on the records of one (family, N)."""
-    ours, seeds = _ran(rows, "DeepDPM"), len({r["seed"] for r in rows})
+    """DeepDPM's targets (module docstring) on the records of one (family, N), from its
+    first start."""
+    first, seeds = _first_start(rows), len({r["seed"] for r in rows})
+    fits = [r for r in rows if r["method"] == "DeepDPM" and r.get("start", "default") == first]
+    ours = [r for r in fits if r["k"] is not None]
     if not ours:
         return "NO: DeepDPM failed"
-    ks = [r["k"] for r in ours] + [None] * (seeds - len(ours))  # an error misses every target
+    ks = [r["k"] for r in fits]  # an error (K None) misses every target
     if kind == "overlap":
         bic = [r["k"] for r in _ran(rows, "GMM-BIC")]
         picks = "/".join(map(str, bic)) or "—"
@@ -319,7 +374,7 @@ def verdict(kind: str, true_k: int, rows: list[dict]) -> str:
     k_ok = kind == "real" or all(k is not None and abs(k - true_k) <= tol for k in ks)
     km = _ran(rows, "k-means (true K)")
     margin = np.mean([r["nmi"] for r in ours]) - (np.mean([r["nmi"] for r in km]) if km else 0.0)
-    ok = k_ok and margin >= -0.02 and len(ours) == seeds
+    ok = k_ok and margin >= -0.02 and len(ours) == len(fits)
     k_part = "" if kind == "real" else f"K ±{tol} {'ok' if k_ok else 'FAIL'}; "
     return f"{'yes' if ok else 'NO'}: {k_part}NMI vs k-means {margin:+.3f}"
 
@@ -372,6 +427,43 @@ def report_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def start_table(records: list[dict]) -> str:
+    """One row per (family, N) with DeepDPM from more than one start: each start's K (per
+    seed), mean NMI, mean seconds and mean ln p(X, z) minus the true classes' (nats; > 0: the
+    model prefers the fit's partition, < 0: the search stopped short of the classes), and
+    whether the starts end within max(1, 10 %) of the true K of each other at every seed."""
+    starts = list(dict.fromkeys(r["start"] for r in records if r["method"] == "DeepDPM"))
+    if len(starts) < 2:
+        return ""
+    head = "".join(f" {s}: K | NMI | s | Δ ln p |" for s in starts)
+    lines = ["| family | N | true K |" + head + " starts agree |",
+             "|---|---:|---:|" + "---|---:|---:|---:|" * len(starts) + "---|"]
+    keys = list(dict.fromkeys((r["family"], r["n"]) for r in records))
+    agree = 0
+    for family, n in keys:
+        rows = [r for r in records if (r["family"], r["n"]) == (family, n)]
+        truth = {r["seed"]: r["log_joint"] for r in rows if r["method"] == "true classes"}
+        true_k, cells, by_seed = rows[0]["true_k"], [], {}
+        for start in starts:
+            ran = _ran(rows, "DeepDPM", start)
+            for r in ran:
+                by_seed.setdefault(r["seed"], []).append(r["k"])
+            if not ran:
+                cells += ["—"] * 4
+                continue
+            gaps = [r["log_joint"] - truth[r["seed"]] for r in ran if r["seed"] in truth]
+            cells += ["/".join(str(r["k"]) for r in ran), f"{np.mean([r['nmi'] for r in ran]):.3f}",
+                      f"{np.mean([r['seconds'] for r in ran]):.1f}", f"{np.mean(gaps):+.0f}" if gaps else "—"]
+        tol = k_tolerance(true_k)
+        ok = bool(by_seed) and all(len(ks) == len(starts) and max(ks) - min(ks) <= tol for ks in by_seed.values())
+        agree += ok
+        lines.append(f"| {family} | {n} | {true_k} | " + " | ".join(cells) + f" | {'yes' if ok else 'NO'} |")
+    lines.append(f"\nThe starts agree on {agree} of {len(keys)} (family, N) rows (K within ±max(1, 10 %) of "
+                 "the true K of each other at every seed); Δ ln p: the fit's ln p(X, z) minus the true "
+                 "classes', each with the prior fitted to it.")
+    return "\n".join(lines)
+
+
 def _stop(signum: int, frame: object) -> None:
     """SIGTERM handler: stop like Ctrl-C, so the finished records are still reported."""
     raise KeyboardInterrupt
@@ -393,9 +485,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hdbscan-max-n", type=int, default=100_000)
     parser.add_argument("--hdbscan-max-cost", type=float, default=1e11,
                         help="run HDBSCAN only where N^2 x D is at most this")
+    parser.add_argument("--starts", nargs="+", choices=STARTS, default=None,
+                        help="DeepDPM's initial clusters, one fit each: init.n_clusters auto, 10, 3 x the "
+                             "true K (default: default; all three with --quick)")
     parser.add_argument("--quick", action="store_true",
-                        help=f"every family at <= {QUICK_N} rows, seed 0: a smoke run")
+                        help="every family at its most telling size (QUICK_N), seed 0, the three starts, "
+                             f"BGM stopped after {QUICK_BGM_SECONDS:.0f} s, HDBSCAN up to {QUICK_HDBSCAN_N} rows")
     args = parser.parse_args(argv)
+    args.starts = args.starts or (list(STARTS) if args.quick else ["default"])
+    if args.quick:
+        args.bgm_max_seconds = min(args.bgm_max_seconds, QUICK_BGM_SECONDS)
+        args.hdbscan_max_n = min(args.hdbscan_max_n, QUICK_HDBSCAN_N)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
     overrides = checked_overrides(parser, args.set)
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
@@ -403,7 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": shlex.join(["python", *(sys.argv if argv is None else [__file__, *argv])]),
               "threads": torch.get_num_threads(),
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "overrides": overrides, "seeds": seeds, "quick": args.quick, "complete": False,
+              "overrides": overrides, "seeds": seeds, "starts": args.starts, "quick": args.quick,
+              "complete": False,
               "options": {k: getattr(args, k) for k in ("bgm_max_cost", "bgm_max_seconds",
                                                         "hdbscan_max_n", "hdbscan_max_cost")},
               "records": []}
@@ -414,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
             family = FAMILIES[name]
             ns = family.ns if family.ns == (None,) or args.n is None else args.n
             if args.quick:
-                ns = sorted({QUICK_N if n is None else min(n, QUICK_N) for n in ns})
+                ns = (QUICK_N.get(name, ns[0]),)
             for n in ns:
                 for seed in seeds:
                     X, y = family.make(n, seed)
@@ -424,7 +525,10 @@ def main(argv: list[str] | None = None) -> int:
                         report["records"].append({**base, **rec})
                         status = (f"K {rec['k']:4d} NMI {rec['nmi']:.3f} {rec['seconds']:7.1f} s"
                                   if rec["k"] is not None else rec.get("skipped") or rec.get("error"))
-                        print(f"{name} N {len(X)} seed {seed} {rec['method']:17s} {status}",
+                        if "log_joint" in rec:
+                            status += f" ln p {rec['log_joint']:.1f}"
+                        method = rec["method"] + (f" from {rec['start']}" if "start" in rec else "")
+                        print(f"{name} N {len(X)} seed {seed} {method:22s} {status}",
                               file=sys.stderr, flush=True)
                         if args.json:
                             write_json_atomic(report, args.json)
@@ -432,12 +536,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stopped: reporting the records so far", file=sys.stderr)
     report["wall_seconds"] = time.perf_counter() - start
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    report["cpu_seconds"] = usage.ru_utime + usage.ru_stime  # what a busy machine does not inflate
     if args.json:
         write_json_atomic(report, args.json)
     print(f"seeds {' '.join(map(str, seeds))}; DeepDPM defaults"
           f"{' with ' + ' '.join(args.set) if args.set else ''}; {torch.get_num_threads()} torch "
-          f"thread(s); wall {report['wall_seconds']:.0f} s\n")
+          f"thread(s); wall {report['wall_seconds']:.0f} s, CPU {report['cpu_seconds']:.0f} s\n")
     print(report_table(report["records"]))
+    starts = start_table(report["records"])
+    if starts:
+        print(f"\nDeepDPM from each start ({', '.join(args.starts)}):\n\n{starts}")
     if not report["complete"]:
         print("\nSTOPPED EARLY: the table holds the records finished before the stop.")
     return 0 if report["complete"] else 130
