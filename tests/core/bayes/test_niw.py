@@ -10,6 +10,7 @@ from scipy import integrate, stats
 from deepdpm_core.bayes import (
     NIWPrior,
     SuffStats,
+    empirical_bayes,
     empirical_bayes_nu,
     empirical_bayes_scale,
     grouped_stats,
@@ -295,3 +296,37 @@ def test_diagonal_marginal_is_the_product_of_one_dimensional_models():
 def test_diagonal_prior_defaults_to_three_degrees_of_freedom_per_feature():
     assert NIWPrior.from_shape(torch.zeros(50), torch.ones(50), 1e-4, None, 1.0, diagonal=True).nu == 3.0
     assert NIWPrior.from_shape(torch.zeros(50), torch.ones(50), 1e-4, None, 1.0).nu == 52.0
+
+
+def test_the_spread_the_scale_fits_read_is_the_posterior_scatter_less_the_prior():
+    """diag(B_k)/P from the statistics' diagonals against Λn − Λ0 of the full posterior."""
+    d = 5
+    stats = _clusters(11, d, [30, 1, 80, 0], [0.5, 1.0, 2.0, 1.0])  # a single point and an empty row
+    shape = torch.tensor([1.0, 2.0, 0.5, 1.5, 3.0], dtype=torch.float64)
+    prior = NIWPrior.from_shape(torch.full((d,), 0.3), shape, 0.03, None, 0.7,
+                                floor=torch.full((d,), 1e-3, dtype=torch.float64))
+    spread, rows = empirical_bayes._spread(prior, stats, shape)
+    scatter = posterior(prior, stats).scale - prior.scale
+    expected = scatter.diagonal(dim1=-2, dim2=-1)[stats.n > 0] / shape
+    assert rows.tolist() == [0, 1, 2]
+    torch.testing.assert_close(spread, expected.clamp_min(0.0), rtol=1e-10, atol=1e-12)
+
+
+def test_nu_fitted_to_evenly_spaced_clusters_is_near_the_optimum_over_all_of_them(monkeypatch):
+    """Above NU_FIT_CLUSTERS clusters ν0 reads the shapes of that many (here 10 of 40): the
+    evidence of every cluster is at most a tenth of a nat a cluster below its optimum."""
+    d, k = 6, 40
+    rng = np.random.default_rng(2)
+    stats = _clusters(12, d, list(rng.integers(20, 200, size=k)), list(rng.uniform(0.4, 0.9, size=k)))
+    shape = torch.ones(d, dtype=torch.float64)
+    prior = NIWPrior.from_shape(torch.zeros(d), shape, 1e-3, None, 1.0)
+    s = empirical_bayes_scale(prior, stats, shape)
+    every = empirical_bayes_nu(prior, stats, shape, s)
+    monkeypatch.setattr(empirical_bayes, "NU_FIT_CLUSTERS", 10)
+    some = empirical_bayes_nu(prior, stats, shape, s)
+
+    def total(nu0):
+        return float(log_marginal_likelihood(prior.with_scale(shape, s, prior.kappa, nu0), stats).sum())
+
+    assert some != every  # it read fewer clusters
+    assert total(every) >= total(some) >= total(every) - 0.1 * k
