@@ -28,7 +28,7 @@ Ctrl-C or an error (and each exits by itself when the bench's process is gone).
 The table gives the fit's seconds alone and busy, busy/alone, and that ratio over the
 slowdown a fair share of the cores gives: with n neighbours, t fit threads and c cores
 each runnable thread gets c / (n + t) of a core, a slowdown of max(1, (n + t) / c). The
-target (issue 33): busy/alone within 2x of that fair slowdown. A run past ``--timeout``
+target: busy/alone within 2x of that fair slowdown. A run past ``--timeout``
 seconds is stopped and shown as "> timeout" (no ratio when the fit alone was stopped).
 The machine may be shared with other work: compare the ratios, not the seconds across
 runs.
