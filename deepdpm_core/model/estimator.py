@@ -148,7 +148,8 @@ class DeepDPM(ClusterMixin, BaseEstimator):
     weights_ : ndarray of shape (K,)
     history_ : list of dict
         One record per epoch: epoch, n_clusters, loss_cluster, loss_subcluster,
-        splits_accepted, merges_accepted, prior_scale (s of Ψ = s·diag(p), in the features'
+        splits_accepted, merges_accepted, prunes (clusters removed without a merge),
+        prior_scale (s of Ψ = s·diag(p), in the features'
         units squared), diagonal_covariances (0 or 1), seconds, and where the seconds went:
         seconds_estep (E-step targets), seconds_train (minibatch steps), seconds_stats
         (statistics and their all-reduce), seconds_mstep, seconds_moves (split/merge round).

@@ -186,9 +186,9 @@ class Trainer:
         self._adopt(wrapped(self.ctx, state, self.nets, None if self.anchors is None else new_row[self.anchors]))
         return new_row.cpu()
 
-    def _move(self, move: str, soft: SuffStats, sub: SuffStats) -> tuple[int, int]:
+    def _move(self, move: str, soft: SuffStats, sub: SuffStats) -> tuple[int, int, int]:
         """A ``move`` ("split" or "merge") round (collective); returns the splits (births
-        included) and the merges accepted."""
+        included), the merges accepted and the clusters pruned (too small to keep)."""
         plan = decide_moves(self.ctx, self.config, move, sub, self.state, self.anchors, self.prior_fit, self.rng,
                             self.epoch)
         unsplit = [k for k in range(self.n_clusters) if k not in plan.splits and k not in plan.prunes]
@@ -198,7 +198,7 @@ class Trainer:
             model, born = self.body.after_split(self._model(), [int(new_row[k]) for k in unsplit],
                                                 self.prior_fit, self.torch_gen)
             self._adopt(model)
-        return len(plan.splits) + born, len(plan.merges)
+        return len(plan.splits) + born, len(plan.merges), len(plan.prunes)
 
     # --------------------------------------------------------------------- fit
     def step_epoch(self, on_epoch: Sequence[RecordCallback] = ()) -> dict:
@@ -229,12 +229,13 @@ class Trainer:
         if not self.schedule.frozen(epoch):
             self.m_step(soft, sub)
         t_moves = device_clock(self.device)
-        splits = merges = 0
+        splits = merges = prunes = 0
         move = self.schedule.move_at(epoch)
         if move is not None:
-            splits, merges = self._move(move, soft, sub)
+            splits, merges, prunes = self._move(move, soft, sub)
             self.schedule.moved(epoch, splits + merges, self.n_clusters)
         final = self._settle(epoch) if self.schedule.finished(epoch) else {}
+        prunes += final.pop("prunes", 0)
         t_end = device_clock(self.device)
         prior = self.prior_fit.prior
         record = {
@@ -245,6 +246,9 @@ class Trainer:
             "move": move,
             "splits_accepted": splits,
             "merges_accepted": merges,
+            # clusters removed without a merge (too small in a move round, empty at the
+            # end): with the splits and merges, every change of K a record shows
+            "prunes": prunes,
             "prior_scale": self.prior_fit.sigma_scale,
             "prior_nu": prior.nu,
             "diagonal_covariances": int(prior.diagonal),
@@ -266,7 +270,7 @@ class Trainer:
         """Where the search settled after epoch ``epoch`` (1-based): what the epoch body
         adds (:meth:`~deepdpm_core.training.epoch_body.EpochBody.settle`; a grown partition
         restarts the schedule), then K becomes the clusters that own points. Returns the
-        record's entries."""
+        record's entries (``prunes``: the clusters dropped for owning none)."""
         settled = self.body.settle(self._model(), self.prior_fit, self.rng, self.torch_gen,
                                    epoch < self.schedule.schedule.max_epochs, self.schedule.growths)
         self._adopt(settled.model)
@@ -276,6 +280,7 @@ class Trainer:
         empty = unowned_clusters(self.ctx, self.nets.cluster, self.n_clusters)
         if empty and len(empty) < self.n_clusters:
             self.apply_plan(MovePlan(prunes=empty), SuffStats.zeros(self.n_clusters, self.dim, device=self.device))
+            return {**settled.record, "prunes": len(empty)}
         return settled.record
 
     @property

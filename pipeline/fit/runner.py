@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from deepdpm_core.model import FittedModel, variance_summary
+from deepdpm_core.model import variance_summary
 from deepdpm_core.training import EpochHooks, Trainer, epoch_updater, progress_bar
 from pipeline.fit.interrupts import FitInterrupted, StopRequest
 
@@ -133,17 +133,34 @@ def data_variance_summary(trainer: Trainer) -> dict[str, float]:
     return variance_summary(trainer.feature_variance.cpu().numpy())
 
 
+#: elements of one block of (rows, K·D) whitened coordinates in :meth:`TrainerModel.predict`
+_BLOCK_ELEMS = 1 << 22
+
+
 class TrainerModel:
-    """``predict`` with a trainer's clustering net as it stands (what
-    :class:`pipeline.fit.epoch_scores.EpochLabelScores` scores after each epoch)."""
+    """``predict`` with the partition a trainer holds as it stands: each row's most likely
+    cluster under its mixture (what :class:`pipeline.fit.epoch_scores.EpochLabelScores`
+    scores after each epoch).
+
+    Not the clustering net's argmax: a small-data fit searches by exact EM and fits the net
+    to the mixture only once K has settled, so until its last epoch the net's argmax scores
+    the untrained net (NMI 0.23 on digits at K = 11, then 0.77 at the end). The mixture is
+    what K counts in every fit mode, and what the net is fitted to.
+    """
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
 
+    @torch.no_grad()
     def predict(self, X: Any) -> np.ndarray:
         """Hard cluster of each raw row of X (N, D); shape (N,)."""
-        model = FittedModel.from_trainer(self.trainer)  # a view: no copy, nothing frozen
-        return model.predict_assignments(torch.as_tensor(X))[0].numpy()
+        trainer = self.trainer
+        mixture = trainer.mixture
+        x = torch.as_tensor(X)
+        rows = max(1, _BLOCK_ELEMS // (mixture.n_components * mixture.dim))
+        labels = [mixture.weighted_log_prob(trainer.coords.apply(x[s : s + rows].to(trainer.device))).argmax(1).cpu()
+                  for s in range(0, x.shape[0], rows)]
+        return torch.cat(labels).numpy() if labels else np.zeros(0, dtype=np.int64)
 
 
 def epoch_callbacks(trainer: Trainer, tracker: Any, scores: Any = None) -> list[EpochCallback]:
