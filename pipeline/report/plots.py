@@ -2,7 +2,8 @@
 
 Every function takes plain data (the epoch records of ``DeepDPM.history_`` or cluster
 counts) and writes one PNG atomically with matplotlib's Agg backend, so plots work on
-headless machines and inside Ray workers.
+headless machines and inside Ray workers. Legends sit outside the axes, where they hide
+no data.
 """
 
 from __future__ import annotations
@@ -23,7 +24,19 @@ from deepdpm_core.training import EPOCH_PHASES  # noqa: E402
 
 _SPLIT_COLOUR = "tab:green"
 _MERGE_COLOUR = "tab:red"
+_PRUNE_COLOUR = "dimgrey"
 _DPI = 110
+
+#: what changes K in an epoch record: (key, colour, marker, legend label, x offset in
+#: epochs, so that two kinds in one epoch do not hide each other); ``polished`` and
+#: ``grown`` are the end of the search, which may set K anew (docs/design.md, "Polish")
+K_CHANGES = (
+    ("splits_accepted", _SPLIT_COLOUR, "^", "split accepted", -0.2),
+    ("merges_accepted", _MERGE_COLOUR, "v", "merge accepted", 0.0),
+    ("prunes", _PRUNE_COLOUR, "X", "cluster pruned (too small or empty)", 0.2),
+    ("polished", "tab:purple", "D", "k-means partition taken at the end", 0.0),
+    ("grown", "tab:orange", "*", "search restarted from more clusters", 0.0),
+)
 
 
 def _save(fig: plt.Figure, path: str | Path) -> Path:
@@ -57,14 +70,28 @@ def _column(history: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
     return np.array([float(r.get(key) or 0) for r in history])
 
 
+def _legend_right(ax: plt.Axes) -> None:
+    """The legend beside the axes, on the right (for axes without a second y-axis)."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+              fontsize="small", frameon=False)
+
+
+def _legend_below(ax: plt.Axes, ncol: int = 3) -> None:
+    """The legend under the axes and their x label (for axes with a second y-axis, whose
+    label holds the right side)."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=ncol, fontsize="small",
+              frameon=False)
+
+
 def plot_k_over_epochs(history: Sequence[Mapping[str, Any]], path: str | Path,
                        resumed_after: int | None = None) -> Path:
-    """K after each epoch, with the epochs of accepted splits/merges marked.
+    """K after each epoch, each change marked by what the epoch's record says made it
+    (:data:`K_CHANGES`: splits, merges, prunes, the end's k-means partition, a growth).
 
     Parameters
     ----------
-    history : sequence of epoch records (``epoch``, ``n_clusters``, ``splits_accepted``,
-        ``merges_accepted``)
+    history : sequence of epoch records (``epoch``, ``n_clusters`` and the keys of
+        :data:`K_CHANGES`; a missing key counts 0)
     path : destination PNG
     resumed_after : int, optional
         The epoch after which a resumed fit continued: a dashed line there.
@@ -73,53 +100,54 @@ def plot_k_over_epochs(history: Sequence[Mapping[str, Any]], path: str | Path,
     k = _column(history, "n_clusters")
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     ax.step(epochs, k, where="post", color="tab:blue", lw=2, label="K")
-    for key, colour, name in (
-        ("splits_accepted", _SPLIT_COLOUR, "split accepted"),
-        ("merges_accepted", _MERGE_COLOUR, "merge accepted"),
-    ):
+    for key, colour, marker, name, offset in K_CHANGES:
         moved = _column(history, key) > 0
         if moved.any():
-            ax.scatter(epochs[moved], k[moved], color=colour, zorder=3, s=28, label=name)
+            ax.scatter(epochs[moved] + offset, k[moved], color=colour, marker=marker, zorder=3,
+                       s=40, label=name)
     if resumed_after:
         ax.axvline(resumed_after, color="grey", ls="--", lw=1,
                    label=f"resumed after epoch {resumed_after}")
     ax.set_xlabel("epoch")
     ax.set_ylabel("number of clusters K")
-    ax.set_title("K over epochs")
+    ax.set_title("K after each epoch, and what changed it")
     _integer_axes(ax)
     _count_range(ax, k)
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
+    _legend_right(ax)
     return _save(fig, path)
 
 
 def plot_moves(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """Accepted splits (up) and merges (down) per epoch, and their running totals."""
+    """Accepted splits (up), merges and pruned clusters (down, stacked) per epoch, and
+    their running totals."""
     epochs = _column(history, "epoch")
     splits = _column(history, "splits_accepted")
     merges = _column(history, "merges_accepted")
+    prunes = _column(history, "prunes")
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 4.8), sharex=True)
     top.bar(epochs, splits, color=_SPLIT_COLOUR, label="splits")
     top.bar(epochs, -merges, color=_MERGE_COLOUR, label="merges")
+    top.bar(epochs, -prunes, bottom=-merges, color=_PRUNE_COLOUR, label="prunes")
     top.axhline(0, color="black", lw=0.8)
-    top.set_ylabel("accepted this epoch")
-    top.set_title("Split / merge acceptance")
-    top.legend(loc="best", fontsize="small")
-    bottom.step(
-        epochs, np.cumsum(splits), where="post", color=_SPLIT_COLOUR, label="splits (total)"
-    )
-    bottom.step(
-        epochs, np.cumsum(merges), where="post", color=_MERGE_COLOUR, label="merges (total)"
-    )
+    top.set_ylabel("this epoch")
+    top.set_title("Moves per epoch: splits raise K, merges and prunes lower it")
+    _legend_right(top)
+    for counts, colour, name in ((splits, _SPLIT_COLOUR, "splits"),
+                                 (merges, _MERGE_COLOUR, "merges"),
+                                 (prunes, _PRUNE_COLOUR, "prunes")):
+        bottom.step(epochs, np.cumsum(counts), where="post", color=colour,
+                    label=f"{name} (total)")
     bottom.set_xlabel("epoch")
-    bottom.set_ylabel("accepted so far")
-    bottom.legend(loc="best", fontsize="small")
-    # counts: integer ticks, never -0.045 moves; merges are drawn down but counted up
-    top_most = max(float(splits.max(initial=0)), float(merges.max(initial=0)), 1.0)
+    bottom.set_ylabel("so far")
+    _legend_right(bottom)
+    # counts: integer ticks, never -0.045 moves; merges and prunes are drawn down but
+    # counted up
+    top_most = max(float(splits.max(initial=0)), float((merges + prunes).max(initial=0)), 1.0)
     top.set_ylim(-top_most * 1.15, top_most * 1.15)
     top.yaxis.set_major_locator(MaxNLocator(integer=True, symmetric=True))
     top.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{abs(v):g}"))
-    _count_range(bottom, np.concatenate([np.cumsum(splits), np.cumsum(merges)]))
+    _count_range(bottom, np.concatenate([np.cumsum(splits), np.cumsum(merges), np.cumsum(prunes)]))
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
         _integer_axes(ax)
@@ -179,9 +207,7 @@ def plot_epoch_time(history: Sequence[Mapping[str, Any]], path: str | Path,
     ax.set_title(f"Where the epochs went\n({total})")
     _integer_axes(ax)
     ax.grid(alpha=0.3, axis="y")
-    # below the axes: inside, the legend hides the first (often tallest) bars
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize="small",
-              frameon=False)
+    _legend_below(ax)
     return _save(fig, path)
 
 
@@ -195,7 +221,8 @@ def has_scores(history: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def plot_scores(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """NMI, ARI and ACC per epoch (on the labelled rows the fit scored), with K."""
+    """NMI, ARI and ACC per epoch of the fit's partition as it stood after the epoch (each
+    row's most likely cluster under the mixture; on the labelled rows the fit scored), with K."""
     epochs = _column(history, "epoch")
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for key, colour in zip(SCORE_KEYS, ("tab:purple", "tab:olive", "tab:cyan"), strict=True):
@@ -207,10 +234,10 @@ def plot_scores(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     twin.step(epochs, _column(history, "n_clusters"), where="post", color="grey", lw=1, ls="--")
     twin.set_ylabel("K (dashed)", color="grey")
     _count_range(twin, _column(history, "n_clusters"))
-    ax.set_title("Clustering scores")
+    ax.set_title("Agreement with the labels after each epoch")
     _integer_axes(ax)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize="small")
+    _legend_below(ax)
     return _save(fig, path)
 
 
@@ -273,5 +300,5 @@ def write_fit_plots(
     return paths
 
 
-__all__ = ["SCORE_KEYS", "has_phases", "has_scores", "plot_cluster_sizes", "plot_epoch_time",
+__all__ = ["K_CHANGES", "SCORE_KEYS", "has_phases", "has_scores", "plot_cluster_sizes", "plot_epoch_time",
            "plot_k_over_epochs", "plot_losses", "plot_moves", "plot_scores", "write_fit_plots"]

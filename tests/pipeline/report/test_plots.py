@@ -159,3 +159,62 @@ def test_scores_plot_follows_the_scores(tmp_path):
     a = _pixels(plots.plot_scores(rising, tmp_path / "a.png"))
     b = _pixels(plots.plot_scores(flat, tmp_path / "b.png"))
     assert a.shape[0] > 200 and _differ(a, b)
+
+
+def _marks(ax) -> dict[str, list[tuple[float, float]]]:
+    """The markers of each legend label: (x, y) of every point."""
+    return {c.get_label(): [tuple(p) for p in c.get_offsets()] for c in ax.collections
+            if not c.get_label().startswith("_")}
+
+
+def test_k_markers_are_the_moves_the_records_accepted(tmp_path, figures):
+    # a split round that also prunes two small clusters (K 10 -> 9), then a merge round,
+    # then the end's k-means partition with one cluster fewer
+    k = [10, 10, 9, 9, 5, 5, 4]
+    history = [{"epoch": e, "n_clusters": n, "splits_accepted": 0, "merges_accepted": 0,
+                "prunes": 0} for e, n in enumerate(k)]
+    history[2].update(splits_accepted=1, prunes=2)
+    history[4].update(merges_accepted=4)
+    history[6].update(polished=1)
+    plots.plot_k_over_epochs(history, tmp_path / "k.png")
+    marks = _marks(figures[0].axes[0])
+
+    def epochs_of(word: str) -> list[int]:
+        return sorted(round(x) for name, points in marks.items() if word in name for x, _ in points)
+
+    assert epochs_of("prune") == [2]  # K fell 10 -> 9 in a split round: not only a split
+    assert epochs_of("split") == [2] and epochs_of("merge") == [4]
+    assert epochs_of("k-means") == [6]
+    # every change of K has a marker, and there is none where K stayed
+    changed = {e for e in range(1, len(k)) if k[e] != k[e - 1]}
+    assert {round(x) for points in marks.values() for x, _ in points} == changed
+
+
+def test_moves_tell_prunes_from_merges(tmp_path, figures):
+    history = _history([10, 10, 9, 9, 5])
+    history[2].update(splits_accepted=1, merges_accepted=0, prunes=2)
+    plots.plot_moves(history, tmp_path / "m.png")
+    top, bottom = figures[0].axes
+    labels = [t.get_text() for t in top.get_legend().get_texts()]
+    assert labels == ["splits", "merges", "prunes"]
+    totals = {line.get_label(): line.get_ydata()[-1] for line in bottom.get_lines()}
+    assert totals == {"splits (total)": 1, "merges (total)": 4, "prunes (total)": 2}
+
+
+def _hides_nothing(fig, ax) -> bool:
+    """The axes' legend lies wholly outside them."""
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    inside = ax.get_window_extent(renderer)
+    return not legend.overlaps(inside)
+
+
+def test_legends_sit_outside_the_axes(tmp_path, figures):
+    history = [{**r, "nmi": 0.5, "ari": 0.4, "acc": 0.7} for r in _history([1, 1, 3, 3, 5, 4, 4])]
+    plots.plot_k_over_epochs(history, tmp_path / "k.png", resumed_after=3)
+    plots.plot_moves(history, tmp_path / "m.png")
+    plots.plot_scores(history, tmp_path / "s.png")
+    (k_fig, moves_fig, scores_fig) = figures
+    assert _hides_nothing(k_fig, k_fig.axes[0])
+    assert all(_hides_nothing(moves_fig, ax) for ax in moves_fig.axes)
+    assert _hides_nothing(scores_fig, scores_fig.axes[0])
