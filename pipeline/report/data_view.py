@@ -1,10 +1,12 @@
 """The report's view of the data: the fit's rows read again from its input, projected to 2-D
-and coloured by cluster, and a few rows of each cluster (as numbers, or as small images
-when the rows are pixels).
+in the fit's own coordinates and coloured by cluster, and a few rows of each cluster (as
+numbers, or as small images when the rows are pixels).
 
 The rows are read with the loader the fit used (:func:`pipeline.io.tables.read_features`,
 the feature columns named in ``summary.json``); a report whose input is gone, or holds other
-rows than the assignments, goes without them.
+rows than the assignments, goes without them. The projection is of the coordinates the fit
+clustered (:func:`fit_view`: its ``data.transform``, rebuilt from the same rows and config),
+not of the raw units, where one large-unit feature is all a PCA sees.
 """
 
 from __future__ import annotations
@@ -18,17 +20,73 @@ matplotlib.use("Agg")  # headless; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from deepdpm_core.atomic_files import atomic_path  # noqa: E402
+from deepdpm_core.config import DataConfig  # noqa: E402
+from deepdpm_core.data import fit_coordinates  # noqa: E402
 from deepdpm_core.errors import DeepDPMError  # noqa: E402
+from deepdpm_core.runtime import LocalCommunicator  # noqa: E402
 from pipeline.io.columns import summary_columns  # noqa: E402
 from pipeline.io.tables import read_features  # noqa: E402
+from pipeline.report import plots  # noqa: E402
 
 #: rows drawn in the projection (a random subset of larger inputs)
 PROJECTED_ROWS = 5000
 #: feature columns shown in a sample row (the first ones)
 SHOWN_COLUMNS = 8
+#: clusters named in the projection's legend (the largest ones)
+LEGEND_CLUSTERS = 40
+#: what each ``data.transform`` makes of the features, as the projection names it
+TRANSFORM_NAMES = {
+    "none": "the features as given",
+    "standard": "standardised features",
+    "normalize": "rows scaled to unit length",
+    "min_max": "features scaled to [0, 1]",
+}
+#: point markers, cycled beside the colours: a second cue where two colours look alike
+MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
+def _lab(rgb: np.ndarray) -> np.ndarray:
+    """CIELAB (D65) of sRGB colours in [0, 1], (n, 3) -> (n, 3)."""
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = linear @ np.array([[0.4124, 0.2126, 0.0193], [0.3576, 0.7152, 0.1192],
+                             [0.1805, 0.0722, 0.9505]]) / np.array([0.9505, 1.0, 1.089])
+    f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
+    return np.stack([116 * f[:, 1] - 16, 500 * (f[:, 0] - f[:, 1]), 200 * (f[:, 1] - f[:, 2])], 1)
+
+
+def _distinct_colours(n: int = LEGEND_CLUSTERS) -> list[str]:
+    """``n`` colours: matplotlib's ten but its grey, then colours picked one by one, each
+    the farthest (in CIELAB) from those already picked (as Glasbey's palettes are made),
+    among sRGB colours neither pale nor dark (lightness 30 to 70: every one shows on white
+    and none looks like the black crosses of tiny clusters) nor grey (chroma above 30)."""
+    seeds = np.array([rgb for rgb in plt.get_cmap("tab10").colors if len(set(rgb)) > 1])
+    steps = np.linspace(0.0, 1.0, 16)
+    rgb = np.stack(np.meshgrid(steps, steps, steps, indexing="ij"), -1).reshape(-1, 3)
+    lab = _lab(rgb)
+    keep = (lab[:, 0] >= 30) & (lab[:, 0] <= 70) & (np.hypot(lab[:, 1], lab[:, 2]) > 30)
+    rgb, lab = rgb[keep], lab[keep]
+    picked = list(seeds[:n])
+    nearest = np.linalg.norm(lab[:, None] - _lab(seeds)[None], axis=-1).min(1)
+    while len(picked) < n:
+        best = int(nearest.argmax())
+        picked.append(rgb[best])
+        nearest = np.minimum(nearest, np.linalg.norm(lab - lab[best], axis=1))
+    return [to_hex(c) for c in picked]
+
+
+#: the clusters' colours, largest cluster first
+PALETTE = _distinct_colours()
+
+
+def cluster_styles(order: list[int]) -> dict[int, tuple[str, str]]:
+    """Colour (hex) and marker of each cluster id in ``order`` (largest first): the
+    projection's, and the report table's swatches."""
+    return {int(k): (PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)])
+            for i, k in enumerate(order)}
 
 
 def fit_rows(summary: dict[str, Any], assignments: pa.Table | None) -> tuple[np.ndarray, list[str]] | None:
@@ -50,6 +108,19 @@ def fit_rows(summary: dict[str, Any], assignments: pa.Table | None) -> tuple[np.
         return None
     names = table.feature_names or [f"x{j}" for j in range(X.shape[1])]
     return np.asarray(X, dtype=np.float32), list(names)
+
+
+def fit_view(X: np.ndarray, config: dict[str, Any] | None) -> tuple[np.ndarray, str]:
+    """The rows in the fit's coordinates x̃ (its ``data.transform``, centred, one scale;
+    :func:`deepdpm_core.data.fit_coordinates` on the same rows and ``data`` config), and
+    what the transform made of the features; the rows as given when ``config`` has no
+    usable ``data`` section (a summary of another version)."""
+    try:
+        data = DataConfig(**dict((config or {}).get("data") or {}))
+    except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
+        return X, "the features as given (the fit's transform is unknown)"
+    coords, _, _ = fit_coordinates(torch.from_numpy(X), data, LocalCommunicator(), torch.device("cpu"))
+    return coords.apply(torch.from_numpy(X)).numpy(), TRANSFORM_NAMES.get(coords.kind, coords.kind)
 
 
 def pca_2d(X: np.ndarray, max_rows: int = PROJECTED_ROWS, seed: int = 0
@@ -79,33 +150,35 @@ def pca_2d(X: np.ndarray, max_rows: int = PROJECTED_ROWS, seed: int = 0
 
 
 def plot_projection(xy: np.ndarray, clusters: np.ndarray, tiny: set[int], explained: np.ndarray,
-                    path: str | Path) -> Path:
-    """Scatter of 2-D points coloured by cluster (20 colours, cycled), the rows of tiny
-    clusters as black crosses; the largest clusters named in the legend."""
+                    path: str | Path, styles: dict[int, tuple[str, str]] | None = None,
+                    space: str = "the features as given") -> Path:
+    """Scatter of 2-D points, each cluster in its colour and marker (``styles``, by default
+    :func:`cluster_styles` of the clusters largest first), the rows of tiny clusters as
+    black crosses; the legend, beside the axes, names the :data:`LEGEND_CLUSTERS` largest
+    clusters. ``space`` says what was projected."""
     fig, ax = plt.subplots(figsize=(6.4, 5.0))
     ids, counts = np.unique(clusters, return_counts=True)
-    order = ids[np.argsort(-counts, kind="stable")]
-    colours = plt.get_cmap("tab20").colors
-    size = 6 if len(xy) > 2000 else 12
+    order = [int(k) for k in ids[np.argsort(-counts, kind="stable")] if int(k) not in tiny]
+    styles = styles or cluster_styles(order)
+    size = 8 if len(xy) > 2000 else 16
     for i, k in enumerate(order):
         at = clusters == k
-        if int(k) in tiny:
-            continue
-        ax.scatter(xy[at, 0], xy[at, 1], s=size, color=colours[i % 20], alpha=0.7, linewidths=0,
-                   label=f"cluster {k}" if i < 12 else None)
+        colour, marker = styles[k]
+        ax.scatter(xy[at, 0], xy[at, 1], s=size, color=colour, marker=marker, alpha=0.75,
+                   linewidths=0, label=f"cluster {k}" if i < LEGEND_CLUSTERS else None)
     small = np.isin(clusters, list(tiny))
     if small.any():
         ax.scatter(xy[small, 0], xy[small, 1], s=30, color="black", marker="x",
                    label="tiny clusters")
     ax.set_xlabel(f"PC 1 ({explained[0]:.0%} of the variance)")
     ax.set_ylabel(f"PC 2 ({explained[1]:.0%} of the variance)")
-    ax.set_title(f"The rows in 2-D (PCA), coloured by cluster ({len(xy)} rows)")
-    ax.legend(fontsize="x-small", markerscale=2, loc="best", ncol=2)
+    named = "" if len(order) <= LEGEND_CLUSTERS else f"; the {LEGEND_CLUSTERS} largest named"
+    ax.set_title(f"{len(xy)} rows on their first two principal axes\n(of {space}){named}")
+    entries = min(len(order), LEGEND_CLUSTERS) + int(small.any())
+    ax.legend(fontsize="x-small", markerscale=1.5, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+              borderaxespad=0.0, frameon=False, ncol=1 if entries <= 16 else 2)
     ax.grid(alpha=0.2)
-    with atomic_path(Path(path)) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return Path(path)
+    return plots.save_figure(fig, path)
 
 
 def row_image(rows: np.ndarray, shape: tuple[int, int], size: int = 64) -> bytes:
@@ -131,5 +204,5 @@ def row_image(rows: np.ndarray, shape: tuple[int, int], size: int = 64) -> bytes
     return buf.getvalue()
 
 
-__all__ = ["PROJECTED_ROWS", "SHOWN_COLUMNS", "fit_rows", "pca_2d", "plot_projection",
-           "row_image"]
+__all__ = ["LEGEND_CLUSTERS", "MARKERS", "PALETTE", "PROJECTED_ROWS", "SHOWN_COLUMNS", "TRANSFORM_NAMES",
+           "cluster_styles", "fit_rows", "fit_view", "pca_2d", "plot_projection", "row_image"]

@@ -190,6 +190,7 @@ th{background:#f3f3f3}.grid{display:grid;grid-template-columns:repeat(auto-fit,m
 .samples td{text-align:left;vertical-align:middle}pre{background:#f7f7f7;padding:1em;overflow:auto}
 figure{margin:0}figcaption{color:#444;font-size:.92em;margin:.2em 0 .8em}
 .rows td{font-family:ui-monospace,monospace;font-size:.85em}
+.swatch{display:inline-block;width:.8em;height:.8em;margin-right:.35em;vertical-align:baseline;border-radius:2px}
 """
 
 
@@ -205,8 +206,53 @@ def _tiny(summary: dict[str, Any], rows: list[ClusterRow]) -> tuple[list[int], i
     return tiny_clusters(sizes, threshold), threshold
 
 
+@dataclass
+class KCount:
+    """K and its parts, the one count the header, the overview and the tables give.
+
+    Attributes
+    ----------
+    k : int
+        Clusters of the fit (``summary.json``'s ``n_clusters``; the assignments' clusters
+        when it is missing).
+    clusters, tiny, empty : int
+        Of them: the clusters that are not tiny, the tiny ones, and those that own no row
+        of the assignments (k = clusters + tiny + empty).
+    """
+
+    k: int
+    clusters: int
+    tiny: int
+    empty: int
+
+    @classmethod
+    def of(cls, summary: dict[str, Any], rows: list[ClusterRow], tiny: list[int]) -> KCount:
+        owned = {r.cluster for r in rows}
+        n_tiny = len(owned & set(tiny)) if rows else len(tiny)
+        k = int(summary.get("n_clusters") or len(owned))
+        clusters = len(owned) - n_tiny if rows else k - n_tiny
+        return cls(k, clusters, n_tiny, max(k - clusters - n_tiny, 0))
+
+    def parts(self) -> str:
+        """``3 clusters + 2 tiny`` (empty when every cluster is a plain one)."""
+        if not (self.tiny or self.empty):
+            return ""
+        out = [f"{self.clusters} cluster{'s' * (self.clusters != 1)}"]
+        out += [f"{self.tiny} tiny"] if self.tiny else []
+        out += [f"{self.empty} owning no row"] if self.empty else []
+        return " + ".join(out)
+
+
 def _figure(png: bytes, name: str, caption: str) -> str:
     return f"<figure>{_img(png, name)}<figcaption>{html.escape(caption)}</figcaption></figure>"
+
+
+def _small_data(summary: dict[str, Any]) -> int | None:
+    """``small_data.max_rows`` when the fit searched by exact EM (at most that many rows),
+    else None."""
+    limit = ((summary.get("config") or {}).get("small_data") or {}).get("max_rows", 100_000)
+    n = summary.get("n_samples")
+    return int(limit) if n is not None and int(n) <= int(limit) else None
 
 
 def render_report(
@@ -235,65 +281,88 @@ def render_report(
     config = summary.get("config") or {}
     rows = cluster_rows(run.assignments) if run.assignments is not None else []
     tiny, tiny_rows = _tiny(summary, rows)
-    title = f"DeepDPM report: K = {summary.get('n_clusters', '?')}"
+    count = KCount.of(summary, rows, tiny) if (rows or "n_clusters" in summary) else None
+    title = "DeepDPM report: K = " + ("?" if count is None else str(count.k)) + (
+        f" ({count.parts()})" if count is not None and count.parts() else "")
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         f'<p class="source">{html.escape(run.source)}</p>',
-        _overview(summary, tiny, tiny_rows, rows),
+        _overview(summary, tiny, tiny_rows, rows, count),
     ]
     for diagnostic in diagnose(history, config, summary.get("feature_variance_ratio")):
         parts.append(f'<div class="warn">{html.escape(diagnostic.message)}</div>')
 
     with tempfile.TemporaryDirectory(prefix="deepdpm-report-") as tmp:
         tmp_dir = Path(tmp)
+        styles = data_view.cluster_styles([r.cluster for r in rows if r.cluster not in set(tiny)])
         parts.append(_data_section(summary, run.assignments, rows[:max_clusters], set(tiny),
-                                   tmp_dir, min(per_cluster, 5), row_shape))
+                                   tmp_dir, min(per_cluster, 5), row_shape, styles))
         if rows:
             normal = [r for r in rows if r.cluster not in set(tiny)]
-            parts.append(_cluster_table(normal[:max_clusters], len(normal), "Clusters"))
-            if tiny:
-                small = [r for r in rows if r.cluster in set(tiny)]
-                parts.append(f"<p>Tiny clusters hold fewer than {tiny_rows} rows each: too few "
-                             "to be a group, they are most likely outliers or splinters of a "
-                             "larger cluster. K counts them.</p>")
-                parts.append(_cluster_table(small[:max_clusters], len(small),
-                                            f"Tiny clusters (fewer than {tiny_rows} rows)"))
-            sizes = plots.plot_cluster_sizes([r.size for r in rows], tmp_dir / "sizes.png",
-                                             ids=[r.cluster for r in rows])
+            small = [r for r in rows if r.cluster in set(tiny)]
+            parts.append(_cluster_table(
+                normal[:max_clusters], len(normal), "Clusters",
+                _of_k(count, f"the {len(small)} tiny ones are below" if small else None), styles))
+            if small:
+                parts.append(_cluster_table(small[:max_clusters], len(small), "Tiny clusters",
+                                            _of_k(count, f"the other {len(normal)} are above")))
+                parts.append(f"<p>A tiny cluster holds fewer than {tiny_rows} rows: too few to "
+                             "be a group, it is most likely outliers or a splinter of a larger "
+                             "cluster. K counts it.</p>")
+            owned = {r.cluster for r in rows}
+            empty = [k for k in range(count.k) if k not in owned][:count.empty] if count else []
+            sizes = plots.plot_cluster_sizes([r.size for r in rows] + [0] * len(empty),
+                                             tmp_dir / "sizes.png",
+                                             ids=[r.cluster for r in rows] + empty)
             parts.append(_figure(sizes.read_bytes(), "Cluster sizes",
                                  "Rows in each cluster, largest first (a log scale when they "
                                  "differ by more than 50 times); the bars at the right end "
                                  "are the smallest clusters."))
         parts.append("<h2>How the search went</h2>"
-                     "<p>The fit starts from k-means clusters and, epoch by epoch, trains a "
-                     "net to match a Gaussian mixture while split and merge moves change K, "
-                     "until K settles.</p>")
+                     "<p>The fit starts from k-means clusters and, epoch by epoch, fits a "
+                     "Gaussian mixture while split and merge moves change K, until K "
+                     "settles; a clustering net learns the mixture, to assign new rows.</p>")
         parts.append('<div class="grid">')
         resumed = summary.get("resumed_from_epoch")
-        k_caption = ("Clusters (K) after each epoch: splits raise it, merges lower it, and a "
-                     "flat end means K settled.")
+        k_caption = ("K after each epoch. Every change is marked with what the epoch's record "
+                     "says made it: splits accepted (up-triangles), merges accepted "
+                     "(down-triangles), clusters pruned, too small to keep or owning no row "
+                     "at the end (crosses), and the k-means partition of K or K - 1 clusters "
+                     "the end of the search takes when the model's evidence prefers it "
+                     "(diamond). A flat end means K settled.")
         if resumed:
             k_caption += f" This fit was resumed after epoch {resumed} (the dashed line)."
         k_plot = plots.plot_k_over_epochs(history, tmp_dir / "k.png", resumed)
         parts.append(_figure(k_plot.read_bytes(), "K over epochs", k_caption))
         parts.append(_figure(plots.plot_moves(history, tmp_dir / "moves.png").read_bytes(),
-                             "Split / merge acceptance",
-                             "Splits and merges accepted in each move round: the search ends "
-                             "once rounds stop accepting either."))
+                             "Moves per epoch",
+                             "Clusters split, merged and pruned in each epoch (top) and so far "
+                             "(bottom). Move rounds take turns, splits then merges; the search "
+                             "ends once rounds in a row change nothing."))
+        small_limit = _small_data(summary)
+        losses_caption = (
+            "Mean loss per row of the clustering net (left axis) and of the sub-cluster "
+            "split proposals (right axis). " + (
+                f"With at most {small_limit:,} rows the search is exact EM: the clustering "
+                "net takes one step per epoch and is fitted to the clusters only after the "
+                "last one, so its loss here stays near ln K and drops when K does; it does "
+                "not measure the clusters. The sub-cluster loss jumps when a move changes "
+                "the sub-clusters." if small_limit is not None else
+                "Lower is better, and a level end means the nets have learned the mixture; "
+                "both jump after an accepted move, which changes what they learn."))
         parts.append(_figure(plots.plot_losses(history, tmp_dir / "losses.png").read_bytes(),
-                             "Losses",
-                             "How far the clustering net (cluster loss) and the nets that "
-                             "propose splits (sub-cluster loss) are from the mixture: lower is "
-                             "better, a level end means they have learned it; jumps follow "
-                             "accepted moves."))
+                             "Losses", losses_caption))
         if plots.has_scores(history):
             scores = plots.plot_scores(history, tmp_dir / "scores.png")
             parts.append(_figure(scores.read_bytes(), "NMI / ARI / ACC over epochs",
-                                 "Agreement of the clusters with the input's labels after "
-                                 "each epoch (1 = the same grouping)."))
+                                 "Agreement with the input's labels (1 = the same grouping) of "
+                                 "the fit's partition after each epoch: each row's most likely "
+                                 "cluster under the mixture, on up to 10,000 labelled rows. "
+                                 "The scores move when K does; the Result's are of the final "
+                                 "assignments of every row."))
         parts.append("</div>")
         if images is not None and run.assignments is not None:
             parts.append(_samples(run.assignments, rows[:max_clusters], images, per_cluster))
@@ -313,7 +382,7 @@ def render_report(
 
 def _data_section(summary: dict[str, Any], assignments: pa.Table | None, rows: list[ClusterRow],
                   tiny: set[int], tmp_dir: Path, per_cluster: int,
-                  row_shape: tuple[int, int] | None) -> str:
+                  row_shape: tuple[int, int] | None, styles: dict[int, tuple[str, str]]) -> str:
     """The rows in 2-D coloured by cluster, and the most confident rows of each cluster."""
     read = data_view.fit_rows(summary, assignments)
     if read is None:
@@ -322,14 +391,16 @@ def _data_section(summary: dict[str, Any], assignments: pa.Table | None, rows: l
                 "of these assignments, so the data are not shown.</p>")
     X, names = read
     clusters = assignments.column("cluster").to_numpy()
-    xy, picked, explained = data_view.pca_2d(X)
+    coords, space = data_view.fit_view(X, summary.get("config"))
+    xy, picked, explained = data_view.pca_2d(coords)
     png = data_view.plot_projection(xy, clusters[picked], tiny, explained,
-                                    tmp_dir / "projection.png").read_bytes()
+                                    tmp_dir / "projection.png", styles, space).read_bytes()
     parts = ["<h2>The data</h2>", _figure(
         png, "The rows in 2-D",
-        "Each row drawn at its position on the two directions along which the data vary most "
-        "(PCA), in the colour of its cluster; tiny clusters are black crosses. Clusters that "
-        "overlap here may still be apart in the other dimensions.")]
+        f"Each row at its place on the two directions along which the data vary most (PCA) in "
+        f"the coordinates the fit clustered ({space}), in its cluster's colour and marker; "
+        "tiny clusters are black crosses. Clusters that overlap here may still be apart in "
+        "the other dimensions.")]
     confidence = (assignments.column("confidence").to_numpy()
                   if "confidence" in assignments.column_names else np.zeros(len(X)))
     shown = names[:data_view.SHOWN_COLUMNS]
@@ -341,7 +412,8 @@ def _data_section(summary: dict[str, Any], assignments: pa.Table | None, rows: l
     for r in rows:
         members = np.flatnonzero(clusters == r.cluster)
         best = members[np.argsort(-confidence[members], kind="stable")[:per_cluster]]
-        label = f"{r.cluster}<br>{r.size} rows" + ("<br>(tiny)" if r.cluster in tiny else "")
+        label = (_swatch(styles.get(r.cluster)) + f"{r.cluster}<br>{r.size} rows"
+                 + ("<br>(tiny)" if r.cluster in tiny else ""))
         if row_shape:
             body.append(f"<tr><th>{label}</th><td>"
                         f"{_img(data_view.row_image(X[best], row_shape), f'cluster {r.cluster}')}"
@@ -361,19 +433,18 @@ def _data_section(summary: dict[str, Any], assignments: pa.Table | None, rows: l
 
 
 def _overview(summary: dict[str, Any], tiny: list[int], tiny_rows: int,
-              rows: list[ClusterRow]) -> str:
+              rows: list[ClusterRow], count: KCount | None) -> str:
     sizes = {r.cluster: r.size for r in rows}
-    tiny_text = None
-    if tiny:
+    k_text = None if count is None else str(count.k)
+    if count is not None and tiny:
         shown = ", ".join(str(sizes.get(k, "?")) for k in tiny[:8])
-        tiny_text = (f"{len(tiny)}, each of fewer than {tiny_rows} rows ({shown}"
-                     f"{', ...' if len(tiny) > 8 else ''} rows); "
-                     f"{int(summary.get('n_clusters', 0)) - len(tiny)} clusters without them")
-    elif rows:
-        tiny_text = f"none (a cluster of fewer than {tiny_rows} rows would be)"
+        k_text += (f": {count.parts()} (a tiny cluster holds fewer than {tiny_rows} rows; "
+                   f"these hold {shown}{', ...' if len(tiny) > 8 else ''})")
+    elif count is not None and rows:
+        k_text += (f" (none tiny: a cluster of fewer than {tiny_rows} rows would be)"
+                   + (f"; {count.parts()}" if count.parts() else ""))
     facts = [
-        ("clusters found (K)", summary.get("n_clusters")),
-        ("tiny clusters", tiny_text),
+        ("clusters found (K)", k_text),
         ("epochs", summary.get("epochs")),
         ("stopped", stop_reason(summary.get("history") or [], summary.get("config"))),
         ("resumed after epoch", summary.get("resumed_from_epoch")),
@@ -393,21 +464,43 @@ def _overview(summary: dict[str, Any], tiny: list[int], tiny_rows: int,
     return f"<h2>Result</h2><table>{cells}</table>{note}"
 
 
-def _cluster_table(rows: list[ClusterRow], total: int, title: str = "Clusters") -> str:
+def _of_k(count: KCount | None, apart: str | None) -> str:
+    """How a table's clusters stand to K: ``of K = 5; the 2 tiny ones are below`` (``apart``:
+    where K's other clusters are listed, None when there are none)."""
+    if count is None:
+        return ""
+    if apart is None:
+        return f"K = {count.k}" if not count.empty else f"of K = {count.k}: {count.parts()}"
+    return f"of K = {count.k}; {apart}"
+
+
+def _swatch(style: tuple[str, str] | None) -> str:
+    """A square of the cluster's colour in the projection (nothing for tiny clusters)."""
+    if style is None:
+        return ""
+    return (f'<span class="swatch" style="background:{style[0]}" '
+            'title="its colour in the 2-D view"></span>')
+
+
+def _cluster_table(rows: list[ClusterRow], total: int, title: str = "Clusters", of_k: str = "",
+                   styles: dict[int, tuple[str, str]] | None = None) -> str:
     has_labels = any(r.majority_label is not None for r in rows)
     head = "<tr><th>cluster</th><th>size</th><th>mean confidence</th>"
     head += "<th>majority label</th><th>purity</th></tr>" if has_labels else "</tr>"
     body = []
     for r in rows:
-        cells = [r.cluster, r.size, r.confidence if r.confidence is not None else ""]
+        cells = [r.size, r.confidence if r.confidence is not None else ""]
         if has_labels:
             cells += [
                 "" if r.majority_label is None else r.majority_label,
                 "" if r.purity is None else r.purity,
             ]
-        body.append("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in cells) + "</tr>")
-    shown = f"the {len(rows)} largest of {total}" if len(rows) < total else f"all {total}"
-    return f"<h2>{html.escape(title)} ({shown})</h2><table>{head}{''.join(body)}</table>"
+        first = f"<td>{_swatch((styles or {}).get(r.cluster))}{r.cluster}</td>"
+        body.append("<tr>" + first + "".join(f"<td>{_fmt(c)}</td>" for c in cells) + "</tr>")
+    shown = f": the {len(rows)} largest of {total}" if len(rows) < total else (
+        "" if of_k.startswith("K =") else f": {total}")
+    heading = f"{title}{shown}" + (f" ({of_k})" if of_k else "")
+    return f"<h2>{html.escape(heading)}</h2><table>{head}{''.join(body)}</table>"
 
 
 def _samples(
@@ -440,5 +533,5 @@ def write_report(html_text: str, output: str | Path) -> Path:
     return output
 
 
-__all__ = ["ClusterRow", "RunData", "cluster_rows", "load_mlflow_run", "load_run", "load_run_dir",
+__all__ = ["ClusterRow", "KCount", "RunData", "cluster_rows", "load_mlflow_run", "load_run", "load_run_dir",
            "render_report", "write_report"]

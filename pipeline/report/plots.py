@@ -39,7 +39,8 @@ K_CHANGES = (
 )
 
 
-def _save(fig: plt.Figure, path: str | Path) -> Path:
+def save_figure(fig: plt.Figure, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` as a PNG, atomically, and close it."""
     path = Path(path)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=_DPI, bbox_inches="tight")
@@ -70,17 +71,11 @@ def _column(history: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
     return np.array([float(r.get(key) or 0) for r in history])
 
 
-def _legend_right(ax: plt.Axes) -> None:
-    """The legend beside the axes, on the right (for axes without a second y-axis)."""
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
-              fontsize="small", frameon=False)
-
-
-def _legend_below(ax: plt.Axes, ncol: int = 3) -> None:
-    """The legend under the axes and their x label (for axes with a second y-axis, whose
-    label holds the right side)."""
+def _legend_below(ax: plt.Axes, ncol: int = 3, **kw: Any) -> None:
+    """The legend under the axes and their x label: inside it would hide points, and on
+    the right it would take the width of the plot (and a second y-axis has its label there)."""
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=ncol, fontsize="small",
-              frameon=False)
+              frameon=False, **kw)
 
 
 def plot_k_over_epochs(history: Sequence[Mapping[str, Any]], path: str | Path,
@@ -114,8 +109,8 @@ def plot_k_over_epochs(history: Sequence[Mapping[str, Any]], path: str | Path,
     _integer_axes(ax)
     _count_range(ax, k)
     ax.grid(alpha=0.3)
-    _legend_right(ax)
-    return _save(fig, path)
+    _legend_below(ax, ncol=2)
+    return save_figure(fig, path)
 
 
 def plot_moves(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
@@ -132,15 +127,14 @@ def plot_moves(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     top.axhline(0, color="black", lw=0.8)
     top.set_ylabel("this epoch")
     top.set_title("Moves per epoch: splits raise K, merges and prunes lower it")
-    _legend_right(top)
     for counts, colour, name in ((splits, _SPLIT_COLOUR, "splits"),
                                  (merges, _MERGE_COLOUR, "merges"),
                                  (prunes, _PRUNE_COLOUR, "prunes")):
-        bottom.step(epochs, np.cumsum(counts), where="post", color=colour,
-                    label=f"{name} (total)")
+        bottom.step(epochs, np.cumsum(counts), where="post", color=colour, label=name)
     bottom.set_xlabel("epoch")
     bottom.set_ylabel("so far")
-    _legend_right(bottom)
+    # one legend for both panels: each kind has one colour in both
+    _legend_below(bottom, handles=top.get_legend_handles_labels()[0])
     # counts: integer ticks, never -0.045 moves; merges and prunes are drawn down but
     # counted up
     top_most = max(float(splits.max(initial=0)), float((merges + prunes).max(initial=0)), 1.0)
@@ -151,7 +145,7 @@ def plot_moves(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
         _integer_axes(ax)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_losses(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
@@ -167,7 +161,7 @@ def plot_losses(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     ax.set_title("Losses")
     _integer_axes(ax)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def has_phases(history: Sequence[Mapping[str, Any]]) -> bool:
@@ -208,7 +202,7 @@ def plot_epoch_time(history: Sequence[Mapping[str, Any]], path: str | Path,
     _integer_axes(ax)
     ax.grid(alpha=0.3, axis="y")
     _legend_below(ax)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 #: label scores of an epoch record (present when the fitted data have labels)
@@ -238,7 +232,7 @@ def plot_scores(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     _integer_axes(ax)
     ax.grid(alpha=0.3)
     _legend_below(ax)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_cluster_sizes(
@@ -277,7 +271,7 @@ def plot_cluster_sizes(
     if len(sizes) and sizes[0] > 50 * max(int(sizes[-1]), 1):
         ax.set_yscale("log")  # imbalanced: keep the small clusters visible
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def write_fit_plots(
@@ -301,4 +295,5 @@ def write_fit_plots(
 
 
 __all__ = ["K_CHANGES", "SCORE_KEYS", "has_phases", "has_scores", "plot_cluster_sizes", "plot_epoch_time",
-           "plot_k_over_epochs", "plot_losses", "plot_moves", "plot_scores", "write_fit_plots"]
+           "plot_k_over_epochs", "plot_losses", "plot_moves", "plot_scores", "save_figure",
+           "write_fit_plots"]
