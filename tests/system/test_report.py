@@ -152,7 +152,7 @@ def test_report_with_sample_images(run_dir, tmp_path, images):
     text = " ".join(parser.text)
     # K over epochs, moves, cluster sizes, losses, scores + one sample strip per cluster
     assert len(pngs) == 5 + len(CLUSTERS)
-    for name in ("K over epochs", "Split / merge acceptance", "Cluster sizes", "Losses",
+    for name in ("K over epochs", "Moves per epoch", "Cluster sizes", "Losses",
                  "NMI / ARI / ACC over epochs"):  # fmt: skip
         assert name in parser.alts
     assert "0.61" in text and "NMI" in text
