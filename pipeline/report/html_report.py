@@ -303,12 +303,13 @@ def render_report(
         if rows:
             normal = [r for r in rows if r.cluster not in set(tiny)]
             small = [r for r in rows if r.cluster in set(tiny)]
-            parts.append(_cluster_table(
-                normal[:max_clusters], len(normal), "Clusters",
-                _of_k(count, f"the {len(small)} tiny ones are below" if small else None), styles))
+            below = "the tiny one is below" if len(small) == 1 else f"the {len(small)} tiny ones are below"
+            above = "the other one is above" if len(normal) == 1 else f"the other {len(normal)} are above"
+            parts.append(_cluster_table(normal[:max_clusters], len(normal), "Clusters",
+                                        _of_k(count, below if small else None), styles))
             if small:
                 parts.append(_cluster_table(small[:max_clusters], len(small), "Tiny clusters",
-                                            _of_k(count, f"the other {len(normal)} are above")))
+                                            _of_k(count, above)))
                 parts.append(f"<p>A tiny cluster holds fewer than {tiny_rows} rows: too few to "
                              "be a group, it is most likely outliers or a splinter of a larger "
                              "cluster. K counts it.</p>")

@@ -39,9 +39,10 @@ def test_tiny_clusters_are_named_everywhere(blobs_and_outliers, tmp_path, capsys
 
     assert main(["report", str(out)]) == 0  # beside the fit
     text = (out / "report.html").read_text()
-    assert "1, each of fewer than 12 rows (2 rows); 3 clusters without them" in text
-    assert "<h2>Tiny clusters (fewer than 12 rows) (all 1)</h2>" in text
-    assert "<h2>Clusters (all 3)</h2>" in text
+    assert "<h1>DeepDPM report: K = 4 (3 clusters + 1 tiny)</h1>" in text
+    assert "4: 3 clusters + 1 tiny (a tiny cluster holds fewer than 12 rows; these hold 2)" in text
+    assert "<h2>Tiny clusters: 1 (of K = 4; the other 3 are above)</h2>" in text
+    assert "<h2>Clusters: 3 (of K = 4; the tiny one is below)</h2>" in text
     assert 'alt="The rows in 2-D"' in text and "Sample rows per cluster" in text
     assert text.count("<figcaption>") >= 5  # a sentence under every plot
 
