@@ -27,16 +27,17 @@ _MERGE_COLOUR = "tab:red"
 _PRUNE_COLOUR = "dimgrey"
 _DPI = 110
 
-#: what changes K in an epoch record: (key, colour, marker, legend label, x offset in
-#: epochs, so that two kinds in one epoch do not hide each other); ``polished`` and
+#: what changes K in an epoch record: (key, colour, marker, legend label); ``polished`` and
 #: ``grown`` are the end of the search, which may set K anew (docs/design.md, "Polish")
 K_CHANGES = (
-    ("splits_accepted", _SPLIT_COLOUR, "^", "split accepted", -0.2),
-    ("merges_accepted", _MERGE_COLOUR, "v", "merge accepted", 0.0),
-    ("prunes", _PRUNE_COLOUR, "X", "cluster pruned (too small or empty)", 0.2),
-    ("polished", "tab:purple", "D", "k-means partition taken at the end", 0.0),
-    ("grown", "tab:orange", "*", "search restarted from more clusters", 0.0),
+    ("splits_accepted", _SPLIT_COLOUR, "^", "split accepted"),
+    ("merges_accepted", _MERGE_COLOUR, "v", "merge accepted"),
+    ("prunes", _PRUNE_COLOUR, "X", "cluster pruned (too small or empty)"),
+    ("polished", "tab:purple", "D", "k-means partition taken at the end"),
+    ("grown", "tab:orange", "*", "search restarted from more clusters"),
 )
+#: epochs between the markers of two changes in one epoch, side by side
+_MARKER_GAP = 0.3
 
 
 def save_figure(fig: plt.Figure, path: str | Path) -> Path:
@@ -71,10 +72,11 @@ def _column(history: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
     return np.array([float(r.get(key) or 0) for r in history])
 
 
-def _legend_below(ax: plt.Axes, ncol: int = 3, **kw: Any) -> None:
-    """The legend under the axes and their x label: inside it would hide points, and on
-    the right it would take the width of the plot (and a second y-axis has its label there)."""
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=ncol, fontsize="small",
+def _legend_below(ax: plt.Axes, ncol: int = 3, gap: float = 0.18, **kw: Any) -> None:
+    """The legend under the axes and their x label, ``gap`` axes heights down: inside it
+    would hide points, and on the right it would take the width of the plot (and a second
+    y-axis has its label there)."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -gap), ncol=ncol, fontsize="small",
               frameon=False, **kw)
 
 
@@ -95,11 +97,13 @@ def plot_k_over_epochs(history: Sequence[Mapping[str, Any]], path: str | Path,
     k = _column(history, "n_clusters")
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     ax.step(epochs, k, where="post", color="tab:blue", lw=2, label="K")
-    for key, colour, marker, name, offset in K_CHANGES:
-        moved = _column(history, key) > 0
+    made = np.array([_column(history, key) > 0 for key, *_ in K_CHANGES]).reshape(len(K_CHANGES), -1)
+    # the i-th of n changes in an epoch is drawn (i - (n - 1) / 2) gaps from it: none hides another
+    offset = (np.cumsum(made, 0) - 1 - (made.sum(0) - 1) / 2) * _MARKER_GAP
+    for (_, colour, marker, name), moved, shift in zip(K_CHANGES, made, offset, strict=True):
         if moved.any():
-            ax.scatter(epochs[moved] + offset, k[moved], color=colour, marker=marker, zorder=3,
-                       s=40, label=name)
+            ax.scatter(epochs[moved] + shift[moved], k[moved], color=colour, marker=marker,
+                       zorder=3, s=40, label=name)
     if resumed_after:
         ax.axvline(resumed_after, color="grey", ls="--", lw=1,
                    label=f"resumed after epoch {resumed_after}")
@@ -134,7 +138,7 @@ def plot_moves(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     bottom.set_xlabel("epoch")
     bottom.set_ylabel("so far")
     # one legend for both panels: each kind has one colour in both
-    _legend_below(bottom, handles=top.get_legend_handles_labels()[0])
+    _legend_below(bottom, gap=0.32, handles=top.get_legend_handles_labels()[0])  # a lower axes
     # counts: integer ticks, never -0.045 moves; merges and prunes are drawn down but
     # counted up
     top_most = max(float(splits.max(initial=0)), float((merges + prunes).max(initial=0)), 1.0)
