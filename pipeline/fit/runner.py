@@ -133,14 +133,10 @@ def data_variance_summary(trainer: Trainer) -> dict[str, float]:
     return variance_summary(trainer.feature_variance.cpu().numpy())
 
 
-#: elements of one block of (rows, K·D) whitened coordinates in :meth:`TrainerModel.predict`
-_BLOCK_ELEMS = 1 << 22
-
-
 class TrainerModel:
     """``predict`` with the partition a trainer holds as it stands: each row's most likely
-    cluster under its mixture (what :class:`pipeline.fit.epoch_scores.EpochLabelScores`
-    scores after each epoch).
+    cluster under its mixture, found by the fit's own E-step search (what
+    :class:`pipeline.fit.epoch_scores.EpochLabelScores` scores after each epoch).
 
     Not the clustering net's argmax: a small-data fit searches by exact EM and fits the net
     to the mixture only once K has settled, so until its last epoch the net's argmax scores
@@ -155,12 +151,8 @@ class TrainerModel:
     def predict(self, X: Any) -> np.ndarray:
         """Hard cluster of each raw row of X (N, D); shape (N,)."""
         trainer = self.trainer
-        mixture = trainer.mixture
-        x = torch.as_tensor(X)
-        rows = max(1, _BLOCK_ELEMS // (mixture.n_components * mixture.dim))
-        labels = [mixture.weighted_log_prob(trainer.coords.apply(x[s : s + rows].to(trainer.device))).argmax(1).cpu()
-                  for s in range(0, x.shape[0], rows)]
-        return torch.cat(labels).numpy() if labels else np.zeros(0, dtype=np.int64)
+        x = trainer.coords.apply(torch.as_tensor(X).to(trainer.device)).to(torch.float32)  # as the fit's rows
+        return trainer.estep.targets(trainer.mixture, x, None)[2].cpu().numpy()
 
 
 def epoch_callbacks(trainer: Trainer, tracker: Any, scores: Any = None) -> list[EpochCallback]:
