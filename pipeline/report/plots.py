@@ -162,7 +162,7 @@ def plot_losses(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     twin = ax.twinx()
     twin.plot(epochs, _column(history, "loss_subcluster"), color="tab:orange")
     twin.set_ylabel("subcluster loss", color="tab:orange")
-    ax.set_title("Losses")
+    ax.set_title("Mean loss per row of the nets")
     _integer_axes(ax)
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
