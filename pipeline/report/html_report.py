@@ -372,7 +372,11 @@ def render_report(
             parts.append("<h2>Details</h2>")
             parts.append(_figure(seconds.read_bytes(), "Where the epochs went",
                                  "Seconds each epoch spent in each step of the fit: for tuning "
-                                 "its speed, not needed to read the result."))
+                                 "its speed, not needed to read the result." + (
+                                     " The last epoch's split / merge round also ends the "
+                                     "search: it checks k-means partitions and fits the "
+                                     "clustering net to the clusters, hence its taller bar."
+                                     if small_limit is not None else "")))
     if config:
         parts.append("<h2>Config</h2><pre>")
         parts.append(html.escape(yaml.safe_dump(config, sort_keys=False)))
