@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClusterMixin
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import _get_feature_names, check_is_fitted
 
 from deepdpm_core.config import Config, config_sections, from_dict, load_config
 from deepdpm_core.data import check_features, check_init_labels, readonly_tensor
-from deepdpm_core.errors import ConfigError
+from deepdpm_core.errors import ConfigError, DataError
 from deepdpm_core.model.diagnostics import (
     diagnose,
     tiny_cluster_rows,
@@ -110,6 +110,12 @@ def resolve_config(config: Config | dict | str | Path | None, overrides: dict[st
     return cfg.with_overrides(dotted) if dotted else cfg
 
 
+def _listed(names: list[str], at_most: int = 8) -> str:
+    """``'a', 'b', ... (12 in all)``: column names for a one-line message."""
+    shown = ", ".join(repr(n) for n in names[:at_most])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > at_most else "")
+
+
 class DeepDPM(ClusterMixin, BaseEstimator):
     """Deep clustering with an unknown number of clusters (Ronen et al., CVPR 2022).
 
@@ -131,6 +137,10 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         The fitted model: clustering net, input transform, mixture parameters, config.
     n_features_in_ : int
         D, the number of features seen in fit.
+    feature_names_in_ : ndarray of shape (D,), object
+        The column names of a DataFrame fitted (all strings); absent for an array. A
+        DataFrame predicted is matched to them by name (its columns reordered), and
+        refused, naming them, when columns are missing or extra.
     n_clusters_ : int
         K found (clusters owning at least one training point).
     labels_ : ndarray of shape (N,)
@@ -247,6 +257,8 @@ class DeepDPM(ClusterMixin, BaseEstimator):
             ones, does not warn.
         """
         config = self.get_config()
+        names = _get_feature_names(X)  # scikit-learn's rule: a DataFrame's string column names
+        self._names = None if names is None else [str(n) for n in names]
         X = check_features(X, min_rows=rows_needed(config.init.n_clusters))
         start_labels = None
         if init_labels is not None:
@@ -267,12 +279,16 @@ class DeepDPM(ClusterMixin, BaseEstimator):
             # stacklevel 2: the warning points at the caller's fit
             warnings.warn(diagnostic.message, UserWarning, stacklevel=2)
         # only the model stays: the trainer (its copy of X, its optimisers) is freed on return
-        self.model_ = FittedModel.from_trainer(trainer).freeze()
-        self.labels_ = self.predict(X)
+        self._set_model(trainer)
+        self.model_.freeze()
+        del self._names
+        # X is the checked array now, without the names predict would warn about
+        self.labels_ = self.model_.predict_assignments(readonly_tensor(X))[0].numpy()
         return self
 
     def _set_model(self, trainer: Trainer) -> None:
         self.model_ = FittedModel.from_trainer(trainer)
+        self.model_.feature_names = self._names
 
     # --------------------------------------------------------------- inference
     def _fitted(self) -> FittedModel:
@@ -280,8 +296,51 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         return self.model_
 
     def _rows(self, X: Any) -> Any:
-        """X checked against the fitted D, as a tensor view."""
-        return readonly_tensor(check_features(X, n_features=self._fitted().dim))
+        """X checked against the fitted D, as a tensor view (a DataFrame's columns in the
+        order of the fit's, :meth:`_by_name`)."""
+        model = self._fitted()
+        return readonly_tensor(check_features(self._by_name(X, model), n_features=model.dim))
+
+    def _by_name(self, X: Any, model: FittedModel) -> Any:
+        """X with its columns in the order of ``feature_names_in_``, as scikit-learn's
+        ``_check_feature_names`` checks them, except that a DataFrame whose columns are the
+        fit's in another order is reordered rather than refused.
+
+        Warns
+        -----
+        UserWarning
+            Names on one side only (scikit-learn's two warnings, word for word).
+
+        Raises
+        ------
+        DataError
+            Columns missing or extra, each named, in one line.
+        """
+        given = _get_feature_names(X)
+        fitted = model.feature_names
+        name = type(self).__name__
+        if given is None:
+            if fitted is not None:
+                warnings.warn(f"X does not have valid feature names, but {name} was fitted "
+                              "with feature names", UserWarning, stacklevel=4)
+            return X
+        if fitted is None:
+            warnings.warn(f"X has feature names, but {name} was fitted without feature names",
+                          UserWarning, stacklevel=4)
+            return X
+        given = [str(n) for n in given]
+        if given == fitted:
+            return X
+        unseen = [n for n in given if n not in set(fitted)]
+        missing = [n for n in fitted if n not in set(given)]
+        if unseen or missing:  # scikit-learn's words, on one line
+            raise DataError(
+                "The feature names should match those that were passed during fit: "
+                + "; ".join(part for part in (
+                    f"unseen at fit time: {_listed(unseen)}" if unseen else "",
+                    f"seen at fit time, yet now missing: {_listed(missing)}" if missing else "")
+                    if part))
+        return X[fitted]
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """Cluster responsibilities r = softmax(f_cl(x)), shape (N, K)."""
@@ -307,11 +366,19 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         confidence : ndarray, shape (N,), float32
             ``predict_proba(X).max(1)``, computed batch by batch.
         """
-        return self._fitted().assigner().predict_confidence(X, batch_size)
+        model = self._fitted()
+        return model.assigner().predict_confidence(self._by_name(X, model), batch_size)
 
     @property
     def n_features_in_(self) -> int:
         return self._fitted().dim
+
+    @property
+    def feature_names_in_(self) -> np.ndarray:
+        names = self._fitted().feature_names
+        if names is None:  # as scikit-learn: the attribute exists only for named features
+            raise AttributeError(f"{type(self).__name__} was fitted without feature names")
+        return np.asarray(names, dtype=object)
 
     @property
     def n_clusters_(self) -> int:

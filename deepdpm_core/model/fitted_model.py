@@ -217,6 +217,9 @@ class FittedModel:
         One record per epoch (see :class:`~deepdpm_core.model.estimator.DeepDPM`).
     n_total : int
         Rows it was fitted on.
+    feature_names : list of str, optional
+        The names of the D features (the columns of the table fitted), in order; None
+        when the features had none (an array).
     """
 
     config: Config
@@ -227,6 +230,7 @@ class FittedModel:
     log_weights: Tensor
     history: list[dict[str, Any]]
     n_total: int
+    feature_names: list[str] | None = None
 
     @property
     def dim(self) -> int:
@@ -278,7 +282,7 @@ class FittedModel:
             return cls(assigner.config, assigner.coords, assigner.cluster_net,
                        state["means"].to(device), state["covariances"].to(device),
                        state["log_weights"].to(device), list(state["history"]),
-                       int(state["n_total"])).freeze()
+                       int(state["n_total"]), state.get("feature_names")).freeze()
         except KeyError as exc:
             raise CheckpointError(f"a DeepDPM model checkpoint without the key {exc}") from exc
 
@@ -295,6 +299,9 @@ class FittedModel:
             "covariances": self.covariances.cpu(),
             "log_weights": self.log_weights.cpu(),
             "cluster_net": {k: v.cpu() for k, v in self.cluster_net.state_dict().items()},
+            # a file without the key (written before names were kept) reads as None
+            **({"feature_names": list(self.feature_names)} if self.feature_names is not None
+               else {}),
         }
 
     def save(self, path: str | Path) -> None:

@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.io.columns import add_column_arguments
 from pipeline.io.existing_outputs import add_overwrite_argument
 from pipeline.io.results import add_json_argument
+
+if TYPE_CHECKING:
+    from pipeline.io.columns import TableColumns
+    from pipeline.predict.model_header import ModelHeader
 
 HELP = "assign features to the clusters of a fitted model (writes Parquet)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True,
-                        help="model.pt written by deepdpm fit, or its MLflow model: runs:/RUN_ID/model, "
-                             "models:/NAME@ALIAS (server: $MLFLOW_TRACKING_URI)")
+                        help="model.pt written by deepdpm fit (or the fit's folder), or its MLflow "
+                             "model: runs:/RUN_ID/model, models:/NAME@ALIAS (server: "
+                             "$MLFLOW_TRACKING_URI)")
     parser.add_argument("--input", required=True,
                         help=".npy, .npz, a table (.csv, .tsv, .parquet, .arrow) or a folder of "
                              "tables")
@@ -52,13 +58,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def model_file(model: str) -> Path:
-    """The local model file that ``--model`` names (every path predicts with this one);
-    an MLflow URI is downloaded (:func:`pipeline.tracking.model_uri.local_model_path`).
+    """The local model file that ``--model`` names (every path predicts with this one): a
+    file, or the ``model.pt`` of a fit's folder; an MLflow URI is downloaded
+    (:func:`pipeline.tracking.model_uri.local_model_path`).
 
     Raises
     ------
     FileNotFoundError
         ``model`` is a path that does not exist.
+    ConfigError
+        ``model`` is a folder without a ``model.pt``.
     """
     from pipeline.extras import require
     from pipeline.tracking.model_uri import is_mlflow_uri, local_model_path
@@ -68,7 +77,84 @@ def model_file(model: str) -> Path:
     path = local_model_path(model)
     if not path.exists():
         raise FileNotFoundError(f"model not found: {model}")
+    if path.is_dir():
+        if (path / "model.pt").is_file():  # the folder of a fit
+            return path / "model.pt"
+        from deepdpm_core.errors import ConfigError
+
+        raise ConfigError(f"--model {model} is a folder without a model.pt: name the model.pt "
+                          "that deepdpm fit wrote, or its folder")
     return path
+
+
+def matched_columns(args: argparse.Namespace, header: ModelHeader | None) -> TableColumns:
+    """The columns to read ``--input`` by for the model ``header`` (None: a model file
+    read only by torch, which names what is wrong with it): a table's features
+    by the names the model was fitted on, in the fit's order (the label and key as the
+    flags, or the defaults, choose them). Checked without torch.
+
+    Raises
+    ------
+    DataError
+        The table's feature columns are not the model's (the extra and the missing ones
+        named), or an unnamed input has another number of columns.
+    """
+    from deepdpm_core.errors import DataError
+    from pipeline.io.columns import TableColumns, columns_from_args
+    from pipeline.io.tables import input_columns
+
+    columns = columns_from_args(args)
+    if header is None:
+        return columns
+    chosen = input_columns(args.input, columns)
+    names = header.feature_names
+    if chosen is not None and names is None:  # scikit-learn's two warnings, in the CLI's words
+        _warn(f"the model was fitted without column names, but {args.input} has them: its "
+              "columns are taken by position")
+    if chosen is None and names is not None:
+        _warn(f"{args.input} has no column names, but the model was fitted with them: its "
+              "columns are taken by position")
+    if chosen is None or names is None:
+        return columns
+    extra = [n for n in chosen.features if n not in set(names)]
+    missing = [n for n in names if n not in set(chosen.features)]
+    if extra or missing:
+        parts = ([f"{_listed(extra)} {'is' if len(extra) == 1 else 'are'} not among them"]
+                 if extra else []) + ([f"{_listed(missing)} missing"] if missing else [])
+        raise DataError(f"{args.input} does not hold the {len(names)} feature columns the model "
+                        f"was fitted on ({'; '.join(parts)}): name the label column with "
+                        "--label NAME, the row ids with --key NAME, or the features with "
+                        "--features")
+    return TableColumns(features=tuple(names), label=chosen.label, key=chosen.key,
+                        header=columns.header)
+
+
+def check_width(args: argparse.Namespace, header: ModelHeader | None, dim: int) -> None:
+    """Refuse an input of ``dim`` features for a model of another D, naming the flags that
+    take a label or key column out (without torch).
+
+    Raises
+    ------
+    DataError
+    """
+    from deepdpm_core.errors import DataError
+
+    if header is not None and header.dim != dim:
+        raise DataError(f"{args.input} has {dim} feature columns but the model takes "
+                        f"{header.dim}: name a label column with --label NAME, a row-id "
+                        "column with --key NAME, or the features with --features")
+
+
+def _listed(names: list[str], at_most: int = 6) -> str:
+    """``'a', 'b', ... (12 in all)``: column names for a one-line message."""
+    shown = ", ".join(repr(n) for n in names[:at_most])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > at_most else "")
+
+
+def _warn(message: str) -> None:
+    import sys
+
+    print(f"deepdpm predict: warning: {message}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,15 +212,17 @@ def _run_file(args: argparse.Namespace) -> int:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from pipeline.io.columns import columns_from_args
     from pipeline.io.tables import check_fit_rows, feature_batches
+    from pipeline.predict.model_header import read_model_header
 
-    # the input's first rows are read and checked before torch loads
-    batches = feature_batches(args.input, args.batch_size, columns_from_args(args))
+    # the input's first rows are read and checked against the model before torch loads
+    header = read_model_header(path)
+    batches = feature_batches(args.input, args.batch_size, matched_columns(args, header))
     first = next(batches, None)  # an unreadable input fails before the output is touched
     if first is None:
         raise DataError(f"{args.input} has no rows")
     check_fit_rows(first, args.input)
+    check_width(args, header, first.X.shape[1])
 
     from deepdpm_core.atomic_files import atomic_path
     from deepdpm_core.data import ContingencyCounts, contingency_scores

@@ -174,6 +174,10 @@ def write_into(
     }
     with atomic_path(staging / "config.yaml") as tmp:
         tmp.write_text(yaml.safe_dump(model.config.to_dict(), sort_keys=False))
+    if table.feature_names and model.model_.feature_names is None \
+            and len(table.feature_names) == model.n_features_in_:
+        # the table's columns, by which predict matches another table's
+        model.model_.feature_names = list(table.feature_names)
     model.save(staging / "model.pt")
     write_parquet_atomic(assignments_table(table, labels, confidence), staging / "assignments.parquet")
     write_fit_plots(model.history_, summary["cluster_sizes"], staging, summary["fit_seconds"])

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from deepdpm_core.atomic_files import atomic_path
 from deepdpm_core.errors import DataError
-from pipeline.io.columns import TableColumns, choose_columns
+from pipeline.io.columns import ChosenColumns, TableColumns, choose_columns
 from pipeline.io.wide_tables import (
     KNOWN_FORMATS,
     file_kind,
@@ -216,6 +216,37 @@ class _Part:
 def is_embedding_layout(names: list[str], columns: TableColumns) -> bool:
     """A feature table (``embedding`` list column) rather than a wide one."""
     return "embedding" in names and columns.features is None
+
+
+def input_columns(path: str | Path, columns: TableColumns | Mapping[str, Any] | None = None
+                  ) -> ChosenColumns | None:
+    """The columns :func:`read_features` would read a wide table by (of a folder: its first
+    file's), from its schema; None for an input without named columns (``.npy``, ``.npz``,
+    the feature-table layout) or in a format it does not know.
+
+    Raises
+    ------
+    DataError
+        As :func:`read_features`, for the table's columns.
+    """
+    path, columns = Path(path), TableColumns.of(columns)
+    if path.is_dir():
+        kind, files = folder_files(path)
+        first = Path(files[0]) if files else None
+    else:
+        kind, first = file_kind(path), path
+    if first is None or kind not in ("parquet", "csv", "arrow"):
+        return None
+    if kind == "parquet":
+        try:
+            schema = pq.read_schema(first)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DataError(f"cannot read Parquet {first}: {exc}") from exc
+    else:
+        schema = read_any_table(first, kind, columns.header).schema
+    if is_embedding_layout(schema.names, columns):
+        return None
+    return choose_columns(schema, columns, first)
 
 
 def _read_table_file(path: Path, kind: str, columns: TableColumns) -> _Part:
