@@ -22,6 +22,7 @@ import torch
 from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.utils.validation import _get_feature_names, check_is_fitted
 
+from deepdpm_core.class_codes import class_code_columns
 from deepdpm_core.config import Config, config_sections, from_dict, load_config
 from deepdpm_core.data import check_features, check_init_labels, readonly_tensor
 from deepdpm_core.errors import ConfigError, DataError
@@ -249,6 +250,10 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         Warns
         -----
         UserWarning
+            A column of a DataFrame X looks like a class code (named ``target``, ``class``,
+            ``label`` or ``y``, or a few whole numbers beside fractional features:
+            :func:`deepdpm_core.class_codes.class_code_columns`).
+        UserWarning
             Something is wrong with K (:func:`deepdpm_core.model.diagnostics.diagnose`,
             the warnings the CLI prints): the fit ended with one cluster, fallen from
             more or with its split rounds idle. The message says what it means and the
@@ -260,6 +265,11 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         names = _get_feature_names(X)  # scikit-learn's rule: a DataFrame's string column names
         self._names = None if names is None else [str(n) for n in names]
         X = check_features(X, min_rows=rows_needed(config.init.n_clusters))
+        found = class_code_columns(X, self._names) if self._names else []
+        if found:
+            warnings.warn(f"column(s) {', '.join(map(repr, found))} of X look like class codes "
+                          "but are clustered as features: fit on the feature columns alone",
+                          UserWarning, stacklevel=2)
         start_labels = None
         if init_labels is not None:
             start_labels = torch.from_numpy(check_init_labels(init_labels, len(X)))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pipeline.fit.outputs import FitResult
     from pipeline.fit.request import FitRequest
+    from pipeline.io.tables import FeatureTable
 
 HELP = ("fit DeepDPM to features (.npy, .npz, CSV, Parquet or Arrow, or a folder of tables) and "
         "write model, assignments, summary")
@@ -149,10 +150,30 @@ def check_input(request: FitRequest) -> None:
         n, dim = feature_shape(request.input, request.table_columns)
         if n == 0 or dim == 0:
             raise DataError(f"{request.input} has no {'rows' if n == 0 else 'feature columns'}")
-    elif request.mode == "alternating":
-        read_features(request.input, request.table_columns)
-    else:
-        check_fit_rows(read_features(request.input, request.table_columns), request.input)
+        return
+    table = read_features(request.input, request.table_columns)
+    if request.mode != "alternating":
+        check_fit_rows(table, request.input)
+    if table.feature_names and request.table_columns.features is None:
+        _warn_of_class_codes(table)
+
+
+def _warn_of_class_codes(table: FeatureTable) -> None:
+    """One line on stderr naming the feature columns that look like class codes
+    (:func:`deepdpm_core.class_codes.class_code_columns`) and the flags that take them out."""
+    import sys
+
+    from deepdpm_core.class_codes import class_code_columns
+
+    found = class_code_columns(table.X, table.feature_names)
+    if found:
+        shown = ", ".join(repr(n) for n in found[:5]) + (", ..." if len(found) > 5 else "")
+        one = len(found) == 1
+        print(f"deepdpm fit: warning: column{'' if one else 's'} {shown} look{'s' if one else ''} "
+              f"like {'a class code' if one else 'class codes'} but {'is' if one else 'are'} "
+              f"clustered as {'a feature' if one else 'features'}: name the label column with "
+              f"--label {found[0] if one else 'NAME'}, or the features with --features",
+              file=sys.stderr)
 
 
 def request_from_args(args: argparse.Namespace) -> FitRequest:
@@ -226,7 +247,8 @@ def _print_summary(args: argparse.Namespace, result: FitResult) -> None:
     tiny_text = (f" ({len(tiny)} tiny: {', '.join(str(sizes[k]) for k in tiny[:5])}"
                  f"{', ...' if len(tiny) > 5 else ''} rows)" if tiny else "")
     human = (f"K={summary['n_clusters']}{tiny_text} {steps} time={summary['fit_seconds']:.1f}s "
-             f"{scores_text(summary['metrics'])}".rstrip() + f" -> {output}")
+             f"{scores_text(summary['metrics'])}".rstrip() + _columns_text(summary)
+             + f" -> {output}")
     out = Path(output)
     data = {
         "output": output,
@@ -235,10 +257,23 @@ def _print_summary(args: argparse.Namespace, result: FitResult) -> None:
                                              "fit_seconds", "n_samples", "n_features", "metrics")},
         "files": {name: str(out / name) for name in result.files},
         "mlflow_run_id": result.run_id,
+        "columns_used": summary.get("columns_used"),
     }
     if "alternation" in summary:
         data["alternations"] = len(summary["alternation"]) - 1
     print_result(args, human, data)
+
+
+def _columns_text(summary: dict) -> str:
+    """`` features=64 (pixel_0_0 … pixel_7_7) label=digit key=none``: the columns a fit
+    from a table used (empty for an input without named columns)."""
+    used = summary.get("columns_used")
+    if not used:
+        return ""
+    names = used["features"]
+    span = names[0] if len(names) == 1 else f"{names[0]} … {names[-1]}"
+    return (f" features={len(names)} ({span}) label={used['label'] or 'none'} "
+            f"key={used['key'] or 'none'}")
 
 
 #: files whose presence means a directory holds a fit (finished, or its checkpoints)

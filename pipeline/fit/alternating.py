@@ -158,7 +158,9 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
                                  folder / "embedding.parquet")
 
         extra = {"fit_id": request.fit_id, "columns": request.columns, "num_workers": 1, "resumed_from_epoch": None, **variance,
-                 "alternation": steps_summary, "stopped_because": result.stopped_because}
+                 "alternation": steps_summary, "stopped_because": result.stopped_because,
+                 # the input's columns, not the learned embedding's
+                 **({"columns_used": used} if (used := outputs.columns_used(table)) else {})}
         summary = outputs.write_fit_outputs(out, result.clustering, learned, seconds,
                                             request.input, extra=extra, more_outputs=write_encoder,
                                             replaced=outputs.replaced_entries(request))

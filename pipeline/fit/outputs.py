@@ -94,6 +94,15 @@ def label_metrics(labels_true: np.ndarray | None, labels_pred: np.ndarray) -> di
     return clustering_scores(labels_true[known], labels_pred[known])
 
 
+def columns_used(table: FeatureTable) -> dict[str, Any] | None:
+    """Which columns of a table were the features, the label and the key (None: the input
+    was no table with named columns), as ``summary.json`` and the result line say."""
+    if table.feature_names is None:
+        return None
+    return {"features": list(table.feature_names), "label": table.label_column,
+            "key": table.key_column}
+
+
 def write_fit_outputs(
     out_dir: str | Path,
     model: DeepDPM,
@@ -167,6 +176,7 @@ def write_into(
         "tiny_clusters": tiny_clusters(sizes, tiny_rows),
         "tiny_cluster_rows": tiny_rows,
         **({"feature_names": table.feature_names} if table.feature_names else {}),
+        **({"columns_used": used} if (used := columns_used(table)) else {}),
         **({"label_names": table.label_names} if table.label_names else {}),
         "history": model.history_,
         "config": model.config.to_dict(),
@@ -187,5 +197,6 @@ def write_into(
     return summary
 
 
-__all__ = ["ALTERNATING_FILES", "FIT_FILES", "FIT_STATE", "FitResult", "RUN_OUTPUTS", "label_metrics",
+__all__ = ["ALTERNATING_FILES", "FIT_FILES", "FIT_STATE", "FitResult", "RUN_OUTPUTS", "columns_used",
+           "label_metrics",
            "replaced_entries", "write_fit_outputs", "write_into"]

@@ -58,6 +58,8 @@ class FeatureTable:
         For labels that were strings: the string of each label code.
     feature_names : list of str, optional
         The columns the features came from (a wide table).
+    label_column, key_column : str, optional
+        The columns the labels and the keys came from (a table).
     """
 
     X: np.ndarray
@@ -65,6 +67,8 @@ class FeatureTable:
     keys: np.ndarray
     label_names: list[str] | None = None
     feature_names: list[str] | None = None
+    label_column: str | None = None
+    key_column: str | None = None
 
 
 def _default_keys(n: int, start: int = 0) -> np.ndarray:
@@ -205,12 +209,15 @@ def _read_npz(path: Path) -> FeatureTable:
 
 @dataclass
 class _Part:
-    """The rows of one table file: features, raw labels (:func:`label_values`), keys."""
+    """The rows of one table file: features, raw labels (:func:`label_values`), keys, and
+    the columns they came from."""
 
     X: np.ndarray
     labels: np.ndarray | None
     keys: np.ndarray | None
     features: list[str] | None
+    label: str | None = None
+    key: str | None = None
 
 
 def is_embedding_layout(names: list[str], columns: TableColumns) -> bool:
@@ -268,7 +275,7 @@ def _read_table_file(path: Path, kind: str, columns: TableColumns) -> _Part:
             return _embedding_part(table, path)
         chosen = choose_columns(table.schema, columns, path)
     X, labels, keys = rows_of(table, chosen)
-    return _Part(X, labels, keys, chosen.features)
+    return _Part(X, labels, keys, chosen.features, chosen.label, chosen.key)
 
 
 def _embedding_part(table: pa.Table, path: Path) -> _Part:
@@ -283,7 +290,8 @@ def _embedding_part(table: pa.Table, path: Path) -> _Part:
         if col.null_count < len(col):
             labels = label_values(col)
     keys = key_values(table.column("key")) if "key" in table.column_names else None
-    return _Part(X, labels, keys, None)
+    return _Part(X, labels, keys, None, "label" if labels is not None else None,
+                 "key" if keys is not None else None)
 
 
 def _joined(parts: list[_Part], path: Path) -> FeatureTable:
@@ -312,7 +320,8 @@ def _joined(parts: list[_Part], path: Path) -> FeatureTable:
     else:
         keys = _default_keys(len(X))
     return FeatureTable(X=X, labels=labels, keys=keys, label_names=names,
-                        feature_names=first.features)
+                        feature_names=first.features, label_column=first.label,
+                        key_column=first.key)
 
 
 def _columns_text(part: _Part) -> str:
