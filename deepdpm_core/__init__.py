@@ -18,7 +18,6 @@ import logging  # noqa: E402
 if logging.getLogger("faiss.loader").level == logging.NOTSET:
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
 
-from deepdpm_core.config import Config, load_config  # noqa: E402
 from deepdpm_core.errors import CheckpointError, ConfigError, DataError, DeepDPMError  # noqa: E402
 
 __all__ = [
@@ -33,9 +32,14 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # the estimator pulls in torch; import it on first use so `deepdpm --help` stays light
+    # imported on first use, so that `import deepdpm_core` (and every command's answer to a
+    # wrong path) stays light: the estimator pulls in torch, the config pydantic
     if name == "DeepDPM":
         from deepdpm_core.model import DeepDPM
 
         return DeepDPM
+    if name in ("Config", "load_config"):
+        import deepdpm_core.config
+
+        return getattr(deepdpm_core.config, name)
     raise AttributeError(f"module 'deepdpm_core' has no attribute {name!r}")

@@ -7,8 +7,6 @@ contingency table, so they cost O(N + K·C).
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
-from scipy.special import comb
 
 
 def contingency(labels_true: np.ndarray, labels_pred: np.ndarray) -> np.ndarray:
@@ -104,6 +102,10 @@ def _nmi(c: np.ndarray) -> float:
 
 
 def _ari(c: np.ndarray) -> float:
+    # imported here: scipy.optimize and scipy.special take a second to import, which a
+    # predict pays before it answers
+    from scipy.special import comb
+
     n = c.sum()
     sum_cells = comb(c, 2).sum()
     sum_a = comb(c.sum(1), 2).sum()
@@ -118,5 +120,7 @@ def _ari(c: np.ndarray) -> float:
 def _acc(c: np.ndarray) -> float:
     if c.size == 0:
         return 1.0
+    from scipy.optimize import linear_sum_assignment
+
     rows, cols = linear_sum_assignment(-c)
     return float(c[rows, cols].sum() / c.sum())

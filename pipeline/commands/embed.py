@@ -59,10 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from deepdpm_core.errors import DataError
     from pipeline.extras import require
-    from pipeline.fit.request import config_from_args
 
-    # the arguments and the input first: a mistake is answered before torch loads
-    config = config_from_args(args.config, args.overrides, args.seed)
+    # the arguments and the input first: a mistake is answered before torch loads (the
+    # paths before the config, which loads pydantic)
     if "umap" in args.method:
         require(f"--method {args.method}", "umap")
     if not args.input.exists():
@@ -82,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
         raise DataError(
             f"--save-model needs an autoencoder method (ae, ae-umap), not '{args.method}'"
         )
+    from pipeline.fit.request import config_from_args
+
+    config = config_from_args(args.config, args.overrides, args.seed)
     from pipeline.io.columns import columns_from_args
     from pipeline.io.tables import (
         check_fit_rows,

@@ -15,11 +15,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from deepdpm_core.errors import DataError
+
+if TYPE_CHECKING:  # imported where used: the commands' flags are read without pyarrow
+    import pyarrow as pa
 
 #: columns a pandas DataFrame's index becomes: in Parquet, and in a CSV (nameless)
 _PANDAS_INDEX = re.compile(r"^(__index_level_\d+__|Unnamed: 0|)$")
@@ -135,6 +136,7 @@ def _resolve(ref: str, names: Sequence[str], path: str | Path, what: str) -> str
 def is_number_type(typ: pa.DataType) -> bool:
     """Integers, floats, decimals or booleans: what a feature column may hold (an all-empty
     column, type null, is NaN)."""
+    import pyarrow as pa
     return (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)
             or pa.types.is_boolean(typ) or pa.types.is_null(typ))
 
