@@ -106,6 +106,11 @@ class DemoStages:
         write_json_atomic(self.done, self.path)
 
 
+#: what a demo writes into its folder: one of them there makes the folder a demo's (a rerun)
+DEMO_ENTRIES = (DemoStages.FILE, "images", "shards", "features", "embedding.parquet", "fit",
+                "report.html", "mlflow.db", "mlartifacts")
+
+
 def run(args: argparse.Namespace) -> int:
     from deepdpm_core.config import load_config
     from pipeline.extras import require
@@ -117,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
             note=None if args.no_ray and args.no_tracking
             else 'with --no-ray --no-tracking: pip install "deepdpm[umap]"')
     cfg = load_config(args.config).with_overrides({"seed": args.seed})
+    from pipeline.io.existing_outputs import refuse_foreign_folder
+
+    refuse_foreign_folder(args.output, args.overwrite, DEMO_ENTRIES, "demo")
 
     import numpy as np
     from sklearn.datasets import load_digits

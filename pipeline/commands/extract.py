@@ -70,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
     resolve_shards(args.shards)
     if args.weights and not Path(args.weights).is_file():
         raise FileNotFoundError(f"weights not found: {args.weights}")
+    from pipeline.io.existing_outputs import refuse_foreign_folder
+
+    # a shard's features (<shard>.parquet) or the manifest make the folder an extract's
+    refuse_foreign_folder(args.output, args.overwrite, ("*.parquet", "_manifest.json"), "extract")
 
     from pipeline.extract.ray_pipeline import extract_features
     from pipeline.io.results import print_result, shown_path

@@ -213,6 +213,10 @@ def request_from_args(args: argparse.Namespace) -> FitRequest:
         raise ConfigError("--overwrite starts afresh and --resume continues: give one of them")
     if args.output and not args.resume and not args.overwrite:
         _refuse_an_earlier_fit(Path(args.output))
+        from pipeline.io.existing_outputs import refuse_foreign_folder
+
+        # a report beside the fit, or a fit's leftovers, make the folder a fit's
+        refuse_foreign_folder(args.output, args.overwrite, FIT_ENTRIES, "fit")
     if args.alternate is not None and (_distributed(args) or args.resume
                                        or args.checkpoint_every is not None):
         raise ConfigError("--alternate runs in this process without checkpoints: drop "
@@ -278,6 +282,12 @@ def _columns_text(summary: dict) -> str:
 
 #: files whose presence means a directory holds a fit (finished, or its checkpoints)
 EARLIER_FIT_FILES = ("summary.json", "model.pt", "assignments.parquet")
+#: what a fit (or a report of it) writes into its folder: the entries that make an existing
+#: folder a fit's own rather than one of the user's (kept in step with
+#: pipeline.fit.outputs.RUN_OUTPUTS and FIT_STATE, which load numpy and torch)
+FIT_ENTRIES = (*EARLIER_FIT_FILES, "config.yaml", "*.png", "autoencoder.pt", "embedding.parquet",
+               "checkpoints", "ray_train", "fit_request.json", "worker_error.json",
+               "stop_requested", "report.html")
 
 
 def _refuse_an_earlier_fit(out: Path) -> None:

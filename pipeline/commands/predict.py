@@ -262,6 +262,10 @@ def _run_folder(args: argparse.Namespace) -> int:
     from pipeline.extras import require
 
     require(f"a folder --input ({args.input}, predicted with Ray Data)", "ray")
+    from pipeline.io.existing_outputs import refuse_foreign_folder
+
+    # its outputs are <input file>.parquet: one there makes the folder a predict's (a rerun)
+    refuse_foreign_folder(args.output, args.overwrite, ("*.parquet",), "predict")
     from pipeline.io.results import print_result, shown_path
     from pipeline.predict.folder import predict_folder
 

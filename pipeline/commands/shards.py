@@ -36,7 +36,11 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"input folder not found: {args.input}")
 
     from pipeline.extract.shards import CLASS_INDEX_NAME, MANIFEST_NAME, write_shards
+    from pipeline.io.existing_outputs import refuse_foreign_folder
     from pipeline.io.results import print_result, shown_path
+
+    refuse_foreign_folder(args.output, args.overwrite,
+                          ("shard-*.tar", CLASS_INDEX_NAME, MANIFEST_NAME), "shards")
 
     report = write_shards(
         args.input,
