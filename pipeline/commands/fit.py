@@ -252,7 +252,7 @@ def _print_summary(args: argparse.Namespace, result: FitResult) -> None:
                  f"{', ...' if len(tiny) > 5 else ''} rows)" if tiny else "")
     human = (f"K={summary['n_clusters']}{tiny_text} {steps} time={summary['fit_seconds']:.1f}s "
              f"{scores_text(summary['metrics'])}".rstrip() + _columns_text(summary)
-             + f" -> {output}")
+             + f" -> {output}" + _tracking_text(result))
     out = Path(output)
     data = {
         "output": output,
@@ -260,12 +260,20 @@ def _print_summary(args: argparse.Namespace, result: FitResult) -> None:
         **{key: summary.get(key) for key in ("n_clusters", "n_clusters_nonempty", "epochs",
                                              "fit_seconds", "n_samples", "n_features", "metrics")},
         "files": {name: str(out / name) for name in result.files},
-        "mlflow_run_id": result.run_id,
+        "mlflow_run_id": result.run_id, "mlflow_tracking_uri": result.tracking_uri,
         "columns_used": summary.get("columns_used"),
     }
     if "alternation" in summary:
         data["alternations"] = len(summary["alternation"]) - 1
     print_result(args, human, data)
+
+
+def _tracking_text(result: FitResult) -> str:
+    """`` [MLflow run ID in URI]``: where a tracked fit's run went (empty untracked)."""
+    if result.tracking_uri is None:
+        return ""
+    run = f"run {result.run_id}" if result.run_id else "run"
+    return f" [MLflow {run} in {result.tracking_uri}]"
 
 
 def _columns_text(summary: dict) -> str:

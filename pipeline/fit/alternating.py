@@ -169,7 +169,8 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
         log_fit_outputs(parent, out, example_rows=X)
         parent.log_artifacts([out / "autoencoder.pt"])
     return outputs.FitResult(summary, str(out), parent.run_id,
-                             outputs.FIT_FILES + outputs.ALTERNATING_FILES)
+                             outputs.FIT_FILES + outputs.ALTERNATING_FILES,
+                             tracking_uri=parent.shown_uri if parent.run_id else None)
 
 
 def _cluster(config: Config, Z: np.ndarray, labels: np.ndarray | None,

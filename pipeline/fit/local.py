@@ -12,9 +12,11 @@ stopped and resumed".
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from deepdpm_core.data import check_features
+from deepdpm_core.errors import ConfigError
 from deepdpm_core.moves import rows_needed
 from deepdpm_core.training import Trainer
 from pipeline.fit import checkpoints, outputs
@@ -22,6 +24,31 @@ from pipeline.fit.interrupts import FitInterrupted, stop_between_epochs
 from pipeline.fit.job import FitJob
 from pipeline.fit.request import FitRequest
 from pipeline.fit.runner import FaultHook, FitHooks, console_progress
+
+#: seconds into a fit after which it is tracked live; a shorter fit is tracked once its
+#: outputs are published, without MLflow's start-up (seconds of CPU) slowing its epochs.
+#: $DEEPDPM_TRACK_LIVE_AFTER_S sets another (0: live from the first epoch)
+TRACK_LIVE_AFTER_S = 30.0
+
+
+def track_live_after_s() -> float:
+    """:data:`TRACK_LIVE_AFTER_S`, or ``$DEEPDPM_TRACK_LIVE_AFTER_S``.
+
+    Raises
+    ------
+    ConfigError
+        The variable is not a number of seconds >= 0.
+    """
+    value = os.environ.get("DEEPDPM_TRACK_LIVE_AFTER_S")
+    if value is None:
+        return TRACK_LIVE_AFTER_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ConfigError(f"DEEPDPM_TRACK_LIVE_AFTER_S must be seconds >= 0, got {value!r}")
+    return seconds
 
 
 def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> outputs.FitResult:
@@ -60,7 +87,8 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
     resumed_from = state["epoch"] if state is not None else None
     # nmi/ari/acc on <= 10k labelled rows every epoch
     scores = EpochLabelScores.for_labels(table.X, table.labels, seed=config.seed)
-    tracker = request.tracker()
+    # MLflow starts once the outputs are published, or live after TRACK_LIVE_AFTER_S
+    tracker = request.tracker(hold_s=track_live_after_s())
     with tracker:
         tracker.log_params(fit_params(config.flat(), *table.X.shape, num_workers=1))
         tracker.set_tags({**environment_tags(request.input),
@@ -88,8 +116,10 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
             # the trainer is whole; a second Ctrl-C mid-epoch left it half-updated
             whole = isinstance(exc, FitInterrupted) or trainer.finished
             raise _interrupted(request, trainer, out, whole) from None
+        tracker.release()  # the outputs are published
         log_fit_outputs(tracker, out)  # + final_nmi/ari/acc over all labelled rows
-    return outputs.FitResult(summary, str(out), tracker.run_id)
+    return outputs.FitResult(summary, str(out), tracker.run_id,
+                             tracking_uri=tracker.shown_uri if tracker.run_id else None)
 
 
 def _interrupted(request: FitRequest, trainer: Trainer, out: Path, whole: bool) -> FitInterrupted:

@@ -63,12 +63,15 @@ class FitResult:
         The MLflow run (None untracked, or when the driver did not log it: Ray).
     files : tuple of str
         The output files' names (:data:`FIT_FILES`, plus :data:`ALTERNATING_FILES`).
+    tracking_uri : str, optional
+        Where the run was tracked, without credentials (None untracked).
     """
 
     summary: dict[str, Any]
     output: str
     run_id: str | None = None
     files: tuple[str, ...] = FIT_FILES
+    tracking_uri: str | None = None
 
 
 def label_metrics(labels_true: np.ndarray | None, labels_pred: np.ndarray) -> dict[str, float]:

@@ -163,13 +163,14 @@ class FitRequest:
             return self.config.model_copy(update={"device": "cuda"})
         return self.config
 
-    def tracker(self, rank: int = 0):
-        """A :class:`pipeline.tracking.run_tracker.RunTracker` for this fit (inactive off rank 0)."""
+    def tracker(self, rank: int = 0, hold_s: float = 0.0):
+        """A :class:`pipeline.tracking.run_tracker.RunTracker` for this fit (inactive off rank
+        0), its calls held ``hold_s`` seconds."""
         from pipeline.tracking.run_tracker import RunTracker
 
         return RunTracker(self.tracking_uri, self.experiment, enabled=self.tracking,
                           run_name=self.run_name, rank=rank, register_model=self.register_model,
-                          model_alias=self.model_alias, output=self.output)
+                          model_alias=self.model_alias, output=self.output, hold_s=hold_s)
 
     def stamped(self) -> FitRequest:
         """This request as a new fit: a fresh :attr:`fit_id`, and in :attr:`replaces` the

@@ -143,6 +143,11 @@ def _redacted(uri: str | None) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def shown_tracking_uri(uri: str | None) -> str | None:
+    """``uri`` as a result line may show it: without a ``user:password@`` part."""
+    return None if uri is None else _redacted(uri)
+
+
 def _param_value(value: Any) -> str:
     text = "null" if value is None else str(value)
     return text[:_MAX_PARAM_LENGTH]
@@ -184,6 +189,10 @@ class RunTracker:
         Alias of the registered model that is moved to the new version.
     output : str or None
         The local folder (or file) the command writes, tagged ``deepdpm.output``.
+    hold_s : float
+        Seconds the calls wait before the first goes out, unless :meth:`release` or
+        :meth:`close` comes first: a fit shorter than that is tracked once its outputs
+        are published, a longer one live from then on.
 
     Attributes
     ----------
@@ -197,7 +206,8 @@ class RunTracker:
                  enabled: bool = True, run_name: str | None = None, rank: int = 0, *,
                  queue_size: int = 10_000, close_timeout: float = 60.0,
                  artifact_location: str | None = None, register_model: str | None = None,
-                 model_alias: str = DEFAULT_MODEL_ALIAS, output: str | Path | None = None) -> None:
+                 model_alias: str = DEFAULT_MODEL_ALIAS, output: str | Path | None = None,
+                 hold_s: float = 0.0) -> None:
         self.is_logger = rank == 0
         self.active = bool(enabled) and self.is_logger
         self.tracking_uri = resolve_tracking_uri(tracking_uri) if self.active else None
@@ -219,6 +229,8 @@ class RunTracker:
         self._queue: queue.Queue[Callable[[Any], None]] = queue.Queue(maxsize=queue_size)
         self._thread: threading.Thread | None = None
         self._fail_lock = threading.Lock()
+        self.hold_s = hold_s
+        self._released = threading.Event()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -269,6 +281,7 @@ class RunTracker:
         self._submit(lambda client: client.set_terminated(self._run_id, status=status,
                                                           end_time=ended_ms))
         self._closing.set()
+        self._released.set()
         if not self._wait_for_calls():
             self._fail(TimeoutError("the tracking server did not answer at the end of the run"
                                     if self._answers() is False else
@@ -336,6 +349,11 @@ class RunTracker:
             return None
         return (f"{ui.rstrip('/')}/#/experiments/{self._experiment_id}/runs/{self._run_id}"
                 "?workflowType=machine_learning")  # fmt: skip
+
+    @property
+    def shown_uri(self) -> str | None:
+        """Where the run goes: the tracking URI without credentials (None untracked)."""
+        return shown_tracking_uri(self.tracking_uri) if self.active else None
 
     @property
     def run_id(self) -> str | None:
@@ -414,7 +432,14 @@ class RunTracker:
         except queue.Full:
             self._fail(RuntimeError(f"{self._queue.maxsize} calls waiting for the server"))
 
+    def release(self) -> None:
+        """Let a held tracker (``hold_s``) send its calls now."""
+        self._released.set()
+
     def _work(self) -> None:
+        # held: MLflow (seconds of imports and a store to open) does not compete with a
+        # short fit for the CPU; its calls wait in the queue until released or hold_s passed
+        self._released.wait(self.hold_s)
         client = None
         while True:
             try:

@@ -45,8 +45,10 @@ QUICK_FIT = ["--config", str(REPO / "cluster_configs" / "local.yaml"), "--no-tra
 
 def _env() -> dict[str, str]:
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    # tracked live from the first epoch: the outage tests act on runs while they log
     return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1",
-            "MLFLOW_DISABLE_TELEMETRY": "true", "RAY_USAGE_STATS_ENABLED": "0"}
+            "MLFLOW_DISABLE_TELEMETRY": "true", "RAY_USAGE_STATS_ENABLED": "0",
+            "DEEPDPM_TRACK_LIVE_AFTER_S": "0"}
 
 
 def _deepdpm(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:

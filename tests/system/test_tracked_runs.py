@@ -246,7 +246,7 @@ def test_fit_survives_its_tracking_server_being_killed(mixture, tmp_path):
     server = MlflowServer(tmp_path / "server").start()
     out = tmp_path / "out"
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO)}  # fmt: skip
+           "PYTHONPATH": str(REPO), "DEEPDPM_TRACK_LIVE_AFTER_S": "0"}  # fmt: skip
     env.pop("MLFLOW_TRACKING_URI", None)
     epochs = 40  # patience beyond reach: every epoch runs, most after the kill
     fit = subprocess.Popen(
