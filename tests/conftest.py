@@ -7,6 +7,7 @@ servers, container images and deployment files. Helpers live in ``support/``.
 """
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -18,6 +19,8 @@ os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="deepdpm-tests-data-")
 # MLflow runs a tracked command could not end (pipeline.tracking.pending_closes): the
 # tests' own, not the user's
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="deepdpm-tests-state-")
+#: the session's own folders, removed when it ends (:func:`pytest_unconfigure`)
+_SESSION_FOLDERS = (os.environ["XDG_DATA_HOME"], os.environ["XDG_STATE_HOME"])
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
@@ -54,7 +57,11 @@ def pytest_unconfigure(config) -> None:
     finalisation. This process has loaded two OpenMP runtimes (torch's and faiss's), a Ray
     driver and numba; one full run in three ended in SIGSEGV after the summary line, in
     their static destructors, with every test passed. The commands the tests start are
-    separate processes and their exit codes are still checked."""
+    separate processes and their exit codes are still checked. The session's temporary
+    folders go first (the interpreter's exit handlers, skipped here, would not remove them
+    either)."""
+    for folder in _SESSION_FOLDERS:
+        shutil.rmtree(folder, ignore_errors=True)
     if _EXIT_STATUS:
         sys.stdout.flush()
         sys.stderr.flush()
