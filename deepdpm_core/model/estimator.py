@@ -277,9 +277,9 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         if callbacks:  # first (``trainer`` is bound when an epoch ends): the callbacks may
             # predict with the model the epoch left
             cbs = [lambda _: self._set_model(trainer), *callbacks]
-        # while the bar is open, lines written to stderr (warnings) go above it
-        with progress_bar(progress, total=config.schedule.max_epochs, desc="deepdpm fit",
-                          unit="epoch") as bar:
+        # while the bar is open, lines written to stderr (warnings) go above it; its total,
+        # the end the schedule expects, is set once the trainer exists (epoch_updater)
+        with progress_bar(progress, total=None, desc="deepdpm fit", unit="epoch") as bar:
             trainer = Trainer(config, readonly_tensor(X))
             if bar is not None:
                 cbs.append(epoch_updater(bar, trainer.schedule))

@@ -165,6 +165,26 @@ class MoveSchedule:
                     f"{max(swing)} without a trend")
         return None
 
+    def expected_end(self, epochs_done: int) -> int:
+        """The epoch the fit ends with if no move is accepted from now on: ``patience``
+        rounds without a move (the first way K settles), at least ``min_epochs``, at
+        most ``max_epochs``. A progress bar's total: it grows with every accepted move.
+
+        Parameters
+        ----------
+        epochs_done : int
+            Epochs finished so far.
+        """
+        sch = self.schedule
+        if not self._kinds():  # no move rounds: nothing settles before max_epochs
+            return sch.max_epochs
+        # the first epoch that can end a round: past the warm-up and any freeze, on the grid
+        first = max(epochs_done + 1, self.frozen_until + 1, sch.warmup_epochs)
+        first += -(first - sch.warmup_epochs) % sch.move_every
+        rounds = max(1, sch.patience - self.rounds_without_move)
+        end = first + (rounds - 1) * sch.move_every
+        return max(epochs_done + 1, min(sch.max_epochs, max(sch.min_epochs, end)))
+
     def finished(self, epochs_done: int) -> bool:
         """Whether the fit stops after ``epochs_done`` epochs."""
         return self.stop_reason(epochs_done) is not None

@@ -64,16 +64,22 @@ def progress_bar(enabled: bool = True, **kwargs: Any) -> Iterator[Any]:
 
 def epoch_updater(bar: Any, schedule: MoveSchedule) -> Callable[[dict], None]:
     """A fit callback that advances ``bar`` one epoch and shows K and the two losses of
-    the epoch record; after the last epoch it finishes the bar (:func:`finish_bar`).
+    the epoch record; after the last epoch it finishes the bar (:func:`finish_bar`). The
+    bar's total is the epoch the schedule expects the fit to end with
+    (:meth:`~deepdpm_core.moves.schedule.MoveSchedule.expected_end`), not ``max_epochs``,
+    so that its time left is that of the fit.
 
     Parameters
     ----------
     bar : tqdm.tqdm
+        Its count is the epochs done already (a resumed fit's start).
     schedule : MoveSchedule
         The fit's schedule, asked after each epoch whether (and why) the fit stops.
     """
+    bar.total = schedule.expected_end(bar.n)
 
     def show(record: dict) -> None:
+        bar.total = schedule.expected_end(record["epoch"] + 1)  # the record's epoch counts from 0
         bar.update(1)
         bar.set_postfix(K=record["n_clusters"], cl=f"{record['loss_cluster']:.3f}",
                         sub=f"{record['loss_subcluster']:.3g}")

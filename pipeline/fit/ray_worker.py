@@ -181,13 +181,17 @@ def _ray_progress(trainer: Trainer) -> Iterator[Callable[[dict], None]]:
     the description)."""
     from ray.experimental import tqdm_ray
 
-    bar = tqdm_ray.tqdm(total=trainer.config.schedule.max_epochs, desc="deepdpm fit", unit="epoch")
+    # its total is the end the schedule expects, not max_epochs (as epoch_updater's)
+    bar = tqdm_ray.tqdm(total=trainer.schedule.expected_end(trainer.epoch), desc="deepdpm fit",
+                        unit="epoch")
     bar.n = trainer.epoch  # a resumed fit goes on counting from its checkpoint
 
     def show(record: dict) -> None:
         description = f"deepdpm fit K={record['n_clusters']}"
-        reason = trainer.schedule.stop_reason(record["epoch"] + 1)  # the record's epoch counts from 0
-        if reason is not None:  # complete at the epochs run, not e.g. 33/200
+        done = record["epoch"] + 1  # the record's epoch counts from 0
+        bar.total = trainer.schedule.expected_end(done)
+        reason = trainer.schedule.stop_reason(done)
+        if reason is not None:  # complete at the epochs run
             bar.total = bar.n + 1
             description += f" stopped: {reason}"
         bar.set_description(description)

@@ -186,8 +186,8 @@ def console_progress(enabled: bool) -> ProgressFactory | None:
     @contextlib.contextmanager
     def bar(trainer: Trainer) -> Iterator[EpochCallback | None]:
         # while the bar is open, lines written to stderr (warnings) go above it
-        with progress_bar(True, total=trainer.config.schedule.max_epochs, initial=trainer.epoch,
-                          desc="deepdpm fit", unit="epoch") as shown:
+        with progress_bar(True, total=trainer.schedule.expected_end(trainer.epoch),
+                          initial=trainer.epoch, desc="deepdpm fit", unit="epoch") as shown:
             yield epoch_updater(shown, trainer.schedule) if shown is not None else None
 
     return bar

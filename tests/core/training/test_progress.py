@@ -63,3 +63,15 @@ def test_rays_driver_draws_whole_counts_no_worker_prefix_and_closes_bars_left_op
     capsys.readouterr()
     left_open.bar.refresh()
     assert capsys.readouterr().err == ""
+
+
+def test_the_bars_total_is_the_end_the_schedule_expects_not_max_epochs(capsys):
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(c, 0.3, (80, 4)) for c in (0.0, 3.0, 6.0)])
+    model = DeepDPM(random_state=0, max_epochs=200).fit(X, progress=True)
+    err = capsys.readouterr().err
+    totals = [int(t) for t in re.findall(r" \d+/(\d+) \[", err)]
+    # from the first epoch on the time left is that of a fit about to settle: each total
+    # is an epoch the fit could end with, and the last one is the epoch it did
+    assert totals and max(totals) < 200, totals
+    assert totals[-1] == len(model.history_)
