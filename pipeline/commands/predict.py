@@ -93,11 +93,14 @@ def matched_columns(args: argparse.Namespace, header: ModelHeader | None) -> Tab
     by the names the model was fitted on, in the fit's order (the label and key as the
     flags, or the defaults, choose them). Checked without torch.
 
+    Warns (a line on stderr) when only one of the two has column names, as scikit-learn
+    does: the columns are then taken by position.
+
     Raises
     ------
     DataError
         The table's feature columns are not the model's (the extra and the missing ones
-        named), or an unnamed input has another number of columns.
+        named).
     """
     from deepdpm_core.errors import DataError
     from pipeline.io.columns import TableColumns, columns_from_args
@@ -116,8 +119,9 @@ def matched_columns(args: argparse.Namespace, header: ModelHeader | None) -> Tab
               "columns are taken by position")
     if chosen is None or names is None:
         return columns
-    extra = [n for n in chosen.features if n not in set(names)]
-    missing = [n for n in names if n not in set(chosen.features)]
+    fitted, given = set(names), set(chosen.features)
+    extra = [n for n in chosen.features if n not in fitted]
+    missing = [n for n in names if n not in given]
     if extra or missing:
         parts = ([f"{_listed(extra)} {'is' if len(extra) == 1 else 'are'} not among them"]
                  if extra else []) + ([f"{_listed(missing)} missing"] if missing else [])
