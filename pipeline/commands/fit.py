@@ -315,7 +315,14 @@ def _refuse_an_earlier_fit(out: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``deepdpm fit``: build the request from the flags and run it in its mode."""
+    import sys
+
+    from pipeline.io.run_folder import LAST_OUTPUT, publishes_in_place
+
     request = request_from_args(args)
+    if publishes_in_place(request.output):  # said before the fit, not found out after it
+        print(f"deepdpm fit: warning: {request.output} is or holds a mount point: its outputs "
+              f"are replaced one by one, {LAST_OUTPUT} last (not in one step)", file=sys.stderr)
     if not request.resume:
         check_input(request)
     from pipeline.fit import run_fit
