@@ -6,7 +6,7 @@ on other rows (docs/reliability.md, "A folder holds one fit"). A Parquet file is
 identified by its size and its footer (schema, row groups with their offsets, sizes and
 statistics), which every rewrite of its rows changes, so a large table is not read
 whole; any other file by its size and the SHA-256 of its bytes; a folder by those of
-its files.
+the files a fit reads in it (:func:`pipeline.io.tables.folder_files`: no link followed).
 """
 
 from __future__ import annotations
@@ -29,18 +29,21 @@ def input_fingerprint(path: str | Path) -> dict[str, Any]:
     -------
     dict
         A file: ``{"size": bytes, "sha256": hex}`` (``"parquet_footer_sha256"`` instead for a
-        Parquet file). A folder: ``{"files": {relative path: file fingerprint}}`` over its
-        files, hidden ones left out.
+        Parquet file). A folder: ``{"files": {relative path: file fingerprint}}`` over the
+        files a fit reads in it, and only those.
 
     Raises
     ------
     OSError
         ``path`` cannot be read.
+    DataError
+        A folder that is not an input (:func:`pipeline.io.tables.folder_files`).
     """
     path = Path(path)
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file()
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        from pipeline.io.tables import folder_files
+
+        files = [Path(f) for f in folder_files(path)[1]]
         return {"files": {str(p.relative_to(path)): _file_fingerprint(p) for p in files}}
     return _file_fingerprint(path)
 

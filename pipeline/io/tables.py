@@ -8,6 +8,7 @@ ranges, read without loading it, :mod:`pipeline.io.feature_rows`.
 
 from __future__ import annotations
 
+import os
 import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -155,22 +156,24 @@ def read_features(path: str | Path, columns: TableColumns | Mapping[str, Any] | 
 def folder_files(path: Path) -> tuple[str, list[str]]:
     """The kind (``parquet``, ``csv``, ``arrow``) and the files of a folder of tables.
 
-    Parquet files are those ``pq.read_table`` reads (:func:`parquet_files`); CSV and
-    Arrow files are the folder's own, in name order.
+    Parquet files are the folder's ``.parquet`` files, sub-folders included (a partitioned
+    dataset); CSV and Arrow files are the folder's own. Names starting with ``.`` or ``_``
+    are left out, as Parquet readers do, and so are other files (a README); files come in
+    the order of their paths. Links are never followed (:func:`_table_entries`), so
+    nothing outside the folder is read, and nothing twice.
 
     Raises
     ------
     DataError
-        A folder without tables, or with tables of different kinds.
+        A folder without tables, with tables of different kinds, or with a link where a
+        table or a sub-folder would be read.
     """
     found: dict[str, list[str]] = {}
-    for entry in sorted(path.iterdir()):
-        kind = file_kind(entry)
-        if entry.is_file() and kind in ("parquet", "csv", "arrow") \
-                and not entry.name.startswith((".", "_")):
-            found.setdefault(kind, []).append(str(entry))
-    if not found and any(file_kind(p) == "parquet" for p in path.rglob("*") if p.is_file()):
-        found["parquet"] = []  # Parquet in sub-folders (a partitioned dataset)
+    for entry in _table_entries(path, recursive=False):
+        found.setdefault(file_kind(entry), []).append(str(entry))
+    if not found and (nested := [str(p) for p in _table_entries(path, recursive=True)
+                                 if file_kind(p) == "parquet"]):
+        found["parquet"] = nested  # Parquet in sub-folders (a partitioned dataset)
     if not found:
         raise DataError(f"{path} is a folder without .parquet files (nor .csv, .tsv or "
                         ".arrow/.feather files)")
@@ -179,6 +182,41 @@ def folder_files(path: Path) -> tuple[str, list[str]]:
                         "give a folder of one kind")
     kind = next(iter(found))
     return kind, parquet_files(path) if kind == "parquet" else found[kind]
+
+
+def _table_entries(folder: Path, recursive: bool) -> list[Path]:
+    """The table files (``.parquet``, ``.csv``, ``.arrow``, ...) of ``folder``, sorted by
+    path; with ``recursive``, those of its sub-folders too. Names starting with ``.`` or
+    ``_`` are left out.
+
+    Raises
+    ------
+    DataError
+        A symbolic link named like a table or pointing at a folder (following it could
+        leave the folder, or loop back into it).
+    """
+    found = []
+    for parent, dirs, files in os.walk(folder, onerror=_raise_walk_error):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        for name in [*dirs, *files]:
+            entry = Path(parent) / name
+            if name.startswith((".", "_")) or not entry.is_symlink():
+                continue
+            if file_kind(entry) in ("parquet", "csv", "arrow") or entry.is_dir():
+                raise DataError(f"{entry} is a symbolic link: the tables of a folder input are "
+                                "read without following links; put the file itself there")
+        found += [Path(parent) / name for name in files
+                  if not name.startswith((".", "_")) and not (Path(parent) / name).is_symlink()
+                  and file_kind(name) in ("parquet", "csv", "arrow")
+                  and (Path(parent) / name).is_file()]
+        dirs[:] = [d for d in dirs if not (Path(parent) / d).is_symlink()]
+        if not recursive:
+            break
+    return sorted(found, key=str)
+
+
+def _raise_walk_error(exc: OSError) -> None:
+    raise exc
 
 
 def _read_npy(path: Path) -> FeatureTable:
@@ -274,7 +312,7 @@ def _read_table_file(path: Path, kind: str, columns: TableColumns) -> _Part:
         if is_embedding_layout(table.column_names, columns):
             return _embedding_part(table, path)
         chosen = choose_columns(table.schema, columns, path)
-    X, labels, keys = rows_of(table, chosen)
+    X, labels, keys = rows_of(table, chosen, path)
     return _Part(X, labels, keys, chosen.features, chosen.label, chosen.key)
 
 
@@ -458,7 +496,7 @@ def feature_batches(path: str | Path, batch_size: int,
     for table in _fixed_size_batches(parquet.iter_batches(batch_size=batch_size, columns=read),
                                      pa.schema([schema.field(c) for c in read]), batch_size):
         X = embedding_matrix(table.column("embedding")) if features is None \
-            else wide_matrix(table, features)
+            else wide_matrix(table, features, path)
         check_finite_rows(X, path, start)
         n = len(table)
         keys = key_values(table.column(key)) if key is not None else _default_keys(n, start)
@@ -528,13 +566,16 @@ def features_table(X: np.ndarray, keys: np.ndarray, labels: np.ndarray | None) -
 
 
 def parquet_files(path: Path) -> list[str]:
-    """The files of a Parquet file or directory, in the order ``pq.read_table`` reads them."""
-    import pyarrow.dataset as pads
-
-    try:
-        return list(pads.dataset(path, format="parquet").files)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise DataError(f"cannot read Parquet {path}: {exc}") from exc
+    """The files of a Parquet file or folder, in the order they are read (a folder: its
+    ``.parquet`` files, sub-folders included, sorted by path, links never followed;
+    see :func:`folder_files`)."""
+    path = Path(path)
+    if not path.is_dir():
+        return [str(path)]
+    files = [str(p) for p in _table_entries(path, recursive=True) if file_kind(p) == "parquet"]
+    if not files:
+        raise DataError(f"{path} is a folder without .parquet files")
+    return files
 
 
 def check_real_dtype(dtype: np.dtype, path: Path) -> None:
