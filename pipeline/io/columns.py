@@ -148,9 +148,14 @@ def choose_columns(schema: pa.Schema, columns: TableColumns, path: str | Path) -
     ------
     DataError
         A named column that is not there, a feature column that does not hold numbers
-        (every such column is named, with the flags that take it out), no feature column.
+        (every such column is named, with the flags that take it out), no feature column,
+        a column name the table has twice, a column chosen for two roles.
     """
     names = list(schema.names)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise DataError(f"{path}: column name(s) {', '.join(map(repr, twice))} appear more than "
+                        "once: give each column its own name")
     key = _resolve(columns.key, names, path, "--key") if columns.key is not None else None
     label = _resolve(columns.label, names, path, "--label") if columns.label is not None else None
     if key is None and "key" in names and label != "key":
@@ -164,6 +169,11 @@ def choose_columns(schema: pa.Schema, columns: TableColumns, path: str | Path) -
         features = [_resolve(ref, names, path, "--features") for ref in columns.features]
     else:
         features = [n for n in names if n not in (key, label) and not _PANDAS_INDEX.match(n)]
+    roles = [*features, *(c for c in (label, key) if c is not None)]
+    again = sorted({n for n in roles if roles.count(n) > 1})
+    if again:
+        raise DataError(f"{path}: column(s) {', '.join(map(repr, again))} chosen twice (by "
+                        "--features, --label or --key): give each column one role")
     if not features:
         raise DataError(f"{path} has no feature column (columns: {', '.join(map(repr, names))})")
     not_numbers = [n for n in features if not is_number_type(schema.field(n).type)]

@@ -162,7 +162,7 @@ def read_feature_rows(path: str | Path, start: int, stop: int,
             elif lo < hi:
                 features = choose_columns(meta.schema_arrow, columns, name).features
                 group_rows = meta.read_row_group(group, columns=features)
-                parts.append(wide_matrix(group_rows.slice(lo - offset, hi - lo), features))
+                parts.append(wide_matrix(group_rows.slice(lo - offset, hi - lo), features, name))
             offset += rows
             if offset >= stop:
                 break

@@ -45,7 +45,8 @@ def _delimiter(path: Path) -> str:
 def _first_line(path: Path) -> list[str] | None:
     """The fields of the first non-blank line of a CSV (None: the file has none)."""
     opener = gzip.open if path.name.lower().endswith(".gz") else open
-    with opener(path, "rt", newline="", encoding="utf-8", errors="replace") as f:
+    # utf-8-sig: a byte-order mark is not part of the first field (pyarrow drops it too)
+    with opener(path, "rt", newline="", encoding="utf-8-sig", errors="replace") as f:
         for row in csv.reader(f, delimiter=_delimiter(path)):
             if any(field.strip() for field in row):
                 return row
@@ -87,7 +88,7 @@ def read_csv(path: str | Path, header: bool | None = None) -> pa.Table:
         header = not all(_is_number(field) for field in first)
     names = None if header else [str(i) for i in range(len(first))]
     try:
-        return pcsv.read_csv(
+        table = pcsv.read_csv(
             path,
             read_options=pcsv.ReadOptions(column_names=names),
             parse_options=pcsv.ParseOptions(delimiter=_delimiter(path)),
@@ -95,6 +96,12 @@ def read_csv(path: str | Path, header: bool | None = None) -> pa.Table:
         )
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(f"cannot read CSV {path}: {str(exc).splitlines()[0]}") from exc
+    try:
+        table.column_names  # noqa: B018 - pyarrow decodes the names only when asked
+    except UnicodeDecodeError as exc:
+        raise DataError(f"cannot read CSV {path}: its header is not UTF-8 text (byte "
+                        f"{exc.object[exc.start:exc.start + 1]!r}): save the file as UTF-8") from None
+    return table
 
 
 def read_arrow(path: str | Path) -> pa.Table:
@@ -158,11 +165,25 @@ def column_numbers(column: pa.ChunkedArray, dtype: type = np.float64, empty: flo
     return out
 
 
-def wide_matrix(table: pa.Table, features: list[str]) -> np.ndarray:
-    """The ``features`` columns of ``table`` as float32 (N, D), empty cells as NaN."""
+def wide_matrix(table: pa.Table, features: list[str], path: str | Path = "the table"
+                ) -> np.ndarray:
+    """The ``features`` columns of ``table`` as float32 (N, D), empty cells as NaN.
+
+    Raises
+    ------
+    DataError
+        A column of integers that a float cannot hold exactly (beyond 2^53: ids), named.
+    """
     X = np.empty((table.num_rows, len(features)), dtype=np.float32)
     for j, name in enumerate(features):
-        X[:, j] = column_numbers(table.column(name), np.float64)
+        try:
+            values = column_numbers(table.column(name), np.float64)
+        except pa.ArrowInvalid:
+            raise DataError(f"{path}: column {name!r} holds integers beyond 2^53, which features "
+                            f"(floats) cannot hold: if it identifies rows, name it with --key "
+                            f"{name}") from None
+        with np.errstate(over="ignore", invalid="ignore"):  # beyond float32: inf, named later
+            X[:, j] = values
     return X
 
 
@@ -198,11 +219,11 @@ def key_values(column: pa.ChunkedArray) -> np.ndarray:
     return np.array(["" if v is None else str(v) for v in column.to_pylist()], dtype=object)
 
 
-def rows_of(table: pa.Table, chosen: ChosenColumns) -> tuple[np.ndarray, np.ndarray | None,
-                                                             np.ndarray | None]:
+def rows_of(table: pa.Table, chosen: ChosenColumns, path: str | Path = "the table"
+            ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """The features (N, D) float32, the raw labels (:func:`label_values`) and the keys
     (object, N) of a wide table; labels and keys None where no column gives them."""
-    X = wide_matrix(table, chosen.features)
+    X = wide_matrix(table, chosen.features, path)
     labels = label_values(table.column(chosen.label)) if chosen.label is not None else None
     keys = key_values(table.column(chosen.key)) if chosen.key is not None else None
     return X, labels, keys
