@@ -8,7 +8,9 @@ command's process, and forgotten when the run ends: should the command be killed
 (SIGKILL), the record outlives it. The next tracked command to that server ends these runs
 first (:func:`close_pending`), those of live owners excepted, so every run reaches
 FINISHED, FAILED or KILLED once the server answers again (docs/reliability.md, "Every
-tracked run ends").
+tracked run ends"). A record that cannot be read as one (not a small regular file, not
+JSON of the expected fields) is set aside as ``NAME.bad`` with one warning and blocks
+nothing; a state folder that cannot be written never fails the command.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import stat
+import sys
 import threading
 import time
 import urllib.error
@@ -34,6 +39,10 @@ FINAL_STATES = ("FINISHED", "FAILED", "KILLED")
 #: seconds a health probe of the tracking server, and an attempt to end the recorded runs
 #: at the end of a command, may take
 PROBE_TIMEOUT_S = 2.0
+#: the largest record read (a record is about 400 bytes)
+MAX_RECORD_BYTES = 64 * 1024
+#: what a run id looks like (MLflow's are 32 hex digits)
+_RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +100,12 @@ def record_pending(tracking_uri: str, run_id: str, status: str, reason: str,
 
 
 def forget_pending(run_id: str) -> None:
-    """Drop the record of the run ``run_id``, which its command has ended."""
-    (pending_dir() / f"{run_id}.json").unlink(missing_ok=True)
+    """Drop the record of the run ``run_id``, which its command has ended (never raises:
+    a record that cannot be removed is ended again, harmlessly, by a later command)."""
+    try:
+        (pending_dir() / f"{run_id}.json").unlink(missing_ok=True)
+    except OSError:  # the state path is not a folder, or a loop of links
+        logger.debug("cannot forget the MLflow run record", exc_info=True)
 
 
 def _owner_runs(record: dict[str, Any]) -> bool:
@@ -103,18 +116,83 @@ def _owner_runs(record: dict[str, Any]) -> bool:
     return start_time(pid) == started
 
 
+def read_record(path: Path) -> dict[str, Any]:
+    """The record in ``path``, read without following a link or waiting on a pipe, at
+    most :data:`MAX_RECORD_BYTES`, and checked field by field.
+
+    Raises
+    ------
+    ValueError
+        ``path`` is not a small regular file holding a record (said in words).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise ValueError(f"cannot be opened ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("is not a regular file")
+        if info.st_size > MAX_RECORD_BYTES:
+            raise ValueError(f"is {info.st_size} bytes, more than a record's {MAX_RECORD_BYTES}")
+        data = os.read(fd, MAX_RECORD_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        record = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError("is not JSON") from None
+    if not isinstance(record, dict):
+        raise ValueError("is not a JSON object")
+    problems = [
+        name for name, ok in (
+            ("tracking_uri", isinstance(record.get("tracking_uri"), str)),
+            ("run_id", isinstance(record.get("run_id"), str) and _RUN_ID.fullmatch(record["run_id"])),
+            ("status", record.get("status") in FINAL_STATES),
+            ("reason", isinstance(record.get("reason"), str)),
+            ("end_time_ms", record.get("end_time_ms") is None
+             or type(record.get("end_time_ms")) is int),
+            ("owner", "owner" not in record or _valid_owner(record["owner"])),
+        ) if not ok]  # fmt: skip
+    if problems:
+        raise ValueError(f"has no valid {', '.join(problems)}")
+    return record
+
+
+def _valid_owner(owner: Any) -> bool:
+    """``[pid, start time]``: a positive int and a number (None: the owner was gone)."""
+    return (isinstance(owner, list) and len(owner) == 2 and type(owner[0]) is int and owner[0] > 0
+            and (owner[1] is None or type(owner[1]) in (int, float)))
+
+
+def _set_aside(path: Path, why: str) -> None:
+    """Rename the unreadable record ``path`` to ``NAME.bad`` (out of the next commands'
+    way), saying so once."""
+    try:
+        os.replace(path, path.with_name(path.name + ".bad"))
+    except OSError:
+        return  # another command set it aside, or the folder is read-only: said by it
+    print(f"deepdpm: warning: set aside the unreadable MLflow run record {path} (it {why}) "
+          f"as {path.name}.bad", file=sys.stderr, flush=True)
+
+
 def pending_runs(tracking_uri: str) -> list[tuple[Path, dict[str, Any]]]:
-    """The recorded runs of ``tracking_uri`` whose commands have ended (unreadable records
-    are left out)."""
+    """The recorded runs of ``tracking_uri`` whose commands have ended; records that
+    cannot be read are set aside (:func:`read_record`), and a state path that is not a
+    folder gives none."""
     folder = pending_dir()
+    try:
+        paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    except OSError:
+        return []
     found = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    for path in paths:
         try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
+            record = read_record(path)
+        except ValueError as exc:
+            _set_aside(path, str(exc))
             continue
-        if (isinstance(record, dict) and record.get("tracking_uri") == tracking_uri
-                and not _owner_runs(record)):
+        if record["tracking_uri"] == tracking_uri and not _owner_runs(record):
             found.append((path, record))
     return found
 
@@ -144,5 +222,6 @@ def close_pending(client: Any, tracking_uri: str) -> list[str]:
     return ended
 
 
-__all__ = ["END_REASON_TAG", "FINAL_STATES", "OUTPUT_TAG", "PROBE_TIMEOUT_S", "close_pending",
-           "close_pending_now", "forget_pending", "pending_dir", "pending_runs", "record_pending", "server_answers"]
+__all__ = ["END_REASON_TAG", "FINAL_STATES", "MAX_RECORD_BYTES", "OUTPUT_TAG", "PROBE_TIMEOUT_S",
+           "close_pending", "close_pending_now", "forget_pending", "pending_dir", "pending_runs",
+           "read_record", "record_pending", "server_answers"]
