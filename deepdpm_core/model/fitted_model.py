@@ -39,6 +39,19 @@ FORMAT = "deepdpm-model/1"
 _ASSIGNER_KEYS = ("format", "config", "coordinates", "cluster_net")
 
 
+#: what reading a model's dict raises when its values are not what a model holds (a list
+#: for the config, a 1-D weight, tensors of the wrong shapes)
+_MALFORMED = (TypeError, ValueError, AttributeError, IndexError, RuntimeError)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (with the next where it ends in a colon, as
+    ``load_state_dict``'s does), at most 200 characters."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    text = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
+    return text[:200]
+
+
 @dataclass(eq=False)
 class ClusterAssigner:
     """What assigning rows to clusters needs of a fitted model: the input transform and the
@@ -94,6 +107,8 @@ class ClusterAssigner:
             coords = FeatureCoordinates.from_state(state["coordinates"])
         except KeyError as exc:
             raise CheckpointError(f"a DeepDPM model checkpoint without the key {exc}") from exc
+        except _MALFORMED as exc:  # a readable archive whose content is not a model's
+            raise CheckpointError(f"a DeepDPM model checkpoint with a malformed state ({_first_line(exc)})") from None
         return cls(config, coords, net.to(device).eval().requires_grad_(False))
 
     def state_dict(self) -> dict[str, Any]:
@@ -278,13 +293,21 @@ class FittedModel:
             Not a ``deepdpm-model/1`` dict, or keys missing.
         """
         assigner = ClusterAssigner.from_state(state, device)
+        k = assigner.cluster_net.out.weight.shape[0]
         try:
-            return cls(assigner.config, assigner.coords, assigner.cluster_net,
-                       state["means"].to(device), state["covariances"].to(device),
-                       state["log_weights"].to(device), list(state["history"]),
-                       int(state["n_total"]), state.get("feature_names")).freeze()
+            means, covariances, log_weights = (state[name].to(device) for name in
+                                               ("means", "covariances", "log_weights"))
+            if means.ndim != 2 or covariances.ndim < 2 or tuple(log_weights.shape) != (k,) \
+                    or means.shape[0] != k or covariances.shape[0] != k:
+                raise ValueError(f"{k} clusters in the net, mixture shapes {tuple(means.shape)}, "
+                                 f"{tuple(covariances.shape)}, {tuple(log_weights.shape)}")
+            return cls(assigner.config, assigner.coords, assigner.cluster_net, means, covariances,
+                       log_weights, list(state["history"]), int(state["n_total"]),
+                       state.get("feature_names")).freeze()
         except KeyError as exc:
             raise CheckpointError(f"a DeepDPM model checkpoint without the key {exc}") from exc
+        except _MALFORMED as exc:  # a readable archive whose content is not a model's
+            raise CheckpointError(f"a DeepDPM model checkpoint with a malformed state ({_first_line(exc)})") from None
 
     def state_dict(self) -> dict[str, Any]:
         """The model as tensors and plain containers (what :meth:`save` writes)."""

@@ -136,7 +136,9 @@ def check_input(request: FitRequest) -> None:
     """Read and check a new fit's input before torch, Ray or MLflow load, so that bad data
     is answered within a second: a fit in this process reads it whole (format, columns,
     shape, empty, NaN or inf rows), a Ray fit its metadata (its workers check their rows),
-    an alternating fit (which flattens images) its format.
+    an alternating fit (which flattens images) its format. A fit in this process whose
+    memory need exceeds what is available is refused too
+    (:func:`pipeline.fit.memory.check_fit_memory`).
 
     Raises
     ------
@@ -153,7 +155,10 @@ def check_input(request: FitRequest) -> None:
         return
     table = read_features(request.input, request.table_columns)
     if request.mode != "alternating":
+        from pipeline.fit.memory import check_fit_memory
+
         check_fit_rows(table, request.input)
+        check_fit_memory(request.fit_config(), *table.X.shape, request.input)
     if table.feature_names and request.table_columns.features is None:
         _warn_of_class_codes(table)
 
@@ -232,6 +237,11 @@ def request_from_args(args: argparse.Namespace) -> FitRequest:
         raise ConfigError("--input and --output are required (unless --resume DIR)")
     if not Path(args.input).exists():  # here, not when the fit reads it after loading torch
         raise FileNotFoundError(f"input not found: {args.input}")
+    source, out = Path(args.input).resolve(), Path(args.output).resolve()
+    if source.is_dir() and (out == source or source in out.parents):
+        # its outputs would become input: read by the next fit, and a changed input to --resume
+        raise ConfigError(f"--output {args.output} is inside the --input folder {args.input}: "
+                          "choose an output outside it")
     if _distributed(args):
         flags = " ".join(([f"--num-workers {args.num_workers}"] if args.num_workers else [])
                          + (["--ray-address"] if args.ray_address else []))

@@ -78,7 +78,15 @@ def _write(args: argparse.Namespace, row_shape: tuple[int, int] | None) -> int:
     from pipeline.tracking.environment import resolve_tracking_uri
 
     data = load_run(args.run, resolve_tracking_uri(args.tracking_uri))
-    text = render_report(data, args.images, args.max_clusters, args.per_cluster, row_shape)
+    try:
+        text = render_report(data, args.images, args.max_clusters, args.per_cluster, row_shape)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        # a summary.json edited or written by something else: its values are not a fit's
+        from deepdpm_core.errors import DataError
+
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise DataError(f"{data.source}: summary.json does not hold a deepdpm fit's values "
+                        f"({type(exc).__name__}: {first})") from None
     path = shown_path(write_report(text, args.output))
     print_result(args, f"report written to {path}", {
         "output": path, "source": data.source,

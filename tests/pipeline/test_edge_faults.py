@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -266,3 +267,87 @@ def test_the_next_writer_removes_the_temporary_files_atomic_writes_leave(tmp_pat
     assert not any(p.exists() for p in leftovers)
     assert not (folder / ".staging-4242").exists()
     assert all(p.exists() for p in kept)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory) -> Path:
+    """A finished fit of a 300 x 3 CSV (its folder; the CSV beside it as ``A.csv``)."""
+    root = tmp_path_factory.mktemp("fitted")
+    data = _csv(root / "A.csv", 0)
+    assert main(["fit", "--input", str(data), "--output", str(root / "run"), *QUICK_FIT]) == 0
+    return root / "run"
+
+
+@pytest.mark.parametrize("damage", ["config a list", "1-D weight", "wrong shape",
+                                    "mixture of another K"])
+def test_a_model_file_with_a_valid_archive_but_a_malformed_state_is_refused_in_one_line(
+        fitted, tmp_path, capsys, damage):
+    import torch
+
+    from deepdpm_core import DeepDPM
+    from deepdpm_core.errors import CheckpointError
+
+    state = torch.load(fitted / "model.pt", weights_only=True)
+    net = dict(state["cluster_net"])
+    if damage == "config a list":
+        state["config"] = [1, 2]
+    elif damage == "1-D weight":
+        net["hidden.weight"] = torch.zeros(5)
+    elif damage == "wrong shape":
+        net["out.bias"] = torch.zeros(len(net["out.bias"]) + 2)
+    else:
+        state["means"] = torch.zeros(len(net["out.bias"]) + 2, state["means"].shape[1])
+    state["cluster_net"] = net
+    model = tmp_path / "model.pt"
+    torch.save(state, model)
+    with pytest.raises(CheckpointError, match="malformed state"):
+        DeepDPM.load(model)
+    if damage != "mixture of another K":  # predict reads the net, not the mixture
+        code = main(["predict", "--model", str(model), "--input", str(fitted.parent / "A.csv"),
+                     "--output", str(tmp_path / "p.parquet")])
+        assert _one_line_error((code, capsys.readouterr().err), str(model), "malformed state")
+
+
+def test_report_of_a_malformed_summary_is_one_line(fitted, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(fitted, run)
+    summary = json.loads((run / "summary.json").read_text())
+    summary.update(cluster_sizes="many", metrics=3, n_clusters=[1])
+    (run / "summary.json").write_text(json.dumps(summary))
+    code = main(["report", str(run), "-o", str(tmp_path / "r.html")])
+    assert _one_line_error((code, capsys.readouterr().err), str(run), "summary.json")
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_an_output_inside_its_own_input_folder_is_refused_in_one_line(tmp_path, capsys):
+    folder = _parquet_folder(tmp_path / "F")
+    code = main(["fit", "--input", str(folder), "--output", str(folder / "run"), *QUICK_FIT])
+    assert _one_line_error((code, capsys.readouterr().err), "inside the --input folder")
+    assert sorted(p.name for p in folder.iterdir()) == ["part-0.parquet", "part-1.parquet"]
+
+
+def test_a_fit_that_cannot_fit_in_memory_is_refused_before_it_starts_naming_the_knob(tmp_path):
+    import resource
+
+    import psutil
+
+    from pipeline.fit.memory import ARRAYS_PER_CLUSTER
+
+    # the default config (init.n_clusters auto: K = 10 at 400 rows, full covariances) with
+    # D x D float64 covariances that take twice the memory available now
+    available = psutil.virtual_memory().available
+    dim = int(np.ceil(np.sqrt(2 * available / (8 * ARRAYS_PER_CLUSTER * 10))))
+    data = tmp_path / "wide.npy"
+    np.save(data, np.random.default_rng(0).normal(size=(400, dim)).astype(np.float32))
+
+    def bounded() -> None:  # a fit that tries anyway fails, not the machine
+        resource.setrlimit(resource.RLIMIT_AS, (available // 2, available // 2))
+
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "fit", "--input", str(data),
+                             "--output", str(tmp_path / "o"), "--no-tracking", "--quiet"],
+                            env=_env(),
+                            capture_output=True, text=True, timeout=600, preexec_fn=bounded)
+    assert _one_line_error(result, str(data), "prior.covariance_type=diag", "GiB"), result.stderr
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "o").exists()
