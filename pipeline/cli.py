@@ -95,12 +95,18 @@ def main(argv: list[str] | None = None) -> int:
         with command_lock(args):
             return int(args._run(args) or 0)
     except (DeepDPMError, OSError) as exc:  # bad input, or a path that cannot be read or written
-        print(f"deepdpm {args.command}: error: {exc}", file=sys.stderr)
+        print(f"deepdpm {args.command}: error: {_printable(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # a fit's says how to resume it
         print(f"deepdpm {args.command}: interrupted" + (f" {exc}" if str(exc) else ""),
               file=sys.stderr)
         return INTERRUPTED
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters (a terminal's escape sequences, copied from the
+    data into an error) shown escaped, so an error line is one line and moves no cursor."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 #: the exit code of a command stopped by Ctrl-C (128 + SIGINT, as a shell reports it)

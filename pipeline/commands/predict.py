@@ -205,6 +205,8 @@ def _run_file(args: argparse.Namespace) -> int:
         raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}")
     if not Path(args.input).exists():
         raise FileNotFoundError(f"input not found: {args.input}")
+    if Path(args.output).resolve() == Path(args.input).resolve():  # --overwrite would replace it
+        raise ConfigError(f"--output {args.output} is the --input file: choose another output")
     from pipeline.io.existing_outputs import refuse_existing_file
 
     refuse_existing_file(args.output, args.overwrite)

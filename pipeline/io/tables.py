@@ -141,6 +141,8 @@ def read_features(path: str | Path, columns: TableColumns | Mapping[str, Any] | 
         raise FileNotFoundError(f"input not found: {path}")
     if path.is_dir():
         kind, files = folder_files(path)
+    elif not path.is_file():  # a FIFO or a device would block or never end
+        raise DataError(f"{path} is not a regular file")
     else:
         kind, files = file_kind(path), [path]
         if kind is None:

@@ -367,3 +367,30 @@ def test_a_fit_that_cannot_fit_in_memory_is_refused_before_it_starts_naming_the_
     assert _one_line_error(result, str(data), "prior.covariance_type=diag", "GiB"), result.stderr
     assert time.monotonic() - started < 60
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("case", ["fifo input", "predict over its input", "escape sequences"])
+def test_small_hostile_arguments_get_one_line_at_once(fitted, tmp_path, case):
+    data = fitted.parent / "A.csv"
+    if case == "fifo input":
+        fifo = tmp_path / "rows.csv"
+        os.mkfifo(fifo)
+        argv, named = ["fit", "--input", str(fifo), "--output", str(tmp_path / "o"), *QUICK_FIT], str(fifo)
+    elif case == "predict over its input":
+        copy = tmp_path / "A.csv"
+        shutil.copy(data, copy)
+        argv = ["predict", "--model", str(fitted / "model.pt"), "--input", str(copy), "--output",
+                str(copy), "--overwrite"]
+        named = "--input"
+    else:
+        table = tmp_path / "rows\x1b]0;owned\x07\x1b[2J.csv"  # named to retitle a terminal
+        table.write_text("")
+        argv, named = ["fit", "--input", str(table), "--output", str(tmp_path / "o"), *QUICK_FIT], "\\x1b"
+    try:
+        result = _deepdpm(*argv, timeout=60)
+    except subprocess.TimeoutExpired:
+        result = subprocess.CompletedProcess(argv, -1, "", "still running after 60 s")
+    assert _one_line_error(result, named), result.stderr
+    assert "\x1b" not in result.stderr
+    if case == "predict over its input":
+        assert (tmp_path / "A.csv").read_bytes() == data.read_bytes()
