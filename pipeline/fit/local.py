@@ -72,7 +72,11 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
     from pipeline.tracking.fit_runs import fit_params, log_fit_outputs
 
     config = request.fit_config()
-    table = read_features(request.input, request.table_columns)
+    # a resumable fit stores the fingerprint of the bytes it parsed, not of a second read
+    table = read_features(request.input, request.table_columns,
+                          fingerprint=request.resumable and not request.resume)
+    if table.fingerprint is not None:
+        request = request.with_(input_fingerprint=table.fingerprint)
     table.X = check_features(table.X, min_rows=rows_needed(config.init.n_clusters))
     out = Path(request.output)
     state = None

@@ -59,6 +59,18 @@ def fingerprint_change(stored: dict[str, Any], now: dict[str, Any]) -> str | Non
     return "its content differs"
 
 
+def bytes_fingerprint(data: bytes) -> dict[str, Any]:
+    """The fingerprint of a file whose bytes are ``data``: what :func:`input_fingerprint`
+    gives for it, taken from the bytes a reader parsed (no second read)."""
+    size = len(data)
+    if data[:4] == _PARQUET_MAGIC and size >= 12:
+        footer_length = int.from_bytes(data[-8:-4], "little")
+        if data[-4:] == _PARQUET_MAGIC and footer_length <= size - 12:
+            footer = hashlib.sha256(data[size - 8 - footer_length:size - 8]).hexdigest()
+            return {"size": size, "parquet_footer_sha256": footer}
+    return {"size": size, "sha256": hashlib.sha256(data).hexdigest()}
+
+
 def _file_fingerprint(path: Path) -> dict[str, Any]:
     size = os.path.getsize(path)
     with open(path, "rb") as fh:
@@ -83,4 +95,4 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["file_sha256", "fingerprint_change", "input_fingerprint"]
+__all__ = ["bytes_fingerprint", "file_sha256", "fingerprint_change", "input_fingerprint"]

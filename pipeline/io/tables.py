@@ -8,6 +8,7 @@ ranges, read without loading it, :mod:`pipeline.io.feature_rows`.
 
 from __future__ import annotations
 
+import io
 import os
 import zipfile
 from collections.abc import Iterator, Mapping
@@ -61,6 +62,9 @@ class FeatureTable:
         The columns the features came from (a wide table).
     label_column, key_column : str, optional
         The columns the labels and the keys came from (a table).
+    fingerprint : dict, optional
+        The input's fingerprint (:func:`pipeline.io.input_fingerprint.input_fingerprint`)
+        taken from the very bytes these rows were parsed from, when asked for.
     """
 
     X: np.ndarray
@@ -70,6 +74,7 @@ class FeatureTable:
     feature_names: list[str] | None = None
     label_column: str | None = None
     key_column: str | None = None
+    fingerprint: dict[str, Any] | None = None
 
 
 def _default_keys(n: int, start: int = 0) -> np.ndarray:
@@ -99,8 +104,8 @@ def embedding_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return flat.astype(np.float32, copy=False).reshape(n, int(lengths[0]))
 
 
-def read_features(path: str | Path, columns: TableColumns | Mapping[str, Any] | None = None
-                  ) -> FeatureTable:
+def read_features(path: str | Path, columns: TableColumns | Mapping[str, Any] | None = None,
+                  *, fingerprint: bool = False) -> FeatureTable:
     """Read the rows of a feature input: the one loader of the commands and the Python API.
 
     Parameters
@@ -116,6 +121,10 @@ def read_features(path: str | Path, columns: TableColumns | Mapping[str, Any] | 
         Which columns of a wide table are the features, the label and the key, and
         whether a CSV has a header (:class:`~pipeline.io.columns.TableColumns`); by
         default every numeric column is a feature but ``label`` and ``key``.
+    fingerprint : bool
+        Also fingerprint the input from the bytes parsed (each file is read once, whole,
+        and hashed and parsed from memory), so the fingerprint a resumable fit stores is
+        that of the rows it fitted even while the file is being replaced.
 
     Returns
     -------
@@ -147,12 +156,27 @@ def read_features(path: str | Path, columns: TableColumns | Mapping[str, Any] | 
         kind, files = file_kind(path), [path]
         if kind is None:
             raise DataError(f"unsupported input '{path}': expected {KNOWN_FORMATS}")
+    from pipeline.io.input_fingerprint import bytes_fingerprint
+
+    prints: dict[str, Any] = {}
+
+    def contents(file: Path) -> bytes | None:  # the bytes parsed, fingerprinted as read
+        if not fingerprint:
+            return None
+        data = file.read_bytes()
+        prints[str(file.relative_to(path)) if path.is_dir() else ""] = bytes_fingerprint(data)
+        return data
+
     if kind == "npy":
-        return _read_npy(path)
-    if kind == "npz":
-        return _read_npz(path)
-    parts = [_read_table_file(Path(f), kind, columns) for f in files]
-    return _joined(parts, path)
+        table = _read_npy(path, contents(path))
+    elif kind == "npz":
+        table = _read_npz(path, contents(path))
+    else:
+        table = _joined([_read_table_file(Path(f), kind, columns, contents(Path(f)))
+                         for f in files], path)
+    if fingerprint:
+        table.fingerprint = {"files": prints} if path.is_dir() else prints[""]
+    return table
 
 
 def folder_files(path: Path) -> tuple[str, list[str]]:
@@ -221,25 +245,25 @@ def _raise_walk_error(exc: OSError) -> None:
     raise exc
 
 
-def _read_npy(path: Path) -> FeatureTable:
-    with open(path, "rb") as f:
+def _read_npy(path: Path, data: bytes | None = None) -> FeatureTable:
+    with open(path, "rb") if data is None else io.BytesIO(data) as f:
         if f.read(6) != b"\x93NUMPY":
             raise DataError(f"{path} is not a .npy file (no NumPy header)")
     try:
-        X = np.load(path, allow_pickle=False)
+        X = np.load(path if data is None else io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise DataError(f"cannot read {path}: {exc}") from exc
     _check_rows(X, path)
     return FeatureTable(X=X, labels=None, keys=_default_keys(len(X)))
 
 
-def _read_npz(path: Path) -> FeatureTable:
+def _read_npz(path: Path, data: bytes | None = None) -> FeatureTable:
     try:
-        with np.load(path, allow_pickle=False) as data:
-            if "X" not in data:
-                raise DataError(f"{path} has no array 'X' (found: {', '.join(data.files)})")
-            X = np.asarray(data["X"])
-            y = np.asarray(data["y"]) if "y" in data else None
+        with np.load(path if data is None else io.BytesIO(data), allow_pickle=False) as arrays:
+            if "X" not in arrays:
+                raise DataError(f"{path} has no array 'X' (found: {', '.join(arrays.files)})")
+            X = np.asarray(arrays["X"])
+            y = np.asarray(arrays["y"]) if "y" in arrays else None
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise DataError(f"cannot read {path}: {exc}") from exc
     _check_rows(X, path)
@@ -296,21 +320,23 @@ def input_columns(path: str | Path, columns: TableColumns | Mapping[str, Any] | 
     return choose_columns(schema, columns, first)
 
 
-def _read_table_file(path: Path, kind: str, columns: TableColumns) -> _Part:
+def _read_table_file(path: Path, kind: str, columns: TableColumns, data: bytes | None = None
+                     ) -> _Part:
+    """The rows of one table file (parsed from ``data``, its bytes, where given)."""
     if kind == "parquet":
         import pyarrow.parquet as pq
 
         try:
-            schema = pq.read_schema(path)
+            schema = pq.read_schema(path if data is None else pa.BufferReader(data))
         except (pa.ArrowInvalid, OSError) as exc:
             raise DataError(f"cannot read Parquet {path}: {exc}") from exc
         if is_embedding_layout(schema.names, columns):
-            return _embedding_part(read_parquet(path), path)
+            return _embedding_part(read_parquet(path, data=data), path)
         chosen = choose_columns(schema, columns, path)
         wanted = [*chosen.features, *(c for c in (chosen.label, chosen.key) if c is not None)]
-        table = read_parquet(path, list(dict.fromkeys(wanted)))
+        table = read_parquet(path, list(dict.fromkeys(wanted)), data)
     else:
-        table = read_any_table(path, kind, columns.header)
+        table = read_any_table(path, kind, columns.header, data)
         if is_embedding_layout(table.column_names, columns):
             return _embedding_part(table, path)
         chosen = choose_columns(table.schema, columns, path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 from pathlib import Path
 
 import numpy as np
@@ -42,11 +43,17 @@ def _delimiter(path: Path) -> str:
     return "\t" if ".tsv" in path.name.lower() else ","
 
 
-def _first_line(path: Path) -> list[str] | None:
-    """The fields of the first non-blank line of a CSV (None: the file has none)."""
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
+def _gzipped(path: Path) -> bool:
+    return path.name.lower().endswith(".gz")
+
+
+def _first_line(path: Path, data: bytes | None = None) -> list[str] | None:
+    """The fields of the first non-blank line of a CSV (None: the file has none); read from
+    ``data``, the file's bytes, where given."""
+    raw = open(path, "rb") if data is None else io.BytesIO(data)  # closed by the with below
+    binary = gzip.GzipFile(fileobj=raw) if _gzipped(path) else raw
     # utf-8-sig: a byte-order mark is not part of the first field (pyarrow drops it too)
-    with opener(path, "rt", newline="", encoding="utf-8-sig", errors="replace") as f:
+    with raw, io.TextIOWrapper(binary, encoding="utf-8-sig", errors="replace", newline="") as f:
         for row in csv.reader(f, delimiter=_delimiter(path)):
             if any(field.strip() for field in row):
                 return row
@@ -61,7 +68,15 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def read_csv(path: str | Path, header: bool | None = None) -> pa.Table:
+def _source(path: Path, data: bytes | None, gzipped: bool = False) -> str | pa.NativeFile:
+    """What pyarrow reads: the path, or the file's bytes already read (``data``)."""
+    if data is None:
+        return str(path)
+    buffer = pa.BufferReader(data)
+    return pa.CompressedInputStream(buffer, "gzip") if gzipped else buffer
+
+
+def read_csv(path: str | Path, header: bool | None = None, data: bytes | None = None) -> pa.Table:
     """A CSV (``.tsv``: tab-separated; ``.gz``: compressed) as an Arrow table.
 
     Parameters
@@ -69,6 +84,8 @@ def read_csv(path: str | Path, header: bool | None = None) -> pa.Table:
     header : bool, optional
         The first line names the columns; None: it does unless all its fields are
         numbers. Without a header the columns are named by position, ``"0"``, ``"1"``, ...
+    data : bytes, optional
+        The file's bytes, read already: parsed instead of reading ``path`` again.
 
     Raises
     ------
@@ -79,7 +96,7 @@ def read_csv(path: str | Path, header: bool | None = None) -> pa.Table:
 
     path = Path(path)
     try:
-        first = _first_line(path)
+        first = _first_line(path, data)
     except (OSError, UnicodeError, csv.Error, EOFError) as exc:
         raise DataError(f"cannot read CSV {path}: {exc}") from exc
     if first is None:
@@ -89,7 +106,7 @@ def read_csv(path: str | Path, header: bool | None = None) -> pa.Table:
     names = None if header else [str(i) for i in range(len(first))]
     try:
         table = pcsv.read_csv(
-            path,
+            _source(path, data, _gzipped(path)),
             read_options=pcsv.ReadOptions(column_names=names),
             parse_options=pcsv.ParseOptions(delimiter=_delimiter(path)),
             convert_options=pcsv.ConvertOptions(strings_can_be_null=True),
@@ -104,8 +121,9 @@ def read_csv(path: str | Path, header: bool | None = None) -> pa.Table:
     return table
 
 
-def read_arrow(path: str | Path) -> pa.Table:
-    """An Arrow IPC file or stream, or a Feather file, as a table.
+def read_arrow(path: str | Path, data: bytes | None = None) -> pa.Table:
+    """An Arrow IPC file or stream, or a Feather file, as a table (from ``data``, the
+    file's bytes, where given).
 
     Raises
     ------
@@ -116,18 +134,20 @@ def read_arrow(path: str | Path) -> pa.Table:
 
     path = Path(path)
     try:
-        return feather.read_table(path)
+        return feather.read_table(_source(path, data))
     except (pa.ArrowInvalid, OSError):
         pass
     try:
-        with pa.OSFile(str(path), "rb") as f:
+        with pa.OSFile(str(path), "rb") if data is None else pa.BufferReader(data) as f:
             return pa.ipc.open_stream(f).read_all()
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(f"cannot read Arrow {path}: {exc}") from exc
 
 
-def read_parquet(path: str | Path, columns: list[str] | None = None) -> pa.Table:
-    """One Parquet file (the ``columns`` asked for, or all) as a table.
+def read_parquet(path: str | Path, columns: list[str] | None = None, data: bytes | None = None
+                 ) -> pa.Table:
+    """One Parquet file (the ``columns`` asked for, or all) as a table (from ``data``, the
+    file's bytes, where given).
 
     Raises
     ------
@@ -137,7 +157,7 @@ def read_parquet(path: str | Path, columns: list[str] | None = None) -> pa.Table
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path, columns=columns)
+        return pq.read_table(_source(Path(path), data), columns=columns)
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(f"cannot read Parquet {path}: {exc}") from exc
 
@@ -229,13 +249,14 @@ def rows_of(table: pa.Table, chosen: ChosenColumns, path: str | Path = "the tabl
     return X, labels, keys
 
 
-def read_any_table(path: Path, kind: str, header: bool | None) -> pa.Table:
-    """A CSV, Arrow or Parquet file as a table."""
+def read_any_table(path: Path, kind: str, header: bool | None, data: bytes | None = None
+                   ) -> pa.Table:
+    """A CSV, Arrow or Parquet file as a table (from ``data``, its bytes, where given)."""
     if kind == "csv":
-        return read_csv(path, header)
+        return read_csv(path, header, data)
     if kind == "arrow":
-        return read_arrow(path)
-    return read_parquet(path)
+        return read_arrow(path, data)
+    return read_parquet(path, data=data)
 
 
 __all__ = ["KNOWN_FORMATS", "SUFFIX_KINDS", "column_numbers", "file_kind", "key_values",

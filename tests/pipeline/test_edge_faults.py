@@ -316,7 +316,7 @@ def test_a_model_file_with_a_valid_archive_but_a_malformed_state_is_refused_in_o
     try:
         DeepDPM.load(model)
         refused = "loaded"
-    except Exception as exc:  # noqa: BLE001 - which exception it is, is the assertion
+    except Exception as exc:  # which exception it is, is the assertion
         refused = f"{type(exc).__name__}: {exc}"
     assert refused.startswith(CheckpointError.__name__) and "malformed state" in refused, refused
     if damage != "mixture of another K":  # predict reads the net, not the mixture
@@ -394,3 +394,44 @@ def test_small_hostile_arguments_get_one_line_at_once(fitted, tmp_path, case):
     assert "\x1b" not in result.stderr
     if case == "predict over its input":
         assert (tmp_path / "A.csv").read_bytes() == data.read_bytes()
+
+
+def test_a_resumable_fit_stores_the_fingerprint_of_the_bytes_it_fitted_while_the_file_is_replaced(
+        tmp_path):
+    import hashlib
+
+    data = tmp_path / "rows.csv"
+    rows = _csv(tmp_path / "base.csv", 0).read_text().splitlines()[1:]
+    versions: dict[int, bytes] = {}
+
+    def version(v: int) -> bytes:  # the same rows, keyed by the version that wrote them
+        return ("key,a,b,c\n" + "".join(f"v{v}-{i},{r}\n" for i, r in enumerate(rows))).encode()
+
+    versions[0] = version(0)
+    data.write_bytes(versions[0])
+    stop = threading.Event()
+
+    def replace_every_few_ms() -> None:  # as a writer that replaces the file atomically
+        v = 0
+        while not stop.is_set():
+            v += 1
+            versions[v] = version(v)
+            (tmp_path / "next.csv").write_bytes(versions[v])
+            os.replace(tmp_path / "next.csv", data)
+            time.sleep(0.004)
+
+    writer = threading.Thread(target=replace_every_few_ms, daemon=True)
+    writer.start()
+    try:
+        result = _deepdpm("fit", "--input", str(data), "--output", str(tmp_path / "o"), *QUICK_FIT,
+                          "--checkpoint-every", "5")
+    finally:
+        stop.set()
+        writer.join()
+    assert result.returncode == 0, result.stderr
+    assert len(versions) > 10  # the file was replaced many times during the fit
+    keys = pq.read_table(tmp_path / "o" / "assignments.parquet", columns=["key"]).column("key")
+    fitted = {int(k.split("-")[0][1:]) for k in keys.to_pylist()}
+    assert len(fitted) == 1
+    stored = json.loads((tmp_path / "o" / "fit_request.json").read_text())["input_fingerprint"]
+    assert stored["sha256"] == hashlib.sha256(versions[fitted.pop()]).hexdigest()
