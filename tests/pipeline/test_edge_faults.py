@@ -77,9 +77,10 @@ def _cli(argv: list[str], capsys) -> tuple[int, str]:
 
 
 @contextlib.contextmanager
-def _tmpfs(folder: Path) -> Iterator[Path]:
+def _tmpfs(folder: Path, root: Path) -> Iterator[Path]:
     """A fresh tmpfs mounted at ``folder`` (created) while the block runs; skips the test
-    where mounting is not permitted, and always unmounts."""
+    where mounting is not permitted, and always unmounts it, also where a faulty publish
+    moved it elsewhere under ``root``."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     folder.mkdir(parents=True, exist_ok=True)
@@ -90,7 +91,11 @@ def _tmpfs(folder: Path) -> Iterator[Path]:
     try:
         yield folder
     finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
+        with open("/proc/self/mountinfo") as info:
+            points = [line.split(" ")[4] for line in info]
+        for point in sorted(points, key=len, reverse=True):
+            if point == str(root) or point.startswith(f"{root}/"):
+                subprocess.run(["umount", "-l", point], check=False)
 
 
 # -- publishing never crosses a mount ----------------------------------------------------
@@ -99,7 +104,7 @@ def test_overwrite_never_empties_a_volume_mounted_inside_the_output_folder(tmp_p
     a, b = _csv(tmp_path / "A.csv", 0), _csv(tmp_path / "B.csv", 1)
     out = tmp_path / "o"
     assert _deepdpm("fit", "--input", str(a), "--output", str(out), *QUICK_FIT).returncode == 0
-    with _tmpfs(out / "data") as volume:
+    with _tmpfs(out / "data", tmp_path) as volume:
         (volume / "f").write_text("keep")
         refit = _deepdpm("fit", "--input", str(b), "--output", str(out), *QUICK_FIT, "--overwrite")
         assert (volume / "f").read_text() == "keep", refit.stderr
@@ -113,7 +118,7 @@ def test_overwrite_never_empties_a_volume_mounted_inside_the_output_folder(tmp_p
 
 def test_an_output_folder_that_is_a_mount_point_publishes_and_keeps_its_other_files(tmp_path):
     a, b = _csv(tmp_path / "A.csv", 0), _csv(tmp_path / "B.csv", 1)
-    with _tmpfs(tmp_path / "out") as out:
+    with _tmpfs(tmp_path / "out", tmp_path) as out:
         (out / "notes.txt").write_text("mine")
         first = _deepdpm("fit", "--input", str(a), "--output", str(out), *QUICK_FIT)
         assert first.returncode == 0, first.stderr
