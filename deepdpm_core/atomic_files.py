@@ -30,6 +30,9 @@ def atomic_path(final: str | Path) -> Iterator[Path]:
     ------
     IsADirectoryError
         ``final`` is a folder (before anything is written).
+    OSError
+        The write failed (a full disk: ``ENOSPC``); one that named no file is raised again
+        naming ``final``.
     """
     final = Path(final)
     if final.is_dir():  # os.replace would name the temporary file instead
@@ -41,6 +44,11 @@ def atomic_path(final: str | Path) -> Iterator[Path]:
             pass
         yield tmp
         os.replace(tmp, final)
+    except OSError as exc:
+        if exc.filename is not None or type(exc) is not OSError:
+            raise
+        # writers (Parquet, torch) report a full disk without the file it was writing
+        raise OSError(exc.errno, f"cannot write {final}: {exc.strerror or exc}") from exc
     finally:
         tmp.unlink(missing_ok=True)
 

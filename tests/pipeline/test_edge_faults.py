@@ -440,3 +440,15 @@ def test_a_resumable_fit_stores_the_fingerprint_of_the_bytes_it_fitted_while_the
     assert len(fitted) == 1
     stored = json.loads((tmp_path / "o" / "fit_request.json").read_text())["input_fingerprint"]
     assert stored["sha256"] == hashlib.sha256(versions[fitted.pop()]).hexdigest()
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing(fitted, tmp_path, capsys):
+    rows = tmp_path / "many.npy"
+    np.save(rows, np.random.default_rng(0).normal(size=(60_000, 3)).astype(np.float32))
+    with _tmpfs(tmp_path / "small", tmp_path) as small:
+        subprocess.run(["mount", "-o", "remount,size=64k", str(small)], check=True)
+        out = small / "p.parquet"
+        result = _cli(["predict", "--model", str(fitted / "model.pt"), "--input", str(rows),
+                       "--output", str(out)], capsys)
+        assert _one_line_error(result, str(out), "No space left"), result
+        assert list(small.iterdir()) == []
