@@ -242,7 +242,17 @@ def key_values(column: pa.ChunkedArray) -> np.ndarray:
 def rows_of(table: pa.Table, chosen: ChosenColumns, path: str | Path = "the table"
             ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """The features (N, D) float32, the raw labels (:func:`label_values`) and the keys
-    (object, N) of a wide table; labels and keys None where no column gives them."""
+    (object, N) of a wide table; labels and keys None where no column gives them.
+
+    Raises
+    ------
+    DataError
+        A feature column without a value in any row (named), as :func:`wide_matrix`.
+    """
+    empty = [n for n in chosen.features if table.num_rows and table.column(n).null_count == table.num_rows]
+    if empty:
+        raise DataError(f"{path}: column(s) {', '.join(map(repr, empty[:8]))} have no value in any "
+                        "row: drop them, or name the feature columns with --features")
     X = wide_matrix(table, chosen.features, path)
     labels = label_values(table.column(chosen.label)) if chosen.label is not None else None
     keys = key_values(table.column(chosen.key)) if chosen.key is not None else None

@@ -177,7 +177,8 @@ def test_a_headerless_csv_with_a_byte_order_mark_keeps_its_first_row(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["csv a,a,b", "label named twice", "parquet duplicates",
-                                  "latin-1 header", "64-bit ids", "feature chosen twice"])
+                                  "latin-1 header", "64-bit ids", "feature chosen twice",
+                                  "all-empty column"])
 def test_odd_tables_are_refused_in_one_line_naming_the_column(tmp_path, capsys, case):
     extra: list[str] = []
     if case == "csv a,a,b":
@@ -195,10 +196,13 @@ def test_odd_tables_are_refused_in_one_line_naming_the_column(tmp_path, capsys, 
     elif case == "64-bit ids":
         data, named = tmp_path / "t.csv", "--key id"
         data.write_text("id,b\n" + "".join(f"{2**62 + i},{i}\n" for i in range(50)))
-    else:
+    elif case == "feature chosen twice":
         data, named = tmp_path / "t.csv", "'a'"
         data.write_text("a,b\n" + "1,2\n" * 50)
         extra = ["--features", "a,a"]
+    else:
+        data, named = tmp_path / "t.csv", "'b'"
+        data.write_text("a,b,c\n" + "".join(f"{i},,{i % 7}\n" for i in range(50)))
     result = _cli(["fit", "--input", str(data), "--output", str(tmp_path / "o"), *QUICK_FIT, *extra],
                   capsys)
     assert _one_line_error(result, str(data), named)
