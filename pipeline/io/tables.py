@@ -25,6 +25,7 @@ from deepdpm_core.errors import DataError
 from pipeline.io.columns import ChosenColumns, TableColumns, choose_columns
 from pipeline.io.wide_tables import (
     KNOWN_FORMATS,
+    check_float32_range,
     file_kind,
     key_values,
     label_codes,
@@ -417,8 +418,8 @@ def check_fit_rows(table: FeatureTable, path: str | Path) -> FeatureTable:
         raise DataError(f"{path} has no rows")
     if X.shape[1] == 0:
         raise DataError(f"{path} has no feature columns")
-    with np.errstate(over="ignore"):
-        table.X = X.astype(np.float32, copy=False)
+    check_float32_range(X, str(path))
+    table.X = X.astype(np.float32, copy=False)
     check_finite_rows(table.X, path, 0)
     return table
 

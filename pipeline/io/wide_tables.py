@@ -202,9 +202,27 @@ def wide_matrix(table: pa.Table, features: list[str], path: str | Path = "the ta
             raise DataError(f"{path}: column {name!r} holds integers beyond 2^53, which features "
                             f"(floats) cannot hold: if it identifies rows, name it with --key "
                             f"{name}") from None
-        with np.errstate(over="ignore", invalid="ignore"):  # beyond float32: inf, named later
-            X[:, j] = values
+        check_float32_range(values, f"{path}: column {name!r}")
+        X[:, j] = values
     return X
+
+
+def check_float32_range(values: np.ndarray, where: str) -> None:
+    """Refuse finite values beyond float32's range (|x| > 3.4e38), which the fit's float32
+    features would hold as inf, naming the first row (``where`` names the data).
+
+    Raises
+    ------
+    DataError
+    """
+    if values.dtype.kind != "f" or values.dtype.itemsize <= 4:
+        return
+    with np.errstate(invalid="ignore"):
+        beyond = np.flatnonzero(np.isfinite(values) & (np.abs(values) > np.finfo(np.float32).max))
+    if beyond.size:
+        row = np.unravel_index(beyond[0], values.shape)[0]
+        raise DataError(f"{where} holds {beyond.size} value(s) beyond float32's range (|x| > 3.4e38), "
+                        f"e.g. {values.flat[beyond[0]]:g} in row {row}: rescale the features")
 
 
 def label_values(column: pa.ChunkedArray) -> np.ndarray:
@@ -269,6 +287,6 @@ def read_any_table(path: Path, kind: str, header: bool | None, data: bytes | Non
     return read_parquet(path, data=data)
 
 
-__all__ = ["KNOWN_FORMATS", "SUFFIX_KINDS", "column_numbers", "file_kind", "key_values",
+__all__ = ["KNOWN_FORMATS", "SUFFIX_KINDS", "check_float32_range", "column_numbers", "file_kind", "key_values",
            "label_codes", "label_values", "read_any_table", "read_arrow", "read_csv",
            "read_parquet", "rows_of", "wide_matrix"]

@@ -178,7 +178,7 @@ def test_a_headerless_csv_with_a_byte_order_mark_keeps_its_first_row(tmp_path):
 
 @pytest.mark.parametrize("case", ["csv a,a,b", "label named twice", "parquet duplicates",
                                   "latin-1 header", "64-bit ids", "feature chosen twice",
-                                  "all-empty column"])
+                                  "all-empty column", "beyond float32"])
 def test_odd_tables_are_refused_in_one_line_naming_the_column(tmp_path, capsys, case):
     extra: list[str] = []
     if case == "csv a,a,b":
@@ -200,9 +200,12 @@ def test_odd_tables_are_refused_in_one_line_naming_the_column(tmp_path, capsys, 
         data, named = tmp_path / "t.csv", "'a'"
         data.write_text("a,b\n" + "1,2\n" * 50)
         extra = ["--features", "a,a"]
-    else:
+    elif case == "all-empty column":
         data, named = tmp_path / "t.csv", "'b'"
         data.write_text("a,b,c\n" + "".join(f"{i},,{i % 7}\n" for i in range(50)))
+    else:
+        data, named = tmp_path / "t.csv", "'a'"
+        data.write_text("a,b\n" + "1,2\n" * 20 + "1e39,2\n" + "1,2\n" * 29)
     result = _cli(["fit", "--input", str(data), "--output", str(tmp_path / "o"), *QUICK_FIT, *extra],
                   capsys)
     assert _one_line_error(result, str(data), named)
