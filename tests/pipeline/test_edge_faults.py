@@ -119,10 +119,10 @@ def test_overwrite_never_empties_a_volume_mounted_inside_the_output_folder(tmp_p
 def test_an_output_folder_that_is_a_mount_point_publishes_and_keeps_its_other_files(tmp_path):
     a, b = _csv(tmp_path / "A.csv", 0), _csv(tmp_path / "B.csv", 1)
     with _tmpfs(tmp_path / "out", tmp_path) as out:
-        (out / "notes.txt").write_text("mine")
         first = _deepdpm("fit", "--input", str(a), "--output", str(out), *QUICK_FIT)
         assert first.returncode == 0, first.stderr
         assert json.loads((out / "summary.json").read_text())["input"] == str(a)
+        (out / "notes.txt").write_text("mine")
         second = _deepdpm("fit", "--input", str(b), "--output", str(out), *QUICK_FIT, "--overwrite")
         assert second.returncode == 0, second.stderr
         assert json.loads((out / "summary.json").read_text())["input"] == str(b)
@@ -450,8 +450,7 @@ def test_a_resumable_fit_stores_the_fingerprint_of_the_bytes_it_fitted_while_the
 
 
 def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing(fitted, tmp_path, capsys):
-    rows = tmp_path / "many.npy"
-    np.save(rows, np.random.default_rng(0).normal(size=(60_000, 3)).astype(np.float32))
+    rows = _csv(tmp_path / "many.csv", 1, n=60_000)  # the fit's columns: predicted at once
     with _tmpfs(tmp_path / "small", tmp_path) as small:
         subprocess.run(["mount", "-o", "remount,size=64k", str(small)], check=True)
         out = small / "p.parquet"
