@@ -219,9 +219,11 @@ def test_report_embed_shards_and_predict_results_on_stdout(tmp_path, blobs, caps
 def test_fit_refuses_an_output_that_holds_a_fit_unless_overwrite(tmp_path, blobs, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "notes.txt").write_text("mine")  # a folder without a fit is fine
+    (run / "notes.txt").write_text("mine")  # a folder of the user's: written into only with --overwrite
     argv = ["fit", "--input", str(blobs), "--output", str(run), *QUICK]
-    assert main(argv) == 0
+    assert main(argv) == 2
+    assert "is a folder of other files (notes.txt)" in capsys.readouterr().err
+    assert main([*argv, "--overwrite"]) == 0
     first = (run / "summary.json").read_bytes()
     capsys.readouterr()
 
