@@ -126,6 +126,11 @@ class InitConfig(Section):
     kmeans_iters: PositiveInt = 25
     seeding: Literal["kmeans++", "random"] = "kmeans++"
 
+    @property
+    def rows_needed(self) -> int:
+        """The fewest rows a fit accepts: 2, or ``n_clusters`` when it is a number."""
+        return 2 if self.n_clusters == "auto" else max(2, int(self.n_clusters))
+
 
 class ModelConfig(Section):
     """Clustering net and batched subclustering nets (one hidden layer each)."""

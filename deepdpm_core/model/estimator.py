@@ -33,7 +33,6 @@ from deepdpm_core.model.diagnostics import (
     variance_summary,
 )
 from deepdpm_core.model.fitted_model import FORMAT, FittedModel
-from deepdpm_core.moves import rows_needed
 from deepdpm_core.training import EpochHooks, Trainer, epoch_updater, progress_bar
 
 __all__ = ["FORMAT", "DeepDPM", "resolve_config"]
@@ -264,7 +263,7 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         config = self.get_config()
         names = _get_feature_names(X)  # scikit-learn's rule: a DataFrame's string column names
         self._names = None if names is None else [str(n) for n in names]
-        X = check_features(X, min_rows=rows_needed(config.init.n_clusters))
+        X = check_features(X, min_rows=config.init.rows_needed)
         found = class_code_columns(X, self._names) if self._names else []
         if found:
             warnings.warn(f"column(s) {', '.join(map(repr, found))} of X look like class codes "

@@ -8,7 +8,7 @@ from deepdpm_core.moves.density_valleys import (
     projection_histograms,
     valley_ratios,
 )
-from deepdpm_core.moves.initial import initial_cluster_count, initial_clusters, rows_needed
+from deepdpm_core.moves.initial import initial_cluster_count, initial_clusters
 from deepdpm_core.moves.proposals import MovePlan, coarsening_constant, merge_candidates, plan_moves
 from deepdpm_core.moves.schedule import MoveSchedule
 from deepdpm_core.moves.surgery import Nets, apply_births, apply_plan, reset_subclusters
@@ -17,5 +17,5 @@ __all__ = [
     "apply_births", "apply_plan", "birth_min_points", "birth_proposals", "choose_births",
     "coarsening_constant", "initial_cluster_count", "initial_clusters", "merge_candidates", "MovePlan", "MoveSchedule",
     "Nets", "PAIR_SIDE_SHARE", "pair_histograms", "plan_moves", "projection_histograms", "reset_subclusters",
-    "rows_needed", "valley_ratios"
+    "valley_ratios"
 ]

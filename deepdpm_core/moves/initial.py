@@ -43,11 +43,6 @@ def initial_cluster_count(setting: int | str, n_rows: int) -> int:
     return max(1, min(wanted, n_rows // AUTO_ROWS_PER_CLUSTER))
 
 
-def rows_needed(setting: int | str) -> int:
-    """The fewest rows a fit with ``init.n_clusters = setting`` accepts."""
-    return 2 if setting == "auto" else max(2, int(setting))
-
-
 def kmeans_pp_seeds(x: np.ndarray, n_clusters: int, rng: np.random.Generator) -> np.ndarray:
     """k-means++ seeding (Arthur & Vassilvitskii 2007): each next seed is a row drawn with
     probability proportional to its squared distance to the nearest seed so far.

@@ -130,7 +130,6 @@ def run(args: argparse.Namespace) -> int:
     from sklearn.datasets import load_digits
 
     from deepdpm_core.data import check_features, clustering_scores
-    from deepdpm_core.moves import rows_needed
     from pipeline.fit.epoch_scores import EpochLabelScores
     from pipeline.fit.job import FitJob
     from pipeline.fit.outputs import write_fit_outputs
@@ -215,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         tracker.log_params(fit_params(cfg.flat(), *emb.shape, num_workers=1))
         tracker.set_tags({**environment_tags(emb_path, command="demo"), "deepdpm.command": "demo"})
         # the epoch loop of every fit, with its per-epoch scores, tracking and diagnostics
-        job = FitJob(cfg, check_features(emb, min_rows=rows_needed(cfg.init.n_clusters)))
+        job = FitJob(cfg, check_features(emb, min_rows=cfg.init.rows_needed))
         fit_seconds = job.run(FitHooks(progress=console_progress(True)), tracker,
                               EpochLabelScores.for_labels(emb, emb_table.labels, seed=cfg.seed))
         model = job.model()

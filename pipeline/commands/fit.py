@@ -158,7 +158,11 @@ def check_input(request: FitRequest) -> None:
         from pipeline.fit.memory import check_fit_memory
 
         check_fit_rows(table, request.input)
-        check_fit_memory(request.fit_config(), *table.X.shape, request.input)
+        config = request.fit_config()
+        if len(table.X) < config.init.rows_needed:
+            raise DataError(f"{request.input} has {len(table.X)} row(s), fewer than the "
+                            f"{config.init.rows_needed} a fit needs (one per initial cluster, at least 2)")
+        check_fit_memory(config, *table.X.shape, request.input)
     if table.feature_names and request.table_columns.features is None:
         _warn_of_class_codes(table)
 

@@ -29,7 +29,6 @@ from deepdpm_core.features import (
     fit_alternating,
     save_autoencoder,
 )
-from deepdpm_core.moves import rows_needed
 from deepdpm_core.training import progress_bar
 from pipeline.fit import outputs
 from pipeline.fit.job import FitJob
@@ -180,7 +179,7 @@ def _cluster(config: Config, Z: np.ndarray, labels: np.ndarray | None,
     the per-epoch callbacks of every fit; ``variance`` keeps its :func:`~pipeline.fit.runner.data_variance_summary`."""
     from pipeline.fit.epoch_scores import EpochLabelScores
 
-    Z = check_features(Z, min_rows=rows_needed(config.init.n_clusters))
+    Z = check_features(Z, min_rows=config.init.rows_needed)
     start = None if init_labels is None else torch.from_numpy(check_init_labels(init_labels, len(Z)))
     job = FitJob(config, Z)
     job.run(FitHooks(progress=console_progress(progress), fault=fault), tracker,

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from deepdpm_core.data import check_features
 from deepdpm_core.errors import ConfigError
-from deepdpm_core.moves import rows_needed
 from deepdpm_core.training import Trainer
 from pipeline.fit import checkpoints, outputs
 from pipeline.fit.interrupts import FitInterrupted, stop_between_epochs
@@ -77,7 +76,7 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
                           fingerprint=request.resumable and not request.resume)
     if table.fingerprint is not None:
         request = request.with_(input_fingerprint=table.fingerprint)
-    table.X = check_features(table.X, min_rows=rows_needed(config.init.n_clusters))
+    table.X = check_features(table.X, min_rows=config.init.rows_needed)
     out = Path(request.output)
     state = None
     if request.resumable:

@@ -34,7 +34,6 @@ from typing import Any
 from deepdpm_core import errors
 from deepdpm_core.atomic_files import write_json_atomic
 from deepdpm_core.errors import ConfigError, DataError, DeepDPMError
-from deepdpm_core.moves import rows_needed
 from pipeline.fit.checkpoints import (
     TRAIN_DIR,
     has_ray_checkpoints,
@@ -99,7 +98,7 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
                           f"--resume {out}, start afresh with --overwrite, or choose another "
                           "--output")
     n, _ = feature_shape(request.input, request.table_columns)
-    need = rows_needed(config.init.n_clusters)
+    need = config.init.rows_needed
     if n < need:
         raise DataError(f"{request.input} has {n} rows, fewer than the {need} needed (initial clusters)")
     if request.overwrite and not request.resume:

@@ -6,8 +6,8 @@ import pytest
 from sklearn.datasets import make_blobs
 
 from deepdpm_core import DeepDPM
+from deepdpm_core.config import InitConfig
 from deepdpm_core.data import make_mixture
-from deepdpm_core.moves import rows_needed
 from deepdpm_core.moves.initial import initial_cluster_count, kmeans_centers, kmeans_pp_seeds
 
 
@@ -60,7 +60,7 @@ def test_auto_initial_k_is_ten_clusters_of_ten_rows_at_least_and_one_per_thousan
     assert [initial_cluster_count("auto", n) for n in (1, 9, 20, 99, 100, 10_999)] == [1, 1, 2, 9, 10, 10]
     assert [initial_cluster_count("auto", n) for n in (19_999, 100_000, 1_281_167)] == [19, 100, 1281]
     assert initial_cluster_count(3, 10**6) == 3 and initial_cluster_count(1, 5) == 1
-    assert rows_needed("auto") == 2 and rows_needed(30) == 30 and rows_needed(1) == 2
+    assert [InitConfig(n_clusters=k).rows_needed for k in ("auto", 30, 1)] == [2, 30, 2]
 
 
 @pytest.mark.slow
