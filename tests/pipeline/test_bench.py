@@ -120,3 +120,38 @@ def test_k_vs_n_bench_scores_each_family_against_its_own_k(tmp_path):
     assert deepdpm["epochs"] == 6 and deepdpm["k_path"][-1] == deepdpm["k"]
     row = next(line for line in done.stdout.splitlines() if line.startswith("| sphere-1000 | 4000 | DeepDPM |"))
     assert (deepdpm["k"] < 900) == ("K ±10 % FAIL" in row), row
+
+
+def test_k_battery_fits_from_each_start_and_scores_each_partition(tmp_path):
+    """Two families in two worker processes: DeepDPM once per start, each partition and the
+    true classes scored by ln p(X, z), and the start table says whether the starts agree."""
+    out = tmp_path / "k_battery.json"
+    done = subprocess.run([sys.executable, "bench/k_battery.py", "--families", "overlap10-2d", "wine-raw",
+                           "--starts", "default", "3k", "--seeds", "0", "--jobs", "2", "--json", str(out)],
+                          cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["complete"] and report["starts"] == ["default", "3k"]
+    for family in ("overlap10-2d", "wine-raw"):
+        rows = [r for r in report["records"] if r["family"] == family]
+        truth = next(r for r in rows if r["method"] == "true classes")
+        fits = {r["start"]: r for r in rows if r["method"] == "DeepDPM"}
+        assert set(fits) == {"default", "3k"}
+        assert all(math.isfinite(r["log_joint"]) for r in (truth, *fits.values()))
+    # the true partition of two Gaussians 3.29 apart is what both starts find
+    two = next(r for r in report["records"] if r["family"] == "overlap10-2d" and r.get("start") == "3k")
+    assert two["k"] == 2
+    table = done.stdout[done.stdout.index("DeepDPM from each start"):]
+    assert "| overlap10-2d | 2048 | 2 |" in table and "starts agree" in table
+
+
+def test_k_levels_finds_the_truth_in_the_hierarchy_of_two_gaussians(tmp_path):
+    out = tmp_path / "k_levels.json"
+    done = subprocess.run([sys.executable, "bench/k_levels.py", "--families", "overlap10-2d",
+                           "--json", str(out)], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = json.loads(out.read_text())["records"]
+    assert record["components"] == 40 and record["exact_k"] == 2 and record["nmi_at_true_k"] > 0.6
+    assert "| overlap10-2d | 2048 | 2 | 2 | 40 |" in done.stdout
