@@ -395,7 +395,7 @@ def _one_refusal(err: str, *parts: str) -> bool:
 
 def test_a_folder_holds_one_fit_overwrite_drops_the_old_and_resume_checks_what_it_continues(
         mixture, tmp_path, capsys):
-    """Issue 50, item 1. A checkpointed fit killed and resumed, then ``fit --overwrite``
+    """A checkpointed fit killed and resumed, then ``fit --overwrite``
     with other input into its folder: the publish drops the old checkpoints and request
     with its outputs, and ``--resume`` refuses in one line (it resumed the old fit).
     ``--resume`` also refuses a changed input, a checkpoint of another fit, and a request
@@ -514,7 +514,7 @@ def _seconds_after_outputs(fit: subprocess.Popen, out: Path) -> float:
 
 def test_a_tracked_run_ends_in_a_final_state_saying_why_also_when_its_server_was_killed_or_frozen(
         tmp_path):
-    """Issue 50, item 2. A real MLflow server on 127.0.0.1 is killed (SIGKILL to its process
+    """A real MLflow server on 127.0.0.1 is killed (SIGKILL to its process
     group) during a tracked fit, another one frozen (SIGSTOP) near its end: each fit
     finishes with its outputs, exits within 15 s of writing them, and its run, left
     RUNNING, is ended FAILED (with the reason and the output folder) by the next tracked
@@ -746,7 +746,7 @@ class _Evaluates:
 
 def test_a_refused_checkpoint_names_the_global_that_caused_it_not_the_tensors_beside_it(
         mixture, tmp_path, capsys):
-    """Issue 50, item 5: a torch archive whose payload (``eval``) sits in a list after
+    """A torch archive whose payload (``eval``) sits in a list after
     tensors, storages and an OrderedDict is refused naming ``builtins.eval`` alone."""
     marker = tmp_path / "code-ran"
     payload = {"format": "deepdpm-model/1",
@@ -775,7 +775,7 @@ def test_a_refused_checkpoint_names_the_global_that_caused_it_not_the_tensors_be
 # --------------------------------------- existing outputs are replaced only on --overwrite
 def test_predict_embed_report_and_extract_refuse_an_existing_output_unless_overwrite(
         earlier_run, mixture, tmp_path, capsys):
-    """Issue 50, item 3: an output that exists (a text file; a file that ``extract`` did not
+    """An output that exists (a text file; a file that ``extract`` did not
     write) is refused in one line, exit 2, and left as it was; with ``--overwrite`` it is
     replaced by the new output in one rename."""
     from tests.support.image_data import encode_png, write_raw_shard
@@ -831,7 +831,7 @@ def test_predict_embed_report_and_extract_refuse_an_existing_output_unless_overw
 
 def test_an_output_folder_the_user_may_not_write_is_refused_whatever_its_parent_allows(
         mixture, earlier_run, tmp_path, capsys):
-    """Issue 50, item 4: ``--output`` naming a folder of mode 555 in a writable folder is
+    """``--output`` naming a folder of mode 555 in a writable folder is
     refused in one line naming its mode (the publish would have replaced it whole); so is
     a file of mode 444, for every command that writes one."""
     locked = tmp_path / "locked"
@@ -862,7 +862,7 @@ def test_an_output_folder_the_user_may_not_write_is_refused_whatever_its_parent_
 
 
 def test_extract_counts_and_lists_every_sample_it_skips_links_included(tmp_path):
-    """Issue 50, item 6: samples whose image is a hard link or a symbolic link member are
+    """Samples whose image is a hard link or a symbolic link member are
     counted as read and listed as skipped with the reason; a missing image too."""
     import io
     import tarfile

@@ -184,7 +184,7 @@ def test_cycles_whose_ends_repeat_a_longer_pattern_stop_the_fit_at_its_fewest_cl
 
 
 def test_k_swinging_about_a_level_at_a_thousand_clusters_stops_the_fit():
-    """Issue 47 (1.28M x 128, 1,000 classes, one H100): K rose to 1,025 by epoch 40, then
+    """1.28M x 128, 1,000 classes, one H100: K rose to 1,025 by epoch 40, then
     swung between 964 and 1,025 for 45 epochs without repeating itself, within 6 % (no
     ``settled_spread``), and the fit stopped at epoch 85 only when 3 rounds in a row took
     nothing. Here every round accepts moves: the swing rule stops it at epoch 45."""
