@@ -96,7 +96,8 @@ def _labels_of_the_file(out: Path, X: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 def test_documented_fit_registers_its_model_under_the_alias(example, mlflow_server):  # noqa: F811
     work, _, _, run, out, done = example
-    assert re.match(rf"K=\d+ epochs=5 .* -> {re.escape(str(out.resolve()))}\n", done.stdout)
+    assert re.match(rf"K=\d+ epochs=5 .* -> {re.escape(str(out.resolve()))} "
+                    rf"\[MLflow run {run.info.run_id} in {re.escape(mlflow_server.uri)}\]\n", done.stdout)
     client = MlflowClient(mlflow_server.uri)
     version = client.get_model_version_by_alias("mix", "champion")
     assert version.run_id == run.info.run_id and version.version == "1"
