@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from scipy.optimize import brentq
 
-from deepdpm_core.bayes.niw import NIWPrior
+from deepdpm_core.bayes.niw import NIWPrior, posterior
 from deepdpm_core.bayes.stats import SuffStats
 
 Tensor = torch.Tensor
@@ -63,20 +63,14 @@ def _spread(prior: NIWPrior, stats: SuffStats, shape: Tensor) -> tuple[Tensor, T
 
 
 def _eigen_spectrum(prior: NIWPrior, stats: SuffStats, shape: Tensor, rows: Tensor) -> Tensor:
-    """The eigenvalues of P^(−1/2) B_r P^(−1/2) (:func:`_spread`'s B) of the rows ``rows``.
+    """The eigenvalues of P^(−1/2) B_r P^(−1/2) (:func:`_spread`'s B = Λn − Λ0) of the rows ``rows``.
 
     Returns
     -------
     Tensor of shape (len(rows), D), float64, CPU, ≥ 0.
     """
-    n, s1, s2 = stats.n[rows], stats.s1[rows], stats.s2[rows]
-    m0 = prior.m0.to(s1)
-    kn = prior.kappa + n
-    a = kn.sqrt()[:, None] * (prior.kappa * m0 + s1) / kn[:, None]  # √κn mn
-    b = s2 + prior.kappa * torch.outer(m0, m0)
-    if prior.floor is not None:
-        b.diagonal(dim1=-2, dim2=-1).add_(n[:, None] * prior.floor.to(s1))
-    b.baddbmm_(a[:, :, None], a[:, None, :], alpha=-1.0)
+    post = posterior(prior, stats.rows(rows))
+    b = post.scale.sub_(prior.scale.to(post.scale))
     r = shape.to(b).rsqrt()
     b.mul_(r[:, None] * r[None, :])
     return torch.linalg.eigvalsh(b).clamp_min(0.0).cpu()
