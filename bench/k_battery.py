@@ -575,8 +575,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stopped: reporting the records so far", file=sys.stderr)
     report["wall_seconds"] = time.perf_counter() - start
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    report["cpu_seconds"] = usage.ru_utime + usage.ru_stime  # what a busy machine does not inflate
+    # what a busy machine does not inflate; the --jobs workers are counted once they have ended
+    report["cpu_seconds"] = sum(u.ru_utime + u.ru_stime for u in (
+        resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
     if args.json:
         write_json_atomic(report, args.json)
     print(f"seeds {' '.join(map(str, seeds))}; DeepDPM defaults"
