@@ -49,6 +49,12 @@ class _PlainUnpickler(pickle.Unpickler):
         return None
 
 
+def data_pickle(archive: zipfile.ZipFile) -> str | None:
+    """The name of a torch zip archive's one ``data.pkl`` member; None: not one."""
+    pickles = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+    return pickles[0] if len(pickles) == 1 else None
+
+
 def read_model_header(path: str | Path) -> ModelHeader | None:
     """The input a model file takes, or None where it cannot be read so (torch then says why).
 
@@ -59,10 +65,10 @@ def read_model_header(path: str | Path) -> ModelHeader | None:
     """
     try:
         with zipfile.ZipFile(path) as archive:
-            pickles = [n for n in archive.namelist() if n.endswith("/data.pkl")]
-            if len(pickles) != 1:
+            member = data_pickle(archive)
+            if member is None:
                 return None
-            with archive.open(pickles[0]) as f:
+            with archive.open(member) as f:
                 state = _PlainUnpickler(f).load()
     except (OSError, zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError,
             TypeError, AttributeError, IndexError, KeyError):
@@ -76,4 +82,4 @@ def read_model_header(path: str | Path) -> ModelHeader | None:
     return ModelHeader(state["dim"], names)
 
 
-__all__ = ["ModelHeader", "read_model_header"]
+__all__ = ["ModelHeader", "data_pickle", "read_model_header"]
