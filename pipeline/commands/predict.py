@@ -232,11 +232,17 @@ def _run_file(args: argparse.Namespace) -> int:
 
     from deepdpm_core.atomic_files import atomic_path
     from deepdpm_core.data import ContingencyCounts, contingency_scores
-    from deepdpm_core.model import ClusterAssigner
     from pipeline.io.results import print_result, scores_text, shown_path
     from pipeline.io.tables import assignments_table
+    from pipeline.predict.numpy_assigner import read_numpy_assigner
 
-    model = ClusterAssigner.load(path)
+    # the net in NumPy where it computes what torch would (importing torch takes ~2 s);
+    # torch's loader reads any other file, or names what is wrong with it
+    model = read_numpy_assigner(path)
+    if model is None:
+        from deepdpm_core.model import ClusterAssigner
+
+        model = ClusterAssigner.load(path)
     # what the result reports, counted batch by batch: the input is never held whole
     used = np.zeros(model.n_clusters, dtype=bool)
     counts = ContingencyCounts()
