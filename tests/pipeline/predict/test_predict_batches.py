@@ -2,9 +2,10 @@
 by batch with the results of reading it whole, the model's assigner alone, and a folder
 predict's driver without torch.
 
-The reference, the file "read whole": :func:`pipeline.io.tables.read_features`,
-``DeepDPM.predict_confidence`` and :func:`pipeline.fit.outputs.label_metrics` over the whole
-table.
+The reference, the file "read whole": :func:`pipeline.io.tables.read_features`, the
+assigner the CLI runs (:func:`pipeline.predict.numpy_assigner.read_numpy_assigner`, whose
+labels are ``DeepDPM.predict_confidence``'s) and :func:`pipeline.fit.outputs.label_metrics`
+over the whole table.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pipeline.cli import main
 from pipeline.fit.outputs import label_metrics
 from pipeline.io.tables import FeatureTable, assignments_table, features_table, read_features
 from pipeline.predict.files import read_assigner
+from pipeline.predict.numpy_assigner import read_numpy_assigner
 
 REPO = Path(__file__).resolve().parents[3]
 #: rows of the row groups of the test file: uneven, one empty, none a multiple of the batch
@@ -61,8 +63,11 @@ def _write_row_groups(path: Path, X: np.ndarray, y: np.ndarray, keys: bool) -> N
 
 
 def _read_whole(model: Path, path: Path) -> tuple[FeatureTable, np.ndarray, np.ndarray]:
+    """The file read whole and assigned as the CLI assigns on the CPU (NumPy); its labels
+    are the model's (torch)."""
     table = read_features(path)
-    labels, confidence = DeepDPM.load(model).predict_confidence(table.X, batch_size=BATCH)
+    labels, confidence = read_numpy_assigner(model).predict_confidence(table.X, batch_size=BATCH)
+    assert np.array_equal(labels, DeepDPM.load(model).predict_confidence(table.X)[0])
     return table, labels, confidence
 
 
