@@ -16,6 +16,7 @@ from deepdpm_core.bayes.niw import (
     log_split_hastings,
     map_estimate,
     posterior,
+    posterior_mean,
 )
 from deepdpm_core.bayes.partition_evidence import fitted_log_joint, log_crp, partition_evidence
 from deepdpm_core.bayes.prior_fit import PriorFit
@@ -33,5 +34,5 @@ __all__ = [
     "empirical_bayes_shape", "fitted_log_joint",
     "gather_chunk_rows", "grouped_stats", "log_crp", "log_marginal_likelihood",
     "log_merge_hastings", "log_split_hastings", "map_estimate", "NIWPrior", "partition_evidence",
-    "posterior", "PriorFit", "sparse_stats", "SuffStats", "symmetric_eigh", "TripleBuffer"
+    "posterior", "posterior_mean", "PriorFit", "sparse_stats", "SuffStats", "symmetric_eigh", "TripleBuffer"
 ]

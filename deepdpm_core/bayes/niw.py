@@ -121,7 +121,7 @@ def posterior(prior: NIWPrior, stats: SuffStats) -> NIWPosterior:
     """NIW posterior for every row of ``stats`` (module docstring, updates 1–4)."""
     m0 = prior.m0.to(stats.s1)
     kn = prior.kappa + stats.n
-    mn = (prior.kappa * m0 + stats.s1) / kn[:, None]
+    mn = posterior_mean(prior, stats)
     nun = prior.nu + stats.n
     # one (R, D, D) buffer (at R = 3000, D = 128 it is 0.4 GB). Symmetric when s2 is: the
     # outer product is a_i a_j with a = √κn mn on both sides, so no symmetrising pass
@@ -131,6 +131,12 @@ def posterior(prior: NIWPrior, stats: SuffStats) -> NIWPosterior:
     a = kn.sqrt()[:, None] * mn
     scale.baddbmm_(a[:, :, None], a[:, None, :], alpha=-1.0)  # − κn mn mnᵀ
     return NIWPosterior(kn, mn, nun, scale)
+
+
+def posterior_mean(prior: NIWPrior, stats: SuffStats) -> Tensor:
+    """mn = (κ0 m0 + s1) / κn for every row of ``stats``, (R, D): the MAP mean, without the
+    (R, D, D) scale."""
+    return (prior.kappa * prior.m0.to(stats.s1) + stats.s1) / (prior.kappa + stats.n)[:, None]
 
 
 def logdet_spd(mat: Tensor) -> Tensor:

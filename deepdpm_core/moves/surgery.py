@@ -61,7 +61,8 @@ def reset_subclusters(state: MixtureState, nets: Nets, ks: Tensor, generator: to
     if ks.numel() == 0:
         return
     sm, sc, direction, spread = principal_split(state.means[ks], state.covariances[ks])
-    state.sub_means[ks], state.sub_covariances[ks] = sm, sc
+    state.sub_means[ks] = sm
+    state.set_sub_covariances(ks, sc)
     state.sub_log_weights[ks] = -math.log(2)
     init_subnet_rows(nets, ks, state.means[ks], direction, spread, generator)
 
@@ -217,9 +218,11 @@ def _moved_state(state: MixtureState, src: Tensor, halves: dict[int, tuple[int, 
                  merged: list[tuple[int, int, int]], soft: SuffStats, prior: NIWPrior) -> MixtureState:
     """The mixture state after the move (paper Eq. 8 for splits; pooled MAP for merges)."""
     new = state.rows(src)
-    for k, rows in halves.items():  # new clusters take their subclusters' parameters
+    split = list(halves)
+    sub_covs = state.sub_covariance_rows(torch.tensor(split, dtype=torch.long, device=src.device))
+    for i, (k, rows) in enumerate(halves.items()):  # new clusters take their subclusters' parameters
         for j, row in enumerate(rows):
-            new.means[row], new.covariances[row] = state.sub_means[k, j], state.sub_covariances[k, j]
+            new.means[row], new.covariances[row] = state.sub_means[k, j], sub_covs[i, j]
             new.log_weights[row] = state.log_weights[k] + state.sub_log_weights[k, j]
     for row, a, b in merged:
         m, c = map_estimate(prior, soft.rows([a]) + soft.rows([b]))
@@ -227,7 +230,7 @@ def _moved_state(state: MixtureState, src: Tensor, halves: dict[int, tuple[int, 
         new.log_weights[row] = torch.logaddexp(state.log_weights[a], state.log_weights[b])
         # the two old clusters become the subclusters of the merged one
         new.sub_means[row] = torch.stack([state.means[a], state.means[b]])
-        new.sub_covariances[row] = torch.stack([state.covariances[a], state.covariances[b]])
+        new.set_sub_covariances(torch.tensor([row]), torch.stack([state.covariances[a], state.covariances[b]])[None])
         pair = torch.stack([state.log_weights[a], state.log_weights[b]])
         new.sub_log_weights[row] = pair - torch.logsumexp(pair, 0)
     new.log_weights = new.log_weights - torch.logsumexp(new.log_weights, 0)

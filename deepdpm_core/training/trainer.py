@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from deepdpm_core.bayes import PriorFit, SuffStats, map_estimate
+from deepdpm_core.bayes import PriorFit, SuffStats, map_estimate, posterior_mean
 from deepdpm_core.config import Config, from_dict
 from deepdpm_core.errors import CheckpointError
-from deepdpm_core.estep import EStep, MixtureState, log_weights_from_counts
+from deepdpm_core.estep import EStep, MixtureState, SubclusterMAP, log_weights_from_counts
 from deepdpm_core.moves import MovePlan, MoveSchedule, apply_plan, reset_subclusters
 from deepdpm_core.runtime import Communicator, LocalCommunicator, device_clock, flush_denormals
 from deepdpm_core.training.consistency import check_ranks_agree, position_checksum
@@ -166,10 +166,11 @@ class Trainer:
         self.prior_fit.fit(soft)
         prior, k, d = self.prior_fit.prior, self.n_clusters, self.dim
         means, covs = map_estimate(prior, soft)
-        sm, sc = map_estimate(prior, sub)
         sub_n = sub.n.view(k, 2)
-        self.state = MixtureState(means, covs, log_weights_from_counts(soft.n, pc), sm.view(k, 2, d),
-                                  sc.view(k, 2, d, d), log_weights_from_counts(sub_n, pc))
+        # the subclusters' covariances are computed where they are read (SubclusterMAP)
+        self.state = MixtureState(means, covs, log_weights_from_counts(soft.n, pc),
+                                  posterior_mean(prior, sub).view(k, 2, d),
+                                  SubclusterMAP(prior, sub), log_weights_from_counts(sub_n, pc))
         # a subcluster that lost all its points cannot propose a split: restart it
         dead = torch.nonzero(sub_n.min(1).values < 1).squeeze(1)
         reset_subclusters(self.state, self.nets, dead, self.torch_gen)
