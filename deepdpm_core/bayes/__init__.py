@@ -8,7 +8,7 @@ from deepdpm_core.bayes.empirical_bayes import (
     empirical_bayes_scale,
     empirical_bayes_shape,
 )
-from deepdpm_core.bayes.linalg import cholesky_jittered, symmetric_eigh
+from deepdpm_core.bayes.linalg import cholesky_jittered, precision_cholesky, symmetric_eigh
 from deepdpm_core.bayes.niw import (
     NIWPrior,
     log_marginal_likelihood,
@@ -34,5 +34,6 @@ __all__ = [
     "empirical_bayes_shape", "fitted_log_joint",
     "gather_chunk_rows", "grouped_stats", "log_crp", "log_marginal_likelihood",
     "log_merge_hastings", "log_split_hastings", "map_estimate", "NIWPrior", "partition_evidence",
-    "posterior", "posterior_mean", "PriorFit", "sparse_stats", "SuffStats", "symmetric_eigh", "TripleBuffer"
+    "posterior", "posterior_mean", "precision_cholesky", "PriorFit", "sparse_stats", "SuffStats",
+    "symmetric_eigh", "TripleBuffer"
 ]

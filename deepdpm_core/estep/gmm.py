@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from deepdpm_core.bayes import blocks, cholesky_jittered, gather_chunk_rows
+from deepdpm_core.bayes import blocks, gather_chunk_rows, precision_cholesky
 from deepdpm_core.estep.support_bounds import faiss_proxy_keys, proxy_top_m_faiss, proxy_top_m_torch
 
 Tensor = torch.Tensor
@@ -72,11 +72,8 @@ class GaussianMixture:
 
     def refresh(self) -> None:
         """Recompute the cached factors (call after changing the parameters)."""
-        chol = cholesky_jittered(self.covariances)  # Σ = L Lᵀ
-        eye = torch.eye(self.dim, dtype=chol.dtype, device=chol.device).expand_as(chol)
-        # P = L^{-T}: Σ^{-1} = P Pᵀ and ||(x − μ)ᵀ P||² is the Mahalanobis distance
-        prec_chol = torch.linalg.solve_triangular(chol, eye, upper=False).transpose(-1, -2)
-        log_det = 2.0 * torch.log(chol.diagonal(dim1=-2, dim2=-1)).sum(-1)
+        # P = L^{-T} of Σ = L Lᵀ: Σ^{-1} = P Pᵀ and ||(x − μ)ᵀ P||² is the Mahalanobis distance
+        prec_chol, log_det = precision_cholesky(self.covariances)
         self.log_norm = (
             self.log_weights - 0.5 * (self.dim * math.log(2 * math.pi) + log_det)
         ).to(self.compute_dtype)

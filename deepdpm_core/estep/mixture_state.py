@@ -5,8 +5,8 @@ six are listed here and nowhere else.
 
 The subclusters' covariances are read only by split rounds (the split axes), accepted
 splits and checkpoints, so the M-step leaves them as their statistics and the prior
-(:class:`SubclusterMAP`): at K = 1,000 in 128-D their 2K MAP matrices were a fifth of an
-M-step. They are computed, to the same bits, where they are read.
+(:class:`SubclusterMAP`), and they are computed, to the same bits, where they are read: at
+K = 1,000 in 128-D their 2K MAP matrices take about 0.15 s of one CPU thread.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""Eigendecompositions spread over host threads (deepdpm_core.bayes.linalg)."""
+"""Eigendecompositions spread over host threads and the precision factors of many covariances
+(deepdpm_core.bayes.linalg)."""
 
 import pytest
 import torch
 
-from deepdpm_core.bayes import symmetric_eigh
+from deepdpm_core.bayes import cholesky_jittered, precision_cholesky, symmetric_eigh
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -25,3 +26,27 @@ def test_symmetric_eigh_is_single_threaded_lapack_per_matrix(threads):
     torch.testing.assert_close(vectors @ torch.diag_embed(values) @ vectors.transpose(1, 2), mats)
     empty = symmetric_eigh(mats[:0])
     assert empty[0].shape == (0, 9) and empty[1].shape == (0, 9, 9)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 16])
+def test_precision_cholesky_is_the_batched_factor_and_solve(chunk):
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(11, 9, 20, dtype=torch.float64, generator=g)
+    # not symmetric in the last bits, as accumulated statistics are not: the lower triangle is read
+    covs = a @ a.transpose(1, 2) / 20 + 1e-12 * torch.randn(11, 9, 9, dtype=torch.float64, generator=g)
+    chol = torch.linalg.cholesky(covs)
+    eye = torch.eye(9, dtype=torch.float64).expand_as(chol)
+    ref = torch.linalg.solve_triangular(chol, eye, upper=False).transpose(-1, -2)
+    prec, log_det = precision_cholesky(covs, chunk)
+    assert torch.equal(prec, ref) and prec.is_contiguous()
+    assert torch.equal(log_det, 2.0 * torch.log(chol.diagonal(dim1=-2, dim2=-1)).sum(-1))
+    torch.testing.assert_close(prec @ prec.transpose(1, 2), torch.linalg.inv(covs))
+
+
+def test_precision_cholesky_of_a_singular_batch_is_the_jittered_one():
+    covs = torch.eye(3, dtype=torch.float64).repeat(5, 1, 1)
+    covs[3] = 1.0  # rank one
+    prec, log_det = precision_cholesky(covs, chunk=2)
+    chol = cholesky_jittered(covs)
+    ref = torch.linalg.solve_triangular(chol, torch.eye(3, dtype=torch.float64).expand_as(chol), upper=False)
+    assert torch.equal(prec, ref.transpose(-1, -2)) and bool(torch.isfinite(log_det).all())
