@@ -123,6 +123,7 @@ class InitConfig(Section):
 
     n_clusters: PositiveInt | Literal["auto"] = "auto"
     max_points: PositiveInt = 200_000
+    points_per_cluster: PositiveInt = 40
     kmeans_iters: PositiveInt = 25
     seeding: Literal["kmeans++", "random"] = "kmeans++"
 

@@ -3,12 +3,20 @@
 import faiss
 import numpy as np
 import pytest
+import torch
 from sklearn.datasets import make_blobs
 
 from deepdpm_core import DeepDPM
 from deepdpm_core.config import InitConfig
 from deepdpm_core.data import make_mixture
-from deepdpm_core.moves.initial import initial_cluster_count, kmeans_centers, kmeans_pp_seeds
+from deepdpm_core.moves.initial import (
+    initial_cluster_count,
+    initial_clusters,
+    kmeans_centers,
+    kmeans_pp_seeds,
+    nearest_center,
+)
+from deepdpm_core.runtime.communicator import LocalCommunicator
 
 
 def test_second_seed_follows_the_d2_distribution():
@@ -72,3 +80,43 @@ def test_more_dimensions_than_points_per_cluster_are_not_one_cluster():
     model = DeepDPM(random_state=0).fit(X)
     assert model.n_clusters_ == 4
     assert (np.bincount(model.labels_) == 150).all()
+
+
+
+def _init_recording_kmeans(monkeypatch, n: int, k: int) -> tuple[list[int], list[np.ndarray], np.ndarray, np.ndarray]:
+    """initial_clusters (defaults, seed 0) on n standard normal rows in 2-D with k clusters:
+    the rows FAISS's k-means saw and its centres, each time it ran; the data; the labels."""
+    rows, centers = [], []
+    train = faiss.Kmeans.train
+
+    def recording(self, x, *args, **kwargs):
+        rows.append(len(x))
+        out = train(self, x, *args, **kwargs)
+        centers.append(self.centroids.copy())
+        return out
+
+    monkeypatch.setattr(faiss.Kmeans, "train", recording)
+    x = np.random.default_rng(0).normal(size=(n, 2)).astype(np.float32)
+    z, n_init = initial_clusters(torch.from_numpy(x), InitConfig(n_clusters=k), n, [n], LocalCommunicator(),
+                                 np.random.default_rng(0))
+    assert n_init == k and z.shape == (n,)
+    return rows, centers, x, z.numpy()
+
+
+def test_large_k_start_runs_kmeans_on_a_sample_sized_by_k_and_labels_every_row(monkeypatch):
+    # K = 1,000: k-means on 40 sampled rows a cluster, not on all 50,000 rows
+    rows, centers, x, z = _init_recording_kmeans(monkeypatch, 50_000, 1000)
+    assert rows == [40_000]
+    # and every row, sampled or not, goes to its nearest centre
+    for s in range(0, len(x), 10_000):
+        d2 = ((x[s : s + 10_000, None, :] - centers[0][None]) ** 2).sum(-1)
+        np.testing.assert_allclose(d2[np.arange(len(d2)), z[s : s + 10_000]], d2.min(1), rtol=1e-4, atol=1e-6)
+
+
+def test_start_up_to_200_clusters_is_k_means_on_all_rows_as_before(monkeypatch):
+    # up to K = 200 and 200,000 rows the sample sized by K is every row: the same start,
+    # label for label, as k-means++ and FAISS on all rows
+    rows, _, x, z = _init_recording_kmeans(monkeypatch, 60_000, 150)
+    assert rows == [60_000]
+    reference = kmeans_centers(x, 150, 25, 200_000, np.random.default_rng(0), "kmeans++")
+    np.testing.assert_array_equal(z, nearest_center(torch.from_numpy(x), torch.from_numpy(reference)).numpy())
