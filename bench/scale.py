@@ -5,7 +5,8 @@ Usage: OMP_NUM_THREADS=2 python bench/scale.py --n 200000 --d 64 --k 200 [--json
 
 In one run, on one generated imbalanced mixture (N points, D dims, K true clusters):
 
-* DeepDPM: a Trainer initialised with K clusters (k-means, not timed), then ONE full
+* DeepDPM: a Trainer initialised with K clusters (k-means, ``init.kmeans_iters`` 5 unless
+  ``--set`` says otherwise; timed apart, ``bench/init_start.py`` times it alone), then ONE full
   epoch timed — forward, backward, E-step targets, all statistics and the M-step
   (``schedule.warmup_epochs=0`` so the M-step runs; splits/merges off so no move);
   the E-step targets alone are timed too (from the initial clusters as anchors, as in
@@ -244,6 +245,7 @@ def main() -> None:
           f"(clusters per point with r^E above float32 eps: {out['estep_support_per_point']:.2f})")
     print(f"{'what':36s} {'seconds':>9s} {'/ k-means iter':>15s}")
     rows = [("FAISS k-means, one iteration", out["kmeans_iter_seconds"]),
+            ("initial clusters (k-means start)", out["init_seconds"]),
             ("DeepDPM epoch (train + M-step)", out["epoch_seconds"]),
             *((f"  {name}", out["epoch_phase_seconds"][phase]) for phase, name in EPOCH_PHASES),
             ("E-step targets, from k-means labels", out["estep_seconds"]),
