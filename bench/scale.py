@@ -245,7 +245,7 @@ def main() -> None:
           f"(clusters per point with r^E above float32 eps: {out['estep_support_per_point']:.2f})")
     print(f"{'what':36s} {'seconds':>9s} {'/ k-means iter':>15s}")
     rows = [("FAISS k-means, one iteration", out["kmeans_iter_seconds"]),
-            ("initial clusters (k-means start)", out["init_seconds"]),
+            ("start (k-means, first parameters)", out["init_seconds"]),
             ("DeepDPM epoch (train + M-step)", out["epoch_seconds"]),
             *((f"  {name}", out["epoch_phase_seconds"][phase]) for phase, name in EPOCH_PHASES),
             ("E-step targets, from k-means labels", out["estep_seconds"]),
