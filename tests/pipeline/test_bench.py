@@ -48,6 +48,14 @@ def test_scale_bench_times_an_epoch_against_kmeans_and_fits():
     assert abs(out["fit_k"] - 40) <= 2 and out["fit_nmi"] > 0.98 and 0 < out["fit_epochs"] <= 30
 
 
+
+def test_init_start_bench_times_the_start_on_a_sample_sized_by_k():
+    # 60,000 rows at K = 1,000: the k-means sees 40 a cluster; every row gets one of the clusters
+    out = _run_json("init_start.py", "--n", "60000", "--d", "4", "--k", "1000", "--set", "init.kmeans_iters=2")
+    assert out["kmeans_rows"] == 40_000 and out["k"] == 1000 and out["torch_threads"] == 1
+    assert out["cpu_seconds"] > 0 and out["objective"] > 0 and 0.5 < out["nmi"] <= 1.0
+    assert 900 <= out["nonempty"] <= 1000
+
 def test_vs_bgm_bench_reports_both_methods_on_the_same_data():
     out = _run_json("vs_bgm.py", "--n", "4000")
     assert set(out) == {"DeepDPM", "BayesianGaussianMixture(30, DP, full)"}
