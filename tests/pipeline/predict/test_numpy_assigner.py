@@ -137,3 +137,13 @@ def test_a_pickle_with_a_foreign_global_is_refused_without_running_it(digits, tm
     assert "refused as unsafe" in done.stderr and "system" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not marker.exists()
+
+
+def test_the_numpy_reader_reads_the_format_and_keys_torch_writes():
+    """The reader keeps its own copy of the format name and the assigner's keys (the
+    module that defines them imports torch): the two copies must not drift apart."""
+    from deepdpm_core.model import fitted_model
+    from pipeline.predict import numpy_assigner
+
+    assert numpy_assigner.FORMAT == fitted_model.FORMAT
+    assert numpy_assigner.ASSIGNER_KEYS == fitted_model._ASSIGNER_KEYS
