@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from deepdpm_core.atomic_files import write_json_atomic  # noqa: E402
-from pipeline.io.tables import features_table  # noqa: E402
+from pipeline.io.table_writing import features_table  # noqa: E402
 
 MIB = 2**20
 #: how Ray names a model actor's process (setproctitle)

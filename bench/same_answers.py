@@ -69,9 +69,12 @@ def cli_fit(checkout: Path) -> dict:
     import pyarrow.parquet as pq
 
     try:
-        from pipeline.io.tables import features_table
-    except ImportError:  # checkouts before pipeline/io/
-        from pipeline.io import features_table
+        from pipeline.io.table_writing import features_table
+    except ImportError:  # checkouts that build tables in pipeline/io/tables.py, or before pipeline/io/
+        try:
+            from pipeline.io.tables import features_table
+        except ImportError:
+            from pipeline.io import features_table
     X, y = _blobs()
     tmp = Path(tempfile.mkdtemp(prefix="same-answers-"))
     pq.write_table(features_table(X, np.arange(300), y), tmp / "d.parquet", row_group_size=150)

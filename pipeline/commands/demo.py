@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.fit.outputs import write_fit_outputs
     from pipeline.fit.runner import FitHooks, console_progress
     from pipeline.io.results import print_result
-    from pipeline.io.tables import FeatureTable, features_table, read_features, write_parquet_atomic
+    from pipeline.io.table_writing import features_table, write_parquet_atomic
+    from pipeline.io.tables import FeatureTable, read_features
     from pipeline.report.html_report import load_run_dir, render_report, write_report
     from pipeline.tracking.environment import environment_tags
     from pipeline.tracking.fit_runs import fit_params, log_fit_outputs

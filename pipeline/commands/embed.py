@@ -85,12 +85,9 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args.config, args.overrides, args.seed)
     from pipeline.io.columns import columns_from_args
-    from pipeline.io.tables import (
-        check_fit_rows,
-        features_table,
-        read_features,
-        write_parquet_atomic,
-    )
+    from pipeline.io.row_checks import check_fit_rows
+    from pipeline.io.table_writing import features_table, write_parquet_atomic
+    from pipeline.io.tables import read_features
 
     table = read_features(args.input, columns_from_args(args))
     if table.X.ndim <= 2:  # rows of features; [N, ...] images are checked when flattened

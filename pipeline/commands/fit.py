@@ -146,7 +146,8 @@ def check_input(request: FitRequest) -> None:
     """
     from deepdpm_core.errors import DataError
     from pipeline.io.feature_rows import feature_shape
-    from pipeline.io.tables import check_fit_rows, read_features
+    from pipeline.io.row_checks import check_fit_rows
+    from pipeline.io.tables import read_features
 
     if request.mode == "ray":
         n, dim = feature_shape(request.input, request.table_columns)

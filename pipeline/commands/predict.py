@@ -218,7 +218,8 @@ def _run_file(args: argparse.Namespace) -> int:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from pipeline.io.tables import check_fit_rows, feature_batches
+    from pipeline.io.parquet_batches import feature_batches
+    from pipeline.io.row_checks import check_fit_rows
     from pipeline.predict.model_header import read_model_header
 
     # the input's first rows are read and checked against the model before torch loads
@@ -233,7 +234,7 @@ def _run_file(args: argparse.Namespace) -> int:
     from deepdpm_core.atomic_files import atomic_path
     from deepdpm_core.data import ContingencyCounts, contingency_scores
     from pipeline.io.results import print_result, scores_text, shown_path
-    from pipeline.io.tables import assignments_table
+    from pipeline.io.table_writing import assignments_table
     from pipeline.predict.numpy_assigner import read_numpy_assigner
 
     # the net in NumPy where it computes what torch would (importing torch takes ~2 s);

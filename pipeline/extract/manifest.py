@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from deepdpm_core.errors import DataError
-from pipeline.io.tables import features_table, write_parquet_atomic
+from pipeline.io.table_writing import features_table, write_parquet_atomic
 
 MANIFEST_NAME = "_manifest.json"
 #: Parquet schema-metadata key holding a shard's manifest entry

@@ -34,7 +34,8 @@ from pipeline.fit import outputs
 from pipeline.fit.job import FitJob
 from pipeline.fit.request import FitRequest
 from pipeline.fit.runner import FaultHook, FitHooks, console_progress
-from pipeline.io.tables import FeatureTable, features_table, write_parquet_atomic
+from pipeline.io.table_writing import features_table, write_parquet_atomic
+from pipeline.io.tables import FeatureTable
 
 
 class AEProgress:

@@ -87,7 +87,7 @@ class EpochLabelScores:
         pass reads the labels, a second keeps the chosen rows, each ``batch_size`` rows
         at a time.
         """
-        from pipeline.io.tables import feature_batches
+        from pipeline.io.parquet_batches import feature_batches
 
         labels = [batch.labels for batch in feature_batches(path, batch_size, columns)]
         if not labels or labels[0] is None:

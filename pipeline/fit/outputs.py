@@ -21,7 +21,8 @@ from deepdpm_core.atomic_files import atomic_path, write_json_atomic
 from deepdpm_core.data import clustering_scores
 from deepdpm_core.model import tiny_cluster_rows, tiny_clusters
 from pipeline.io.run_folder import publish_run, staging_folder
-from pipeline.io.tables import FeatureTable, assignments_table, write_parquet_atomic
+from pipeline.io.table_writing import assignments_table, write_parquet_atomic
+from pipeline.io.tables import FeatureTable
 from pipeline.report.plots import write_fit_plots
 
 #: what every fit leaves in its output folder

@@ -15,14 +15,9 @@ import pyarrow.parquet as pq
 
 from deepdpm_core.errors import DataError
 from pipeline.io.columns import TableColumns, choose_columns
-from pipeline.io.tables import (
-    check_real_dtype,
-    embedding_matrix,
-    folder_files,
-    is_embedding_layout,
-    parquet_files,
-    read_features,
-)
+from pipeline.io.folder_inputs import folder_files, parquet_files
+from pipeline.io.row_checks import check_real_dtype
+from pipeline.io.tables import embedding_matrix, is_embedding_layout, read_features
 from pipeline.io.wide_tables import KNOWN_FORMATS, file_kind, wide_matrix
 
 _NPY_HEADER_READERS = {

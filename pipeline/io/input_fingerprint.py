@@ -6,7 +6,7 @@ on other rows (docs/reliability.md, "A folder holds one fit"). A Parquet file is
 identified by its size and its footer (schema, row groups with their offsets, sizes and
 statistics), which every rewrite of its rows changes, so a large table is not read
 whole; any other file by its size and the SHA-256 of its bytes; a folder by those of
-the files a fit reads in it (:func:`pipeline.io.tables.folder_files`: no link followed).
+the files a fit reads in it (:func:`pipeline.io.folder_inputs.folder_files`: no link followed).
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ def input_fingerprint(path: str | Path) -> dict[str, Any]:
     OSError
         ``path`` cannot be read.
     DataError
-        A folder that is not an input (:func:`pipeline.io.tables.folder_files`).
+        A folder that is not an input (:func:`pipeline.io.folder_inputs.folder_files`).
     """
     path = Path(path)
     if path.is_dir():
-        from pipeline.io.tables import folder_files
+        from pipeline.io.folder_inputs import folder_files
 
         files = [Path(f) for f in folder_files(path)[1]]
         return {"files": {str(p.relative_to(path)): _file_fingerprint(p) for p in files}}

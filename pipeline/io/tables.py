@@ -1,17 +1,18 @@
-"""Feature tables: reading inputs whole or in batches, and building and writing Parquet tables.
+"""Feature tables: reading a feature input whole into a :class:`FeatureTable`.
 
 The feature table is the hand-off between ``extract``/``embed`` and ``fit``/``predict``
 (its columns and the ``.npy``/``.npz`` inputs: docs/design.md, "Fitted model and file
-formats"). Atomic writing is :mod:`deepdpm_core.atomic_files`; an input's shape and row
-ranges, read without loading it, :mod:`pipeline.io.feature_rows`.
+formats"). A folder's files: :mod:`pipeline.io.folder_inputs`; a Parquet file batch by
+batch: :mod:`pipeline.io.parquet_batches`; the rows a fit accepts:
+:mod:`pipeline.io.row_checks`; building and writing tables: :mod:`pipeline.io.table_writing`;
+an input's shape and row ranges, read without loading it, :mod:`pipeline.io.feature_rows`.
 """
 
 from __future__ import annotations
 
 import io
-import os
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deepdpm_core.atomic_files import atomic_path
 from deepdpm_core.errors import DataError
 from pipeline.io.columns import ChosenColumns, TableColumns, choose_columns
+from pipeline.io.folder_inputs import folder_files
+from pipeline.io.row_checks import check_real_dtype
 from pipeline.io.wide_tables import (
     KNOWN_FORMATS,
-    check_float32_range,
     file_kind,
     key_values,
     label_codes,
@@ -33,19 +34,7 @@ from pipeline.io.wide_tables import (
     read_any_table,
     read_parquet,
     rows_of,
-    wide_matrix,
 )
-
-
-def feature_schema(dim: int) -> pa.Schema:
-    """Arrow schema of a feature table with ``dim``-dimensional embeddings."""
-    return pa.schema(
-        [
-            pa.field("key", pa.string(), nullable=False),
-            pa.field("embedding", pa.list_(pa.float32(), dim), nullable=False),
-            pa.field("label", pa.int64(), nullable=True),
-        ]
-    )
 
 
 @dataclass
@@ -78,7 +67,7 @@ class FeatureTable:
     fingerprint: dict[str, Any] | None = None
 
 
-def _default_keys(n: int, start: int = 0) -> np.ndarray:
+def default_keys(n: int, start: int = 0) -> np.ndarray:
     """Row numbers ``start`` .. ``start + n - 1`` as string keys, for files without keys."""
     return np.array([str(i) for i in range(start, start + n)], dtype=object)
 
@@ -130,7 +119,7 @@ def read_features(path: str | Path, columns: TableColumns | Mapping[str, Any] | 
     Returns
     -------
     FeatureTable
-        Rows as read; :func:`check_fit_rows` checks that they can be clustered.
+        Rows as read; :func:`~pipeline.io.row_checks.check_fit_rows` checks that they can be clustered.
 
     Raises
     ------
@@ -180,72 +169,6 @@ def read_features(path: str | Path, columns: TableColumns | Mapping[str, Any] | 
     return table
 
 
-def folder_files(path: Path) -> tuple[str, list[str]]:
-    """The kind (``parquet``, ``csv``, ``arrow``) and the files of a folder of tables.
-
-    Parquet files are the folder's ``.parquet`` files, sub-folders included (a partitioned
-    dataset); CSV and Arrow files are the folder's own. Names starting with ``.`` or ``_``
-    are left out, as Parquet readers do, and so are other files (a README); files come in
-    the order of their paths. Links are never followed (:func:`_table_entries`), so
-    nothing outside the folder is read, and nothing twice.
-
-    Raises
-    ------
-    DataError
-        A folder without tables, with tables of different kinds, or with a link where a
-        table or a sub-folder would be read.
-    """
-    found: dict[str, list[str]] = {}
-    for entry in _table_entries(path, recursive=False):
-        found.setdefault(file_kind(entry), []).append(str(entry))
-    if not found and (nested := [str(p) for p in _table_entries(path, recursive=True)
-                                 if file_kind(p) == "parquet"]):
-        found["parquet"] = nested  # Parquet in sub-folders (a partitioned dataset)
-    if not found:
-        raise DataError(f"{path} is a folder without .parquet files (nor .csv, .tsv or "
-                        ".arrow/.feather files)")
-    if len(found) > 1:
-        raise DataError(f"{path} holds tables of different kinds ({', '.join(sorted(found))}): "
-                        "give a folder of one kind")
-    kind = next(iter(found))
-    return kind, parquet_files(path) if kind == "parquet" else found[kind]
-
-
-def _table_entries(folder: Path, recursive: bool) -> list[Path]:
-    """The table files (``.parquet``, ``.csv``, ``.arrow``, ...) of ``folder``, sorted by
-    path; with ``recursive``, those of its sub-folders too. Names starting with ``.`` or
-    ``_`` are left out.
-
-    Raises
-    ------
-    DataError
-        A symbolic link named like a table or pointing at a folder (following it could
-        leave the folder, or loop back into it).
-    """
-    found = []
-    for parent, dirs, files in os.walk(folder, onerror=_raise_walk_error):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-        for name in [*dirs, *files]:
-            entry = Path(parent) / name
-            if name.startswith((".", "_")) or not entry.is_symlink():
-                continue
-            if file_kind(entry) in ("parquet", "csv", "arrow") or entry.is_dir():
-                raise DataError(f"{entry} is a symbolic link: the tables of a folder input are "
-                                "read without following links; put the file itself there")
-        found += [Path(parent) / name for name in files
-                  if not name.startswith((".", "_")) and not (Path(parent) / name).is_symlink()
-                  and file_kind(name) in ("parquet", "csv", "arrow")
-                  and (Path(parent) / name).is_file()]
-        dirs[:] = [d for d in dirs if not (Path(parent) / d).is_symlink()]
-        if not recursive:
-            break
-    return sorted(found, key=str)
-
-
-def _raise_walk_error(exc: OSError) -> None:
-    raise exc
-
-
 def _read_npy(path: Path, data: bytes | None = None) -> FeatureTable:
     with open(path, "rb") if data is None else io.BytesIO(data) as f:
         if f.read(6) != b"\x93NUMPY":
@@ -255,7 +178,7 @@ def _read_npy(path: Path, data: bytes | None = None) -> FeatureTable:
     except (ValueError, OSError, EOFError) as exc:
         raise DataError(f"cannot read {path}: {exc}") from exc
     _check_rows(X, path)
-    return FeatureTable(X=X, labels=None, keys=_default_keys(len(X)))
+    return FeatureTable(X=X, labels=None, keys=default_keys(len(X)))
 
 
 def _read_npz(path: Path, data: bytes | None = None) -> FeatureTable:
@@ -269,7 +192,7 @@ def _read_npz(path: Path, data: bytes | None = None) -> FeatureTable:
         raise DataError(f"cannot read {path}: {exc}") from exc
     _check_rows(X, path)
     return FeatureTable(X=X, labels=None if y is None else _check_labels(y, len(X), path),
-                        keys=_default_keys(len(X)))
+                        keys=default_keys(len(X)))
 
 
 @dataclass
@@ -385,7 +308,7 @@ def _joined(parts: list[_Part], path: Path) -> FeatureTable:
     if all(p.keys is not None for p in parts):
         keys = np.concatenate([p.keys for p in parts])
     else:
-        keys = _default_keys(len(X))
+        keys = default_keys(len(X))
     return FeatureTable(X=X, labels=labels, keys=keys, label_names=names,
                         feature_names=first.features, label_column=first.label,
                         key_column=first.key)
@@ -395,223 +318,6 @@ def _columns_text(part: _Part) -> str:
     if part.features is None:
         return f"an embedding of {part.X.shape[1]}"
     return f"{len(part.features)} columns ({', '.join(part.features[:4])}{', ...' if len(part.features) > 4 else ''})"
-
-
-def check_fit_rows(table: FeatureTable, path: str | Path) -> FeatureTable:
-    """Refuse rows that cannot be clustered, before anything heavy loads: not a 2-D table
-    of numbers, no rows or no features, rows with NaN or inf values (named).
-
-    Returns
-    -------
-    FeatureTable
-        ``table``, its ``X`` as float32.
-
-    Raises
-    ------
-    DataError
-    """
-    X = table.X
-    if X.ndim != 2:
-        raise DataError(f"{path}: features must be a 2-D array [N, D] (rows of numbers), got "
-                        f"shape {X.shape}")
-    if X.shape[0] == 0:
-        raise DataError(f"{path} has no rows")
-    if X.shape[1] == 0:
-        raise DataError(f"{path} has no feature columns")
-    check_float32_range(X, str(path))
-    table.X = X.astype(np.float32, copy=False)
-    check_finite_rows(table.X, path, 0)
-    return table
-
-
-#: bytes read at a time from a Parquet column chunk by :func:`open_parquet`
-PARQUET_READ_BUFFER = 4 * 2**20
-
-
-def open_parquet(path: str | Path) -> pq.ParquetFile:
-    """A Parquet file to read batch by batch in memory bounded by the batch.
-
-    Without pre-buffering (which holds every row group asked for, ahead of the batches)
-    and through a buffer of :data:`PARQUET_READ_BUFFER` bytes, not each column chunk
-    whole (512 MB for a row group of 1M rows of 128 float32 features).
-
-    Raises
-    ------
-    DataError
-        Not a readable Parquet file.
-    """
-    try:
-        return pq.ParquetFile(path, pre_buffer=False, buffer_size=PARQUET_READ_BUFFER)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise DataError(f"cannot read Parquet {path}: {exc}") from exc
-
-
-def parquet_labelled(parquet: pq.ParquetFile, path: str | Path, column: str = "label") -> bool:
-    """True when the file's label ``column`` holds a value (nulls only: no labels), read
-    from that column alone; as :func:`read_features` decides it.
-
-    Raises
-    ------
-    DataError
-        The labels are not integers (read batch by batch, they cannot be numbered over
-        the whole file as :func:`read_features` numbers strings).
-    """
-    schema = parquet.schema_arrow
-    if column not in schema.names:
-        return False
-    nulls = sum(b.column(0).null_count for b in parquet.iter_batches(columns=[column]))
-    labelled = nulls < parquet.metadata.num_rows
-    if labelled and not pa.types.is_integer(schema.field(column).type):
-        raise DataError(f"{path}: column '{column}' must hold integers, got "
-                        f"{schema.field(column).type}")
-    return labelled
-
-
-def check_finite_rows(X: np.ndarray, path: str | Path, start: int) -> None:
-    """Refuse rows (B, D) with NaN or inf values, naming the file and their row numbers in
-    it (the batch's first row is row ``start``).
-
-    Raises
-    ------
-    DataError
-        Some rows hold NaN or inf values (the first five are named).
-    """
-    bad = np.flatnonzero(~np.isfinite(X).all(1))
-    if bad.size:
-        shown = ", ".join(str(start + i) for i in bad[:5]) + (", ..." if bad.size > 5 else "")
-        raise DataError(f"{path} has {bad.size} row(s) with NaN or inf values (rows {shown})")
-
-
-def feature_batches(path: str | Path, batch_size: int,
-                    columns: TableColumns | Mapping[str, Any] | None = None
-                    ) -> Iterator[FeatureTable]:
-    """The rows of a feature input in order, as :func:`read_features` reads them.
-
-    A Parquet file is read ``batch_size`` rows at a time, across row groups (about two
-    batches in memory whatever the file's size); keys are row numbers where the file has
-    none, labels are given for every batch when the file holds any. Other inputs, and a
-    Parquet file whose labels are strings (numbered over the whole file), are read whole
-    and given as one batch.
-
-    Raises
-    ------
-    DataError
-        As :func:`read_features`; rows with NaN or inf values in a Parquet file
-        (:func:`check_finite_rows`).
-    FileNotFoundError
-        ``path`` does not exist.
-    """
-    path = Path(path)
-    columns = TableColumns.of(columns)
-    if file_kind(path) != "parquet" or not path.is_file():
-        yield read_features(path, columns)
-        return
-    parquet = open_parquet(path)
-    schema = parquet.schema_arrow
-    if is_embedding_layout(schema.names, columns):
-        features, label = None, "label" if "label" in schema.names else None
-        key = "key" if "key" in schema.names else None
-    else:
-        chosen = choose_columns(schema, columns, path)
-        features, label, key = chosen.features, chosen.label, chosen.key
-    if label is not None and not pa.types.is_integer(schema.field(label).type):
-        yield read_features(path, columns)  # string labels are numbered over the whole file
-        return
-    if label is not None and not parquet_labelled(parquet, path, label):
-        label = None
-    read = list(dict.fromkeys([*(features or ["embedding"]),
-                               *(c for c in (key, label) if c is not None)]))
-    start = 0
-    for table in _fixed_size_batches(parquet.iter_batches(batch_size=batch_size, columns=read),
-                                     pa.schema([schema.field(c) for c in read]), batch_size):
-        X = embedding_matrix(table.column("embedding")) if features is None \
-            else wide_matrix(table, features, path)
-        check_finite_rows(X, path, start)
-        n = len(table)
-        keys = key_values(table.column(key)) if key is not None else _default_keys(n, start)
-        labels = (np.asarray(table.column(label).fill_null(-1).to_numpy(), dtype=np.int64)
-                  if label is not None else None)
-        yield FeatureTable(X=X, labels=labels, keys=keys, feature_names=features)
-        start += n
-
-
-def _fixed_size_batches(batches: Iterator[pa.RecordBatch], schema: pa.Schema, size: int
-                        ) -> Iterator[pa.Table]:
-    """``batches`` regrouped into tables of ``size`` rows (the last one fewer), in order.
-
-    Parquet batches stop at row-group boundaries; fixed batches give every forward pass
-    the rows it had when the file was read whole, so the results agree to the last bit.
-    """
-    pending: list[pa.RecordBatch] = []
-    rows = 0
-    for batch in batches:
-        pending.append(batch)
-        rows += batch.num_rows
-        if rows >= size:
-            table = pa.Table.from_batches(pending, schema)
-            whole = rows - rows % size
-            for at in range(0, whole, size):
-                yield table.slice(at, size)
-            pending, rows = table.slice(whole).to_batches(), rows - whole
-    if rows:
-        yield pa.Table.from_batches(pending, schema)
-
-
-def assignments_table(table: FeatureTable, labels: np.ndarray, confidence: np.ndarray) -> pa.Table:
-    """Arrow table: key, cluster:int32, confidence:float32, label:int64 (nullable).
-
-    ``labels`` and ``confidence`` are (N,): the hard cluster and its responsibility.
-    """
-    cols = {
-        "key": pa.array([str(k) for k in table.keys], pa.string()),
-        "cluster": pa.array(labels.astype(np.int32)),
-        "confidence": pa.array(confidence.astype(np.float32)),
-    }
-    if table.labels is not None:
-        cols["label"] = pa.array(table.labels.astype(np.int64), mask=table.labels < 0)
-    return pa.table(cols)
-
-
-def write_parquet_atomic(table: pa.Table, path: str | Path) -> None:
-    """Write an Arrow table to Parquet atomically."""
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
-
-
-def features_table(X: np.ndarray, keys: np.ndarray, labels: np.ndarray | None) -> pa.Table:
-    """Build a feature table (:func:`feature_schema`) from arrays."""
-    X = np.ascontiguousarray(X, dtype=np.float32)
-    n, dim = X.shape
-    emb = pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1)), dim)
-    label_arr = (
-        pa.nulls(n, pa.int64())
-        if labels is None
-        else pa.array(np.asarray(labels, dtype=np.int64), mask=np.asarray(labels) < 0)
-    )
-    return pa.Table.from_arrays(
-        [pa.array([str(k) for k in keys], pa.string()), emb, label_arr],
-        schema=feature_schema(dim),
-    )
-
-
-def parquet_files(path: Path) -> list[str]:
-    """The files of a Parquet file or folder, in the order they are read (a folder: its
-    ``.parquet`` files, sub-folders included, sorted by path, links never followed;
-    see :func:`folder_files`)."""
-    path = Path(path)
-    if not path.is_dir():
-        return [str(path)]
-    files = [str(p) for p in _table_entries(path, recursive=True) if file_kind(p) == "parquet"]
-    if not files:
-        raise DataError(f"{path} is a folder without .parquet files")
-    return files
-
-
-def check_real_dtype(dtype: np.dtype, path: Path) -> None:
-    """Refuse features that are not real numbers or booleans (strings, objects, complex),
-    as :func:`deepdpm_core.data.is_real_dtype`, without importing torch."""
-    if dtype.hasobject or dtype.kind not in "biuf":
-        raise DataError(f"{path}: features must be real numbers, got dtype {dtype}")
 
 
 def _check_rows(X: np.ndarray, path: Path) -> None:

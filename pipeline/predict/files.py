@@ -20,7 +20,9 @@ import pyarrow.parquet as pq
 from deepdpm_core.atomic_files import atomic_path
 from deepdpm_core.errors import CheckpointError, ConfigError, DataError
 from pipeline.io.input_fingerprint import file_sha256
-from pipeline.io.tables import FeatureTable, assignments_table, open_parquet, parquet_labelled
+from pipeline.io.parquet_batches import open_parquet, parquet_labelled
+from pipeline.io.table_writing import assignments_table
+from pipeline.io.tables import FeatureTable
 
 #: the output's Parquet metadata key: ``{"rows": n, "model_sha256": ...}``
 METADATA_KEY = b"deepdpm.predict"

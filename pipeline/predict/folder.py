@@ -8,7 +8,7 @@ One Ray Data pipeline covers every input file that has no finished output yet::
       -> driver                                   collects a file's row groups, writes it
 
 Each input file ``IN/a/b.parquet`` gets ``OUT/a/b.parquet`` with the columns of the
-single-file path (:func:`pipeline.io.tables.assignments_table`). Every output row carries
+single-file path (:func:`pipeline.io.table_writing.assignments_table`). Every output row carries
 its (file index, row group index), so nothing depends on the order in which Ray Data hands
 results back. A file is written once all its row groups are in, under a temporary name
 and renamed (:func:`deepdpm_core.atomic_files.atomic_path`: never a partial ``b.parquet``);
@@ -34,7 +34,9 @@ import numpy as np
 import pyarrow as pa
 
 from deepdpm_core.errors import ConfigError, DeepDPMError
-from pipeline.io.tables import check_finite_rows, embedding_matrix, open_parquet
+from pipeline.io.parquet_batches import open_parquet
+from pipeline.io.row_checks import check_finite_rows
+from pipeline.io.tables import embedding_matrix
 from pipeline.predict.files import (
     InputFile,
     input_files,

@@ -29,7 +29,7 @@ from deepdpm_core.errors import CheckpointError, ConfigError
 from deepdpm_core.model.files import safe_load as load_checkpoint_file
 from pipeline.cli import main
 from pipeline.io.run_folder import remove_leftovers
-from pipeline.io.tables import features_table
+from pipeline.io.table_writing import features_table
 from tests.support.ray_cluster import local_ray
 
 # Ray reads its auth mode when it is first imported (the tests below import it late): token

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.fit.outputs import FIT_STATE, RUN_OUTPUTS
-from pipeline.io.tables import features_table, write_parquet_atomic
+from pipeline.io.table_writing import features_table, write_parquet_atomic
 
 SHORT = ["--no-tracking", "--quiet", "--set", "schedule.max_epochs=2"]
 

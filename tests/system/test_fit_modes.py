@@ -35,7 +35,7 @@ from pipeline.cli import main as cli  # noqa: E402
 from pipeline.commands.fit import request_from_args  # noqa: E402
 from pipeline.fit import run_fit  # noqa: E402
 from pipeline.fit.outputs import ALTERNATING_FILES, FIT_FILES  # noqa: E402
-from pipeline.io.tables import features_table  # noqa: E402
+from pipeline.io.table_writing import features_table  # noqa: E402
 from tests.support.fault_hooks import FailOnce  # noqa: E402
 from tests.support.ray_cluster import local_ray  # noqa: E402
 

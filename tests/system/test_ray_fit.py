@@ -35,7 +35,7 @@ from pipeline.commands.fit import request_from_args  # noqa: E402
 from pipeline.fit import run_fit  # noqa: E402
 from pipeline.fit.checkpoints import TRAIN_DIR  # noqa: E402
 from pipeline.fit.request import FitRequest  # noqa: E402
-from pipeline.io.tables import features_table  # noqa: E402
+from pipeline.io.table_writing import features_table  # noqa: E402
 from tests.support.fault_hooks import FailOnce  # noqa: E402
 from tests.support.ray_cluster import local_ray  # noqa: E402
 

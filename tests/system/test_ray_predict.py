@@ -35,7 +35,7 @@ import yaml  # noqa: E402
 from deepdpm_core import DeepDPM  # noqa: E402
 from deepdpm_core.errors import ConfigError  # noqa: E402
 from pipeline.cli import build_parser, main  # noqa: E402
-from pipeline.io.tables import features_table  # noqa: E402
+from pipeline.io.table_writing import features_table  # noqa: E402
 from pipeline.predict.files import is_complete, model_digest  # noqa: E402
 from tests.support.ray_cluster import local_ray  # noqa: E402
 

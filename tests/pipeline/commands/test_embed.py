@@ -20,7 +20,8 @@ from deepdpm_core.errors import ConfigError, DataError
 from deepdpm_core.features import as_feature_matrix, embed, load_autoencoder
 from deepdpm_core.features.embedding import pca_embed
 from pipeline.cli import main
-from pipeline.io.tables import features_table, read_features, write_parquet_atomic
+from pipeline.io.table_writing import features_table, write_parquet_atomic
+from pipeline.io.tables import read_features
 
 # A narrower net and few epochs keep the CPU tests fast; the code path is the paper's.
 FAST = ["--set", "ae.hidden=[64,64,128]", "--set", "ae.pretrain_epochs=8"]

@@ -225,7 +225,7 @@ def test_diverged_ranks_fail_loudly(tmp_path):
 
 @pytest.mark.parametrize("suffix", [".npy", ".npz", ".parquet"])
 def test_rank_slices_cover_the_input_in_order(tmp_path, suffix):
-    from pipeline.io.tables import features_table
+    from pipeline.io.table_writing import features_table
 
     x = _mixture(103)
     path = tmp_path / f"x{suffix}"

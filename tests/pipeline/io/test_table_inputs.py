@@ -20,7 +20,9 @@ from deepdpm_core import DeepDPM
 from deepdpm_core.errors import DataError
 from pipeline.cli import main
 from pipeline.io.columns import TableColumns
-from pipeline.io.tables import check_fit_rows, feature_batches, read_features
+from pipeline.io.parquet_batches import feature_batches
+from pipeline.io.row_checks import check_fit_rows
+from pipeline.io.tables import read_features
 
 N, D = 240, 3
 SPECIES = np.array(["ash", "birch", "cedar", "fir"])

@@ -26,7 +26,8 @@ from deepdpm_core.data import ContingencyCounts, clustering_scores, contingency,
 from deepdpm_core.model import ClusterAssigner
 from pipeline.cli import main
 from pipeline.fit.outputs import label_metrics
-from pipeline.io.tables import FeatureTable, assignments_table, features_table, read_features
+from pipeline.io.table_writing import assignments_table, features_table
+from pipeline.io.tables import FeatureTable, read_features
 from pipeline.predict.files import read_assigner
 from pipeline.predict.numpy_assigner import read_numpy_assigner
 
