@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.io.results import print_result
     from pipeline.io.table_writing import features_table, write_parquet_atomic
     from pipeline.io.tables import FeatureTable, read_features
-    from pipeline.report.html_report import load_run_dir, render_report, write_report
+    from pipeline.report.html_report import render_report, write_report
+    from pipeline.report.run_data import load_run_dir
     from pipeline.tracking.environment import environment_tags
     from pipeline.tracking.fit_runs import fit_params, log_fit_outputs
     from pipeline.tracking.run_tracker import RunTracker

@@ -74,7 +74,8 @@ def _write(args: argparse.Namespace, row_shape: tuple[int, int] | None) -> int:
     refuse_existing_file(args.output, args.overwrite)
 
     from pipeline.io.results import print_result, shown_path
-    from pipeline.report.html_report import load_run, render_report, write_report
+    from pipeline.report.html_report import render_report, write_report
+    from pipeline.report.run_data import load_run
     from pipeline.tracking.environment import resolve_tracking_uri
 
     data = load_run(args.run, resolve_tracking_uri(args.tracking_uri))

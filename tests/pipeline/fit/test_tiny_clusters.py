@@ -48,7 +48,8 @@ def test_tiny_clusters_are_named_everywhere(blobs_and_outliers, tmp_path, capsys
 
 
 def test_the_report_marks_where_a_resumed_fit_continued(blobs_and_outliers, tmp_path):
-    from pipeline.report.html_report import load_run_dir, render_report
+    from pipeline.report.html_report import render_report
+    from pipeline.report.run_data import load_run_dir
 
     out = tmp_path / "fit"
     assert main(["fit", "--input", str(blobs_and_outliers), "--output", str(out), "--quiet",

@@ -14,7 +14,8 @@ from sklearn.datasets import load_wine
 
 from pipeline.cli import main
 from pipeline.report import data_view
-from pipeline.report.html_report import RunData, load_run_dir, render_report
+from pipeline.report.html_report import render_report
+from pipeline.report.run_data import RunData, load_run_dir
 
 
 @pytest.fixture(scope="module")
