@@ -156,7 +156,7 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
         raise _rebuild_error(message)
     publish_run(staging, out, replaced_entries(request))  # a Ray fit is resumable: its outputs
     prune_checkpoints(out)
-    from pipeline.tracking.run_tracker import shown_tracking_uri
+    from pipeline.tracking.client_settings import shown_tracking_uri
 
     # rank 0 tracked the run: its id is in the store, not known here
     return FitResult(json.loads((out / "summary.json").read_text()), str(out),

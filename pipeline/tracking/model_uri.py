@@ -47,8 +47,8 @@ def local_model_path(model: str | Path, tracking_uri: str | None = None) -> Path
     import mlflow.artifacts
     from mlflow.exceptions import MlflowException
 
+    from pipeline.tracking.client_settings import QUIET_ENV_DEFAULTS
     from pipeline.tracking.environment import resolve_tracking_uri
-    from pipeline.tracking.run_tracker import QUIET_ENV_DEFAULTS
 
     for key, value in QUIET_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)

@@ -25,6 +25,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,11 @@ FINAL_STATES = ("FINISHED", "FAILED", "KILLED")
 #: seconds a health probe of the tracking server, and an attempt to end the recorded runs
 #: at the end of a command, may take
 PROBE_TIMEOUT_S = 2.0
+#: seconds :meth:`~pipeline.tracking.run_tracker.RunTracker.close` waits for the pending
+#: calls before it asks whether the server answers at all (a health probe of
+#: :data:`PROBE_TIMEOUT_S`); an ``http(s)://`` server that does not answer it is given up
+#: on, and the run is ended by a later command
+CLOSE_GRACE_S = 2.0
 #: the largest record read (a record is about 400 bytes)
 MAX_RECORD_BYTES = 64 * 1024
 #: what a run id looks like (MLflow's are 32 hex digits)
@@ -59,6 +65,22 @@ def server_answers(tracking_uri: str) -> bool | None:
         return True
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def wait_for_calls(thread: threading.Thread, timeout: float,
+                   answers: Callable[[], bool | None]) -> bool:
+    """Join a tracker's logging ``thread``: True once it has sent every call; False after
+    ``timeout`` seconds or as soon as the server, asked (``answers``, a health probe of an
+    ``http(s)://`` server) after :data:`CLOSE_GRACE_S`, does not answer."""
+    start = time.monotonic()
+    probe_at = start + CLOSE_GRACE_S
+    while thread.is_alive() and time.monotonic() - start < timeout:
+        thread.join(0.1)
+        if thread.is_alive() and time.monotonic() >= probe_at:
+            if answers() is False:
+                return False
+            probe_at = time.monotonic() + CLOSE_GRACE_S
+    return not thread.is_alive()
 
 
 def close_pending_now(tracking_uri: str) -> None:

@@ -16,17 +16,16 @@ Typical use::
         model.fit(X, callback=t.log_epoch)
         t.log_artifacts([out / "config.yaml", out / "summary.json", ...])
 
-MLflow's own HTTP client retries a failed request 7 times with exponential backoff
-(about 4 minutes) and waits 120 s per request by default. A tracked run lowers those
-through the documented environment variables (:data:`HTTP_ENV_DEFAULTS`) unless the
-user has set them.
+A tracked run's MLflow client gives up on a dead server within seconds
+(:mod:`pipeline.tracking.client_settings`).
 
 Every run ends in a final state (FINISHED, FAILED or KILLED) with the tag
 ``deepdpm.end_reason`` saying why, and names its local outputs in ``deepdpm.output``. A
 run whose tracking failed ends FAILED. When the server does not answer at the end
-(killed, frozen), :meth:`RunTracker.close` waits at most :data:`CLOSE_GRACE_S` plus one
-health probe (2 s) before it gives up, and records the run in
-:mod:`pipeline.tracking.pending_closes`; the next tracked command to that server ends it.
+(killed, frozen), :meth:`RunTracker.close` waits at most
+:data:`~pipeline.tracking.pending_closes.CLOSE_GRACE_S` plus one health probe (2 s) before
+it gives up, and records the run in :mod:`pipeline.tracking.pending_closes`; the next
+tracked command to that server ends it.
 """
 
 from __future__ import annotations
@@ -40,14 +39,23 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-from deepdpm_core.training import EPOCH_PHASES
+from pipeline.tracking.client_settings import (
+    HTTP_ENV_DEFAULTS,
+    QUIET_ENV_DEFAULTS,
+    import_ipython,
+    redacted,
+    run_page_url,
+    shown_tracking_uri,
+)
 from pipeline.tracking.environment import (
     make_store_folder,
     resolve_tracking_uri,
     sqlite_artifact_location,
 )
+from pipeline.tracking.epoch_metrics import epoch_metrics
+from pipeline.tracking.experiments import find_or_create_experiment
+from pipeline.tracking.log_batches import log_batch, metric_batches, text_batches
 from pipeline.tracking.options import DEFAULT_EXPERIMENT, DEFAULT_MODEL_ALIAS
 from pipeline.tracking.pending_closes import (
     END_REASON_TAG,
@@ -57,105 +65,10 @@ from pipeline.tracking.pending_closes import (
     forget_pending,
     record_pending,
     server_answers,
+    wait_for_calls,
 )
 
 logger = logging.getLogger(__name__)
-
-
-#: experiment tag by which MLflow 3's UI shows an experiment as model training (its Runs)
-#: rather than GenAI (overview, "Evaluation runs"); UIs with the GenAI / Model training
-#: switch follow the switch or the URL's ``workflowType`` instead (:attr:`RunTracker.run_url`)
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-EXPERIMENT_KIND = "custom_model_development"
-
-#: epoch-record key -> MLflow metric name (see ``DeepDPM.history_``)
-EPOCH_METRICS: dict[str, str] = {
-    "n_clusters": "n_clusters",
-    "loss_cluster": "loss_cluster",
-    "loss_subcluster": "loss_subcluster",
-    "splits_accepted": "splits_accepted",
-    "merges_accepted": "merges_accepted",
-    "prior_scale": "prior_scale",
-    "prior_nu": "prior_nu",
-    "diagonal_covariances": "diagonal_covariances",
-    "seconds": "epoch_seconds",
-    **{f"seconds_{phase}": f"epoch_seconds_{phase}" for phase, _ in EPOCH_PHASES},
-    "nmi": "nmi",
-    "ari": "ari",
-    "acc": "acc",
-}
-
-#: MLflow HTTP client settings for tracked runs; a value the user exported wins.
-#: 2 retries with backoff factor 1 give up on a dead server within ~10 s instead of ~4 min.
-HTTP_ENV_DEFAULTS: dict[str, str] = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
-}
-
-#: no MLflow progress bars on stderr, and no run links on stdout, which holds only the
-#: command's result (:meth:`RunTracker.close` prints the link on stderr); a value the user
-#: exported wins
-QUIET_ENV_DEFAULTS: dict[str, str] = {
-    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-    # its INFO records ("Creating initial MLflow database tables...") are routine
-    "MLFLOW_LOGGING_LEVEL": "WARNING",
-    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-}
-
-#: seconds :meth:`RunTracker.close` waits for the pending calls before it asks whether the
-#: server answers at all (a health probe of
-#: :data:`~pipeline.tracking.pending_closes.PROBE_TIMEOUT_S`); an ``http(s)://`` server that
-#: does not answer it is given up on, and the run is ended by a later command
-CLOSE_GRACE_S = 2.0
-
-#: MLflow accepts at most 100 params or tags and 1000 metrics per ``log_batch`` call
-_MAX_PARAMS_PER_BATCH = 100
-_MAX_METRICS_PER_BATCH = 1000
-_MAX_PARAM_LENGTH = 6000
-
-
-def epoch_metrics(record: Mapping[str, Any]) -> dict[str, float]:
-    """MLflow metrics of one epoch record (``seconds[_phase]`` becomes ``epoch_seconds[_phase]``)."""
-    return {name: float(record[key]) for key, name in EPOCH_METRICS.items() if record.get(key) is not None}
-
-
-def _import_ipython() -> None:
-    """Import IPython (when installed) on the calling thread.
-
-    MLflow's HTTP client imports it on its first request (a Databricks-notebook check), on
-    the logging thread; matplotlib, drawing a fit's plots meanwhile, reads the half-imported
-    module from ``sys.modules`` and raises. Imported before that thread starts, it is whole.
-    """
-    import importlib.util
-
-    if importlib.util.find_spec("IPython") is not None:
-        import IPython  # noqa: F401
-
-
-def _redacted(uri: str | None) -> str:
-    """``uri`` without a ``user:password@`` part (warnings must not print credentials)."""
-    parts = urlsplit(uri or "")
-    if parts.password is None and parts.username is None:
-        return uri or ""
-    host = parts.hostname or ""
-    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def shown_tracking_uri(uri: str | None) -> str | None:
-    """``uri`` as a result line may show it: without a ``user:password@`` part."""
-    return None if uri is None else _redacted(uri)
-
-
-def _param_value(value: Any) -> str:
-    text = "null" if value is None else str(value)
-    return text[:_MAX_PARAM_LENGTH]
-
-
-def _chunks(items: list, size: int) -> Iterable[list]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
 
 
 class RunTracker:
@@ -255,7 +168,7 @@ class RunTracker:
             os.environ.setdefault(key, value)
         make_store_folder(self.tracking_uri)
         if self.tracking_uri.startswith(("http://", "https://")):
-            _import_ipython()
+            import_ipython()
         self._thread = threading.Thread(target=self._work, name="deepdpm-mlflow", daemon=True)
         self._thread.start()
         self._submit(self._start_run)
@@ -265,10 +178,10 @@ class RunTracker:
 
         The run gets the tag ``deepdpm.end_reason``: ``reason`` (default: the status in
         words) and where the outputs are. Waits for the pending calls at most
-        ``close_timeout`` seconds, and at most :data:`CLOSE_GRACE_S` +
-        ``PROBE_TIMEOUT_S`` when the server does not answer a health probe; a run
-        that could not be ended so (or whose tracking failed earlier: it ends FAILED) is
-        recorded for the next tracked command to end (:mod:`pipeline.tracking.pending_closes`).
+        ``close_timeout`` seconds, and at most ``CLOSE_GRACE_S`` + ``PROBE_TIMEOUT_S`` when
+        the server does not answer a health probe; a run that could not be ended so (or
+        whose tracking failed earlier: it ends FAILED) is recorded for the next tracked
+        command to end (:mod:`pipeline.tracking.pending_closes`, which holds both times).
         Never raises.
         """
         if self._thread is None:
@@ -282,7 +195,7 @@ class RunTracker:
                                                           end_time=ended_ms))
         self._closing.set()
         self._released.set()
-        if not self._wait_for_calls():
+        if not wait_for_calls(self._thread, self.close_timeout, self._answers):
             self._fail(TimeoutError("the tracking server did not answer at the end of the run"
                                     if self._answers() is False else
                                     f"pending calls did not finish within {self.close_timeout:.0f} s"))
@@ -298,20 +211,6 @@ class RunTracker:
         if url and not self.failed:
             print(f"deepdpm: MLflow run {self.run_name or self._run_id}: {url}", file=sys.stderr,
                   flush=True)  # fmt: skip
-
-    def _wait_for_calls(self) -> bool:
-        """Join the logging thread: True once it has sent every call; False after
-        ``close_timeout`` or as soon as an ``http(s)://`` server, asked after
-        :data:`CLOSE_GRACE_S`, does not answer its health probe."""
-        thread, start = self._thread, time.monotonic()
-        probe_at = start + CLOSE_GRACE_S
-        while thread.is_alive() and time.monotonic() - start < self.close_timeout:
-            thread.join(0.1)
-            if thread.is_alive() and time.monotonic() >= probe_at:
-                if self._answers() is False:
-                    return False
-                probe_at = time.monotonic() + CLOSE_GRACE_S
-        return not thread.is_alive()
 
     def _answers(self) -> bool | None:
         """:func:`~pipeline.tracking.pending_closes.server_answers`, not asked again once
@@ -338,17 +237,15 @@ class RunTracker:
     def run_url(self) -> str | None:
         """The run's page in the MLflow UI of an ``http(s)://`` tracking server (else None);
         see :meth:`run_page`."""
-        base = _redacted(self.tracking_uri)
+        base = redacted(self.tracking_uri)
         return self.run_page(base) if base.startswith(("http://", "https://")) else None
 
     def run_page(self, ui: str) -> str | None:
-        """The run's page in the MLflow UI served at ``ui`` (None before the run exists),
-        opened on the UI's model-training view (``workflowType=machine_learning``: MLflow
-        3's UI picks its view from that, not from the experiment's kind tag)."""
+        """The run's page in the MLflow UI served at ``ui`` (:func:`run_page_url`; None
+        before the run exists)."""
         if self._run_id is None or self._experiment_id is None:
             return None
-        return (f"{ui.rstrip('/')}/#/experiments/{self._experiment_id}/runs/{self._run_id}"
-                "?workflowType=machine_learning")  # fmt: skip
+        return run_page_url(ui, self._experiment_id, self._run_id)
 
     @property
     def shown_uri(self) -> str | None:
@@ -368,22 +265,18 @@ class RunTracker:
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Log flat ``{name: value}`` params (``None`` becomes ``"null"``)."""
-        items = [(str(k), _param_value(v)) for k, v in params.items()]
-        for chunk in _chunks(items, _MAX_PARAMS_PER_BATCH):
-            self._submit(lambda client, chunk=chunk: self._log_batch(client, params=chunk))
+        for chunk in text_batches(params):
+            self._submit(lambda client, chunk=chunk: log_batch(client, self._run_id, params=chunk))
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         """Set run tags."""
-        items = [(str(k), _param_value(v)) for k, v in tags.items()]
-        for chunk in _chunks(items, _MAX_PARAMS_PER_BATCH):
-            self._submit(lambda client, chunk=chunk: self._log_batch(client, tags=chunk))
+        for chunk in text_batches(tags):
+            self._submit(lambda client, chunk=chunk: log_batch(client, self._run_id, tags=chunk))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
         """Log ``{name: value}`` metrics at ``step`` (timestamped now, not when sent)."""
-        stamp = int(time.time() * 1000)
-        items = [(str(k), float(v), stamp, int(step)) for k, v in metrics.items()]
-        for chunk in _chunks(items, _MAX_METRICS_PER_BATCH):
-            self._submit(lambda client, chunk=chunk: self._log_batch(client, metrics=chunk))
+        for chunk in metric_batches(metrics, step):
+            self._submit(lambda client, chunk=chunk: log_batch(client, self._run_id, metrics=chunk))
 
     def log_epoch(self, record: Mapping[str, Any]) -> None:
         """Log one epoch record of ``DeepDPM.history_`` at step ``record["epoch"]``.
@@ -464,22 +357,7 @@ class RunTracker:
             close_pending(client, self.tracking_uri)
         except Exception:
             logger.debug("ending recorded MLflow runs failed", exc_info=True)
-        experiment = client.get_experiment_by_name(self.experiment)
-        if experiment is not None:
-            experiment_id = experiment.experiment_id
-        else:
-            try:
-                experiment_id = client.create_experiment(self.experiment,
-                                                         artifact_location=self.artifact_location)
-            except Exception:
-                # another process may have created it between our get and create
-                experiment = client.get_experiment_by_name(self.experiment)
-                if experiment is None:
-                    raise
-                experiment_id = experiment.experiment_id
-        if experiment is None or EXPERIMENT_KIND_TAG not in experiment.tags:
-            # an experiment someone has set a kind for keeps it
-            client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        experiment_id = find_or_create_experiment(client, self.experiment, self.artifact_location)
         run = client.create_run(experiment_id, run_name=self.run_name,
                                 tags={OUTPUT_TAG: self.output} if self.output else None)
         self._experiment_id = experiment_id
@@ -493,13 +371,6 @@ class RunTracker:
             logger.debug("cannot record the MLflow run", exc_info=True)
         self._started.set()
 
-    def _log_batch(self, client: Any, params=(), tags=(), metrics=()) -> None:
-        from mlflow.entities import Metric, Param, RunTag
-
-        client.log_batch(self._run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in metrics],
-                         params=[Param(k, v) for k, v in params], tags=[RunTag(k, v) for k, v in tags],
-                         synchronous=True)
-
     def _fail(self, exc: BaseException) -> None:
         with self._fail_lock:
             if self.failed:
@@ -507,10 +378,10 @@ class RunTracker:
             self.failed = True
         self._started.set()  # nobody waits for a run id that will never come
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        first_line = first_line.replace(self.tracking_uri or "", _redacted(self.tracking_uri))
+        first_line = first_line.replace(self.tracking_uri or "", redacted(self.tracking_uri))
         self._failure = f"{type(exc).__name__}: {first_line[:300]}"
         then = ("its outputs are written locally, and the next command tracked to this server "
                 "ends its run" if self._closing.is_set() else "training continues without "
                 "tracking and all outputs are still written locally")
-        print(f"deepdpm: warning: MLflow tracking at {_redacted(self.tracking_uri)} failed "
+        print(f"deepdpm: warning: MLflow tracking at {redacted(self.tracking_uri)} failed "
               f"({type(exc).__name__}: {first_line[:300]}); {then}", file=sys.stderr, flush=True)

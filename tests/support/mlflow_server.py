@@ -133,7 +133,7 @@ def mlflow_server(tmp_path_factory):
 def mlflow_env(monkeypatch):
     """Test-friendly MLflow environment: no telemetry, no inherited tracking URI, and
     the HTTP settings a tracked run exports restored after the test."""
-    from pipeline.tracking.run_tracker import HTTP_ENV_DEFAULTS
+    from pipeline.tracking.client_settings import HTTP_ENV_DEFAULTS
 
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -34,13 +34,10 @@ from mlflow.exceptions import MlflowException
 
 from deepdpm_core import DeepDPM
 from pipeline.cli import main
+from pipeline.tracking.client_settings import HTTP_ENV_DEFAULTS
+from pipeline.tracking.experiments import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 from pipeline.tracking.mlflow_model import pip_requirements
-from pipeline.tracking.run_tracker import (
-    EXPERIMENT_KIND,
-    EXPERIMENT_KIND_TAG,
-    HTTP_ENV_DEFAULTS,
-    RunTracker,
-)
+from pipeline.tracking.run_tracker import RunTracker
 from tests.support.mlflow_server import free_port, mlflow_server  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]

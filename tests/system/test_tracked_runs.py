@@ -30,8 +30,8 @@ from deepdpm_core import DeepDPM
 from deepdpm_core.config import Config
 from deepdpm_core.model.diagnostics import move_kinds
 from pipeline.cli import main
-from pipeline.tracking.run_tracker import EPOCH_METRICS as TRACKING_EPOCH_METRICS
-from pipeline.tracking.run_tracker import HTTP_ENV_DEFAULTS
+from pipeline.tracking.client_settings import HTTP_ENV_DEFAULTS
+from pipeline.tracking.epoch_metrics import EPOCH_METRICS as TRACKING_EPOCH_METRICS
 from tests.support.mlflow_server import MlflowServer, mlflow_server  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]

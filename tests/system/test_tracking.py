@@ -19,7 +19,9 @@ from PIL import Image
 
 from deepdpm_core.config import Config
 from pipeline.report import plots
+from pipeline.tracking.client_settings import HTTP_ENV_DEFAULTS
 from pipeline.tracking.environment import environment_tags, resolve_tracking_uri
+from pipeline.tracking.epoch_metrics import epoch_metrics
 from pipeline.tracking.fit_runs import (
     epoch_callback,
     fit_params,
@@ -27,7 +29,7 @@ from pipeline.tracking.fit_runs import (
     tracker_from_args,
 )
 from pipeline.tracking.options import add_tracking_arguments
-from pipeline.tracking.run_tracker import HTTP_ENV_DEFAULTS, RunTracker, epoch_metrics
+from pipeline.tracking.run_tracker import RunTracker
 from tests.support.histories import named_rounds
 from tests.support.mlflow_server import MlflowServer, mlflow_env, mlflow_server  # noqa: F401
 
