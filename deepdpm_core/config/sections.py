@@ -91,7 +91,7 @@ class PriorConfig(Section):
     collinear features and clusters of a few rows keep a positive-definite posterior.
     ``coarsening`` c judges each split or merge by the coarsened posterior (Miller &
     Dunson 2019) with the likelihood raised to ζ = c / (c + n), n the points the move
-    touches (:func:`deepdpm_core.moves.coarsened`): clusters that are not quite Gaussian
+    touches (:func:`deepdpm_core.moves.proposals.coarsened`): clusters that are not quite Gaussian
     (curved, heavy-tailed, as real embeddings are) are not split further as N grows.
     ``null`` is the exact DP posterior of the paper, under which K grows with N on such
     clusters. ``coarsening_per_parameter`` c_p raises c to c_p·P for clusters with P > c/c_p
@@ -212,7 +212,7 @@ class MovesConfig(Section):
     is not taken is also offered the cut into this many parts by k-means
     (:mod:`deepdpm_core.moves.births`; ``birth_kmeans_iters`` Lloyd iterations); None: no births.
     ``exact_valley``: a split or merge across a valley at most this deep is judged by the
-    exact posterior, not the coarsened one (:func:`~deepdpm_core.moves.exact_across_deep_valleys`);
+    exact posterior, not the coarsened one (:func:`~deepdpm_core.moves.proposals.exact_across_deep_valleys`);
     None: every move coarsened. ``valley_bandwidth``: the smoothing kernel's width is this times
     n^(−1/5) standard deviations for n points, Silverman's rule for one Gaussian mode
     (0.9); narrower kernels show valleys in one mode's sampling noise at a few thousand

@@ -46,7 +46,8 @@ TINY_SHARE = 0.05
 
 @dataclass(frozen=True)
 class Diagnostic:
-    """One warning: ``kind`` ("no_split" or "collapsed") and a one-line ``message``."""
+    """One warning: ``kind`` (``"collapsed"``, the one kind :func:`diagnose` gives) and a
+    one-line ``message``."""
 
     kind: str
     message: str

@@ -35,7 +35,7 @@ Tensor = torch.Tensor
 FORMAT = "deepdpm-model/1"
 
 
-#: the keys of a model file that assigning rows reads (``shift``: files without coordinates)
+#: the keys of a model file that assigning rows reads
 _ASSIGNER_KEYS = ("format", "config", "coordinates", "cluster_net")
 
 

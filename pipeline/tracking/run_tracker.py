@@ -13,7 +13,7 @@ Typical use::
     with RunTracker(args.tracking_uri, args.experiment, enabled=not args.no_tracking) as t:
         t.log_params({**config.flat(), "data.n_samples": N, "data.n_features": D})
         t.set_tags(environment_tags(input_path))
-        model.fit(X, callback=t.log_epoch)
+        model.fit(X, callbacks=[t.log_epoch])
         t.log_artifacts([out / "config.yaml", out / "summary.json", ...])
 
 A tracked run's MLflow client gives up on a dead server within seconds
@@ -281,7 +281,7 @@ class RunTracker:
     def log_epoch(self, record: Mapping[str, Any]) -> None:
         """Log one epoch record of ``DeepDPM.history_`` at step ``record["epoch"]``.
 
-        Usable directly as the estimator's per-epoch ``callback``.
+        Usable directly as one of ``DeepDPM.fit``'s ``callbacks``.
         """
         self.log_metrics(epoch_metrics(record), step=int(record["epoch"]))
 
