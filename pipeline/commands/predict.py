@@ -10,6 +10,8 @@ predicted with Ray Data, the model in an actor pool, into one output file per in
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,9 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_argument(parser)
 
 
-def model_file(model: str) -> Path:
-    """The local model file that ``--model`` names (every path predicts with this one): a
-    file, or the ``model.pt`` of a fit's folder; an MLflow URI is downloaded
+@contextlib.contextmanager
+def model_file(model: str) -> Iterator[Path]:
+    """The local model file that ``--model`` names, for the ``with`` block (every path
+    predicts with this one): a file, or the ``model.pt`` of a fit's folder; an MLflow URI is
+    downloaded into a folder removed when the block ends
     (:func:`pipeline.tracking.model_uri.local_model_path`).
 
     Raises
@@ -74,17 +78,26 @@ def model_file(model: str) -> Path:
 
     if is_mlflow_uri(model):
         require(f"--model {model}", "mlflow")
-    path = local_model_path(model)
-    if not path.exists():
-        raise FileNotFoundError(f"model not found: {model}")
-    if path.is_dir():
-        if (path / "model.pt").is_file():  # the folder of a fit
-            return path / "model.pt"
-        from deepdpm_core.errors import ConfigError
+    with local_model_path(model) as path:
+        if not path.exists():
+            raise FileNotFoundError(f"model not found: {model}")
+        if path.is_dir():
+            if not (path / "model.pt").is_file():  # not the folder of a fit
+                from deepdpm_core.errors import ConfigError
 
-        raise ConfigError(f"--model {model} is a folder without a model.pt: name the model.pt "
-                          "that deepdpm fit wrote, or its folder")
-    return path
+                raise ConfigError(f"--model {model} is a folder without a model.pt: name the "
+                                  "model.pt that deepdpm fit wrote, or its folder")
+            path = path / "model.pt"
+        yield path
+
+
+def shown_model(model: str, path: Path) -> str:
+    """The model a result names: ``--model`` where it is an MLflow URI (its download is
+    gone once the prediction ends), else the file predicted with (:func:`shown_path`)."""
+    from pipeline.io.results import shown_path
+    from pipeline.tracking.model_uri import is_mlflow_uri
+
+    return model if is_mlflow_uri(model) else shown_path(path)
 
 
 def matched_columns(args: argparse.Namespace, header: ModelHeader | None) -> TableColumns:
@@ -193,8 +206,9 @@ def _ray_folder(args: argparse.Namespace) -> bool:
         return True  # the folder predict names what it cannot read
     return is_embedding_layout(names, columns_from_args(args))
 
+
 def _run_file(args: argparse.Namespace) -> int:
-    from deepdpm_core.errors import ConfigError, DataError
+    from deepdpm_core.errors import ConfigError
 
     # the arguments, the input and the model's path first: a mistake is answered before
     # torch loads
@@ -210,14 +224,18 @@ def _run_file(args: argparse.Namespace) -> int:
     from pipeline.io.existing_outputs import refuse_existing_file
 
     refuse_existing_file(args.output, args.overwrite)
-    path = model_file(args.model)
+    with model_file(args.model) as path:
+        return _predict_file(args, path)
 
-    import contextlib
+
+def _predict_file(args: argparse.Namespace, path: Path) -> int:
+    """Predict the file ``--input`` with the local model file ``path``."""
     import itertools
 
     import numpy as np
     import pyarrow.parquet as pq
 
+    from deepdpm_core.errors import DataError
     from pipeline.io.parquet_batches import feature_batches
     from pipeline.io.row_checks import check_fit_rows
     from pipeline.predict.model_header import read_model_header
@@ -265,7 +283,7 @@ def _run_file(args: argparse.Namespace) -> int:
     scores = contingency_scores(table) if table.size else {}
     human = f"assigned {rows} rows to {model.n_clusters} clusters {scores_text(scores)}"
     print_result(args, f"{human.rstrip()} -> {shown_path(args.output)}", {
-        "output": shown_path(args.output), "model": shown_path(path), "n_rows": rows,
+        "output": shown_path(args.output), "model": shown_model(args.model, path), "n_rows": rows,
         "n_clusters": model.n_clusters, "n_clusters_used": int(used.sum()), "metrics": scores,
     })  # fmt: skip
     return 0
@@ -282,18 +300,19 @@ def _run_folder(args: argparse.Namespace) -> int:
     from pipeline.io.results import print_result, shown_path
     from pipeline.predict.folder import predict_folder
 
-    done = predict_folder(
-        model_file(args.model), args.input, args.output, batch_size=args.batch_size,
-        num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker,
-        ray_address=args.ray_address, progress=not args.no_progress, overwrite=args.overwrite,
-    )  # fmt: skip
+    with model_file(args.model) as model:
+        done = predict_folder(
+            model, args.input, args.output, batch_size=args.batch_size,
+            num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker,
+            ray_address=args.ray_address, progress=not args.no_progress, overwrite=args.overwrite,
+        )  # fmt: skip
     n_files = len(done.predicted) + len(done.skipped)
     print_result(args, (
         f"assigned {done.rows} rows of {len(done.predicted)} files to {done.n_clusters} clusters "
         f"({len(done.skipped)} of {n_files} files done already) in {done.seconds:.1f} s "
         f"-> {shown_path(args.output)}"
     ), {
-        "output": shown_path(args.output), "model": shown_path(model_file(args.model)),
+        "output": shown_path(args.output), "model": shown_model(args.model, model),
         "n_files": n_files,
         "files_predicted": done.predicted, "files_skipped": done.skipped,
         "n_rows": done.rows, "n_clusters": done.n_clusters, "seconds": round(done.seconds, 3),
