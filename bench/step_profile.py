@@ -14,10 +14,13 @@ first and the last marker are those of all steps but the last; per step they are
 * ``syncs``: operators that make the host wait for the device on CUDA:
   ``aten::_local_scalar_dense`` (``.item()``, ``float()``, ``bool()`` of a tensor, a Python
   branch on a tensor) and the operators whose output size depends on the data
-  (``nonzero``, ``repeat_interleave`` of a tensor of repeats, ``unique``, boolean
-  indexing), counted in ``sync_ops`` by the outermost operator they run in, once per call
-  of it. On the CPU, fused Adam's ``.item()`` of its step counts is reported apart
-  (``cpu_only_syncs_per_step``): its CUDA kernel does not synchronise.
+  (``nonzero``, ``repeat_interleave`` of a tensor of repeats, ``unique``, ``bincount``,
+  boolean indexing), counted in ``sync_ops`` by the outermost operator they run in, once
+  per call of it. On the CPU, fused Adam's ``.item()`` of its step counts is reported apart
+  (``cpu_only_syncs_per_step``): its CUDA kernel does not synchronise. On the CPU the
+  subclustering nets size their overflow blocks by the data (``cluster_blocks``: one
+  ``repeat_interleave`` a step, a wait that costs nothing there); off the CPU they take the
+  fixed size, with no sync.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from deepdpm_core.training import Trainer  # noqa: E402
 MARKER = "step_profile::step"
 #: operators that wait for the device on CUDA (module docstring)
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::repeat_interleave", "aten::_unique2",
-            "aten::masked_select")
+            "aten::masked_select", "aten::bincount")
 #: the CPU kernel of fused Adam reads its step counts with ``.item()``; the CUDA one does not
 CPU_ONLY = "aten::_fused_adam_"
 

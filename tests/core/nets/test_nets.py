@@ -50,6 +50,29 @@ def test_cluster_blocks_hold_one_cluster_each_and_at_most_twice_the_rows():
     assert torch.equal(torch.bincount(overflow, minlength=60), (-(-torch.bincount(z, minlength=60) // cap) - 1).clamp_min(0))
 
 
+#: operators whose output size is read off the data, or that read a tensor on the host: on a
+#: GPU each makes the host wait for the device
+HOST_SYNCS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::repeat_interleave", "aten::_unique2",
+              "aten::masked_select", "aten::bincount"}
+
+
+def test_fixed_shape_blocks_read_nothing_off_the_data_and_give_the_same_nets():
+    g = torch.Generator().manual_seed(2)
+    net = SubclusterNets(5, 7, 30, g)
+    x = torch.randn(200, 5, generator=g)
+    z = torch.cat([torch.full((150,), 7), torch.randint(0, 30, (50,), generator=g)])
+    with torch.profiler.profile() as prof:
+        fixed = nets.cluster_blocks(z, 30, fixed_shape=True)
+    assert not HOST_SYNCS & {e.name for e in prof.events()}
+    outs = []
+    for layout in (nets.cluster_blocks(z, 30), fixed):
+        out = nets._BlockMLP.apply(x, *layout, net.w1, net.b1, net.w2, net.b2)
+        outs.append((out, *torch.autograd.grad(out.square().sum(), list(net.parameters()))))
+    assert len(fixed[2]) > len(nets.cluster_blocks(z, 30)[2])  # the fixed layout has unused blocks
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.fixture
 def trainer():
     X, _ = make_mixture(1500, 3, 4, random_state=0)
