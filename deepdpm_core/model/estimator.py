@@ -2,7 +2,8 @@
 
 Its parameters are ``config`` (a :class:`~deepdpm_core.config.Config`, a nested mapping, a
 YAML path or None), ``random_state`` (the seed) and any config key as a keyword, stored as
-given: names are checked at once, values when :meth:`DeepDPM.fit` builds the config.
+given: names are checked at once, values when :meth:`DeepDPM.fit` builds the config
+(:mod:`deepdpm_core.model.parameters`).
 ``get_params`` names every config key ``section__key`` (``prior__sigma_scale``), so
 ``set_params``, ``clone``, ``Pipeline`` (``dpm__prior__alpha``) and ``GridSearchCV`` reach
 each of them. A fitted estimator holds a :class:`FittedModel` (``model_``).
@@ -10,7 +11,6 @@ each of them. A fitted estimator holds a :class:`FittedModel` (``model_``).
 
 from __future__ import annotations
 
-import difflib
 import numbers
 import warnings
 from collections.abc import Callable
@@ -23,7 +23,7 @@ from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.utils.validation import _get_feature_names, check_is_fitted
 
 from deepdpm_core.class_codes import class_code_columns
-from deepdpm_core.config import Config, config_sections, from_dict, load_config
+from deepdpm_core.config import Config
 from deepdpm_core.data import check_features, check_init_labels, readonly_tensor
 from deepdpm_core.errors import ConfigError, DataError
 from deepdpm_core.model.diagnostics import (
@@ -33,81 +33,12 @@ from deepdpm_core.model.diagnostics import (
     variance_summary,
 )
 from deepdpm_core.model.fitted_model import FORMAT, FittedModel
+from deepdpm_core.model.parameters import param_names, resolve_config
 from deepdpm_core.training import EpochHooks, Trainer, epoch_updater, progress_bar
 
-__all__ = ["FORMAT", "DeepDPM", "resolve_config"]
+__all__ = ["FORMAT", "DeepDPM"]
 
 _NOT_FITTED = "This %(name)s instance is not fitted yet: call fit() or DeepDPM.load() first"
-
-
-def _leaf_index() -> dict[str, list[str]]:
-    """Leaf name -> dotted keys having it (for ``DeepDPM(alpha=1.0)`` shortcuts)."""
-    index: dict[str, list[str]] = {}
-    for dotted in Config().flat():
-        index.setdefault(dotted.rsplit(".", 1)[-1], []).append(dotted)
-    return index
-
-
-def _param_names(key: str, value: Any) -> list[tuple[str, Any]]:
-    """The ``section__key`` parameters (or ``seed``, ``device``) an override stands for.
-
-    Overrides may be double-underscored (``prior__alpha=1.0``), dotted
-    (``{"prior.alpha": 1.0}``), a whole section (``prior={"alpha": 1.0}``, one parameter
-    per key) or an unambiguous leaf name (``alpha=1.0``). Only the names are checked
-    here; values are checked when the config is built.
-
-    Raises
-    ------
-    ConfigError
-        An unknown or ambiguous name, with the closest known one.
-    """
-    dotted = key.replace("__", ".")
-    if "." in dotted:
-        if dotted not in Config().flat():
-            # the config's own error for it, "unknown config key ... (did you mean ...?)"
-            Config().with_overrides({dotted: value})
-        return [(dotted.replace(".", "__"), value)]
-    if dotted in config_sections():
-        if not isinstance(value, dict):  # a section given as a non-mapping: fit names it
-            return [(dotted, value)]
-        return [pair for k, v in value.items() for pair in _param_names(f"{dotted}.{k}", v)]
-    leaves = _leaf_index()
-    if len(leaves.get(dotted, [])) == 1:
-        return [(leaves[dotted][0].replace(".", "__"), value)]
-    if dotted in leaves:
-        raise ConfigError(f"ambiguous parameter '{key}': use one of {', '.join(leaves[dotted])}")
-    close = difflib.get_close_matches(dotted, [*leaves, *config_sections()], n=1)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    raise ConfigError(f"unknown parameter '{key}'{hint}")
-
-
-def resolve_config(config: Config | dict | str | Path | None, overrides: dict[str, Any]) -> Config:
-    """Combine a config (object, mapping, YAML path or None) with keyword overrides
-    (named as :func:`_param_names` accepts).
-
-    Raises
-    ------
-    ConfigError
-        An unknown key, a bad value or an unreadable config file.
-    """
-    if config is None:
-        cfg = Config()
-    elif isinstance(config, Config):
-        cfg = config
-    elif isinstance(config, dict):
-        cfg = from_dict(config)
-    elif isinstance(config, (str, Path)):
-        cfg = load_config(config)
-    else:
-        raise ConfigError(
-            f"config must be a Config, a mapping, a YAML path or None, got {config!r}")
-    dotted: dict[str, Any] = {}
-    for key, value in overrides.items():
-        for name, v in _param_names(key, value):
-            if name in config_sections():  # a section that is not a mapping
-                raise ConfigError(f"config key '{name}' must be a mapping, got {v!r}")
-            dotted[name.replace("__", ".")] = v
-    return cfg.with_overrides(dotted) if dotted else cfg
 
 
 def _listed(names: list[str], at_most: int = 8) -> str:
@@ -171,7 +102,7 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         self.random_state = random_state
         #: ``section__key`` -> value as given (the names are checked, the values in fit)
         self._overrides = {name: v for key, value in overrides.items()
-                           for name, v in _param_names(key, value)}
+                           for name, v in param_names(key, value)}
 
     # ------------------------------------------------------------ parameters
     def get_params(self, deep: bool = True) -> dict[str, Any]:
@@ -198,7 +129,7 @@ class DeepDPM(ClusterMixin, BaseEstimator):
             if key in ("config", "random_state"):
                 setattr(self, key, value)
                 continue
-            for name, v in _param_names(key, value):
+            for name, v in param_names(key, value):
                 self._overrides.pop(name, None)  # re-inserted last: applied after older ones
                 self._overrides[name] = v
         return self
