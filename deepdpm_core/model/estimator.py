@@ -34,7 +34,8 @@ from deepdpm_core.model.diagnostics import (
 )
 from deepdpm_core.model.fitted_model import FORMAT, FittedModel
 from deepdpm_core.model.parameters import param_names, resolve_config
-from deepdpm_core.training import EpochHooks, Trainer, epoch_updater, progress_bar
+from deepdpm_core.progress_bars import progress_bar
+from deepdpm_core.training import EpochHooks, Trainer, epoch_updater
 
 __all__ = ["FORMAT", "DeepDPM"]
 

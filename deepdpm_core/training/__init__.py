@@ -3,9 +3,9 @@ bars, rank consistency and the resume format."""
 
 from deepdpm_core.training.batching import auto_batch_size
 from deepdpm_core.training.hooks import EPOCH_PHASES, EpochHooks
-from deepdpm_core.training.progress import epoch_updater, progress_bar
+from deepdpm_core.training.progress import epoch_updater
 from deepdpm_core.training.trainer import Trainer
 
 __all__ = [
-    "auto_batch_size", "EPOCH_PHASES", "epoch_updater", "EpochHooks", "progress_bar", "Trainer"
+    "auto_batch_size", "EPOCH_PHASES", "epoch_updater", "EpochHooks", "Trainer"
 ]

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         check_fit_rows(table, args.input)
 
     from deepdpm_core.features import as_feature_matrix, embed, save_autoencoder
-    from deepdpm_core.training import progress_bar
+    from deepdpm_core.progress_bars import progress_bar
     from pipeline.io.results import print_result, shown_path
 
     X = as_feature_matrix(table.X, name=str(args.input))

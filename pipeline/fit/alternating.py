@@ -29,7 +29,7 @@ from deepdpm_core.features import (
     fit_alternating,
     save_autoencoder,
 )
-from deepdpm_core.training import progress_bar
+from deepdpm_core.progress_bars import progress_bar
 from pipeline.fit import outputs
 from pipeline.fit.job import FitJob
 from pipeline.fit.request import FitRequest

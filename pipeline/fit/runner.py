@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from deepdpm_core.model import variance_summary
-from deepdpm_core.training import EpochHooks, Trainer, epoch_updater, progress_bar
+from deepdpm_core.progress_bars import progress_bar
+from deepdpm_core.training import EpochHooks, Trainer, epoch_updater
 from pipeline.fit.interrupts import FitInterrupted, StopRequest
 
 #: a per-epoch callback on the epoch record (it may add keys to it)

@@ -274,7 +274,7 @@ def _write_files(files: list[InputFile], chunks: Iterator[tuple[int, int, pa.Tab
                  progress: bool) -> int:
     """Collect each file's row groups and write the file once all are in; returns the
     rows written."""
-    from deepdpm_core.training import progress_bar
+    from deepdpm_core.progress_bars import progress_bar
 
     pending: dict[int, dict[int, list[pa.Table]]] = {}
     done: set[int] = set()
