@@ -52,8 +52,8 @@ from deepdpm_core.data import (
 )
 from deepdpm_core.estep import SparseEStep  # noqa: E402
 from deepdpm_core.model import FittedModel  # noqa: E402
-from deepdpm_core.runtime import device_clock  # noqa: E402
-from deepdpm_core.training import EPOCH_PHASES, EpochHooks, Trainer  # noqa: E402
+from deepdpm_core.runtime import EPOCH_PHASES, device_clock  # noqa: E402
+from deepdpm_core.training import EpochHooks, Trainer  # noqa: E402
 
 
 def peak_rss_mb() -> float:

@@ -1,4 +1,5 @@
-"""Which device a fit runs on, and timing work queued on it."""
+"""Which device a fit runs on, timing work queued on it, and the phases an epoch's time is
+split into."""
 
 from __future__ import annotations
 
@@ -7,6 +8,16 @@ import time
 import torch
 
 from deepdpm_core.errors import ConfigError
+
+#: the parts of an epoch's ``seconds`` in its history record (key ``seconds_<phase>``), in
+#: order, each timed with :func:`device_clock`
+EPOCH_PHASES: tuple[tuple[str, str], ...] = (
+    ("estep", "E-step targets"),
+    ("train", "minibatch steps"),
+    ("stats", "statistics + all-reduce"),
+    ("mstep", "M-step"),
+    ("moves", "split / merge round"),
+)
 
 
 def resolve_device(name: str) -> torch.device:

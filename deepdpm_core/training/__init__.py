@@ -2,10 +2,10 @@
 bars, rank consistency and the resume format."""
 
 from deepdpm_core.training.batching import auto_batch_size
-from deepdpm_core.training.hooks import EPOCH_PHASES, EpochHooks
+from deepdpm_core.training.hooks import EpochHooks
 from deepdpm_core.training.progress import epoch_updater
 from deepdpm_core.training.trainer import Trainer
 
 __all__ = [
-    "auto_batch_size", "EPOCH_PHASES", "epoch_updater", "EpochHooks", "Trainer"
+    "auto_batch_size", "epoch_updater", "EpochHooks", "Trainer"
 ]

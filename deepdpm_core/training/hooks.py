@@ -7,15 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-#: the parts of an epoch's ``seconds`` in its history record (key ``seconds_<phase>``), in order
-EPOCH_PHASES: tuple[tuple[str, str], ...] = (
-    ("estep", "E-step targets"),
-    ("train", "minibatch steps"),
-    ("stats", "statistics + all-reduce"),
-    ("mstep", "M-step"),
-    ("moves", "split / merge round"),
-)
-
 #: called with each epoch's history record (it may add keys to it)
 RecordCallback = Callable[[dict[str, Any]], None]
 #: called with the trainer (:class:`~deepdpm_core.training.trainer.Trainer`) between epochs

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from deepdpm_core.atomic_files import atomic_path  # noqa: E402
-from deepdpm_core.training import EPOCH_PHASES  # noqa: E402
+from deepdpm_core.runtime import EPOCH_PHASES  # noqa: E402
 
 _SPLIT_COLOUR = "tab:green"
 _MERGE_COLOUR = "tab:red"

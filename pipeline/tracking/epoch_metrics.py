@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from deepdpm_core.training import EPOCH_PHASES
+from deepdpm_core.runtime import EPOCH_PHASES
 
 #: epoch-record key -> MLflow metric name (see ``DeepDPM.history_``)
 EPOCH_METRICS: dict[str, str] = {
