@@ -9,7 +9,7 @@ ratio with P instead of 2,
 
     ln H_b = (P − 1) ln α + Σ_j [ln Γ(n_j) + ln f(X_j)] − ln Γ(n) − ln f(X),
 
-on statistics coarsened as a split's (:func:`~deepdpm_core.moves.coarsened`); each part
+on statistics coarsened as a split's (:func:`~deepdpm_core.moves.proposals.coarsened`); each part
 needs a density valley towards its nearest part (:mod:`deepdpm_core.moves.density_valleys`).
 Of the cuts a cluster passes, the one of the largest ratio is made. The k-means seeds are a
 function of each cluster's parameters and its sums are all-reduced at each iteration, so
@@ -173,7 +173,7 @@ def log_birth_hastings(prior: NIWPrior, alpha: float, part_stats: SuffStats, par
     part_stats : SuffStats with B·P rows
         Part j of cluster b at row b·P + j.
     coarsening : float or None
-        c of :func:`~deepdpm_core.moves.coarsened`: every row of a cluster is scaled by
+        c of :func:`~deepdpm_core.moves.proposals.coarsened`: every row of a cluster is scaled by
         ζ = c / (c + n), n the cluster's points.
 
     Returns

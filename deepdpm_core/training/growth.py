@@ -6,7 +6,7 @@ the prior fitted to these wide, odd-shaped clusters keeps ν0 at its weakest (D 
 pays, and the fit settles far too low. Once K has settled, k-means partitions of 2K, 4K and
 8K clusters (at most N/10; doubled on past 8K while the score still rises) are each scored
 by the coarsened joint the moves climb: ln p(X, z) with the likelihood raised to
-ζ = c/(c + N) (:func:`~deepdpm_core.moves.coarsened`, c of the fit's moves) and the prior
+ζ = c/(c + N) (:func:`~deepdpm_core.moves.proposals.coarsened`, c of the fit's moves) and the prior
 fitted to the partition. The best one that scores ``small_data.growth_gain`` (1) nats a row
 above the settled partition (3–17 where growth was needed; elsewhere negative, or 0.03)
 becomes the mixture, and the search starts again from it, at most :data:`MAX_GROWTHS`

@@ -6,8 +6,8 @@ minibatch steps with the statistics of one pass, or exact EM on small data), red
 the ranks as one flat float64 tensor, the M-step on every rank (NIW MAP) unless the
 parameters are frozen, when the :class:`~deepdpm_core.moves.schedule.MoveSchedule` says so
 a split or merge round (:mod:`~deepdpm_core.training.move_round`), and at the schedule's
-end where the search settles. The helpers take what they need and return what changes;
-only the trainer keeps the fit's state.
+end where the search settles. The helpers take what they need (some, such as the births,
+update the mixture state they are handed in place); only the trainer keeps the fit's state.
 
 Data live on the device as one (N_local, dim) float32 tensor in the fit's own coordinates
 (:mod:`~deepdpm_core.training.fit_context`).
