@@ -31,6 +31,15 @@ Such a fit has settled when K after its last max(3, ``patience``) cycles, e_0 �
   direction is d ≈ 4 % of K over three cycles against s ≈ 0 for a steady drift), and so
   does one that turned and climbs back (1,001, 967, 977: d = 24, s = 10); K that wanders
   about a level has d ≈ 0 (975, 1,025, 964: d = 11, s = 26).
+
+A level approached. At a thousand clusters K may also climb towards its level by less each
+cycle (931, 963, 979, 990 on a 1,000-class sphere at 200k rows), each cycle costing a
+minute, with no swing for the rule above to see. Such a fit has settled when the last three
+cycle ends e_0, e_1, e_2 move the same way by steps that shrink, r = |e_2 − e_1| / |e_1 − e_0|
+< 1, and the ends together with the level the steps head for, e_2 ± |e_2 − e_1|·r / (1 − r)
+(the sum of the geometric series), stay within ``settled_band`` of themselves
+(:func:`approaches_level`): 931, 963, 979 head for 995 and stop the fit, where a steady
+drift (r ≈ 1) heads for no level within the band and goes on.
 """
 
 from __future__ import annotations
@@ -72,6 +81,35 @@ def swings_without_trend(ends: list[int], band: float) -> bool:
     slope = sum(u * e for u, e in zip(offsets, ends, strict=True)) / sum(u * u for u in offsets)
     scatter = math.sqrt(sum((e - mean - slope * u) ** 2 for u, e in zip(offsets, ends, strict=True)) / w)
     return 0 < scatter and abs(slope) * (w - 1) <= scatter
+
+
+def approaches_level(ends: list[int], band: float) -> bool:
+    """Whether K after the last three move cycles approaches a level (module docstring).
+
+    Parameters
+    ----------
+    ends : list of int
+        K after each cycle, oldest first; the last three are read.
+    band : float
+        ``settled_band``: the most the ends and their level may span, as a fraction of
+        the largest (rounded down).
+
+    Returns
+    -------
+    bool
+        The steps between the last three ends have one sign and shrink, and the ends with
+        the sum of the geometric series they start stay within the band.
+    """
+    if len(ends) < 3:
+        return False
+    first, second, third = ends[-3:]
+    step, last_step = second - first, third - second
+    if step * last_step <= 0 or abs(last_step) >= abs(step):
+        return False
+    ratio = last_step / step
+    level = third + last_step * ratio / (1 - ratio)
+    top, bottom = max(first, level), min(first, level)  # the ends are monotone: first and level bound them
+    return top - bottom <= int(band * top)
 
 
 @dataclass
@@ -163,6 +201,9 @@ class MoveSchedule:
         if len(swing) >= MIN_SWING_CYCLES and swings_without_trend(swing, sch.settled_band):
             return (f"K after each of the last {len(swing)} move cycles swung between {min(swing)} and "
                     f"{max(swing)} without a trend")
+        if approaches_level(ends, sch.settled_band):
+            return (f"K after each of the last 3 move cycles went from {ends[-3]} to {ends[-1]} by shrinking "
+                    f"steps, within {sch.settled_band:.0%} of the level they head for")
         return None
 
     def expected_end(self, epochs_done: int) -> int:

@@ -8,7 +8,7 @@ import torch
 from deepdpm_core.config import Config, MovesConfig, ScheduleConfig
 from deepdpm_core.data import make_mixture
 from deepdpm_core.moves import MoveSchedule
-from deepdpm_core.moves.schedule import swings_without_trend
+from deepdpm_core.moves.schedule import approaches_level, swings_without_trend
 from deepdpm_core.training import Trainer
 
 
@@ -78,21 +78,26 @@ def test_a_cycle_that_returns_to_its_k_stops_the_fit_at_a_thousand_clusters():
     """K after each round of a 1.28M x 128 fit of 1,000 classes (one H100, epochs 9-93): past
     epoch 61 every split round takes 25-35 clusters apart and the next merge round joins
     most of them again; K after each cycle is 977, 987, 992, 993, 994, never within one of
-    itself,, and the fit ran to max_epochs (200) before ``settled_spread``."""
+    itself, and the fit ran to max_epochs (200) before ``settled_spread``. The ends 977,
+    987, 992 head for 997 by shrinking steps: the fit stops at epoch 77; without that rule,
+    ``settled_spread`` stops it at epoch 93."""
     rounds = [203, 203, 392, 392, 686, 663, 995, 939, 1113, 1001, 1077, 967, 1012, 977, 1012,
               987, 1018, 992, 1017, 993, 1020, 994]
-    sched = MoveSchedule(ScheduleConfig(), MovesConfig())
-    stopped = None
-    for index, k in enumerate(rounds):
-        epoch = 9 + 4 * index
-        assert sched.move_at(epoch) == ("split", "merge")[index % 2]
-        sched.moved(epoch, int(index not in (1, 3)), k)  # the first two merge rounds took none
-        if sched.finished(epoch):
-            stopped = epoch
-            break
-    assert stopped == 93 and sched.stop_reason(93) == (
-        "K settled after 93 epochs (K was 987 to 994 after each of the last 4 move cycles)")
-    exact = MoveSchedule(ScheduleConfig(settled_spread=0.0), MovesConfig())
+    for config, stop, reason in (
+            (ScheduleConfig(), 77, "K after each of the last 3 move cycles went from 977 to 992 by shrinking "
+                                   "steps, within 7% of the level they head for"),
+            (ScheduleConfig(settled_band=0.0), 93, "K was 987 to 994 after each of the last 4 move cycles")):
+        sched = MoveSchedule(config, MovesConfig())
+        stopped = None
+        for index, k in enumerate(rounds):
+            epoch = 9 + 4 * index
+            assert sched.move_at(epoch) == ("split", "merge")[index % 2]
+            sched.moved(epoch, int(index not in (1, 3)), k)  # the first two merge rounds took none
+            if sched.finished(epoch):
+                stopped = epoch
+                break
+        assert stopped == stop and sched.stop_reason(stop) == f"K settled after {stop} epochs ({reason})"
+    exact = MoveSchedule(ScheduleConfig(settled_spread=0.0, settled_band=0.0), MovesConfig())
     for index, k in enumerate(rounds):
         exact.moved(9 + 4 * index, 1, k)
     assert not exact.finished(93)  # within one cluster: the old rule runs on
@@ -208,6 +213,33 @@ def test_k_still_drifting_by_two_percent_a_cycle_does_not_stop_the_fit():
         assert stopped is None, (swing, ends)
         # falling as steadily: no stop either
         assert _replay_default([k for end in ends[::-1] for k in (end + 20, end)])[1] is None, swing
+
+
+def test_k_climbing_to_its_level_by_shrinking_steps_stops_the_fit():
+    """A 1,000-class sphere at 200k rows, one thread: K after each merge round 345, 553,
+    777, 931, 963, 979, 990, the split rounds cutting up to 1,123, each cycle about a
+    minute; a rise of 1-2 % a cycle is no swing, and the fit ran on. The rounds' steps
+    shrink towards a level: the fit stops once the last three ends and that level lie
+    within ``settled_band``."""
+    cycles = [(400, 345), (700, 553), (900, 777), (1050, 931), (1080, 963), (1100, 979), (1123, 990)]
+    rounds = [k for cycle in cycles for k in cycle]
+    sched, stopped = _replay_default(rounds)
+    # the ends of cycles 4-6 (epochs 37, 45, 53): 931, 963, 979, heading for 995
+    assert stopped == 53 and sched.round_k[-1] == 979 and sched.stop_reason(53) == (
+        "K settled after 53 epochs (K after each of the last 3 move cycles went from 931 to 979 by "
+        "shrinking steps, within 7% of the level they head for)")
+    assert _replay_default(rounds, ScheduleConfig(settled_band=0.0))[1] is None
+
+
+def test_approaches_level():
+    assert approaches_level([931, 963, 979], 0.07)  # steps 32, 16: level 995, span 64 <= 69
+    assert approaches_level([1060, 1020, 1005], 0.07)  # from above: steps -40, -15, level 996
+    assert not approaches_level([777, 931, 963], 0.07)  # steps shrink but span 186 > 67
+    assert not approaches_level([816, 832, 849], 0.07)  # a steady drift: steps do not shrink
+    assert not approaches_level([849, 832, 816], 0.07)  # falling steadily: level 560, far out of the band
+    assert not approaches_level([1001, 967, 977], 0.07)  # turned: the steps change sign
+    assert not approaches_level([990, 990, 991], 0.07) and not approaches_level([963, 979], 0.07)
+    assert not approaches_level([30, 34, 35], 0.07)  # below 100 clusters the band is a few clusters
 
 
 def test_swings_without_trend():
