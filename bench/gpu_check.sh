@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check of issue 47: ImageNet-sized clustering on one GPU, in at most 7 minutes.
+# The prepared GPU check: ImageNet-sized clustering on one GPU, in at most 7 minutes.
 #
 # From the repository root of a bare GPU machine (torch, numpy, scikit-learn, pyarrow; see
 # ../shared/GPU.md): installs the wheels carried in .whl/ (faiss-cpu, pydantic, ...) if there are
