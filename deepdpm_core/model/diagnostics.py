@@ -24,9 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from deepdpm_core.config import MovesConfig, ScheduleConfig
-from deepdpm_core.moves import MoveSchedule
-
 #: a collapsed fit: K at most this (two clusters may be the two groups the data hold)
 COLLAPSED_K = 1
 #: a fit stuck at K <= COLLAPSED_K: this many split rounds in a row accepted no split,
@@ -68,39 +65,16 @@ def move_kinds(history: Sequence[Mapping[str, Any]]) -> list[str | None]:
     return [record.get("move") for record in history]
 
 
-def stop_reason(history: Sequence[Mapping[str, Any]], config: Any) -> str | None:
+def stop_reason(history: Sequence[Mapping[str, Any]]) -> str | None:
     """Why a finished fit stopped, as its progress bar said: ``"K settled after 33 epochs
     (3 move rounds in a row accepted nothing)"`` or ``"max_epochs (200) reached"``.
 
-    The move rounds are read from the records (:func:`move_kinds`) and fed to the fit's
-    :class:`~deepdpm_core.moves.schedule.MoveSchedule`; None when those rounds do not end
-    the fit (e.g. records of an interrupted fit).
+    The last record's ``stop_reason``, which the fit's
+    :class:`~deepdpm_core.moves.schedule.MoveSchedule` gave; None when the records do not
+    end the fit (e.g. records of an interrupted fit). Records written before they carried
+    it read as a fit that has not stopped: no reason is given and nothing is judged.
     """
-    if not history:
-        return None
-    return _schedule_after(history, config).stop_reason(len(history))
-
-
-def _schedule_after(history: Sequence[Mapping[str, Any]], config: Any) -> MoveSchedule:
-    """The fit's :class:`~deepdpm_core.moves.schedule.MoveSchedule` (``config``'s
-    ``schedule`` and ``moves`` sections: models, dicts or None) fed the move rounds the
-    records name, as the fit fed it."""
-    schedule = MoveSchedule(_typed(ScheduleConfig, _section(config, "schedule")),
-                            _typed(MovesConfig, _section(config, "moves")))
-    for epoch, (kind, record) in enumerate(zip(move_kinds(history), history, strict=True), start=1):
-        if kind is not None:
-            schedule.moved(epoch, int(record.get("splits_accepted") or 0)
-                           + int(record.get("merges_accepted") or 0), int(record["n_clusters"]))
-        if record.get("grown") is not None:  # the search started again from a grown partition
-            schedule.restart(epoch)
-    return schedule
-
-
-def _typed(cls: type, section: Any) -> Any:
-    """A config section as its model (``cls``), from a model, a dict or None."""
-    if isinstance(section, cls):
-        return section
-    return cls(**dict(section or {}))
+    return history[-1].get("stop_reason") if history else None
 
 
 def variance_summary(variances: Any) -> dict[str, float]:
@@ -176,10 +150,9 @@ def diagnose(history: Sequence[Mapping[str, Any]], config: Any = None,
     Parameters
     ----------
     history : sequence of epoch records (``epoch``, ``n_clusters``, ``splits_accepted``,
-        ``merges_accepted``, ``move``, ...), oldest first
+        ``merges_accepted``, ``move``, ``converged``, ...), oldest first
     config : Config, nested dict or None
-        Its ``prior``, ``schedule`` and ``moves`` sections: the knob values and the move
-        schedule (defaults when None).
+        Its ``prior`` section: the knob values the remedy names (defaults when None).
     variance_ratio : float, optional
         Largest per-feature variance over the median (:func:`variance_summary`); from
         :data:`UNITS_RATIO` on, a collapse advises ``data.transform=standard``.
@@ -203,7 +176,7 @@ def diagnose(history: Sequence[Mapping[str, Any]], config: Any = None,
     for kind, record in zip(kinds, history, strict=True):
         if kind == "split":
             stalled = 0 if int(record.get("splits_accepted") or 0) else stalled + 1
-    converged = _schedule_after(history, config).converged(len(history))  # its own stop rule
+    converged = bool(history[-1].get("converged"))  # the fit's own stop rule, as its record says
 
     k_max = max(int(r["n_clusters"]) for r in history)
     if k_now <= COLLAPSED_K and any(kind is not None for kind in kinds):
@@ -222,9 +195,9 @@ def diagnose(history: Sequence[Mapping[str, Any]], config: Any = None,
     return out
 
 
-def finished(history: Sequence[Mapping[str, Any]], config: Any = None) -> bool:
+def finished(history: Sequence[Mapping[str, Any]]) -> bool:
     """The records end where the fit stops: K settled, or ``schedule.max_epochs`` done."""
-    return bool(history) and stop_reason(history, config) is not None
+    return stop_reason(history) is not None
 
 
 class DiagnosticsMonitor:
@@ -249,7 +222,7 @@ class DiagnosticsMonitor:
 
     def __call__(self, record: Mapping[str, Any]) -> None:
         self.history.append(dict(record))
-        if not finished(self.history, self.config):
+        if not finished(self.history):
             return
         seen = {d.kind for d in self.reported}
         for diagnostic in diagnose(self.history, self.config, self.variance_ratio):

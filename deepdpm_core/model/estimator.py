@@ -94,7 +94,9 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         prior_scale (s of Ψ = s·diag(p), in the features'
         units squared), diagonal_covariances (0 or 1), seconds, and where the seconds went:
         seconds_estep (E-step targets), seconds_train (minibatch steps), seconds_stats
-        (statistics and their all-reduce), seconds_mstep, seconds_moves (split/merge round).
+        (statistics and their all-reduce), seconds_mstep, seconds_moves (split/merge round),
+        stop_reason (why the fit stopped after this epoch, in words; None while it goes
+        on) and converged (whether it stopped because K had settled).
     """
 
     def __init__(self, config: Config | dict | str | Path | None = None,

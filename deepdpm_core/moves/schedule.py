@@ -1,5 +1,5 @@
-"""When a fit moves and when it stops: the one schedule every fit mode and the
-diagnostics follow (docs/design.md, "Schedule").
+"""When a fit moves and when it stops: the one schedule every fit mode follows; each
+epoch record carries what it says (docs/design.md, "Schedule").
 
 Epochs count from 1. A move round ends epoch e when e ≥ ``warmup_epochs``, (e − warmup) is
 a multiple of ``move_every`` and the parameters are not frozen; rounds alternate over the

@@ -23,7 +23,8 @@ def epoch_updater(bar: Any, schedule: MoveSchedule) -> Callable[[dict], None]:
     bar : tqdm.tqdm
         Its count is the epochs done already (a resumed fit's start).
     schedule : MoveSchedule
-        The fit's schedule, asked after each epoch whether (and why) the fit stops.
+        The fit's schedule, asked after each epoch for the end it expects; the record
+        says whether (and why) the fit stopped.
     """
     bar.total = schedule.expected_end(bar.n)
 
@@ -32,9 +33,8 @@ def epoch_updater(bar: Any, schedule: MoveSchedule) -> Callable[[dict], None]:
         bar.update(1)
         bar.set_postfix(K=record["n_clusters"], cl=f"{record['loss_cluster']:.3f}",
                         sub=f"{record['loss_subcluster']:.3g}")
-        reason = schedule.stop_reason(record["epoch"] + 1)  # the record's epoch counts from 0
-        if reason is not None:
-            finish_bar(bar, reason)
+        if record["stop_reason"] is not None:
+            finish_bar(bar, record["stop_reason"])
 
     return show
 

@@ -260,6 +260,10 @@ class Trainer:
             "seconds_mstep": t_moves - t_mstep,
             "seconds_moves": t_end - t_moves,
             **final,
+            # what the live schedule says after this epoch (a grown partition searches on),
+            # so that whoever reads the records need not replay the schedule
+            "stop_reason": self.schedule.stop_reason(epoch),
+            "converged": self.schedule.converged(epoch),
         }
         self.history.append(record)
         self.epoch += 1

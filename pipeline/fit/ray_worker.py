@@ -190,10 +190,9 @@ def _ray_progress(trainer: Trainer) -> Iterator[Callable[[dict], None]]:
         description = f"deepdpm fit K={record['n_clusters']}"
         done = record["epoch"] + 1  # the record's epoch counts from 0
         bar.total = trainer.schedule.expected_end(done)
-        reason = trainer.schedule.stop_reason(done)
-        if reason is not None:  # complete at the epochs run
+        if record["stop_reason"] is not None:  # complete at the epochs run
             bar.total = bar.n + 1
-            description += f" stopped: {reason}"
+            description += f" stopped: {record['stop_reason']}"
         bar.set_description(description)
         bar.update(1)
 

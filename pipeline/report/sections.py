@@ -59,7 +59,7 @@ def overview(summary: dict[str, Any], tiny: list[int], tiny_rows: int,
     facts = [
         ("clusters found (K)", k_text),
         ("epochs", summary.get("epochs")),
-        ("stopped", stop_reason(summary.get("history") or [], summary.get("config"))),
+        ("stopped", stop_reason(summary.get("history") or [])),
         ("resumed after epoch", summary.get("resumed_from_epoch")),
         ("fit time (s)", summary.get("fit_seconds")),
         ("points (N)", summary.get("n_samples")),

@@ -5,8 +5,9 @@ from deepdpm_core.moves import MoveSchedule
 
 
 def named_rounds(history: list[dict], config=None) -> list[dict]:
-    """``history`` with the round each record ends (``move``), as the fit's schedule
-    (``config``: a Config, its dict, or None for the defaults) names it."""
+    """``history`` with the round each record ends (``move``) and whether the fit stops
+    there (``stop_reason``, ``converged``), as the fit's schedule (``config``: a Config,
+    its dict, or None for the defaults) names them."""
     cfg = config if isinstance(config, Config) else from_dict(config)
     sched = MoveSchedule(cfg.schedule, cfg.moves)
     named = []
@@ -14,5 +15,6 @@ def named_rounds(history: list[dict], config=None) -> list[dict]:
         move = sched.move_at(epoch)
         if move:
             sched.moved(epoch, record["splits_accepted"] + record["merges_accepted"], record["n_clusters"])
-        named.append({**record, "move": move})
+        named.append({**record, "move": move, "stop_reason": sched.stop_reason(epoch),
+                      "converged": sched.converged(epoch)})
     return named

@@ -18,6 +18,7 @@ from deepdpm_core.model.diagnostics import (
     finished,
     move_kinds,
     remedy,
+    stop_reason,
     tiny_cluster_rows,
     tiny_clusters,
     variance_summary,
@@ -122,7 +123,7 @@ def test_monitor_warns_once_when_the_fit_stops():
     messages: list[str] = []
     monitor = DiagnosticsMonitor(Config(), messages.append)
     records = named_rounds([_record(e, 1) for e in range(60)])
-    stop = next(i for i in range(1, 61) if finished(records[:i], Config()))
+    stop = next(i for i in range(1, 61) if finished(records[:i]))
     for record in records[:stop - 1]:
         monitor(record)
     assert messages == []  # nothing while the fit goes on: its end decides
@@ -131,6 +132,22 @@ def test_monitor_warns_once_when_the_fit_stops():
     assert len(messages) == 1 and {d.kind for d in monitor.reported} == {"collapsed"}
     # the report, reading the final records, says the same
     assert [d.message for d in diagnose(records, Config())] == messages
+
+
+def test_the_records_say_why_the_fit_stopped():
+    # each record carries what the live schedule said after its epoch: the diagnostics,
+    # the report and the progress bars read it there instead of replaying the schedule
+    X, _ = make_blobs(n_samples=600, centers=3, n_features=2, random_state=0)
+    *going, last = DeepDPM(random_state=0).fit(X).history_
+    assert all(r["stop_reason"] is None and r["converged"] is False for r in going)
+    assert last["converged"] is True and last["stop_reason"].startswith(f"K settled after {len(going) + 1} epochs")
+    assert stop_reason([*going, last]) == last["stop_reason"] and finished([*going, last])
+    *going, last = DeepDPM(random_state=0, schedule__max_epochs=3).fit(X).history_
+    assert (last["stop_reason"], last["converged"]) == ("max_epochs (3) reached", False)
+    assert stop_reason([*going, last]) == "max_epochs (3) reached"
+    # records written before they carried it read as a fit that goes on: nothing judged
+    old = [{k: v for k, v in r.items() if k not in ("stop_reason", "converged")} for r in (*going, last)]
+    assert stop_reason(old) is None and not finished(old) and stop_reason([]) is None
 
 
 def test_tiny_clusters():

@@ -29,7 +29,7 @@ def test_fit_attributes_and_history(fitted, data):
     phases = {"seconds_estep", "seconds_train", "seconds_stats", "seconds_mstep", "seconds_moves"}
     keys = {"epoch", "n_clusters", "loss_cluster", "loss_subcluster", "move", "splits_accepted",
             "prior_scale", "prior_nu", "diagonal_covariances",
-            "merges_accepted", "prunes", "seconds", *phases}
+            "merges_accepted", "prunes", "seconds", "stop_reason", "converged", *phases}
     assert all(set(h) == keys for h in m.history_[:-1])
     # small data (exact EM): the last epoch also polishes the partition and fits the clustering net to it
     assert set(m.history_[-1]) == keys | {"polished", "distil_steps", "distil_agreement"}
