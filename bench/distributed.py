@@ -101,7 +101,7 @@ def _measure(x: np.ndarray, config: Config, epochs: int, distributed: bool) -> d
         stats_bytes += comm.bytes - b0
         stats_sec += comm.seconds - s0
         grad_bytes += grads["bytes"] - g0
-    steps = trainer.n_steps()[1]  # optimizer steps of an epoch (collective: every rank)
+    steps = trainer.ctx.n_steps(trainer.config)[1]  # optimizer steps of an epoch (collective: every rank)
     return {
         "epoch_s": float(np.min(times)),  # least disturbed by other jobs on shared cores
         "epoch_median_s": float(np.median(times)),

@@ -31,6 +31,7 @@ from deepdpm_core.config import Config  # noqa: E402
 from deepdpm_core.data import make_mixture  # noqa: E402
 from deepdpm_core.runtime import device_clock  # noqa: E402
 from deepdpm_core.training import Trainer  # noqa: E402
+from deepdpm_core.training.search_model import partition_stats  # noqa: E402
 
 
 def best_of(fn: Callable[[], object], reps: int, device: torch.device) -> float:
@@ -56,8 +57,8 @@ def time_mstep(n: int, d: int, k: int, reps: int, device: str, seed: int = 0) ->
     trainer.initialize(labels)
     assert trainer.n_clusters == k, "every cluster must own a row: raise --n"
     half = torch.randint(2, (n,), generator=torch.Generator().manual_seed(seed)).to(trainer.device)
-    soft, _ = trainer.partition_stats(labels, k)
-    sub, _ = trainer.partition_stats(2 * labels + half, 2 * k)
+    soft, _ = partition_stats(trainer.ctx, labels, k)
+    sub, _ = partition_stats(trainer.ctx, 2 * labels + half, 2 * k)
     assert sub.n_rows == 2 * k, "every subcluster must own a row: raise --n"
 
     def mstep() -> None:

@@ -97,7 +97,7 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 
             "epoch_phase_seconds": {k.removeprefix("seconds_"): v for k, v in record.items()
                                     if k.startswith("seconds_")},
             "device": str(dev), "precision": trainer.precision, "k_epoch": trainer.n_clusters,
-            "top_m": m, "batch_size": trainer.batch_size, "steps": trainer.n_steps()[1],
+            "top_m": m, "batch_size": trainer.batch_size, "steps": trainer.ctx.n_steps(trainer.config)[1],
             "estep_support_per_point": support}
 
 

@@ -23,14 +23,13 @@ from deepdpm_core.bayes.prior_fit import PriorFit
 from deepdpm_core.bayes.stats import (
     SuffStats,
     TripleBuffer,
-    dense_stats,
     gather_chunk_rows,
     grouped_stats,
     sparse_stats,
 )
 
 __all__ = [
-    "blocks", "cholesky_jittered", "dense_stats", "empirical_bayes_nu", "empirical_bayes_scale",
+    "blocks", "cholesky_jittered", "empirical_bayes_nu", "empirical_bayes_scale",
     "empirical_bayes_shape", "fitted_log_joint",
     "gather_chunk_rows", "grouped_stats", "log_crp", "log_marginal_likelihood",
     "log_merge_hastings", "log_split_hastings", "map_estimate", "NIWPrior", "partition_evidence",

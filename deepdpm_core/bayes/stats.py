@@ -106,26 +106,6 @@ class SuffStats:
         return SuffStats(flat[:a], flat[a:b].view(n_rows, dim), flat[b:].view(n_rows, dim, dim))
 
 
-def dense_stats(x: Tensor, weights: Tensor) -> SuffStats:
-    """Statistics with a dense weight matrix.
-
-    Parameters
-    ----------
-    x : Tensor of shape (B, D)
-    weights : Tensor of shape (B, R)
-        e.g. soft responsibilities r_ik.
-
-    Returns
-    -------
-    SuffStats with R rows. Cost O(B·R·D²) as one matrix product.
-    """
-    x = x.to(torch.float64)
-    w = weights.to(torch.float64)
-    b, d = x.shape
-    outer = (x[:, :, None] * x[:, None, :]).reshape(b, d * d)
-    return SuffStats(w.sum(0), w.T @ x, (w.T @ outer).reshape(-1, d, d))
-
-
 def sparse_stats(x: Tensor, index: Tensor, weights: Tensor, n_rows: int) -> SuffStats:
     """Statistics where each point contributes to a few rows only.
 

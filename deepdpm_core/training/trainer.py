@@ -36,13 +36,7 @@ from deepdpm_core.training.hooks import EpochHooks, RecordCallback
 from deepdpm_core.training.minibatch_epoch import MinibatchEpochs
 from deepdpm_core.training.move_round import decide_moves, unowned_clusters
 from deepdpm_core.training.resume import check_same_data, model_state, restore_model
-from deepdpm_core.training.search_model import (
-    SearchModel,
-    estep_targets,
-    partition_stats,
-    start_model,
-    wrapped,
-)
+from deepdpm_core.training.search_model import SearchModel, estep_targets, start_model, wrapped
 
 Tensor = torch.Tensor
 
@@ -108,10 +102,6 @@ class Trainer:
         """
         self._adopt(start_model(self.ctx, self.config, self.prior_fit, self.rng, self.torch_gen, init_labels))
 
-    def partition_stats(self, labels: Tensor, n_groups: int) -> tuple[SuffStats, Tensor]:
-        """:func:`~deepdpm_core.training.search_model.partition_stats` of this fit's rows."""
-        return partition_stats(self.ctx, labels, n_groups)
-
     def _adopt(self, model: SearchModel) -> None:
         """Go on with ``model``."""
         self.state, self.nets, self.anchors = model.state, model.nets, model.anchors
@@ -132,10 +122,6 @@ class Trainer:
         return self.state.n_clusters
 
     # ------------------------------------------------------------------ epochs
-    def n_steps(self) -> tuple[int, int]:
-        """:func:`~deepdpm_core.training.batching.epoch_steps` of this fit (collective)."""
-        return self.ctx.n_steps(self.config)
-
     def estep_targets(self) -> tuple[Tensor, Tensor]:
         """:func:`~deepdpm_core.training.search_model.estep_targets` of the local rows
         (candidates and r^E, (N_local, m) each); the anchors move to each row's best."""

@@ -19,6 +19,7 @@ from deepdpm_core.moves import MoveSchedule, coarsening_constant
 from deepdpm_core.training import Trainer
 from deepdpm_core.training.growth import coarsened_score, grow
 from deepdpm_core.training.polish import partition_score
+from deepdpm_core.training.search_model import partition_stats
 from tests.support.blobs import many_blobs
 
 
@@ -52,7 +53,7 @@ def test_the_coarsened_score_tempers_every_row_by_zeta():
     x, y = many_blobs()
     trainer = _trainer_at(x, y % 8)
     labels = torch.as_tensor(y)
-    stats, _ = trainer.partition_stats(labels, 40)
+    stats, _ = partition_stats(trainer.ctx, labels, 40)
     prior_fit = PriorFit(trainer.config.prior, trainer.coords, trainer.device)
     prior_fit.restore(trainer.prior_fit.state_dict())
     fitted_log_joint(stats, prior_fit, trainer.config.prior.alpha, rtol=1e-2)
