@@ -54,14 +54,12 @@ def restore_model(ctx: FitContext, config: Config, state: dict[str, Any], rng: n
     nets.cluster.load_state_dict(state["cluster_net"])
     nets.sub.load_state_dict(state["sub_nets"])
     optim = config.optim
-    if "opt_cluster" in state:
-        for opt, key, base in ((nets.opt_cluster, "opt_cluster", optim.lr_cluster),
-                               (nets.opt_sub, "opt_sub", optim.lr_subcluster)):
-            # a copy: Adam keeps the given moment/step tensors and updates them in place
-            opt.load_state_dict(copy.deepcopy(state[key]))
-            for group in opt.param_groups:
-                group["lr"] = ctx.learning_rate(config, base)
-    if "rng" in state:
-        rng.bit_generator.state = state["rng"]
-        torch_gen.set_state(state["torch_gen"])
+    for opt, key, base in ((nets.opt_cluster, "opt_cluster", optim.lr_cluster),
+                           (nets.opt_sub, "opt_sub", optim.lr_subcluster)):
+        # a copy: Adam keeps the given moment/step tensors and updates them in place
+        opt.load_state_dict(copy.deepcopy(state[key]))
+        for group in opt.param_groups:
+            group["lr"] = ctx.learning_rate(config, base)
+    rng.bit_generator.state = state["rng"]
+    torch_gen.set_state(state["torch_gen"])
     return mixture, nets

@@ -330,16 +330,20 @@ class Trainer:
         Raises
         ------
         CheckpointError
-            ``x`` has another dimension, row count or mean than the training data.
+            ``x`` has another dimension, row count or mean than the training data, or
+            ``state`` lacks a key a trainer's state holds.
         """
-        dim = int(state["dim"])
-        if x.shape[1] != dim:
-            raise CheckpointError(f"the checkpoint was trained on {dim}-D rows, these have {x.shape[1]}")
-        trainer = cls(config or from_dict(state["config"]), x, comm, wrap)
-        check_same_data(trainer.ctx, state)
-        trainer.epoch, trainer.history = int(state["epoch"]), list(state["history"])
-        trainer.schedule.restore(state)
-        trainer.prior_fit.restore(state)
-        mixture, nets = restore_model(trainer.ctx, trainer.config, state, trainer.rng, trainer.torch_gen)
+        try:
+            dim = int(state["dim"])
+            if x.shape[1] != dim:
+                raise CheckpointError(f"the checkpoint was trained on {dim}-D rows, these have {x.shape[1]}")
+            trainer = cls(config or from_dict(state["config"]), x, comm, wrap)
+            check_same_data(trainer.ctx, state)
+            trainer.epoch, trainer.history = int(state["epoch"]), list(state["history"])
+            trainer.schedule.restore(state)
+            trainer.prior_fit.restore(state)
+            mixture, nets = restore_model(trainer.ctx, trainer.config, state, trainer.rng, trainer.torch_gen)
+        except KeyError as exc:  # e.g. a model file, which keeps neither Adam's moments nor the generators
+            raise CheckpointError(f"a DeepDPM checkpoint without the key {exc}: not a fit's resume state") from None
         trainer._adopt(wrapped(trainer.ctx, mixture, nets, None))
         return trainer

@@ -211,6 +211,12 @@ def test_fitted_estimator_holds_the_model_only_and_predicts_as_its_trainer(tmp_p
     without = {k: v for k, v in trainer.state_dict().items() if k != "coordinates"}
     with pytest.raises(CheckpointError, match="without the key 'coordinates'"):
         FittedModel.from_state({**without, "format": FORMAT})
+    # a fit resumes only with Adam's moments and the generators: a state without them (a
+    # model file, which keeps neither) is refused in one line naming the key
+    for key in ("opt_cluster", "rng"):
+        lacking = {k: v for k, v in trainer.state_dict().items() if k != key}
+        with pytest.raises(CheckpointError, match=f"without the key '{key}'"):
+            Trainer.from_state(lacking, x)
 
 
 def test_readme_scikit_learn_example_runs():
