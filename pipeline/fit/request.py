@@ -55,8 +55,7 @@ class FitRequest:
     """Everything a fit needs, in every mode.
 
     Paths are absolute where the CLI builds them: Ray workers may run in other
-    directories or on other nodes. The defaults are those of a Ray fit, the mode that
-    stored its request before the others did (old ``fit_request.json`` files load).
+    directories or on other nodes. Every request names its mode.
 
     Parameters
     ----------
@@ -68,9 +67,9 @@ class FitRequest:
         (:class:`pipeline.io.columns.TableColumns` as a dict; empty: the defaults).
     config : Config
         The full config, validated once (a mapping is validated into one: :func:`from_dict`).
-    mode : {"ray", "local", "alternating"}
+    mode : {"local", "ray", "alternating"}
     num_workers : int
-        Ray Train workers (1 for the in-process modes).
+        Ray Train workers (1, the default, for the in-process modes).
     use_gpu : bool
         One GPU per worker; in process: ``device=cuda``.
     checkpoint_every : int
@@ -107,8 +106,8 @@ class FitRequest:
     input: str
     output: str
     config: Config
-    mode: FitMode = "ray"
-    num_workers: int = 2
+    mode: FitMode
+    num_workers: int = 1
     use_gpu: bool = False
     checkpoint_every: int = 5
     resumable: bool = True

@@ -255,6 +255,21 @@ def test_fit_into_the_checkpoints_of_a_distributed_fit_points_to_resume(tmp_path
     assert "--overwrite" in err and len(err.splitlines()) == 1
 
 
+def test_a_request_names_its_mode_and_one_without_is_refused(tmp_path, blobs, capsys):
+    from pipeline.fit.request import FitRequest
+
+    with pytest.raises(TypeError, match="'mode'"):  # no mode is anyone's default
+        FitRequest(input=str(blobs), output=str(tmp_path / "out"), config={})
+    assert FitRequest(input=str(blobs), output=str(tmp_path / "out"), config={}, mode="local").num_workers == 1
+    # a request stored before requests named their mode: --resume refuses it in one line
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "fit_request.json").write_text(json.dumps({"input": str(blobs), "output": str(run), "config": {}}))
+    assert main(["fit", "--resume", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "is not a valid fit request" in err and "'mode'" in err and len(err.splitlines()) == 1
+
+
 def test_overwrite_removes_the_checkpoints_a_distributed_fit_would_restore(tmp_path, blobs,
                                                                             monkeypatch):
     from deepdpm_core.errors import ConfigError
@@ -265,7 +280,7 @@ def test_overwrite_removes_the_checkpoints_a_distributed_fit_would_restore(tmp_p
     run = tmp_path / "run"
     (run / TRAIN_DIR).mkdir(parents=True)
     (run / TRAIN_DIR / "checkpoint_manager_snapshot.json").write_text("{}")
-    request = FitRequest(input=str(blobs), output=str(run), config={}, num_workers=2,
+    request = FitRequest(input=str(blobs), output=str(run), config={}, mode="ray", num_workers=2,
                          tracking=False, quiet=True)
 
     class Stop(Exception):

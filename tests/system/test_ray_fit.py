@@ -201,7 +201,7 @@ def test_bad_rows_stop_every_worker_without_retries(ray_session, tmp_path):
     X[33, 1] = np.nan  # in rank 1's slice
     np.save(tmp_path / "bad.npy", X)
     request = FitRequest(input=str(tmp_path / "bad.npy"), output=str(tmp_path / "out"),
-                         config={"device": "cpu"}, num_workers=2, tracking=False, quiet=True)
+                         config={"device": "cpu"}, mode="ray", num_workers=2, tracking=False, quiet=True)
     with pytest.raises(Exception, match=r"rows with NaN or inf values \(rows 33\)") as info:
         run_fit(request)
     assert type(info.value).__name__ == "DataError"
