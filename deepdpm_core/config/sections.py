@@ -203,6 +203,9 @@ class MovesConfig(Section):
     """Split/merge proposals (paper §3.2, Supmat 'Merge Proposals') and the density-valley
     rules (:mod:`deepdpm_core.moves.density_valleys`).
 
+    ``prune_small``: a move round first removes the clusters that hard-own fewer rows than
+    ``min_subcluster_size`` (at least one), which no split could have made
+    (:func:`~deepdpm_core.moves.proposals.plan_moves`).
     ``valley_min_points``: the valley rules judge a split or merge only when each side
     holds this many points. At 25 a side one Gaussian shows no valley below 0.9 in 99
     draws of 100, and two Gaussians 5 standard deviations apart show one below 0.75 in 99
@@ -223,7 +226,7 @@ class MovesConfig(Section):
     merge: bool = True
     merge_neighbours: PositiveInt = 3
     min_subcluster_size: NonNegativeInt = 5
-    prune_empty: bool = True
+    prune_small: bool = True
     split_valley: Fraction | None = 0.75
     merge_valley: Fraction | None = 0.9
     valley_min_points: NonNegativeInt = 25

@@ -320,7 +320,7 @@ def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWP
     # a cluster of fewer rows than a split may give a subcluster is pruned: k-means seeds
     # lone outliers (k-means++ draws far rows), which no split could have made
     prunes = [int(i) for i in torch.nonzero(hard.n < max(config.min_subcluster_size, 1)).squeeze(1).tolist()] \
-        if config.prune_empty and k > 1 else []
+        if config.prune_small and k > 1 else []
     if len(prunes) == k:
         prunes = prunes[1:]
     splits, merges = [], []

@@ -49,6 +49,9 @@ def test_every_shipped_config_loads(path):
         ({"seed": 2**40}, "'seed' must be in [0, 2**31)"),
         ({"schedule.max_epoch": 3}, "unknown config key 'schedule.max_epoch' (did you mean "
                                     "schedule.max_epochs?)"),
+        # the key's name before it said what it prunes (clusters too small to split)
+        ({"moves": {"prune_empty": False}}, "unknown config key 'moves.prune_empty' (did you mean "
+                                            "moves.prune_small?)"),
         ({"schedule.max_epochs": 3, "schedule": {"max_epochs": 4}},
          "config key 'schedule.max_epochs' is given twice"),
         ({"seed": 1, "seed.x": 2}, "config key 'seed' is given as a value and as a section"),
