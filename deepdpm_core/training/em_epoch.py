@@ -48,23 +48,21 @@ class ExactEM(EpochBody):
         return config.model_copy(update={"warmup_epochs": sd.warmup_epochs, "move_every": sd.move_every,
                                          "freeze_epochs": 0})
 
-    def statistics(self, model: SearchModel, candidates: Tensor, resp: Tensor, epoch: int,
-                   train: bool) -> EpochStatistics:
+    def statistics(self, model: SearchModel, candidates: Tensor, resp: Tensor, epoch: int) -> EpochStatistics:
         """One exact EM epoch (:func:`~deepdpm_core.training.small_data.exact_statistics`;
-        collective). With ``train`` the clustering net takes one full-batch step on
-        KL(r^E ‖ r), so it follows the clusters through the moves; it is fitted for good
-        once K has settled (:meth:`settle`)."""
+        collective). The clustering net takes one full-batch step on KL(r^E ‖ r), so it
+        follows the clusters through the moves; it is fitted for good once K has settled
+        (:meth:`settle`)."""
         ctx, nets = self.ctx, model.nets
         t_start = device_clock(ctx.device)
         k, n_local = model.state.n_clusters, ctx.x.shape[0]
-        model.cluster_model.train(train)
-        with torch.set_grad_enabled(train), net_precision(ctx.precision, ctx.device):
+        model.cluster_model.train()
+        with torch.enable_grad(), net_precision(ctx.precision, ctx.device):  # whatever the caller's mode
             sum_cl, _, _ = slot_kl(model.cluster_model(ctx.x), candidates, resp)
-        if train:
-            nets.opt_cluster.zero_grad(set_to_none=True)
-            with net_precision(ctx.precision, ctx.device, backward=True):
-                (sum_cl / (max(ctx.n_total, 1) / ctx.comm.world_size)).backward()
-            nets.opt_cluster.step()
+        nets.opt_cluster.zero_grad(set_to_none=True)
+        with net_precision(ctx.precision, ctx.device, backward=True):
+            (sum_cl / (max(ctx.n_total, 1) / ctx.comm.world_size)).backward()
+        nets.opt_cluster.step()
         t_train = device_clock(ctx.device)
         soft, sub, sum_sub = exact_statistics(ctx.x, model.state, candidates, resp, model.anchors)
         sums = torch.stack([sum_cl.detach().double(), sum_sub,

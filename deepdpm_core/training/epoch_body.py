@@ -57,11 +57,9 @@ class EpochBody:
         """The schedule this kind of epoch runs: ``config``."""
         return config
 
-    def statistics(self, model: SearchModel, candidates: Tensor, resp: Tensor, epoch: int,
-                   train: bool) -> EpochStatistics:
+    def statistics(self, model: SearchModel, candidates: Tensor, resp: Tensor, epoch: int) -> EpochStatistics:
         """Train on the E-step targets ``candidates`` and ``resp`` ((N_local, m) each) of
-        epoch ``epoch`` (0-based; the nets are left as they are unless ``train``) and
-        return the epoch's statistics."""
+        epoch ``epoch`` (0-based) and return the epoch's statistics."""
         raise NotImplementedError
 
     def after_split(self, model: SearchModel, unsplit: list[int], prior_fit: PriorFit,

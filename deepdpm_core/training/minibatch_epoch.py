@@ -21,8 +21,7 @@ class MinibatchEpochs(EpochBody):
     """The epoch body of data above ``small_data.max_rows``: the nets' minibatch steps,
     the statistics of one pass accumulated on the way."""
 
-    def statistics(self, model: SearchModel, candidates: Tensor, resp: Tensor, epoch: int,
-                   train: bool) -> EpochStatistics:
+    def statistics(self, model: SearchModel, candidates: Tensor, resp: Tensor, epoch: int) -> EpochStatistics:
         """One pass over the local rows (collective), the batches drawn from the seed and
         ``epoch``."""
         ctx = self.ctx
@@ -37,11 +36,11 @@ class MinibatchEpochs(EpochBody):
             perm = torch.cat([perm, extra])
         sub_means32 = model.state.sub_means.to(torch.float32)
         nets, cluster_model, sub_model = model.nets, model.cluster_model, model.sub_model
-        cluster_model.train(train)
-        sub_model.train(train)
+        cluster_model.train()
+        sub_model.train()
         pass_rows = min(n_local, one_pass * bsz)
         stats = EpochStats(k, ctx.dim, pass_rows, m, ctx.device)
-        for step in range(n_steps if train else one_pass):
+        for step in range(n_steps):
             if step < one_pass:
                 idx = perm[step * bsz : min((step + 1) * bsz, pass_rows)]
             else:
@@ -49,7 +48,7 @@ class MinibatchEpochs(EpochBody):
                 idx = perm[start : start + bsz] if n_local else perm[:0]
             x = ctx.x.index_select(0, idx)
             slots, target = slot_targets(candidates, resp, idx)
-            with torch.set_grad_enabled(train), net_precision(ctx.precision, ctx.device):
+            with torch.enable_grad(), net_precision(ctx.precision, ctx.device):  # whatever the caller's mode
                 # KL(r^E || r) also yields the hard clusters z and ln r on the slots
                 logits = cluster_model(x)
                 sum_cl, z, log_r_slots = slot_kl(logits, slots, target)
@@ -65,13 +64,12 @@ class MinibatchEpochs(EpochBody):
                 sum_sub = (sub_r * dist2).sum()
                 per_rank = max(global_batch(step, one_pass, bsz, ctx.rank_rows), 1) / ctx.comm.world_size
                 loss_cl, loss_sub = sum_cl / per_rank, sum_sub / per_rank
-            if train:
-                nets.opt_cluster.zero_grad(set_to_none=True)
-                nets.opt_sub.zero_grad(set_to_none=True)
-                with net_precision(ctx.precision, ctx.device, backward=True):
-                    (loss_cl + loss_sub).backward()
-                nets.opt_cluster.step()
-                nets.opt_sub.step()
+            nets.opt_cluster.zero_grad(set_to_none=True)
+            nets.opt_sub.zero_grad(set_to_none=True)
+            with net_precision(ctx.precision, ctx.device, backward=True):
+                (loss_cl + loss_sub).backward()
+            nets.opt_cluster.step()
+            nets.opt_sub.step()
             if step < one_pass:
                 stats.add(x, idx, logits, slots, target, log_r_slots,
                           2 * z + sub_logits.detach().argmax(1), sum_cl, sum_sub)

@@ -128,20 +128,19 @@ class Trainer:
         candidates, resp, self.anchors = estep_targets(self.estep, self.mixture, self.x, self.anchors)
         return candidates, resp
 
-    def run_epoch(self, train: bool = True, seconds: dict[str, float] | None = None
-                  ) -> tuple[SuffStats, SuffStats, dict[str, float]]:
+    def run_epoch(self, seconds: dict[str, float] | None = None) -> tuple[SuffStats, SuffStats, dict[str, float]]:
         """The E-step targets, then one pass of the epoch body (:attr:`body`) over the local
-        rows; returns reduced soft cluster and hard subcluster stats and the mean losses.
+        rows, the nets training on the way; returns reduced soft cluster and hard
+        subcluster stats and the mean losses.
 
-        With ``train=False`` the nets are not updated (a pure statistics pass). When
-        ``seconds`` is given, the durations of the E-step targets (``estep``) and the
+        When ``seconds`` is given, the durations of the E-step targets (``estep``) and the
         nets' steps (``train``) are written into it (the statistics with their all-reduce
         take the rest).
         """
         t_start = device_clock(self.device)
         candidates, resp = self.estep_targets()
         t_estep = device_clock(self.device)
-        out = self.body.statistics(self._model(), candidates, resp, self.epoch, train)
+        out = self.body.statistics(self._model(), candidates, resp, self.epoch)
         if seconds is not None:
             seconds.update(estep=t_estep - t_start, train=out.train_seconds)
         return out.soft, out.sub, out.losses
@@ -208,7 +207,7 @@ class Trainer:
         t0 = device_clock(self.device)
         phases: dict[str, float] = {}
         epoch = self.epoch + 1  # 1-based, as the schedule counts
-        soft, sub, losses = self.run_epoch(train=True, seconds=phases)
+        soft, sub, losses = self.run_epoch(seconds=phases)
         t_mstep = device_clock(self.device)
         # the statistics (and the all-reduce) run on to the M-step, so the phases add up to
         # the epoch's seconds even when the process waits for a core between two clock reads

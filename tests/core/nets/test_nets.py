@@ -90,12 +90,12 @@ def _logits(t, x):
 
 def test_split_keeps_other_units_and_their_optimizer_state(trainer):
     t = trainer
+    soft, _, _ = t.run_epoch()  # the statistics the surgery takes (the nets train on the way)
     x = torch.randn(64, 3)
     before = _logits(t, x)
     w = t.nets.cluster.out.weight
     w_before, b_before = w.detach()[1].clone(), t.nets.cluster.out.bias.detach()[1].clone()
     adam_before = t.nets.opt_cluster.state[w]["exp_avg"].clone()
-    soft, _, _ = t.run_epoch(train=False)
     sub_logw = t.state.sub_log_weights[1].float()
     t.apply_plan(MovePlan(splits=[1]), soft)
     after = _logits(t, x)
@@ -120,9 +120,9 @@ def test_split_keeps_other_units_and_their_optimizer_state(trainer):
 
 def test_merge_removes_one_unit_and_keeps_others(trainer):
     t = trainer
+    soft, _, _ = t.run_epoch()
     x = torch.randn(64, 3)
     before = _logits(t, x)
-    soft, _, _ = t.run_epoch(train=False)
     merged_soft = soft.rows([0]) + soft.rows([2])
     t.apply_plan(MovePlan(merges=[(0, 2)]), soft)
     after = _logits(t, x)
@@ -146,7 +146,7 @@ def test_merge_removes_one_unit_and_keeps_others(trainer):
 
 def test_e_step_anchors_follow_their_clusters_through_surgery(trainer):
     t = trainer
-    soft, _, _ = t.run_epoch(train=False)
+    soft, _, _ = t.run_epoch()
     old = torch.arange(len(t.x)) % 4
     t.anchors = old.clone()
     t.apply_plan(MovePlan(splits=[0], merges=[(1, 2)], prunes=[3]), soft)
@@ -159,7 +159,7 @@ def test_e_step_anchors_follow_their_clusters_through_surgery(trainer):
 
 def test_training_continues_after_surgery(trainer):
     t = trainer
-    soft, _, _ = t.run_epoch(train=False)
+    soft, _, _ = t.run_epoch()
     t.apply_plan(MovePlan(splits=[0], merges=[(1, 2)]), soft)
     rec = t.step_epoch()
     assert rec["n_clusters"] == 4
@@ -175,7 +175,7 @@ def test_split_halves_never_outbid_the_split_unit_at_other_clusters_means(seed):
     t = Trainer(cfg, torch.from_numpy(X))
     t.initialize()
     t.step_epoch()
-    soft, _, _ = t.run_epoch(train=False)
+    soft, _, _ = t.run_epoch()
     for k in range(t.n_clusters):
         u = copy.deepcopy(t)
         before = _logits(u, (u.state.means).float())  # (means, units)
