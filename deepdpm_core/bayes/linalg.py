@@ -59,30 +59,39 @@ def cholesky_jittered(mat: Tensor) -> Tensor:
     return chol
 
 
-def precision_cholesky(covariances: Tensor, chunk: int = 16) -> tuple[Tensor, Tensor]:
-    """P = L⁻ᵀ, with Σ = L Lᵀ (so Σ⁻¹ = P Pᵀ), and ln|Σ| of a batch of covariances.
+def precision_cholesky(covariances: Tensor, work_dtype: torch.dtype = torch.float32,
+                       chunk: int = 16) -> tuple[Tensor, Tensor, Tensor]:
+    """P = L⁻ᵀ, with Σ = L Lᵀ (so Σ⁻¹ = P Pᵀ), its copy in ``work_dtype`` and ln|Σ| of a
+    batch of covariances.
 
     The factors of :func:`cholesky_jittered` and a triangular solve against the identity,
     to the same bits. On the CPU, ``chunk`` matrices at a time are factored in place in
-    one small column-major buffer and solved in place in the output: a batched
+    one small column-major buffer, solved in place in the output and copied into the
+    ``work_dtype`` output while they are still in cache: a batched
     ``torch.linalg.cholesky`` copies its input into a fresh output with a strided lower
-    triangle and ``solve_triangular`` its right-hand side into another, which at
-    K = 1,000, D = 128 cost more than the factorisations.
+    triangle, ``solve_triangular`` its right-hand side into another, and a conversion of
+    the whole result reads it back from memory, which at K = 1,000, D = 128 cost more
+    than the factorisations.
 
     Parameters
     ----------
     covariances : Tensor of shape (K, D, D)
         Symmetric positive definite (the lower triangle is read).
+    work_dtype : torch.dtype
+        The dtype of the copy of P.
 
     Returns
     -------
     prec_chol : Tensor of shape (K, D, D)
         P, upper triangular (contiguous).
+    prec_chol_work : Tensor of shape (K, D, D), ``work_dtype``
+        P rounded to ``work_dtype`` (contiguous).
     log_det : Tensor of shape (K,)
     """
     k, d = covariances.shape[0], covariances.shape[-1]
     if covariances.device.type == "cpu":
         solved = torch.empty(k, d, d, dtype=covariances.dtype).mT  # column-major: its transpose is P
+        work = torch.empty(k, d, d, dtype=work_dtype)
         log_det = torch.empty(k, dtype=covariances.dtype)
         buffer = torch.empty(min(chunk, k), d, d, dtype=covariances.dtype).mT
         info = torch.empty(min(chunk, k), dtype=torch.int32)
@@ -96,10 +105,11 @@ def precision_cholesky(covariances: Tensor, chunk: int = 16) -> tuple[Tensor, Te
                 break  # numerically singular: cholesky_jittered's retry, over the whole batch
             x.mT.copy_(eye)  # (the identity is its own transpose: a contiguous write)
             torch.linalg.solve_triangular(chol, x, upper=False, out=x)
+            work[s : s + n].copy_(x.mT)
             log_det[s : s + n] = 2.0 * torch.log(chol.diagonal(dim1=-2, dim2=-1)).sum(-1)
         else:
-            return solved.mT, log_det
+            return solved.mT, work, log_det
     chol = cholesky_jittered(covariances)
     eye = torch.eye(d, dtype=chol.dtype, device=chol.device).expand_as(chol)
     prec_chol = torch.linalg.solve_triangular(chol, eye, upper=False).transpose(-1, -2)
-    return prec_chol, 2.0 * torch.log(chol.diagonal(dim1=-2, dim2=-1)).sum(-1)
+    return prec_chol, prec_chol.to(work_dtype), 2.0 * torch.log(chol.diagonal(dim1=-2, dim2=-1)).sum(-1)

@@ -55,7 +55,6 @@ class GaussianMixture:
     log_norm: Tensor = field(init=False, repr=False)
     means_work: Tensor = field(init=False, repr=False)
     prec_chol_work: Tensor = field(init=False, repr=False)
-    _whitened_means: Tensor = field(init=False, repr=False)
     _dense: tuple[Tensor, Tensor] | None = field(init=False, repr=False)
     _proxy: tuple[Tensor, Tensor, Tensor] = field(init=False, repr=False)
 
@@ -73,17 +72,14 @@ class GaussianMixture:
     def refresh(self) -> None:
         """Recompute the cached factors (call after changing the parameters)."""
         # P = L^{-T} of Σ = L Lᵀ: Σ^{-1} = P Pᵀ and ||(x − μ)ᵀ P||² is the Mahalanobis distance
-        prec_chol, log_det = precision_cholesky(self.covariances)
+        # per-component factors for the grouped top-m path, (K, D) and (K, D, D), in the
+        # dtype of the data (float32: its GEMMs are ~8x faster than float64 on CPU)
+        self.prec_chol, self.prec_chol_work, log_det = precision_cholesky(self.covariances, self.work_dtype)
         self.log_norm = (
             self.log_weights - 0.5 * (self.dim * math.log(2 * math.pi) + log_det)
         ).to(self.compute_dtype)
-        self.prec_chol = prec_chol  # (K, D, D), float64
-        self._whitened_means = torch.einsum("kd,kde->ke", self.means, prec_chol)  # (K, D): Pᵀμ
         self._dense = None  # weighted_log_prob's all-components layout, built on first use
-        # per-component factors for the grouped top-m path, (K, D) and (K, D, D), in the
-        # dtype of the data (float32: its GEMMs are ~8x faster than float64 on CPU)
         self.means_work = self.means.to(self.work_dtype)
-        self.prec_chol_work = prec_chol.to(self.work_dtype)
         # candidate proxy: each component replaced by the isotropic Gaussian with the same
         # mean variance v_k = tr Σ_k / D, so the score is one (B, D) x (D, K) float32 GEMM:
         # ln π_k − D/2 ln 2πv_k − ‖x − μ_k‖²/(2 v_k) = x·μ_k/v_k − ‖x‖²/(2 v_k) + c_k
@@ -108,9 +104,11 @@ class GaussianMixture:
         Tensor of shape (B, K), in ``compute_dtype``.
         """
         if self._dense is None:
-            # (D, K·D) so one matmul projects a batch into every component's whitened frame
+            # (D, K·D) so one matmul projects a batch into every component's whitened frame,
+            # less the whitened means Pᵀμ (K·D,): only this all-components path reads them
+            whitened_means = torch.einsum("kd,kde->ke", self.means, self.prec_chol)
             self._dense = (self.prec_chol.permute(1, 0, 2).reshape(self.dim, -1).to(self.compute_dtype),
-                           self._whitened_means.reshape(-1).to(self.compute_dtype))
+                           whitened_means.reshape(-1).to(self.compute_dtype))
         prec_chol, shifted_means = self._dense
         y = x.to(self.compute_dtype) @ prec_chol - shifted_means
         maha = y.view(x.shape[0], self.n_components, self.dim).square().sum(-1)

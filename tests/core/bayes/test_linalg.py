@@ -37,8 +37,10 @@ def test_precision_cholesky_is_the_batched_factor_and_solve(chunk):
     chol = torch.linalg.cholesky(covs)
     eye = torch.eye(9, dtype=torch.float64).expand_as(chol)
     ref = torch.linalg.solve_triangular(chol, eye, upper=False).transpose(-1, -2)
-    prec, log_det = precision_cholesky(covs, chunk)
+    prec, work, log_det = precision_cholesky(covs, torch.float32, chunk)
     assert torch.equal(prec, ref) and prec.is_contiguous()
+    # the float32 copy made chunk by chunk is the conversion of the whole P
+    assert work.dtype == torch.float32 and work.is_contiguous() and torch.equal(work, ref.to(torch.float32))
     assert torch.equal(log_det, 2.0 * torch.log(chol.diagonal(dim1=-2, dim2=-1)).sum(-1))
     torch.testing.assert_close(prec @ prec.transpose(1, 2), torch.linalg.inv(covs))
 
@@ -46,7 +48,8 @@ def test_precision_cholesky_is_the_batched_factor_and_solve(chunk):
 def test_precision_cholesky_of_a_singular_batch_is_the_jittered_one():
     covs = torch.eye(3, dtype=torch.float64).repeat(5, 1, 1)
     covs[3] = 1.0  # rank one
-    prec, log_det = precision_cholesky(covs, chunk=2)
+    prec, work, log_det = precision_cholesky(covs, chunk=2)
     chol = cholesky_jittered(covs)
     ref = torch.linalg.solve_triangular(chol, torch.eye(3, dtype=torch.float64).expand_as(chol), upper=False)
     assert torch.equal(prec, ref.transpose(-1, -2)) and bool(torch.isfinite(log_det).all())
+    assert torch.equal(work, prec.to(torch.float32))
