@@ -10,7 +10,7 @@ works through the per-pair evaluation and the cached factors here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import torch
 
@@ -43,6 +43,10 @@ class GaussianMixture:
         L_k = ln π_k − ½ ln|2πΣ_k|.
     means_work, prec_chol_work : Tensor of shape (K, D) and (K, D, D), ``work_dtype``
         The means and factors the per-pair GEMMs use.
+    recycled : GaussianMixture, optional
+        A mixture no longer read, whose factors' memory this one's overwrite where they fit
+        (:func:`~deepdpm_core.bayes.precision_cholesky`'s ``out``); it loses its factors
+        (reading them raises AttributeError).
     """
 
     means: Tensor
@@ -57,9 +61,14 @@ class GaussianMixture:
     prec_chol_work: Tensor = field(init=False, repr=False)
     _dense: tuple[Tensor, Tensor] | None = field(init=False, repr=False)
     _proxy: tuple[Tensor, Tensor, Tensor] = field(init=False, repr=False)
+    recycled: InitVar[GaussianMixture | None] = None
 
-    def __post_init__(self) -> None:
-        self.refresh()
+    def __post_init__(self, recycled: GaussianMixture | None) -> None:
+        out = None
+        if recycled is not None and hasattr(recycled, "prec_chol"):
+            out = recycled.prec_chol, recycled.prec_chol_work
+            del recycled.prec_chol, recycled.prec_chol_work
+        self.refresh(out)
 
     @property
     def n_components(self) -> int:
@@ -69,12 +78,14 @@ class GaussianMixture:
     def dim(self) -> int:
         return self.means.shape[1]
 
-    def refresh(self) -> None:
-        """Recompute the cached factors (call after changing the parameters)."""
+    def refresh(self, out: tuple[Tensor, Tensor] | None = None) -> None:
+        """Recompute the cached factors (call after changing the parameters), into ``out``
+        (P and its ``work_dtype`` copy, :func:`~deepdpm_core.bayes.precision_cholesky`) when given."""
         # P = L^{-T} of Σ = L Lᵀ: Σ^{-1} = P Pᵀ and ||(x − μ)ᵀ P||² is the Mahalanobis distance
         # per-component factors for the grouped top-m path, (K, D) and (K, D, D), in the
         # dtype of the data (float32: its GEMMs are ~8x faster than float64 on CPU)
-        self.prec_chol, self.prec_chol_work, log_det = precision_cholesky(self.covariances, self.work_dtype)
+        factors = precision_cholesky(self.covariances, self.work_dtype, out=out)
+        self.prec_chol, self.prec_chol_work, log_det = factors
         self.log_norm = (
             self.log_weights - 0.5 * (self.dim * math.log(2 * math.pi) + log_det)
         ).to(self.compute_dtype)

@@ -169,9 +169,11 @@ class MixtureState:
         """The state on ``device``."""
         return MixtureState(*(t.to(device) for t in self.tensors()))
 
-    def mixture(self) -> GaussianMixture:
-        """The Gaussian mixture of the clusters (what the E-step evaluates)."""
-        return GaussianMixture(self.means, self.covariances, self.log_weights)
+    def mixture(self, recycled: GaussianMixture | None = None) -> GaussianMixture:
+        """The Gaussian mixture of the clusters (what the E-step evaluates); its factors
+        overwrite those of ``recycled``, a mixture no longer read, where they fit
+        (:class:`~deepdpm_core.estep.gmm.GaussianMixture`)."""
+        return GaussianMixture(self.means, self.covariances, self.log_weights, recycled=recycled)
 
     def state_dict(self) -> dict[str, Tensor]:
         """The six tensors on the CPU, keyed by field name."""

@@ -159,7 +159,8 @@ class Trainer:
         # a subcluster that lost all its points cannot propose a split: restart it
         dead = torch.nonzero(sub_n.min(1).values < 1).squeeze(1)
         reset_subclusters(self.state, self.nets, dead, self.torch_gen)
-        self.mixture = self.state.mixture()
+        # nothing reads the last M-step's mixture once this one is made: its memory is reused
+        self.mixture = self.state.mixture(recycled=self.mixture)
 
     # ------------------------------------------------------------------- moves
     def apply_plan(self, plan: MovePlan, soft: SuffStats) -> Tensor:

@@ -53,3 +53,17 @@ def test_precision_cholesky_of_a_singular_batch_is_the_jittered_one():
     ref = torch.linalg.solve_triangular(chol, torch.eye(3, dtype=torch.float64).expand_as(chol), upper=False)
     assert torch.equal(prec, ref.transpose(-1, -2)) and bool(torch.isfinite(log_det).all())
     assert torch.equal(work, prec.to(torch.float32))
+
+
+def test_precision_cholesky_writes_over_memory_that_fits():
+    a = torch.randn(6, 5, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    covs = a @ a.transpose(1, 2) / 9
+    prec, work, log_det = precision_cholesky(covs, chunk=4)
+    out = torch.full_like(prec, float("nan")), torch.full_like(work, float("nan"))
+    again = precision_cholesky(covs, chunk=4, out=out)
+    assert again[0].data_ptr() == out[0].data_ptr() and again[1].data_ptr() == out[1].data_ptr()
+    assert torch.equal(again[0], prec) and torch.equal(again[1], work) and torch.equal(again[2], log_det)
+    # memory of another dtype does not fit: fresh memory, the same factors
+    unfit = torch.empty_like(prec), torch.empty_like(prec)
+    fresh = precision_cholesky(covs, chunk=4, out=unfit)
+    assert fresh[1].data_ptr() != unfit[1].data_ptr() and torch.equal(fresh[1], work)
