@@ -37,6 +37,7 @@ from deepdpm_core.training import (
     Trainer,  # noqa: E402
     auto_batch_size,  # noqa: E402
 )
+from deepdpm_core.training.batching import MAX_BATCH_SIZE, STEPS_PER_EPOCH  # noqa: E402
 from pipeline.fit.distributed import TorchDistCommunicator, ddp_wrapper  # noqa: E402
 from pipeline.io.feature_rows import rank_rows  # noqa: E402
 
@@ -138,11 +139,10 @@ def scaling_model(n: int = 1_281_167, dim: int = 128, k: int = 1000, hidden: int
     """Per-epoch all-reduce traffic at ImageNet scale and what it costs (a model).
 
     Per-GPU batches follow the default ``optim.batch_size: auto`` rule (one pass over a
-    GPU's N/W rows in ``optim.steps_per_epoch`` steps, at most ``optim.max_batch_size``
-    rows), against the paper's fixed 128. ``h100_epoch_s`` is one measured epoch on one
+    GPU's N/W rows in ``STEPS_PER_EPOCH`` steps, at most ``MAX_BATCH_SIZE`` rows;
+    :mod:`deepdpm_core.training.batching`), against the paper's fixed 128. ``h100_epoch_s`` is one measured epoch on one
     H100 at this size (docs/benchmarks.md, "Scale"), the compute a GPU would have to share.
     """
-    o = Config().optim
     row = dim * dim + dim + 1  # n, s1, s2 of one group, float64
     stats = 3 * k * row * 8  # K clusters + 2K subclusters (+ 24 B of losses)
     cluster_net = dim * hidden + hidden + hidden * k + k
@@ -163,7 +163,7 @@ def scaling_model(n: int = 1_281_167, dim: int = 128, k: int = 1000, hidden: int
         ring = 2 * (w - 1) / w
         link, bw = ("NVLink", nvlink) if w <= 8 else ("IB", ib)
         share = -(-n // w)
-        batch = auto_batch_size(share, o.steps_per_epoch, o.base_batch_size, o.max_batch_size)
+        batch = auto_batch_size(share)
         steps, steps128 = -(-share // batch), -(-share // 128)
         print(f"{w:4d} {link:>6} {ring * stats / bw:11.3f} | {batch:10d} {steps:9d} {steps * grads / 1e9:11.2f} "
               f"{ring * steps * grads / bw:10.3f} | {steps128:15d} {ring * steps128 * grads / bw:10.2f} | "
@@ -171,11 +171,11 @@ def scaling_model(n: int = 1_281_167, dim: int = 128, k: int = 1000, hidden: int
     print("  Reading: the statistics all-reduce (~0.4 GB, once an epoch) costs tens of ms at any W.")
     print("  The DDP gradient all-reduce is dense (26 MB a step, although a batch touches only its")
     print("  clusters' subnets): at the paper's 128 rows per GPU it would cost more than the compute.")
-    print(f"  The auto batch makes an epoch {o.steps_per_epoch} steps once a GPU holds <= "
-          f"{o.steps_per_epoch} x {o.max_batch_size} rows,")
+    print(f"  The auto batch makes an epoch {STEPS_PER_EPOCH} steps once a GPU holds <= "
+          f"{STEPS_PER_EPOCH} x {MAX_BATCH_SIZE} rows,")
     print("  so the gradients cost a few hundredths of a second an epoch. The last column is an ideal:")
     print("  a GPU epoch at this size is mostly per-step host work (~5 ms a step on one H100), and")
-    print(f"  {o.steps_per_epoch} steps keep an epoch near 0.3 s at any W, so past W = 8 more GPUs buy little here.")
+    print(f"  {STEPS_PER_EPOCH} steps keep an epoch near 0.3 s at any W, so past W = 8 more GPUs buy little here.")
 
 
 def main() -> None:

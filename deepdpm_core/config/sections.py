@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 
 def _yaml_number(value: Any) -> Any:
@@ -51,14 +51,11 @@ class DataConfig(Section):
     model. ``auto`` (default) is ``standard`` for features in different units, else
     ``none`` (:func:`deepdpm_core.data.coordinates.resolve_transform`); the choice is stored
     with the model: ``standard`` where the participation ratio (Σv)²/Σv² of the
-    per-feature variances v is below ``auto_max_participation`` (two or three features carry
-    the variance) and the features' standard deviations span more than
-    ``auto_min_std_ratio``.
+    per-feature variances v is below 3 (two or three features carry the variance) and the
+    features' standard deviations span more than 30×.
     """
 
     transform: Literal["auto", "none", "normalize", "standard", "min_max"] = "auto"
-    auto_max_participation: Positive = 3.0
-    auto_min_std_ratio: Positive = 30.0
 
 
 class PriorConfig(Section):
@@ -112,7 +109,6 @@ class PriorConfig(Section):
     sigma_scale: Positive | Literal["auto", "evidence"] = "auto"
     psi: Literal["fitted", "identity", "data_std"] = "fitted"
     covariance_type: Literal["full", "diag", "auto"] = "full"
-    weight_pseudocount: NonNegative = 1.0
     covariance_floor: NonNegative = 1.0e-4
     coarsening: Positive | None = 500.0
     coarsening_per_parameter: Positive | None = 7.5
@@ -125,7 +121,6 @@ class InitConfig(Section):
     max_points: PositiveInt = 200_000
     points_per_cluster: PositiveInt = 40
     kmeans_iters: PositiveInt = 25
-    seeding: Literal["kmeans++", "random"] = "kmeans++"
 
     @property
     def rows_needed(self) -> int:
@@ -147,18 +142,8 @@ class OptimConfig(Section):
     lr_cluster: Positive = 5.0e-4
     lr_subcluster: Positive = 5.0e-3
     batch_size: PositiveInt | Literal["auto"] = "auto"
-    base_batch_size: PositiveInt = 128
-    max_batch_size: PositiveInt = 4096
-    steps_per_epoch: PositiveInt = 64
     min_steps_per_epoch: PositiveInt = 64
     lr_scaling: Literal["none", "sqrt", "linear"] = "sqrt"
-
-    @model_validator(mode="after")
-    def _batch_sizes_ordered(self) -> OptimConfig:
-        if self.max_batch_size < self.base_batch_size:
-            raise ValueError(f"config key 'optim.max_batch_size' ({self.max_batch_size}) must be >= "
-                             f"optim.base_batch_size ({self.base_batch_size})")
-        return self
 
 
 class ScheduleConfig(Section):

@@ -192,12 +192,22 @@ def independent_features(covariance: Tensor, variance: Tensor) -> tuple[Tensor, 
     return index, lift
 
 
+#: ``data.transform: auto`` standardises when fewer features than this carry the variance
+#: (participation ratio (Σv)²/Σv²) ...: tables in mixed units have 1.0 to 2.0 (raw wine,
+#: breast cancer, the K suite's mixed-units table; at 2 one of its seeds stayed raw and
+#: ended at one cluster), data in one unit (iris, pixels, embeddings) 2.0 and far more
+AUTO_MAX_PARTICIPATION = 3.0
+#: ... and the features' standard deviations span more than this factor: 2500× to 2·10⁵
+#: in those tables, 4× (iris) to 277× (digit pixels) in one unit; docs/design.md, "Coordinates"
+AUTO_MIN_STD_RATIO = 30.0
+
+
 def resolve_transform(data: DataConfig, variance: Tensor) -> str:
     """The transform ``data.transform: auto`` stands for, from the per-feature variances (D,).
 
     ``standard`` when the features are in different units: the participation ratio
-    (Σv)²/Σv² is below ``data.auto_max_participation`` (3) and the standard deviations
-    span more than ``data.auto_min_std_ratio`` (30×); else ``none``, so the relative scales
+    (Σv)²/Σv² is below :data:`AUTO_MAX_PARTICIPATION` (3) and the standard deviations
+    span more than :data:`AUTO_MIN_STD_RATIO` (30×); else ``none``, so the relative scales
     that carry the clusters are kept (docs/design.md, "Coordinates", for the data sets that
     set these bounds). Every other transform is returned as it is.
     """
@@ -208,7 +218,7 @@ def resolve_transform(data: DataConfig, variance: Tensor) -> str:
         return "none"
     participation = float(live.sum() ** 2 / live.square().sum())
     std_ratio = float((live.max() / live.min()).sqrt())
-    mixed = participation < data.auto_max_participation and std_ratio > data.auto_min_std_ratio
+    mixed = participation < AUTO_MAX_PARTICIPATION and std_ratio > AUTO_MIN_STD_RATIO
     return "standard" if mixed else "none"
 
 

@@ -233,7 +233,13 @@ class GaussianMixture:
 
 
 
-def log_weights_from_counts(counts: Tensor, pseudocount: float) -> Tensor:
+#: the Dirichlet pseudo-count c of the mixing weights: one row's worth, so that a cluster
+#: (or subcluster) left empty keeps a weight to win rows back, and a cluster of thousands of
+#: rows keeps its empirical weight
+WEIGHT_PSEUDOCOUNT = 1.0
+
+
+def log_weights_from_counts(counts: Tensor, pseudocount: float = WEIGHT_PSEUDOCOUNT) -> Tensor:
     """ln π from (soft) counts with a Dirichlet pseudo-count added to each count.
 
     π_k = (N_k + c) / Σ_k' (N_k' + c). Adding c to the counts (not to the fractions, as

@@ -232,8 +232,7 @@ def initial_clusters(x: Tensor, config: InitConfig, n_total: int, rank_rows: lis
         sample = kmeans_sample(x, n_total, size, rank_rows, comm, rng)
         centers = None
         if comm.rank == 0:
-            centers = kmeans_centers(sample.cpu().numpy(), n_clusters, config.kmeans_iters, size, rng,
-                                     config.seeding)
+            centers = kmeans_centers(sample.cpu().numpy(), n_clusters, config.kmeans_iters, size, rng)
         centers = torch.as_tensor(comm.broadcast_object(centers, src=0), device=device)
     return nearest_center(x, centers), int(centers.shape[0])
 

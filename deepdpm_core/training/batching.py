@@ -9,22 +9,32 @@ import torch
 
 from deepdpm_core.runtime import Communicator
 
+#: the batch the paper tuned its learning rates at (5e-4 and 5e-3): small data keep it, and
+#: larger batches scale the rates from it
+BASE_BATCH_SIZE = 128
+#: the largest auto batch: larger data take more steps an epoch rather than larger batches,
+#: whose scaled learning rates would leave the range the paper's were tuned in
+MAX_BATCH_SIZE = 4096
+#: optimizer steps of one pass with an auto batch: per-step work, not arithmetic, is what an
+#: epoch of these small nets costs, so the epoch costs about this many steps whatever N
+STEPS_PER_EPOCH = 64
 
-def auto_batch_size(n_total: int, steps_per_epoch: int, base: int, largest: int) -> int:
-    """Batch size making one pass over ``n_total`` rows in ``steps_per_epoch`` steps,
-    clamped to [base, largest].
+
+def auto_batch_size(n_total: int) -> int:
+    """Batch size making one pass over ``n_total`` rows in :data:`STEPS_PER_EPOCH` steps,
+    clamped to [:data:`BASE_BATCH_SIZE`, :data:`MAX_BATCH_SIZE`].
 
     Small data keep the paper's batch of 128; large data get large batches, so an epoch
     costs a fixed number of optimizer steps instead of N/128 (per-step work, not
     arithmetic, dominates an epoch of these small nets).
     """
-    return int(min(largest, max(base, -(-n_total // max(1, steps_per_epoch)))))
+    return int(min(MAX_BATCH_SIZE, max(BASE_BATCH_SIZE, -(-n_total // STEPS_PER_EPOCH))))
 
 
-def scaled_lr(base_lr: float, batch_size: int, base_batch_size: int, rule: str) -> float:
-    """Learning rate for ``batch_size`` from one tuned at ``base_batch_size``
+def scaled_lr(base_lr: float, batch_size: int, rule: str) -> float:
+    """Learning rate for ``batch_size`` from one tuned at :data:`BASE_BATCH_SIZE`
     (``rule``: ``linear``, ``sqrt`` or ``none``)."""
-    ratio = batch_size / base_batch_size
+    ratio = batch_size / BASE_BATCH_SIZE
     if rule == "linear":
         return base_lr * ratio
     if rule == "sqrt":

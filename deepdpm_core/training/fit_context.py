@@ -61,8 +61,7 @@ class FitContext:
 
     def learning_rate(self, config: Config, base: float) -> float:
         """Learning rate at the global batch W·B (``optim.batch_size`` is per rank)."""
-        o = config.optim
-        return scaled_lr(base, self.batch_size * self.comm.world_size, o.base_batch_size, o.lr_scaling)
+        return scaled_lr(base, self.batch_size * self.comm.world_size, config.optim.lr_scaling)
 
     def n_steps(self, config: Config) -> tuple[int, int]:
         """:func:`~deepdpm_core.training.batching.epoch_steps` of this fit (collective)."""
@@ -80,11 +79,10 @@ def fit_context(config: Config, x: Tensor, comm: Communicator,
     x_fit = torch.empty(n_local, coords.dim, dtype=torch.float32, device=device)
     for s in range(0, n_local, chunk):  # x̃ in float64, then stored as float32
         x_fit[s : s + chunk] = coords.apply(x[s : s + chunk]).to(device)
-    # per rank; "auto" aims at steps_per_epoch steps over this rank's share of the rows,
+    # per rank; "auto" aims at STEPS_PER_EPOCH steps over this rank's share of the rows,
     # so W ranks step as often as one process would, on a W times larger global batch
-    o = config.optim
+    batch = config.optim.batch_size
     share = -(-n_total // comm.world_size)
-    batch_size = (auto_batch_size(share, o.steps_per_epoch, o.base_batch_size, o.max_batch_size)
-                  if o.batch_size == "auto" else int(o.batch_size))
+    batch_size = auto_batch_size(share) if batch == "auto" else int(batch)
     return FitContext(x_fit, coords, n_total, rank_rows, comm, device,
                       resolve_precision(config.model.precision, device), batch_size, wrap)

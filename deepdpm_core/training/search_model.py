@@ -84,7 +84,7 @@ def start_model(ctx: FitContext, config: Config, prior_fit: PriorFit, rng: np.ra
     prior_fit.fit(stats)
     means, covs = map_estimate(prior_fit.prior, stats)
     state = MixtureState.without_subclusters(
-        means, covs, log_weights_from_counts(stats.n, config.prior.weight_pseudocount))
+        means, covs, log_weights_from_counts(stats.n))
     nets = build_nets(ctx, config, state.n_clusters, torch_gen)
     reset_subclusters(state, nets, torch.arange(state.n_clusters, device=ctx.device), torch_gen)
     return wrapped(ctx, state, nets, anchors)

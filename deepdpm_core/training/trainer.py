@@ -147,15 +147,14 @@ class Trainer:
 
     def m_step(self, soft: SuffStats, sub: SuffStats) -> None:
         """Bayesian M-step from the net's responsibilities (paper §3.1) and subclusters."""
-        pc = self.config.prior.weight_pseudocount
         self.prior_fit.fit(soft)
         prior, k, d = self.prior_fit.prior, self.n_clusters, self.dim
         means, covs = map_estimate(prior, soft)
         sub_n = sub.n.view(k, 2)
         # the subclusters' covariances are computed where they are read (SubclusterMAP)
-        self.state = MixtureState(means, covs, log_weights_from_counts(soft.n, pc),
+        self.state = MixtureState(means, covs, log_weights_from_counts(soft.n),
                                   posterior_mean(prior, sub).view(k, 2, d),
-                                  SubclusterMAP(prior, sub), log_weights_from_counts(sub_n, pc))
+                                  SubclusterMAP(prior, sub), log_weights_from_counts(sub_n))
         # a subcluster that lost all its points cannot propose a split: restart it
         dead = torch.nonzero(sub_n.min(1).values < 1).squeeze(1)
         reset_subclusters(self.state, self.nets, dead, self.torch_gen)

@@ -20,13 +20,13 @@ from deepdpm_core.training.batching import scaled_lr
     (1_281_167, 4096),    # ImageNet: capped, so more steps (313) instead of larger batches
 ])
 def test_auto_batch_makes_one_pass_in_steps_per_epoch_within_bounds(n, expected):
-    assert auto_batch_size(n, 64, 128, 4096) == expected
+    assert auto_batch_size(n) == expected
 
 
 @pytest.mark.parametrize("rule, factor", [("none", 1.0), ("sqrt", 2.0), ("linear", 4.0)])
 def test_learning_rate_rules(rule, factor):
-    assert scaled_lr(5e-4, 512, 128, rule) == pytest.approx(5e-4 * factor, rel=1e-15)
-    assert scaled_lr(5e-4, 128, 128, rule) == 5e-4
+    assert scaled_lr(5e-4, 512, rule) == pytest.approx(5e-4 * factor, rel=1e-15)
+    assert scaled_lr(5e-4, 128, rule) == 5e-4
 
 
 def _trainer(n, **overrides):
