@@ -191,33 +191,22 @@ class MovesConfig(Section):
     ``prune_small``: a move round first removes the clusters that hard-own fewer rows than
     ``min_subcluster_size`` (at least one), which no split could have made
     (:func:`~deepdpm_core.moves.proposals.plan_moves`).
-    ``valley_min_points``: the valley rules judge a split or merge only when each side
-    holds this many points. At 25 a side one Gaussian shows no valley below 0.9 in 99
-    draws of 100, and two Gaussians 5 standard deviations apart show one below 0.75 in 99
-    (4 apart: 80, 3.5 apart: 39, pairs whose split the Hastings ratio itself barely takes
-    at that size); below it the kernel fills valleys, and the moves are left to the
-    Hastings ratio. ``birth_parts``: in a small-data fit (exact EM) a cluster whose split
+    The valley rules judge a split or merge only when each side holds 25 points
+    (:data:`~deepdpm_core.moves.density_valleys.VALLEY_MIN_POINTS`). ``birth_parts``: in a small-data fit (exact EM) a cluster whose split
     is not taken is also offered the cut into this many parts by k-means
-    (:mod:`deepdpm_core.moves.births`; ``birth_kmeans_iters`` Lloyd iterations); None: no births.
+    (:mod:`deepdpm_core.moves.births`); None: no births.
     ``exact_valley``: a split or merge across a valley at most this deep is judged by the
     exact posterior, not the coarsened one (:func:`~deepdpm_core.moves.proposals.exact_across_deep_valleys`);
-    None: every move coarsened. ``valley_bandwidth``: the smoothing kernel's width is this times
-    n^(−1/5) standard deviations for n points, Silverman's rule for one Gaussian mode
-    (0.9); narrower kernels show valleys in one mode's sampling noise at a few thousand
-    points.
+    None: every move coarsened.
     """
 
     split: bool = True
     merge: bool = True
-    merge_neighbours: PositiveInt = 3
     min_subcluster_size: NonNegativeInt = 5
     prune_small: bool = True
     split_valley: Fraction | None = 0.75
     merge_valley: Fraction | None = 0.9
-    valley_min_points: NonNegativeInt = 25
-    valley_bandwidth: Positive = 0.9
     birth_parts: Annotated[int, Field(ge=2)] | None = 4
-    birth_kmeans_iters: NonNegativeInt = 10
     exact_valley: Fraction | None = 0.2
 
 

@@ -4,18 +4,25 @@ the surgery that applies them, and the schedule that says when."""
 from deepdpm_core.moves.births import birth_min_points, birth_proposals, choose_births
 from deepdpm_core.moves.density_valleys import (
     PAIR_SIDE_SHARE,
+    VALLEY_BANDWIDTH,
     pair_histograms,
     projection_histograms,
     valley_ratios,
 )
 from deepdpm_core.moves.initial import initial_cluster_count, initial_clusters
-from deepdpm_core.moves.proposals import MovePlan, coarsening_constant, merge_candidates, plan_moves
+from deepdpm_core.moves.proposals import (
+    MERGE_NEIGHBOURS,
+    MovePlan,
+    coarsening_constant,
+    merge_candidates,
+    plan_moves,
+)
 from deepdpm_core.moves.schedule import MoveSchedule
 from deepdpm_core.moves.surgery import Nets, apply_births, apply_plan, reset_subclusters
 
 __all__ = [
     "apply_births", "apply_plan", "birth_min_points", "birth_proposals", "choose_births",
-    "coarsening_constant", "initial_cluster_count", "initial_clusters", "merge_candidates", "MovePlan", "MoveSchedule",
+    "coarsening_constant", "initial_cluster_count", "MERGE_NEIGHBOURS", "initial_clusters", "merge_candidates", "MovePlan", "MoveSchedule",
     "Nets", "PAIR_SIDE_SHARE", "pair_histograms", "plan_moves", "projection_histograms", "reset_subclusters",
-    "valley_ratios"
+    "VALLEY_BANDWIDTH", "valley_ratios"
 ]

@@ -34,12 +34,20 @@ from deepdpm_core.bayes import (
 )
 from deepdpm_core.config import MovesConfig
 from deepdpm_core.estep import MixtureState
-from deepdpm_core.moves.density_valleys import pair_histograms, valley_ratios
+from deepdpm_core.moves.density_valleys import (
+    VALLEY_BANDWIDTH,
+    VALLEY_MIN_POINTS,
+    pair_histograms,
+    valley_ratios,
+)
 from deepdpm_core.runtime import Communicator
 
 #: subspace iterations for each cluster's principal plane (the seeds need only a plane of
 #: large variance, not converged eigenvectors)
 PLANE_ITERS = 30
+#: Lloyd iterations of a birth's k-means: started from the seeds on the cluster's principal
+#: ellipse, the parts of a cluster of a few thousand rows have settled by then
+BIRTH_KMEANS_ITERS = 10
 
 
 def principal_plane(covariances: Tensor) -> tuple[Tensor, Tensor]:
@@ -70,10 +78,10 @@ def principal_plane(covariances: Tensor) -> tuple[Tensor, Tensor]:
 
 def birth_min_points(moves: MovesConfig, dim: int) -> int:
     """Fewest points of a cluster offered a birth: ``moves.birth_parts`` parts that can each
-    hold ``moves.valley_min_points`` points (the valley rule judges them) and more points
+    hold :data:`~deepdpm_core.moves.density_valleys.VALLEY_MIN_POINTS` points (the valley rule judges them) and more points
     than features (a covariance estimated from its points, not from the prior alone; in
     512-D a birth would also cost a third of a small fit's time)."""
-    return moves.birth_parts * max(moves.valley_min_points, moves.min_subcluster_size, dim + 1)
+    return moves.birth_parts * max(VALLEY_MIN_POINTS, moves.min_subcluster_size, dim + 1)
 
 
 def birth_seeds(means: Tensor, covariances: Tensor, parts: int) -> Tensor:
@@ -341,13 +349,13 @@ def birth_proposals(x: Tensor, labels: Tensor, state: MixtureState, clusters: li
     ks = torch.tensor(clusters, dtype=torch.long, device=state.means.device)
     parts = moves.birth_parts
     seeds = birth_seeds(state.means[ks], state.covariances[ks], parts)
-    part, stats = birth_kmeans(x, labels, state.n_clusters, ks, seeds, moves.birth_kmeans_iters, comm)
+    part, stats = birth_kmeans(x, labels, state.n_clusters, ks, seeds, BIRTH_KMEANS_ITERS, comm)
     out = []
     while True:
         pairs, ratios = part_valleys(x, part, stats, parts, prior, moves.min_subcluster_size,
-                                     moves.valley_bandwidth, comm)
+                                     VALLEY_BANDWIDTH, comm)
         log_h = log_birth_hastings(prior, alpha, stats, parts, coarsening)
-        passed = accepted_births(log_h, stats.n, parts, pairs, ratios, moves.split_valley, moves.valley_min_points)
+        passed = accepted_births(log_h, stats.n, parts, pairs, ratios, moves.split_valley, VALLEY_MIN_POINTS)
         out.append(BirthProposal(parts, part, stats, log_h, passed))
         if parts <= 3:
             return out

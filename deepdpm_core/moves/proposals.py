@@ -14,6 +14,7 @@ import torch
 
 from deepdpm_core.bayes import NIWPrior, SuffStats, log_merge_hastings, log_split_hastings
 from deepdpm_core.config import MovesConfig
+from deepdpm_core.moves.density_valleys import VALLEY_MIN_POINTS
 
 Tensor = torch.Tensor
 
@@ -48,6 +49,8 @@ class MovePlan:
 #: (rows, D, D) float64 elements per batch of Hastings ratios (64 MiB): the NIW posteriors
 #: and Cholesky factors of ~3000 merge pairs at D = 128 would otherwise take GBs at once
 _CHUNK_ELEMS = 1 << 23
+#: merge candidates: each cluster paired with this many nearest means (the paper's 3)
+MERGE_NEIGHBOURS = 3
 
 
 def hastings_chunks(n_rows: int, dim: int) -> list[tuple[int, int]]:
@@ -124,7 +127,7 @@ def exact_across_deep_valleys(union_n: Tensor, valleys: np.ndarray, judged: np.n
         n of the union each row belongs to (:func:`coarsened`).
     valleys, judged : ndarray of shape (R,)
         Each row's move's valley ratio, and whether it was judged (both sides held
-        ``moves.valley_min_points``).
+        :data:`~deepdpm_core.moves.density_valleys.VALLEY_MIN_POINTS`).
     exact_valley : float or None
         None: every move coarsened.
     """
@@ -164,7 +167,7 @@ def propose_splits(
         proposed (``moves.split_valley``), where both subclusters hold at least
         ``valley_min_points``; None proposes them all.
     valley_min_points : float
-        Fewest points a side for the valley rule to judge (``moves.valley_min_points``).
+        Fewest points a side for the valley rule to judge (:data:`~deepdpm_core.moves.density_valleys.VALLEY_MIN_POINTS`).
     exact_valley : float, optional
         Splits across a valley at most this deep are judged uncoarsened
         (:func:`exact_across_deep_valleys`).
@@ -250,7 +253,7 @@ def propose_merges(
         A pair with no valley this deep (one mode) is merged whatever its Hastings ratio
         (``moves.merge_valley``), where both clusters hold at least ``valley_min_points``.
     valley_min_points : float
-        Fewest points a side for the valley rule to judge (``moves.valley_min_points``).
+        Fewest points a side for the valley rule to judge (:data:`~deepdpm_core.moves.density_valleys.VALLEY_MIN_POINTS`).
     exact_valley : float, optional
         Pairs with a valley at most this deep between them are judged uncoarsened
         (:func:`exact_across_deep_valleys`), as their split would be.
@@ -326,12 +329,12 @@ def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWP
     splits, merges = [], []
     if kind == "split":
         accepted, _ = propose_splits(prior, alpha, sub_stats, rng, config.min_subcluster_size,
-                                     coarsening, valleys, config.split_valley, config.valley_min_points,
+                                     coarsening, valleys, config.split_valley, VALLEY_MIN_POINTS,
                                      config.exact_valley)
         splits = [c for c in accepted if c not in prunes]
     else:
-        merges = [(a, b) for a, b in propose_merges(prior, alpha, hard, means, rng, config.merge_neighbours,
+        merges = [(a, b) for a, b in propose_merges(prior, alpha, hard, means, rng, MERGE_NEIGHBOURS,
                                                       coarsening, valleys, config.merge_valley,
-                                                      config.valley_min_points, config.exact_valley)
+                                                      VALLEY_MIN_POINTS, config.exact_valley)
                   if a not in prunes and b not in prunes]
     return MovePlan(splits=splits, merges=merges, prunes=prunes)

@@ -13,7 +13,9 @@ from deepdpm_core.config import Config
 from deepdpm_core.errors import DataError
 from deepdpm_core.estep import MixtureState
 from deepdpm_core.moves import (
+    MERGE_NEIGHBOURS,
     PAIR_SIDE_SHARE,
+    VALLEY_BANDWIDTH,
     MovePlan,
     Nets,
     apply_births,
@@ -83,12 +85,12 @@ def _valleys(ctx: FitContext, config: Config, kind: str, sub: SuffStats, state: 
         return None
     if kind == "split":
         hist = ctx.comm.all_reduce(projection_histograms(ctx.x, anchors, state))
-        return valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, mc.valley_bandwidth)
-    pairs = merge_candidates(state.means, mc.merge_neighbours)
+        return valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, VALLEY_BANDWIDTH)
+    pairs = merge_candidates(state.means, MERGE_NEIGHBOURS)
     hist = ctx.comm.all_reduce(pair_histograms(ctx.x, anchors, state, pairs))
     sizes = sub.n.view(-1, 2).sum(1).cpu().numpy()
     smaller = np.array([min(sizes[a], sizes[b]) for a, b in pairs], dtype=np.float64)
-    ratios = valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, mc.valley_bandwidth,
+    ratios = valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, VALLEY_BANDWIDTH,
                            share_cap=PAIR_SIDE_SHARE * smaller)
     return dict(zip(pairs, ratios.tolist(), strict=True))
 

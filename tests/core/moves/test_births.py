@@ -206,7 +206,7 @@ def test_a_birth_is_offered_to_clusters_whose_parts_can_each_hold_more_points_th
     moves = Config().moves
     assert birth_min_points(moves, 2) == 4 * 25  # low dimensions: the valley rule's floor
     assert birth_min_points(moves, 128) == 4 * 129
-    assert birth_min_points(moves.__class__(birth_parts=3, valley_min_points=10), 5) == 3 * 10
+    assert birth_min_points(moves.__class__(birth_parts=3, min_subcluster_size=40), 5) == 3 * 40
 
 
 def test_births_are_on_by_default_and_off_with_null():

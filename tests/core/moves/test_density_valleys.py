@@ -10,7 +10,6 @@ from torch import Tensor
 
 from deepdpm_core import DeepDPM
 from deepdpm_core.bayes import NIWPrior, grouped_stats
-from deepdpm_core.config import MovesConfig
 from deepdpm_core.data import clustering_scores, make_mixture
 from deepdpm_core.estep import MixtureState
 from deepdpm_core.moves.density_valleys import (
@@ -18,6 +17,8 @@ from deepdpm_core.moves.density_valleys import (
     MEANS_WITHIN,
     PAIR_SIDE_SHARE,
     SPAN,
+    VALLEY_BANDWIDTH,
+    VALLEY_MIN_POINTS,
     pair_axes,
     pair_histograms,
     projection_histograms,
@@ -26,9 +27,7 @@ from deepdpm_core.moves.density_valleys import (
 )
 from deepdpm_core.moves.proposals import propose_merges, propose_splits
 
-#: the valley rules' defaults (``moves.valley_bandwidth``, ``moves.valley_min_points``)
-BANDWIDTH = MovesConfig().valley_bandwidth
-MIN_POINTS = MovesConfig().valley_min_points
+BANDWIDTH, MIN_POINTS = VALLEY_BANDWIDTH, VALLEY_MIN_POINTS
 
 
 def _state(rng: np.random.Generator, k: int, d: int) -> MixtureState:
