@@ -166,21 +166,15 @@ class SmallDataConfig(Section):
     what the clustering net learns to output) and the subclusters are 2-means steps
     within each cluster (the minimiser of the subclustering nets' loss, Eq. 7, for the
     current means); the moves, the prior and the stop rule are the same. Without nets to wait
-    for, moves come every ``move_every`` epochs after ``warmup_epochs``, with no freeze.
-    Once K has settled, the clustering net is fitted to the final responsibilities
-    (full batch, Adam at ``distil_lr``) until its argmax agrees with theirs on
-    ``distil_agreement`` of the rows, or stops improving, or ``distil_max_steps``. Before
-    that, the search starts again from a k-means partition of 2K, 4K, ... clusters whose
+    for, moves come every 2 epochs after one warm-up epoch, with no freeze
+    (:mod:`deepdpm_core.training.em_epoch`). Once K has settled, the clustering net is
+    fitted to the final responsibilities (:func:`deepdpm_core.training.small_data.distil`).
+    Before that, the search starts again from a k-means partition of 2K, 4K, ... clusters whose
     coarsened ln p(X, z) is ``growth_gain`` nats a row above the settled partition's
     (:mod:`deepdpm_core.training.growth`; None: never).
     """
 
     max_rows: NonNegativeInt = 100_000
-    warmup_epochs: NonNegativeInt = 1
-    move_every: PositiveInt = 2
-    distil_lr: Positive = 0.02
-    distil_agreement: Annotated[Number, Field(gt=0, le=1)] = 0.99
-    distil_max_steps: NonNegativeInt = 1000
     growth_gain: Positive | None = 1.0
 
 

@@ -21,9 +21,20 @@ from deepdpm_core.training.growth import grow
 from deepdpm_core.training.move_round import births
 from deepdpm_core.training.polish import polish
 from deepdpm_core.training.search_model import SearchModel, estep_targets, start_model, wrapped
-from deepdpm_core.training.small_data import distil, exact_statistics
+from deepdpm_core.training.small_data import (
+    DISTIL_AGREEMENT,
+    DISTIL_LR,
+    DISTIL_MAX_STEPS,
+    distil,
+    exact_statistics,
+)
 
 Tensor = torch.Tensor
+
+#: without nets to wait for, exact EM needs one warm-up epoch before its first move round ...
+EM_WARMUP_EPOCHS = 1
+#: ... and a move round every this many epochs (a split round, then a merge round)
+EM_MOVE_EVERY = 2
 
 
 class ExactEM(EpochBody):
@@ -42,10 +53,9 @@ class ExactEM(EpochBody):
         self.estep = estep
 
     def schedule(self, config: ScheduleConfig) -> ScheduleConfig:
-        """No nets to wait for: no freeze, moves more often (``small_data``'s warm-up and
-        move interval)."""
-        sd = self.config.small_data
-        return config.model_copy(update={"warmup_epochs": sd.warmup_epochs, "move_every": sd.move_every,
+        """No nets to wait for: no freeze, moves more often (:data:`EM_WARMUP_EPOCHS`,
+        :data:`EM_MOVE_EVERY`)."""
+        return config.model_copy(update={"warmup_epochs": EM_WARMUP_EPOCHS, "move_every": EM_MOVE_EVERY,
                                          "freeze_epochs": 0})
 
     def statistics(self, model: SearchModel, candidates: Tensor, resp: Tensor, epoch: int) -> EpochStatistics:
@@ -103,10 +113,9 @@ class ExactEM(EpochBody):
                 model = start_model(ctx, config, prior_fit, rng, torch_gen, grown)
                 return Settled({**record, "grown": model.state.n_clusters}, model, grown=True)
         candidates, resp, model = self._targets(model)
-        sd = config.small_data
         with net_precision(ctx.precision, ctx.device):
             steps, agreement = distil(model.cluster_model, ctx.x, candidates, resp, ctx.n_total, ctx.comm,
-                                      sd.distil_lr, sd.distil_agreement, sd.distil_max_steps)
+                                      DISTIL_LR, DISTIL_AGREEMENT, DISTIL_MAX_STEPS)
         return Settled({**record, "distil_steps": steps, "distil_agreement": agreement}, model)
 
     def _targets(self, model: SearchModel) -> tuple[Tensor, Tensor, SearchModel]:

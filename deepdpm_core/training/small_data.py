@@ -23,6 +23,14 @@ from deepdpm_core.runtime import Communicator
 Tensor = torch.Tensor
 #: rounds of :func:`distil` between agreement checks, and checks without a gain before it stops
 CHECK_EVERY, PATIENCE = 25, 4
+#: Adam's learning rate in :func:`distil`: full-batch steps (no minibatch noise) on a net
+#: that followed the clusters through the search, so it starts near the answer
+DISTIL_LR = 0.02
+#: :func:`distil` stops once the net's argmax agrees with the E-step's on this share of the
+#: rows: the rest lie on boundaries between overlapping clusters
+DISTIL_AGREEMENT = 0.99
+#: ... or after this many steps: a bound on the time of a net that keeps gaining slowly
+DISTIL_MAX_STEPS = 1000
 
 
 def exact_statistics(x: Tensor, state: MixtureState, candidates: Tensor, resp: Tensor,
@@ -82,7 +90,7 @@ def distil(model: nn.Module, x: Tensor, candidates: Tensor, resp: Tensor, n_tota
         Rows over all ranks (the loss is the mean KL over them).
     comm : Communicator
     lr, agreement, max_steps
-        ``small_data.distil_lr``, ``distil_agreement``, ``distil_max_steps``.
+        :data:`DISTIL_LR`, :data:`DISTIL_AGREEMENT`, :data:`DISTIL_MAX_STEPS` in a fit.
 
     Returns
     -------
