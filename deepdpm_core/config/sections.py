@@ -156,7 +156,6 @@ class ScheduleConfig(Section):
     patience: PositiveInt = 3
     settled_spread: NonNegative = 0.01
     settled_band: NonNegative = 0.07
-    min_epochs: NonNegativeInt = 0
 
 
 class SmallDataConfig(Section):

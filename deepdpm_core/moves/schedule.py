@@ -5,7 +5,7 @@ Epochs count from 1. A move round ends epoch e when e ≥ ``warmup_epochs``, (e 
 a multiple of ``move_every`` and the parameters are not frozen; rounds alternate over the
 enabled kinds (split, merge), and an accepted move freezes the M-step and the moves for
 ``freeze_epochs`` epochs, so the nets learn the new clusters first (paper §3.2). The fit
-stops after ``max_epochs``, or once ``min_epochs`` are done and K has settled: ``patience``
+stops after ``max_epochs``, or once K has settled: ``patience``
 move rounds in a row accepted nothing; or, read at the end of a cycle (a split round and a
 merge round) only, so that a split round's cuts stand once a merge round has judged them:
 K after each of the last 2·``patience`` + 1 rounds stayed within one value, K after each
@@ -172,9 +172,9 @@ class MoveSchedule:
         else:
             self.rounds_without_move += 1
 
-    def converged(self, epochs_done: int) -> bool:
-        """K has settled (module docstring), and at least ``min_epochs`` are done."""
-        return self._settled() is not None and epochs_done >= self.schedule.min_epochs
+    def converged(self) -> bool:
+        """K has settled (module docstring)."""
+        return self._settled() is not None
 
     def _settled(self) -> str | None:
         """How K has settled (module docstring), or None while it has not."""
@@ -208,8 +208,7 @@ class MoveSchedule:
 
     def expected_end(self, epochs_done: int) -> int:
         """The epoch the fit ends with if no move is accepted from now on: ``patience``
-        rounds without a move (the first way K settles), at least ``min_epochs``, at
-        most ``max_epochs``. A progress bar's total: it grows with every accepted move.
+        rounds without a move (the first way K settles), at most ``max_epochs``. A progress bar's total: it grows with every accepted move.
 
         Parameters
         ----------
@@ -224,7 +223,7 @@ class MoveSchedule:
         first += -(first - sch.warmup_epochs) % sch.move_every
         rounds = max(1, sch.patience - self.rounds_without_move)
         end = first + (rounds - 1) * sch.move_every
-        return max(epochs_done + 1, min(sch.max_epochs, max(sch.min_epochs, end)))
+        return max(epochs_done + 1, min(sch.max_epochs, end))
 
     def finished(self, epochs_done: int) -> bool:
         """Whether the fit stops after ``epochs_done`` epochs."""
@@ -240,7 +239,7 @@ class MoveSchedule:
             ``"K settled after 57 epochs (K alternated between 4 and 5 over 7 move
             rounds)"`` or ``"max_epochs (200) reached"``.
         """
-        if self.converged(epochs_done):
+        if self.converged():
             return f"K settled after {epochs_done} epochs ({self._settled()})"
         if epochs_done >= self.schedule.max_epochs:
             return f"max_epochs ({self.schedule.max_epochs}) reached"

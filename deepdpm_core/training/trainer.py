@@ -248,7 +248,7 @@ class Trainer:
             # what the live schedule says after this epoch (a grown partition searches on),
             # so that whoever reads the records need not replay the schedule
             "stop_reason": self.schedule.stop_reason(epoch),
-            "converged": self.schedule.converged(epoch),
+            "converged": self.schedule.converged(),
         }
         self.history.append(record)
         self.epoch += 1

@@ -16,5 +16,5 @@ def named_rounds(history: list[dict], config=None) -> list[dict]:
         if move:
             sched.moved(epoch, record["splits_accepted"] + record["merges_accepted"], record["n_clusters"])
         named.append({**record, "move": move, "stop_reason": sched.stop_reason(epoch),
-                      "converged": sched.converged(epoch)})
+                      "converged": sched.converged()})
     return named

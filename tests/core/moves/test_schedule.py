@@ -42,13 +42,12 @@ def test_an_accepted_move_freezes_and_the_alternation_waits():
 
 
 def test_the_stop_rule():
-    sched = MoveSchedule(ScheduleConfig(max_epochs=50, patience=2, min_epochs=20), MovesConfig())
+    sched = MoveSchedule(ScheduleConfig(max_epochs=50, patience=2), MovesConfig())
     sched.moved(10, 0, 4)
+    assert sched.rounds_without_move == 1 and not sched.finished(11) and sched.stop_reason(11) is None
     sched.moved(14, 0, 4)
-    assert sched.rounds_without_move == 2 and not sched.finished(15)  # min_epochs not reached
-    assert sched.finished(20) and sched.converged(20)
-    assert sched.stop_reason(15) is None
-    assert sched.stop_reason(20) == "K settled after 20 epochs (2 move rounds in a row accepted nothing)"
+    assert sched.rounds_without_move == 2 and sched.finished(14) and sched.converged()
+    assert sched.stop_reason(14) == "K settled after 14 epochs (2 move rounds in a row accepted nothing)"
     sched.moved(22, 1, 5)  # an accepted move resets the count
     assert not sched.finished(30) and sched.finished(50)
     assert sched.stop_reason(30) is None and sched.stop_reason(50) == "max_epochs (50) reached"
@@ -65,7 +64,7 @@ def test_a_split_and_a_merge_taking_turns_stop_the_fit():
         # the last 2·patience + 1 = 5 rounds left K at 11 or 12 after the split round of
         # epoch 34; its cuts stand only once the merge round after it has judged them
         assert sched.finished(epoch) is (epoch == 38), epoch
-    assert sched.converged(38)
+    assert sched.converged()
     assert sched.stop_reason(38) == ("K settled after 38 epochs (K alternated between 11 and 12 "
                                      "over 5 move rounds)")
     climbing = MoveSchedule(ScheduleConfig(max_epochs=200, patience=2), MovesConfig())
