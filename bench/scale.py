@@ -54,6 +54,7 @@ from deepdpm_core.estep import SparseEStep  # noqa: E402
 from deepdpm_core.model import FittedModel  # noqa: E402
 from deepdpm_core.runtime import EPOCH_PHASES, device_clock  # noqa: E402
 from deepdpm_core.training import EpochHooks, Trainer  # noqa: E402
+from deepdpm_core.training.search_model import SUB_HIDDEN  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -230,7 +231,7 @@ def main() -> None:
     out["ratio"] = out["epoch_seconds"] / out["kmeans_iter_seconds"]
     if out["device"] == "cpu":  # the floor is a CPU reference
         model = Config().with_overrides(overrides).model
-        out["floor_seconds"] = time_floor(x, args.k, out["batch_size"], model.hidden, model.sub_hidden,
+        out["floor_seconds"] = time_floor(x, args.k, out["batch_size"], model.hidden, SUB_HIDDEN,
                                           out["steps"], args.seed)
         out["floor_ratio"] = sum(out["floor_seconds"].values()) / out["kmeans_iter_seconds"]
     if args.fit:

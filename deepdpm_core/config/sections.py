@@ -129,10 +129,11 @@ class InitConfig(Section):
 
 
 class ModelConfig(Section):
-    """Clustering net and batched subclustering nets (one hidden layer each)."""
+    """Clustering net (one hidden layer of ``hidden`` units) and the nets' precision; the
+    batched subclustering nets have one hidden layer of 50
+    (:data:`deepdpm_core.training.search_model.SUB_HIDDEN`)."""
 
     hidden: PositiveInt = 50
-    sub_hidden: PositiveInt = 50
     precision: Literal["auto", "float32", "tf32", "bf16"] = "auto"
 
 
@@ -233,7 +234,6 @@ class AEConfig(Section):
     latent_dim: PositiveInt = 10
     hidden: Annotated[tuple[PositiveInt, ...], Field(min_length=1, strict=False)] = (500, 500, 2000)
     lr: Positive = 0.002
-    weight_decay: NonNegative = 0.0
     batch_size: PositiveInt = 256
     pretrain_epochs: NonNegativeInt = 200
     epochs: NonNegativeInt = 50
@@ -241,14 +241,13 @@ class AEConfig(Section):
     beta: Positive = 1.0
     alternations: NonNegativeInt = 3
     stop_when_k_stable: bool = True
-    input_scaling: Literal["none", "global"] = "global"
 
 
 class EmbedConfig(Section):
     """``deepdpm embed`` output size and UMAP settings (n2d, McConville et al. 2021:
-    ``n_neighbors=20, min_dist=0, metric=euclidean``)."""
+    ``n_neighbors=20, min_dist=0``; the metric is Euclidean,
+    :data:`deepdpm_core.features.embedding.UMAP_METRIC`)."""
 
     dim: PositiveInt = 10
     n_neighbors: Annotated[int, Field(ge=2)] = 20
     min_dist: Annotated[Number, Field(ge=0, le=1)] = 0.0  # UMAP needs min_dist <= spread (1)
-    metric: str = "euclidean"

@@ -175,7 +175,7 @@ def fit_alternating(
             # Clusters held fixed while the AE trains (Supmat): DeepDPM's hard labels and means.
             centers = np.asarray(result.clustering.means_, dtype=np.float32)
             settings = AETrainSettings(
-                epochs=ae.epochs, lr=ae.lr, weight_decay=ae.weight_decay,
+                epochs=ae.epochs, lr=ae.lr,
                 batch_size=ae.batch_size, recon_weight=ae.recon_weight, beta=ae.beta)
             history = train_autoencoder(
                 model, X, settings, seed=config.seed + step, centers=centers,

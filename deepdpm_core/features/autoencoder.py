@@ -7,7 +7,7 @@ latent and reconstruction), trained on the per-sample loss, averaged over the mi
 
 with ``mu_{z(x)}`` the fixed centre of x's DeepDPM cluster during the alternation, and
 ``beta = 0`` when pretraining. Inputs are scaled by one global offset and scale
-(``input_scaling="global"``: mean and std of all entries, kept in the module's buffers):
+(the mean and std of all entries, kept in the module's buffers):
 unlike per-feature standardisation it does not blow up near-constant border pixels, and it
 frees the learning rate from the data's units (0..1, 0..255 pixels, MoCo features). Pure
 torch, no I/O; every random choice derives from ``seed``.
@@ -64,13 +64,10 @@ class MLPAutoencoder(nn.Module):
             "hidden": list(self.hidden),
         }
 
-    def fit_input_scaling(self, X: np.ndarray, mode: str) -> None:
-        """Set the global offset/scale from data ``X`` [N, D] (``mode``: ``global`` or ``none``)."""
-        if mode == "none":
-            shift, scale = 0.0, 1.0
-        else:
-            shift = float(np.mean(X, dtype=np.float64))
-            scale = float(np.std(X, dtype=np.float64)) or 1.0  # constant data: keep units
+    def fit_input_scaling(self, X: np.ndarray) -> None:
+        """Set the global offset and scale: the mean and std of all entries of ``X`` [N, D]."""
+        shift = float(np.mean(X, dtype=np.float64))
+        scale = float(np.std(X, dtype=np.float64)) or 1.0  # constant data: keep units
         self.input_shift.fill_(shift)
         self.input_scale.fill_(scale)
 
@@ -141,7 +138,6 @@ class AETrainSettings:
 
     epochs: int
     lr: float = 0.002
-    weight_decay: float = 0.0
     batch_size: int = 256
     recon_weight: float = 1.0
     beta: float = 0.0
@@ -199,9 +195,7 @@ def train_autoencoder(
         z_idx = torch.as_tensor(np.asarray(assignments, dtype=np.int64), device=device)
         if z_idx.shape != (n,) or int(z_idx.min()) < 0 or int(z_idx.max()) >= mu.shape[0]:
             raise ValueError("assignments must be [N] indices into centers")
-    optimizer = torch.optim.Adam(
-        model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
-    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)  # the paper's recipe: no weight decay
     generator = torch.Generator().manual_seed(seed)
     history: list[dict[str, float]] = []
     for epoch in range(settings.epochs):

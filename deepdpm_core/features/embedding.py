@@ -111,11 +111,10 @@ def pretrain_autoencoder(
     latent = ae.latent_dim if latent_dim is None else latent_dim
     check_dim(latent, X.shape[1], "the autoencoder latent dimension")
     model = build_autoencoder(X.shape[1], latent, ae.hidden, seed=config.seed)
-    model.fit_input_scaling(X, ae.input_scaling)
+    model.fit_input_scaling(X)
     settings = AETrainSettings(
         epochs=ae.pretrain_epochs,
         lr=ae.lr,
-        weight_decay=ae.weight_decay,
         batch_size=ae.batch_size,
         recon_weight=1.0,  # a constant factor is irrelevant to Adam without the second term
         beta=0.0,
@@ -143,9 +142,12 @@ def pca_embed(X: np.ndarray, dim: int) -> np.ndarray:
     return (centred @ axes).astype(np.float32)
 
 
-def umap_embed(
-    X: np.ndarray, dim: int, *, n_neighbors: int, min_dist: float, metric: str, seed: int
-) -> np.ndarray:
+#: UMAP's distance: n2d's (McConville et al. 2021), on autoencoder codes whose Euclidean
+#: distances the clustering term shapes
+UMAP_METRIC = "euclidean"
+
+
+def umap_embed(X: np.ndarray, dim: int, *, n_neighbors: int, min_dist: float, seed: int) -> np.ndarray:
     """UMAP of ``X`` [N, D] -> float32 [N, dim], deterministic for ``seed`` (single-threaded).
 
     ``dim == D`` is allowed: n2d maps a 10-d autoencoder code to a 10-d UMAP space.
@@ -153,7 +155,7 @@ def umap_embed(
     Raises
     ------
     ConfigError
-        ``umap-learn`` is not installed, or UMAP rejects the settings (e.g. the metric).
+        ``umap-learn`` is not installed, or UMAP rejects the settings.
     DataError
         Fewer rows than ``n_neighbors + 1``.
     """
@@ -172,7 +174,7 @@ def umap_embed(
             n_components=dim,
             n_neighbors=n_neighbors,
             min_dist=min_dist,
-            metric=metric,
+            metric=UMAP_METRIC,
             random_state=seed,
             n_jobs=1,  # a fixed random_state forces one thread anyway; say so to silence a warning
         )
@@ -250,7 +252,7 @@ def embed(X: np.ndarray, method: str, config: Config | None = None, *, dim: int 
         start = time.perf_counter()
         emb = config.embed
         features = umap_embed(features, out_dim, n_neighbors=emb.n_neighbors,
-                              min_dist=emb.min_dist, metric=emb.metric, seed=config.seed)
+                              min_dist=emb.min_dist, seed=config.seed)
         result.seconds["umap"] = time.perf_counter() - start
     result.embedding = features
     return result

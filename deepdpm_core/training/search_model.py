@@ -19,6 +19,10 @@ from deepdpm_core.training.fit_context import FitContext
 
 Tensor = torch.Tensor
 
+#: hidden units of each subclustering net: the paper's 50; a net splits one cluster in two,
+#: a smaller task than the clustering net's (whose width is ``model.hidden``)
+SUB_HIDDEN = 50
+
 
 @dataclass(frozen=True)
 class SearchModel:
@@ -68,7 +72,7 @@ def partition_stats(ctx: FitContext, labels: Tensor, n_groups: int) -> tuple[Suf
 def build_nets(ctx: FitContext, config: Config, k: int, torch_gen: torch.Generator) -> Nets:
     """Fresh nets for K = ``k`` clusters (from ``torch_gen``) and their optimisers."""
     cluster = ClusterNet(ctx.dim, config.model.hidden, k, torch_gen).to(ctx.device)
-    sub = SubclusterNets(ctx.dim, config.model.sub_hidden, k, torch_gen).to(ctx.device)
+    sub = SubclusterNets(ctx.dim, SUB_HIDDEN, k, torch_gen).to(ctx.device)
     return Nets(cluster, sub, adam(cluster.parameters(), ctx.learning_rate(config, config.optim.lr_cluster)),
                 adam(sub.parameters(), ctx.learning_rate(config, config.optim.lr_subcluster)))
 

@@ -55,7 +55,7 @@ def test_digits_sensible_k():
     BayesianGaussianMixture(30, DP, full) on the same features K = 14, NMI 0.923.
     """
     X, y = load_digits(return_X_y=True)
-    Z = umap_embed(X.astype(np.float32), 10, n_neighbors=20, min_dist=0.0, metric="euclidean", seed=0)
+    Z = umap_embed(X.astype(np.float32), 10, n_neighbors=20, min_dist=0.0, seed=0)
     model = DeepDPM(random_state=0, init__n_clusters=1).fit(Z)
     scores = clustering_scores(y, model.labels_)
     k_ref, nmi_ref = _dp_gmm_reference(Z, y)

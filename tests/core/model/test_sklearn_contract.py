@@ -28,10 +28,10 @@ from deepdpm_core.data import make_mixture
 from deepdpm_core.model import FORMAT, FittedModel
 from deepdpm_core.training import Trainer
 
-#: fits of a fraction of a second: 3 epochs of 4 steps, nets of 8 and 4 units, and
+#: fits of a fraction of a second: 3 epochs of 4 steps, a clustering net of 8 units, and
 #: k-means with 3 clusters (check_clustering scores the 3 blobs it fits by ARI)
 TINY = {"device": "cpu", "init__n_clusters": 3, "schedule__max_epochs": 3, "model__hidden": 8,
-        "model__sub_hidden": 4, "optim__min_steps_per_epoch": 4}
+        "optim__min_steps_per_epoch": 4}
 
 _WORDED = ("refused with a DataError (a ValueError) in the project's words, not scikit-learn's "
            "(test_inputs_the_checks_word_otherwise)")
