@@ -2,6 +2,7 @@
 
 from deepdpm_core.config.loading import load_config, parse_overrides
 from deepdpm_core.config.schema import (
+    FIXED_KEYS,
     Config,
     DataConfig,
     EStepConfig,
@@ -11,10 +12,11 @@ from deepdpm_core.config.schema import (
     ScheduleConfig,
     config_sections,
     from_dict,
+    from_stored,
 )
 from deepdpm_core.errors import ConfigError
 
 __all__ = [
-    "Config", "config_sections", "ConfigError", "DataConfig", "EStepConfig", "from_dict", "InitConfig", "load_config",
+    "FIXED_KEYS", "Config", "config_sections", "ConfigError", "DataConfig", "EStepConfig", "from_dict", "from_stored", "InitConfig", "load_config",
     "MovesConfig", "parse_overrides", "PriorConfig", "ScheduleConfig"
 ]

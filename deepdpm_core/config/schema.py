@@ -95,6 +95,18 @@ def config_sections() -> list[str]:
             if isinstance(field.annotation, type) and issubclass(field.annotation, Section)]
 
 
+#: keys of earlier versions whose values are now constants of the code that uses them (each
+#: named, with why, where it is used): a config naming one is an error that says so, and the
+#: config a model file or checkpoint of those versions stored drops them (:func:`from_stored`)
+FIXED_KEYS = frozenset({
+    "data.auto_max_participation", "data.auto_min_std_ratio", "prior.weight_pseudocount", "init.seeding",
+    "model.sub_hidden", "optim.base_batch_size", "optim.max_batch_size", "optim.steps_per_epoch",
+    "schedule.min_epochs", "moves.merge_neighbours", "moves.valley_min_points", "moves.valley_bandwidth",
+    "moves.birth_kmeans_iters", "small_data.warmup_epochs", "small_data.move_every", "small_data.distil_lr",
+    "small_data.distil_agreement", "small_data.distil_max_steps", "ae.weight_decay", "ae.input_scaling",
+    "embed.metric",
+})
+
 #: characters of a value an error message shows at most
 _SHOWN_CHARS = 120
 
@@ -111,9 +123,12 @@ def _shown(value: Any) -> str:
 
 def _unknown_key(dotted: str) -> ConfigError:
     """The error for an unknown key, naming the closest known dotted key if any:
-    ``unknown config key 'prior.sigma_scal' (did you mean prior.sigma_scale?)``."""
+    ``unknown config key 'prior.sigma_scal' (did you mean prior.sigma_scale?)``, or saying
+    that a key of :data:`FIXED_KEYS` is no longer a setting."""
     import difflib
 
+    if dotted in FIXED_KEYS:
+        return ConfigError(f"unknown config key '{dotted}' (no longer a setting: its value is fixed)")
     known = [*Config().flat(), *config_sections()]
     close = difflib.get_close_matches(str(dotted), known, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
@@ -208,7 +223,24 @@ def from_dict(data: dict[str, Any] | None) -> Config:
         raise _config_error(exc) from None
 
 
+def from_stored(data: dict[str, Any]) -> Config:
+    """:func:`from_dict` of the nested config a model file or checkpoint stored, less the
+    keys of :data:`FIXED_KEYS` (an earlier version wrote them; their values are now fixed).
+
+    Raises
+    ------
+    ConfigError
+        As :func:`from_dict`.
+    """
+    if not isinstance(data, dict):
+        return from_dict(data)
+    kept = {name: ({k: v for k, v in value.items() if f"{name}.{k}" not in FIXED_KEYS}
+                   if isinstance(value, dict) else value) for name, value in data.items()}
+    return from_dict(kept)
+
+
 __all__ = [
+    "FIXED_KEYS",
     "AEConfig",
     "Config",
     "DataConfig",
@@ -223,4 +255,5 @@ __all__ = [
     "SmallDataConfig",
     "config_sections",
     "from_dict",
+    "from_stored",
 ]

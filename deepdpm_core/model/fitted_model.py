@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deepdpm_core.config import Config, from_dict
+from deepdpm_core.config import Config, from_stored
 from deepdpm_core.data import FeatureCoordinates, check_features, readonly_tensor
 from deepdpm_core.errors import CheckpointError, ConfigError
 from deepdpm_core.model.files import safe_load, save_checkpoint
@@ -99,7 +99,7 @@ class ClusterAssigner:
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise CheckpointError(f"not a DeepDPM model checkpoint ({FORMAT})")
         try:
-            config = from_dict({**state["config"], "device": device})
+            config = from_stored({**state["config"], "device": device})
             weights = state["cluster_net"]
             (hidden, dim), k = weights["hidden.weight"].shape, weights["out.weight"].shape[0]
             net = ClusterNet(int(dim), int(hidden), int(k), torch.Generator())

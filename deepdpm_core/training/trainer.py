@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from deepdpm_core.bayes import PriorFit, SuffStats, map_estimate, posterior_mean
-from deepdpm_core.config import Config, from_dict
+from deepdpm_core.config import Config, from_stored
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.estep import EStep, MixtureState, SubclusterMAP, log_weights_from_counts
 from deepdpm_core.moves import MovePlan, MoveSchedule, apply_plan, reset_subclusters
@@ -336,7 +336,7 @@ class Trainer:
             dim = int(state["dim"])
             if x.shape[1] != dim:
                 raise CheckpointError(f"the checkpoint was trained on {dim}-D rows, these have {x.shape[1]}")
-            trainer = cls(config or from_dict(state["config"]), x, comm, wrap)
+            trainer = cls(config or from_stored(state["config"]), x, comm, wrap)
             check_same_data(trainer.ctx, state)
             trainer.epoch, trainer.history = int(state["epoch"]), list(state["history"])
             trainer.schedule.restore(state)

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from deepdpm_core.config import DataConfig  # noqa: E402
+from deepdpm_core.config import FIXED_KEYS, DataConfig  # noqa: E402
 from deepdpm_core.data import fit_coordinates  # noqa: E402
 from deepdpm_core.errors import DeepDPMError  # noqa: E402
 from deepdpm_core.runtime import LocalCommunicator  # noqa: E402
@@ -116,7 +116,8 @@ def fit_view(X: np.ndarray, config: dict[str, Any] | None) -> tuple[np.ndarray, 
     what the transform made of the features; the rows as given when ``config`` has no
     usable ``data`` section (a summary of another version)."""
     try:
-        data = DataConfig(**dict((config or {}).get("data") or {}))
+        stored = dict((config or {}).get("data") or {})
+        data = DataConfig(**{k: v for k, v in stored.items() if f"data.{k}" not in FIXED_KEYS})
     except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
         return X, "the features as given (the fit's transform is unknown)"
     coords, _, _ = fit_coordinates(torch.from_numpy(X), data, LocalCommunicator(), torch.device("cpu"))

@@ -344,6 +344,18 @@ def test_unknown_config_keys_suggest_the_closest(tmp_path, blobs, capsys):
         assert str(info.value) == message
 
 
+def test_a_config_naming_a_key_whose_value_is_now_fixed_is_refused(tmp_path, blobs, capsys):
+    # e.g. the config.yaml of a fit by an earlier version, which wrote every key
+    old = tmp_path / "old.yaml"
+    old.write_text("prior:\n  alpha: 10.0\nmoves:\n  merge_neighbours: 3\n")
+    code = main(["fit", "--input", str(blobs), "--output", str(tmp_path / "o"), "--no-tracking",
+                 "--config", str(old)])
+    assert code == 2
+    assert capsys.readouterr().err == (f"deepdpm fit: error: {old}: unknown config key 'moves.merge_neighbours' "
+                                       "(no longer a setting: its value is fixed)\n")
+    assert not (tmp_path / "o").exists()
+
+
 # -- 6. a wrong path or config key is answered at once, in one line, leaving nothing --------
 
 #: a bound with headroom on a loaded machine; measured 0.2 s idle (it was 3 s with torch,

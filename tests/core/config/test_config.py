@@ -6,9 +6,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deepdpm_core.config import Config, ConfigError, from_dict, load_config, parse_overrides
+from deepdpm_core.config import (
+    FIXED_KEYS,
+    Config,
+    ConfigError,
+    config_sections,
+    from_dict,
+    from_stored,
+    load_config,
+    parse_overrides,
+)
 
-CONFIGS = sorted((Path(__file__).parents[3] / "cluster_configs").glob("*.yaml"))
+ROOT = Path(__file__).parents[3]
+CONFIGS = sorted((ROOT / "cluster_configs").glob("*.yaml"))
 
 
 def test_default_yaml_documents_every_key_of_the_schema_with_its_default():
@@ -22,6 +32,37 @@ def test_default_yaml_documents_every_key_of_the_schema_with_its_default():
     values = [line for line in path.read_text().splitlines()
               if not line.lstrip().startswith("#") and ":" in line and line.split(":", 1)[1].split("#")[0].strip()]
     assert len(values) == len(written) and all("#" in line for line in values)
+
+
+def test_the_readme_knob_table_names_schema_keys_with_their_defaults():
+    """README's table of knobs documents no key of its own: each row's key is a schema key,
+    its default the schema's (read as ``--set`` would read it), and every key its text names
+    is one too."""
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines()
+            if re.match(r"\| `[a-z_]+\.[a-z_]+` \| ", line)]
+    assert len(rows) >= 15  # the table of knobs that move K, found
+    defaults, dotted = Config().flat(), re.compile(rf"`((?:{'|'.join(config_sections())})\.[a-z_]+)`")
+    for row in rows:
+        key, default = (cell.strip().strip("`") for cell in row.split("|")[1:3])
+        assert key in defaults, row
+        written = from_dict(parse_overrides([f"{key}={default}"])).flat()[key]
+        assert written == defaults[key], f"README gives {key} = {default}, the schema {defaults[key]!r}"
+        assert set(dotted.findall(row)) <= set(defaults), row
+
+
+def test_a_key_whose_value_is_now_fixed_is_refused_as_such_but_dropped_from_stored_configs():
+    assert not FIXED_KEYS & set(Config().flat())
+    with pytest.raises(ConfigError) as info:
+        from_dict({"moves": {"merge_neighbours": 3}})
+    assert str(info.value) == "unknown config key 'moves.merge_neighbours' (no longer a setting: its value is fixed)"
+    # what a model file or checkpoint of an earlier version stored: its config with those keys
+    stored = Config().with_overrides({"prior.alpha": 2.0}).to_dict()
+    for key in FIXED_KEYS:
+        section, name = key.split(".")
+        stored[section][name] = 1
+    assert from_stored(stored) == Config().with_overrides({"prior.alpha": 2.0})
+    with pytest.raises(ConfigError, match="unknown config key 'prior.alpah'"):
+        from_stored({"prior": {"alpah": 1.0}})
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
