@@ -14,6 +14,12 @@ times a fit and only while ν0 is within :data:`WEAK_NU` times its weakest. The 
 keeps clusters that are merely not Gaussian whole. The k-means partitions are those of the
 initialisation and the scores come from all-reduced statistics, so every rank makes the
 same choice.
+
+A search that collapsed to one cluster is judged by the exact joint instead
+(:func:`~deepdpm_core.training.polish.partition_score`, with :data:`COLLAPSED_GAIN` nats a
+row), whatever ν0: the prior fitted to one cluster is that cluster's own shape, known
+exactly (ν0 at its ceiling), so no cut pays and the coarsened joint prefers the one cluster
+to any partition; 100 grid blobs merge down to it from 10 or 20 clusters.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from deepdpm_core.bayes import PriorFit, log_crp, log_marginal_likelihood
 from deepdpm_core.config import Config
 from deepdpm_core.moves import coarsening_constant, initial_clusters
 from deepdpm_core.training.fit_context import FitContext
-from deepdpm_core.training.polish import fitted_prior
+from deepdpm_core.training.polish import fitted_prior, partition_score
 
 #: the partition sizes tried: 2K, 4K, ... up to this multiple of the settled K (one k-means
 #: run each), then doubled on while the score still rises
@@ -45,6 +51,14 @@ PRIOR_RTOL = 1e-2
 WEAK_NU = 10.0
 #: a partition tried has at least this many rows a cluster on average
 MIN_ROWS_PER_CLUSTER = 10
+#: the gain in nats a row of the exact joint that grows a search that collapsed to one
+#: cluster: 128 k-means clusters of 100 grid blobs gain 0.27; two overlapping Gaussians
+#: settled at one cluster, and breast cancer's, gain nothing
+COLLAPSED_GAIN = 0.05
+#: after a collapse, doubling stops past 8 clusters once this many sizes in a row score no
+#: higher than the one before: the grid's 2 to 8 wide pieces dip and score below the one
+#: cluster, 16 to 128 climb far above it
+COLLAPSED_FALLS = 2
 
 
 def coarsened_score(ctx: FitContext, config: Config, prior_fit: PriorFit, labels: Tensor, n_groups: int
@@ -62,27 +76,33 @@ def coarsened_score(ctx: FitContext, config: Config, prior_fit: PriorFit, labels
 
 def grow(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Tensor, k: int, growths: int,
          rng: np.random.Generator) -> Tensor | None:
-    """The best-scoring k-means partition of 2K, 4K or 8K clusters (K = ``k``; this rank's
-    rows' labels, int64 (N_local,)) if it scores above the settled partition ``anchors``
-    (each row's best cluster under the settled mixture), else None; None too once the fit
-    has grown ``growths`` = :data:`MAX_GROWTHS` times (collective; the k-means seeds come
-    from ``rng``)."""
+    """The best-scoring k-means partition of 2K, 4K, 8K, ... clusters (K = ``k``; this
+    rank's rows' labels, int64 (N_local,)) if it scores enough above the settled partition
+    ``anchors`` (each row's best cluster under the settled mixture), else None; None too
+    once the fit has grown ``growths`` = :data:`MAX_GROWTHS` times (collective; the k-means
+    seeds come from ``rng``). Scored by the coarsened joint, or by the exact one after a
+    search that collapsed to one cluster (module docstring)."""
     gain, prior = config.small_data.growth_gain, prior_fit.prior
     weakest = 3.0 if prior.diagonal else prior.dim + 2.0
     if gain is None or growths >= MAX_GROWTHS:
         return None
-    if prior.nu > WEAK_NU * weakest:
+    if k == 1:  # the prior fitted to one cluster is its shape: the coarsened joint keeps it
+        score_of, gain, falls_to_stop = partition_score, COLLAPSED_GAIN, COLLAPSED_FALLS
+    elif prior.nu > WEAK_NU * weakest:
         return None  # the clusters agree on one shape: none of them holds several
-    best, chosen = coarsened_score(ctx, config, prior_fit, anchors, k) + gain * ctx.n_total, None
-    size, last = k, -math.inf
+    else:
+        score_of, falls_to_stop = coarsened_score, 1
+    best, chosen = score_of(ctx, config, prior_fit, anchors, k) + gain * ctx.n_total, None
+    size, last, falls = k, -math.inf, 0
     while size * 2 <= ctx.n_total // MIN_ROWS_PER_CLUSTER:
         size *= 2
         init = config.init.model_copy(update={"n_clusters": size})
         labels, n_groups = initial_clusters(ctx.x, init, ctx.n_total, ctx.rank_rows, ctx.comm, rng)
-        score = coarsened_score(ctx, config, prior_fit, labels, n_groups)
+        score = score_of(ctx, config, prior_fit, labels, n_groups)
         if score > best:
             best, chosen = score, labels
-        if size >= GROWTH_FACTORS_TRIED * k and score <= last:
+        falls = falls + 1 if score <= last else 0
+        if size >= GROWTH_FACTORS_TRIED * k and falls >= falls_to_stop:
             break  # past the sizes always tried, and no longer rising
         last = score
     return chosen

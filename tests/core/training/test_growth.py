@@ -107,3 +107,32 @@ def test_forty_blobs_in_64_dimensions_are_found_from_the_default_start():
     assert fit.n_clusters_ == 40
     assert clustering_scores(y, fit.labels_)["nmi"] == pytest.approx(1.0)
     assert [r["grown"] for r in fit.history_ if "grown" in r]
+
+
+def _grid_blobs(side: int, per_blob: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """side x side unit Gaussians 4.2 apart in 2-D, ``per_blob`` rows each."""
+    rng = np.random.default_rng(seed)
+    centres = 4.2 * np.stack(np.meshgrid(np.arange(side), np.arange(side)), -1).reshape(-1, 2)
+    y = np.repeat(np.arange(side * side), per_blob)
+    return centres[y] + rng.standard_normal((len(y), 2)), y
+
+
+def test_a_collapsed_search_is_judged_by_the_exact_joint():
+    """One cluster: the prior fitted to it is that cluster's own shape (ν0 at its ceiling),
+    so the coarsened joint prefers it to every k-means partition of a grid of blobs; the
+    exact joint prefers many more clusters."""
+    x, y = _grid_blobs(6, 150)
+    trainer = _trainer_at(x, np.zeros(len(y), dtype=np.int64))
+    assert _grow(trainer)
+    assert trainer.n_clusters >= 16
+
+
+@pytest.mark.slow
+def test_a_grid_of_blobs_started_from_three_clusters_is_found():
+    """From 3 wide clusters the fitted prior refuses every cut and merges take the 36 blobs
+    down to one cluster; growth by the exact joint searches again from many more."""
+    x, y = _grid_blobs(6, 150)
+    fit = DeepDPM(random_state=0, init__n_clusters=3).fit(x)
+    assert abs(fit.n_clusters_ - 36) <= 3
+    assert clustering_scores(y, fit.labels_)["nmi"] >= 0.85
+    assert [r["grown"] for r in fit.history_ if "grown" in r]
