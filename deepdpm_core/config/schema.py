@@ -107,6 +107,10 @@ FIXED_KEYS = frozenset({
     "embed.metric",
 })
 
+#: keys of earlier versions under their new names: the config a model file or checkpoint of
+#: those versions stored keeps its value under the new name (:func:`from_stored`)
+RENAMED_KEYS = {"moves.prune_empty": "moves.prune_small"}
+
 #: characters of a value an error message shows at most
 _SHOWN_CHARS = 120
 
@@ -225,7 +229,8 @@ def from_dict(data: dict[str, Any] | None) -> Config:
 
 def from_stored(data: dict[str, Any]) -> Config:
     """:func:`from_dict` of the nested config a model file or checkpoint stored, less the
-    keys of :data:`FIXED_KEYS` (an earlier version wrote them; their values are now fixed).
+    keys of :data:`FIXED_KEYS` (an earlier version wrote them; their values are now fixed)
+    and with those of :data:`RENAMED_KEYS` under their new names.
 
     Raises
     ------
@@ -234,13 +239,15 @@ def from_stored(data: dict[str, Any]) -> Config:
     """
     if not isinstance(data, dict):
         return from_dict(data)
-    kept = {name: ({k: v for k, v in value.items() if f"{name}.{k}" not in FIXED_KEYS}
+    kept = {name: ({RENAMED_KEYS.get(f"{name}.{k}", f"{name}.{k}").split(".")[1]: v for k, v in value.items()
+                    if f"{name}.{k}" not in FIXED_KEYS}
                    if isinstance(value, dict) else value) for name, value in data.items()}
     return from_dict(kept)
 
 
 __all__ = [
     "FIXED_KEYS",
+    "RENAMED_KEYS",
     "AEConfig",
     "Config",
     "DataConfig",

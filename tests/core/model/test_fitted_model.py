@@ -54,13 +54,14 @@ def test_a_fitted_and_a_loaded_model_hold_no_training_data(tmp_path):
     np.testing.assert_array_equal(loaded.predict(x), est.predict(x))
 
 
-def test_a_model_file_whose_config_names_keys_now_fixed_loads(tmp_path):
+def test_a_model_file_whose_config_names_keys_now_fixed_or_renamed_loads(tmp_path):
     x, _ = make_mixture(300, 3, 2, random_state=0)
     est = DeepDPM({"seed": 0, "schedule": {"max_epochs": 6}, "init": {"n_clusters": 2}}).fit(x)
     est.save(tmp_path / "model.pt")
     state = torch.load(tmp_path / "model.pt", weights_only=True)
     state["config"]["moves"]["merge_neighbours"] = 3  # as an earlier version wrote every key
     state["config"]["ae"]["input_scaling"] = "global"
+    state["config"]["moves"]["prune_empty"] = state["config"]["moves"].pop("prune_small")  # its former name
     torch.save(state, tmp_path / "earlier.pt")
     earlier = DeepDPM.load(tmp_path / "earlier.pt")
     assert earlier.get_config() == DeepDPM.load(tmp_path / "model.pt").get_config()
