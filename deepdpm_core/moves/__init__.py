@@ -1,10 +1,16 @@
 """How K changes: the initial clusters, split/merge proposals and births, density valleys,
 the surgery that applies them, and the schedule that says when."""
 
-from deepdpm_core.moves.births import birth_min_points, birth_proposals, choose_births
+from deepdpm_core.moves.births import (
+    birth_min_points,
+    birth_proposals,
+    choose_births,
+    groups_mixture,
+)
 from deepdpm_core.moves.density_valleys import (
     PAIR_SIDE_SHARE,
     VALLEY_BANDWIDTH,
+    VALLEY_MIN_POINTS,
     pair_histograms,
     projection_histograms,
     valley_ratios,
@@ -22,7 +28,7 @@ from deepdpm_core.moves.surgery import Nets, apply_births, apply_plan, reset_sub
 
 __all__ = [
     "apply_births", "apply_plan", "birth_min_points", "birth_proposals", "choose_births",
-    "coarsening_constant", "initial_cluster_count", "MERGE_NEIGHBOURS", "initial_clusters", "merge_candidates", "MovePlan", "MoveSchedule",
+    "coarsening_constant", "groups_mixture", "initial_cluster_count", "MERGE_NEIGHBOURS", "initial_clusters", "merge_candidates", "MovePlan", "MoveSchedule",
     "Nets", "PAIR_SIDE_SHARE", "pair_histograms", "plan_moves", "projection_histograms", "reset_subclusters",
-    "VALLEY_BANDWIDTH", "valley_ratios"
+    "VALLEY_BANDWIDTH", "VALLEY_MIN_POINTS", "valley_ratios"
 ]

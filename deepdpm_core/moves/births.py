@@ -233,15 +233,22 @@ def part_valleys(x: Tensor, part: Tensor, part_stats: SuffStats, parts: int, pri
     ratios : ndarray of shape (len(pairs),)
         Each pair's valley ratio (:func:`~deepdpm_core.moves.density_valleys.valley_ratios`).
     """
-    means, covs = map_estimate(prior, part_stats)
-    n = part_stats.n.clamp_min(1e-300)
-    r, d = part_stats.n_rows, part_stats.dim
-    zero = torch.zeros((), dtype=torch.float64, device=means.device)  # no subclusters: broadcast views
-    state = MixtureState(means, covs, n.log() - n.sum().log(), zero.expand(r, 2, d), zero.expand(r, 2, d, d),
-                         zero.expand(r, 2))
-    pairs = nearest_part_pairs(means, parts)
+    state = groups_mixture(prior, part_stats)
+    pairs = nearest_part_pairs(state.means, parts)
     hist = comm.all_reduce(pair_histograms(x, part, state.to(x.device), pairs))
     return pairs, valley_ratios(hist.cpu().numpy(), min_side, bandwidth)
+
+
+def groups_mixture(prior: NIWPrior, stats: SuffStats) -> MixtureState:
+    """The MAP mixture of R hard groups with statistics ``stats``, without subclusters:
+    what :func:`~deepdpm_core.moves.density_valleys.pair_histograms` reads of a partition
+    that is not the fit's."""
+    means, covs = map_estimate(prior, stats)
+    n = stats.n.clamp_min(1e-300)
+    r, d = stats.n_rows, stats.dim
+    zero = torch.zeros((), dtype=torch.float64, device=means.device)  # no subclusters: broadcast views
+    return MixtureState(means, covs, n.log() - n.sum().log(), zero.expand(r, 2, d), zero.expand(r, 2, d, d),
+                        zero.expand(r, 2))
 
 
 def accepted_births(log_h: Tensor, part_n: Tensor, parts: int, pairs: list[tuple[int, int]],

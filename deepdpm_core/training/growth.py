@@ -16,15 +16,24 @@ initialisation and the scores come from all-reduced statistics, so every rank ma
 same choice.
 
 A search that collapsed to one cluster is judged by the exact joint instead
-(:func:`~deepdpm_core.training.polish.partition_score`, with :data:`COLLAPSED_GAIN` nats a
+(:func:`~deepdpm_core.training.polish.partition_score`, with :data:`EXACT_GAIN` nats a
 row), whatever ν0: the prior fitted to one cluster is that cluster's own shape, known
 exactly (ν0 at its ceiling), so no cut pays and the coarsened joint prefers the one cluster
 to any partition; 100 grid blobs merge down to it from 10 or 20 clusters.
+
+A search that settled far below the groups its rows form, without collapsing, is judged by
+the exact joint too: from 5 or 9 clusters of 100 blobs along a curve the prior fitted to
+these wide clusters refuses every cut, and the coarsened joint gains less than a nat a row.
+Such a search hides groups: a k-means partition of :data:`PROBE_FACTOR`·K clusters leaves
+at least :data:`HIDDEN_GROUPS`·K groups once neighbours that no density valley parts are
+joined (:func:`valley_groups`), where pieces of curved, heavy-tailed or UMAP clusters join
+back into about K. The search then starts again from twice the best size, and merges.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -32,9 +41,21 @@ from torch import Tensor
 
 from deepdpm_core.bayes import PriorFit, log_crp, log_marginal_likelihood
 from deepdpm_core.config import Config
-from deepdpm_core.moves import coarsening_constant, initial_clusters
+from deepdpm_core.moves import (
+    MERGE_NEIGHBOURS,
+    PAIR_SIDE_SHARE,
+    VALLEY_BANDWIDTH,
+    VALLEY_MIN_POINTS,
+    coarsening_constant,
+    groups_mixture,
+    initial_clusters,
+    merge_candidates,
+    pair_histograms,
+    valley_ratios,
+)
 from deepdpm_core.training.fit_context import FitContext
 from deepdpm_core.training.polish import fitted_prior, partition_score
+from deepdpm_core.training.search_model import partition_stats
 
 #: the partition sizes tried: 2K, 4K, ... up to this multiple of the settled K (one k-means
 #: run each), then doubled on while the score still rises
@@ -52,13 +73,23 @@ WEAK_NU = 10.0
 #: a partition tried has at least this many rows a cluster on average
 MIN_ROWS_PER_CLUSTER = 10
 #: the gain in nats a row of the exact joint that grows a search that collapsed to one
-#: cluster: 128 k-means clusters of 100 grid blobs gain 0.27; two overlapping Gaussians
-#: settled at one cluster, and breast cancer's, gain nothing
-COLLAPSED_GAIN = 0.05
-#: after a collapse, doubling stops past 8 clusters once this many sizes in a row score no
+#: cluster or hides groups: 128 k-means clusters of 100 grid blobs gain 0.27 over one
+#: cluster, 80 of 100 blobs along a curve 1.8 over 5; two overlapping Gaussians settled at
+#: one cluster, and breast cancer's, gain nothing
+EXACT_GAIN = 0.05
+#: judged by the exact joint, doubling stops past 8K once this many sizes in a row score no
 #: higher than the one before: the grid's 2 to 8 wide pieces dip and score below the one
 #: cluster, 16 to 128 climb far above it
-COLLAPSED_FALLS = 2
+EXACT_FALLS = 2
+#: a settled search hides groups where a k-means partition of this many times its K ...
+PROBE_FACTOR = 8
+#: ... leaves at least this many times K groups apart by density valleys
+#: (:func:`valley_groups`): 100 blobs along a curve settled at 5 and 9 clusters leave 35
+#: and 72 (7 and 8 times K), 100 grid blobs 72 for 9; where the settled K is right they
+#: leave at most 3.3 times it in 2-D to 10-D (UMAP layouts 2.2–3.3, worms 2.6, curved and
+#: Student-t clusters 1.1–1.3, digits 0.1–1), and in more dimensions up to 8 times (n2d,
+#: sphere), where the exact joint's gain then decides (none of them gains)
+HIDDEN_GROUPS = 4.0
 
 
 def coarsened_score(ctx: FitContext, config: Config, prior_fit: PriorFit, labels: Tensor, n_groups: int
@@ -76,33 +107,93 @@ def coarsened_score(ctx: FitContext, config: Config, prior_fit: PriorFit, labels
 
 def grow(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Tensor, k: int, growths: int,
          rng: np.random.Generator) -> Tensor | None:
-    """The best-scoring k-means partition of 2K, 4K, 8K, ... clusters (K = ``k``; this
-    rank's rows' labels, int64 (N_local,)) if it scores enough above the settled partition
-    ``anchors`` (each row's best cluster under the settled mixture), else None; None too
-    once the fit has grown ``growths`` = :data:`MAX_GROWTHS` times (collective; the k-means
-    seeds come from ``rng``). Scored by the coarsened joint, or by the exact one after a
-    search that collapsed to one cluster (module docstring)."""
+    """A k-means partition of more clusters than the settled K = ``k`` to search again
+    from (this rank's rows' labels, int64 (N_local,)), or None (collective; the k-means
+    seeds come from ``rng``); None too once the fit has grown ``growths`` =
+    :data:`MAX_GROWTHS` times or ``small_data.growth_gain`` is null. A search that collapsed
+    to one cluster takes the best of 2, 4, 8, ... clusters by the exact joint
+    (:data:`EXACT_GAIN`); any other takes the best of 2K, 4K, 8K, ... by the coarsened joint
+    (``growth_gain``, while ν0 is within :data:`WEAK_NU` times its weakest), else, if it
+    hides groups (:func:`valley_groups`), twice the best size by the exact joint (module
+    docstring). ``anchors``: each row's best cluster under the settled mixture."""
     gain, prior = config.small_data.growth_gain, prior_fit.prior
     weakest = 3.0 if prior.diagonal else prior.dim + 2.0
     if gain is None or growths >= MAX_GROWTHS:
         return None
     if k == 1:  # the prior fitted to one cluster is its shape: the coarsened joint keeps it
-        score_of, gain, falls_to_stop = partition_score, COLLAPSED_GAIN, COLLAPSED_FALLS
-    elif prior.nu > WEAK_NU * weakest:
-        return None  # the clusters agree on one shape: none of them holds several
-    else:
-        score_of, falls_to_stop = coarsened_score, 1
-    best, chosen = score_of(ctx, config, prior_fit, anchors, k) + gain * ctx.n_total, None
+        best, tried = _best_size(ctx, config, prior_fit, anchors, k, partition_score, EXACT_GAIN, EXACT_FALLS, rng)
+        return None if best is None else tried[best]
+    if prior.nu <= WEAK_NU * weakest:  # above, the clusters agree on one shape: none holds several
+        best, tried = _best_size(ctx, config, prior_fit, anchors, k, coarsened_score, gain, 1, rng)
+        if best is not None:
+            return tried[best]
+    if config.moves.merge_valley is None or not _hides_groups(ctx, config, prior_fit, k, rng):
+        return None
+    best, tried = _best_size(ctx, config, prior_fit, anchors, k, partition_score, EXACT_GAIN, EXACT_FALLS, rng)
+    # twice the best size: k-means at the best size still joins some groups and cuts others,
+    # and merges, guided by the valleys, repair a partition of too many clusters
+    return None if best is None else tried.get(2 * best, tried[best])
+
+
+def _best_size(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Tensor, k: int,
+               score_of: Callable[..., float], gain: float, falls_to_stop: int, rng: np.random.Generator
+               ) -> tuple[int | None, dict[int, Tensor]]:
+    """k-means partitions of 2K, 4K, ... clusters (K = ``k``; at most N /
+    :data:`MIN_ROWS_PER_CLUSTER`; past :data:`GROWTH_FACTORS_TRIED`·K until
+    ``falls_to_stop`` sizes in a row score no higher than the one before), each scored by
+    ``score_of``: the size of the best one that scores ``gain`` nats a row above the settled
+    partition ``anchors`` (None if none does), and every partition tried by size."""
+    best, best_size, tried = score_of(ctx, config, prior_fit, anchors, k) + gain * ctx.n_total, None, {}
     size, last, falls = k, -math.inf, 0
     while size * 2 <= ctx.n_total // MIN_ROWS_PER_CLUSTER:
         size *= 2
         init = config.init.model_copy(update={"n_clusters": size})
         labels, n_groups = initial_clusters(ctx.x, init, ctx.n_total, ctx.rank_rows, ctx.comm, rng)
         score = score_of(ctx, config, prior_fit, labels, n_groups)
+        tried[size] = labels
         if score > best:
-            best, chosen = score, labels
+            best, best_size = score, size
         falls = falls + 1 if score <= last else 0
         if size >= GROWTH_FACTORS_TRIED * k and falls >= falls_to_stop:
             break  # past the sizes always tried, and no longer rising
         last = score
-    return chosen
+    return best_size, tried
+
+
+def _hides_groups(ctx: FitContext, config: Config, prior_fit: PriorFit, k: int, rng: np.random.Generator) -> bool:
+    """Whether a k-means partition of :data:`PROBE_FACTOR`·K clusters (at most N /
+    :data:`MIN_ROWS_PER_CLUSTER`) leaves :data:`HIDDEN_GROUPS`·K groups apart by valleys."""
+    probe = min(PROBE_FACTOR * k, ctx.n_total // MIN_ROWS_PER_CLUSTER)
+    init = config.init.model_copy(update={"n_clusters": probe})
+    labels, n_groups = initial_clusters(ctx.x, init, ctx.n_total, ctx.rank_rows, ctx.comm, rng)
+    return valley_groups(ctx, config, prior_fit, labels, n_groups) >= HIDDEN_GROUPS * k
+
+
+def valley_groups(ctx: FitContext, config: Config, prior_fit: PriorFit, labels: Tensor, n_groups: int) -> int:
+    """How many groups the partition ``labels`` (this rank's rows, int64 in [0, n_groups))
+    leaves once neighbours (each group's :data:`~deepdpm_core.moves.MERGE_NEIGHBOURS`
+    nearest means) are joined where no density valley as deep as ``moves.merge_valley``
+    parts them along their merge axis, or either holds too few points to judge one
+    (:mod:`deepdpm_core.moves.density_valleys`; collective)."""
+    stats, keep = partition_stats(ctx, labels, n_groups)
+    index = torch.full((n_groups,), -1, dtype=torch.long, device=labels.device)
+    index[keep.to(labels.device)] = torch.arange(keep.shape[0], device=labels.device)
+    state = groups_mixture(prior_fit.prior, stats)
+    pairs = merge_candidates(state.means, MERGE_NEIGHBOURS)
+    hist = ctx.comm.all_reduce(pair_histograms(ctx.x, index[labels], state.to(ctx.x.device), pairs))
+    sizes = stats.n.cpu().numpy()
+    smaller = np.array([min(sizes[a], sizes[b]) for a, b in pairs], dtype=np.float64)
+    ratios = valley_ratios(hist.cpu().numpy(), config.moves.min_subcluster_size, VALLEY_BANDWIDTH,
+                           share_cap=PAIR_SIDE_SHARE * smaller)
+    root = list(range(stats.n_rows))
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            root[i] = root[root[i]]
+            i = root[i]
+        return i
+
+    for (a, b), ratio, small in zip(pairs, ratios.tolist(), smaller.tolist(), strict=True):
+        if ratio > config.moves.merge_valley or small < VALLEY_MIN_POINTS:
+            root[find(a)] = find(b)
+    return len({find(i) for i in range(stats.n_rows)})
