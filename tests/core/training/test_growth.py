@@ -4,6 +4,7 @@ each scored by the coarsened ln p(X, z) with the prior fitted to it."""
 import numpy as np
 import pytest
 import torch
+from sklearn.cluster import KMeans
 
 from deepdpm_core import DeepDPM
 from deepdpm_core.bayes import (
@@ -17,7 +18,7 @@ from deepdpm_core.config import Config
 from deepdpm_core.data import clustering_scores
 from deepdpm_core.moves import MoveSchedule, coarsening_constant
 from deepdpm_core.training import Trainer
-from deepdpm_core.training.growth import coarsened_score, grow
+from deepdpm_core.training.growth import coarsened_score, grow, valley_groups
 from deepdpm_core.training.polish import partition_score
 from deepdpm_core.training.search_model import partition_stats
 from tests.support.blobs import many_blobs
@@ -135,4 +136,35 @@ def test_a_grid_of_blobs_started_from_three_clusters_is_found():
     fit = DeepDPM(random_state=0, init__n_clusters=3).fit(x)
     assert abs(fit.n_clusters_ - 36) <= 3
     assert clustering_scores(y, fit.labels_)["nmi"] >= 0.85
+    assert [r["grown"] for r in fit.history_ if "grown" in r]
+
+
+def _curve_blobs(k: int, per_blob: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """k unit Gaussians 6 apart along the arc of y = 30 sin(2 pi x / 200), ``per_blob`` rows each."""
+    rng = np.random.default_rng(seed)
+    s = 6.0 * np.arange(k)
+    y = np.repeat(np.arange(k), per_blob)
+    return np.column_stack([s, 30.0 * np.sin(2 * np.pi * s / 200.0)])[y] + rng.standard_normal((len(y), 2)), y
+
+
+def test_valley_groups_count_what_density_valleys_part():
+    """36 grid blobs stay 36 groups; 16 k-means pieces of one Gaussian join into one."""
+    x, y = _grid_blobs(6, 150)
+    trainer = _trainer_at(x, y)
+    assert valley_groups(trainer.ctx, trainer.config, trainer.prior_fit, torch.as_tensor(y), 36) == 36
+    one = np.random.default_rng(1).standard_normal((3000, 2))
+    pieces = KMeans(16, n_init=1, random_state=0).fit_predict(one)
+    trainer = _trainer_at(one, pieces)
+    assert valley_groups(trainer.ctx, trainer.config, trainer.prior_fit, torch.as_tensor(pieces), 16) == 1
+
+
+@pytest.mark.slow
+def test_a_curve_of_blobs_started_from_three_clusters_is_found():
+    """From 3 wide clusters of 60 blobs along a curve the fitted prior refuses every cut
+    (K 3 before); 96 k-means clusters leave 60 groups apart by valleys, and the exact joint
+    prefers them."""
+    x, y = _curve_blobs(60, 150)
+    fit = DeepDPM(random_state=0, init__n_clusters=3).fit(x)
+    assert abs(fit.n_clusters_ - 60) <= 6
+    assert clustering_scores(y, fit.labels_)["nmi"] >= 0.9
     assert [r["grown"] for r in fit.history_ if "grown" in r]
