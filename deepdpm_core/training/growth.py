@@ -42,18 +42,13 @@ from torch import Tensor
 from deepdpm_core.bayes import PriorFit, log_crp, log_marginal_likelihood
 from deepdpm_core.config import Config
 from deepdpm_core.moves import (
-    MERGE_NEIGHBOURS,
-    PAIR_SIDE_SHARE,
-    VALLEY_BANDWIDTH,
     VALLEY_MIN_POINTS,
     coarsening_constant,
     groups_mixture,
     initial_clusters,
-    merge_candidates,
-    pair_histograms,
-    valley_ratios,
 )
 from deepdpm_core.training.fit_context import FitContext
+from deepdpm_core.training.move_round import merge_valleys
 from deepdpm_core.training.polish import fitted_prior, partition_score
 from deepdpm_core.training.search_model import partition_stats
 
@@ -178,13 +173,8 @@ def valley_groups(ctx: FitContext, config: Config, prior_fit: PriorFit, labels: 
     stats, keep = partition_stats(ctx, labels, n_groups)
     index = torch.full((n_groups,), -1, dtype=torch.long, device=labels.device)
     index[keep.to(labels.device)] = torch.arange(keep.shape[0], device=labels.device)
-    state = groups_mixture(prior_fit.prior, stats)
-    pairs = merge_candidates(state.means, MERGE_NEIGHBOURS)
-    hist = ctx.comm.all_reduce(pair_histograms(ctx.x, index[labels], state.to(ctx.x.device), pairs))
-    sizes = stats.n.cpu().numpy()
-    smaller = np.array([min(sizes[a], sizes[b]) for a, b in pairs], dtype=np.float64)
-    ratios = valley_ratios(hist.cpu().numpy(), config.moves.min_subcluster_size, VALLEY_BANDWIDTH,
-                           share_cap=PAIR_SIDE_SHARE * smaller)
+    state = groups_mixture(prior_fit.prior, stats).to(ctx.x.device)
+    pairs, ratios, smaller = merge_valleys(ctx, config, state, index[labels], stats.n.cpu().numpy())
     root = list(range(stats.n_rows))
 
     def find(i: int) -> int:

@@ -86,13 +86,29 @@ def _valleys(ctx: FitContext, config: Config, kind: str, sub: SuffStats, state: 
     if kind == "split":
         hist = ctx.comm.all_reduce(projection_histograms(ctx.x, anchors, state))
         return valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, VALLEY_BANDWIDTH)
-    pairs = merge_candidates(state.means, MERGE_NEIGHBOURS)
-    hist = ctx.comm.all_reduce(pair_histograms(ctx.x, anchors, state, pairs))
-    sizes = sub.n.view(-1, 2).sum(1).cpu().numpy()
-    smaller = np.array([min(sizes[a], sizes[b]) for a, b in pairs], dtype=np.float64)
-    ratios = valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, VALLEY_BANDWIDTH,
-                           share_cap=PAIR_SIDE_SHARE * smaller)
+    pairs, ratios, _ = merge_valleys(ctx, config, state, anchors, sub.n.view(-1, 2).sum(1).cpu().numpy())
     return dict(zip(pairs, ratios.tolist(), strict=True))
+
+
+def merge_valleys(ctx: FitContext, config: Config, state: MixtureState, labels: Tensor, sizes: np.ndarray
+                  ) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+    """Each cluster paired with its nearest means, and the deepest density valley between
+    each pair along its merge axis, the rows counted in ``labels`` (collective).
+
+    Returns
+    -------
+    pairs : list of (a, b)
+    ratios : ndarray of shape (len(pairs),)
+        :func:`~deepdpm_core.moves.valley_ratios`, a pair's sides sized by ``sizes`` (K,).
+    smaller : ndarray of shape (len(pairs),)
+        The points of each pair's smaller cluster.
+    """
+    pairs = merge_candidates(state.means, MERGE_NEIGHBOURS)
+    hist = ctx.comm.all_reduce(pair_histograms(ctx.x, labels, state, pairs))
+    smaller = np.array([min(sizes[a], sizes[b]) for a, b in pairs], dtype=np.float64)
+    ratios = valley_ratios(hist.cpu().numpy(), config.moves.min_subcluster_size, VALLEY_BANDWIDTH,
+                           share_cap=PAIR_SIDE_SHARE * smaller)
+    return pairs, ratios, smaller
 
 
 def births(ctx: FitContext, config: Config, state: MixtureState, nets: Nets, anchors: Tensor,
