@@ -14,8 +14,9 @@ The table gives the true K, the NMI of the hierarchy's level of the true K (is t
 the hierarchy at all?), the level the exact joint picks, the one c = 500 picks, and the level
 that stays best over the longest run of ln c (its persistence, as HDBSCAN's excess of mass
 picks clusters), counted over the c where every group keeps at least one point after
-scaling (ζ N ≥ M). A family whose truth is in the hierarchy and whose picks miss it needs
-another objective, not another search.
+scaling (ζ N ≥ M), and the elbow of the exact joint against K (Miller & Dunson's calibration
+read on the hierarchy, :func:`elbow`). A family whose truth is in the hierarchy and whose
+picks miss it needs another objective, not another search.
 
     OMP_NUM_THREADS=1 python bench/k_levels.py --families grid100 worms35-2d curved student \\
         overlap30-2d --n 20000 --json bench/results/k_levels.json
@@ -60,6 +61,10 @@ from deepdpm_core.runtime import LocalCommunicator  # noqa: E402
 NEIGHBOURS = 8
 #: the coarsening constants scored
 C_GRID = np.geomspace(10.0, 1e6, 41)
+#: the elbow's floor on a gain per cluster, as a fraction of the mean gain per cluster from
+#: one group to the exact joint's level: next to that level the gains fall to zero by
+#: construction, so a ratio against them would measure nearness to it, not an elbow
+ELBOW_FLOOR = 0.1
 
 
 def components(X: np.ndarray, m: int, seed: int) -> tuple[SuffStats, np.ndarray, NIWPrior, float]:
@@ -124,6 +129,35 @@ def joint(stats: SuffStats, prior: NIWPrior, alpha: float, zeta: float = 1.0) ->
     return log_crp(scaled.n.numpy(), alpha) + float(log_marginal_likelihood(prior, scaled).sum())
 
 
+def elbow(ks: list[int], scores: list[float]) -> int:
+    """The level where the gain per added group falls most: on the upper concave hull of
+    (K, ln p(X, z)), the vertex at or below the exact joint's level whose incoming slope
+    over its outgoing one (in magnitude, floored at ``ELBOW_FLOOR`` × the mean slope up to
+    that level) is largest; the exact joint's level when the hull has no inner vertex.
+
+    Parameters
+    ----------
+    ks : list of int
+        K of each level.
+    scores : list of float
+        ln p(X, z) of each level.
+    """
+    order = np.argsort(ks)
+    k, s = np.asarray(ks, dtype=np.float64)[order], np.asarray(scores, dtype=np.float64)[order]
+    best = int(np.argmax(s))
+    hull: list[int] = []
+    for i in range(len(k)):
+        while len(hull) >= 2 and ((s[hull[-1]] - s[hull[-2]]) * (k[i] - k[hull[-2]])
+                                  <= (s[i] - s[hull[-2]]) * (k[hull[-1]] - k[hull[-2]])):
+            hull.pop()
+        hull.append(i)
+    slope = np.diff(s[hull]) / np.diff(k[hull])
+    floor = ELBOW_FLOOR * (s[best] - s[0]) / max(k[best] - k[0], 1.0)
+    ratios = [(slope[j - 1] / max(abs(slope[j]), floor), hull[j]) for j in range(1, len(hull) - 1)
+              if k[hull[j]] <= k[best]]
+    return int(k[max(ratios)[1]]) if ratios else int(k[best])
+
+
 def run(name: str, n: int | None, seed: int) -> dict:
     """The hierarchy of one family and each objective's level (module docstring)."""
     start = time.perf_counter()
@@ -157,6 +191,7 @@ def run(name: str, n: int | None, seed: int) -> dict:
             "nmi_at_true_k": nmi_at(true_k) if true_k in ks else None,
             "exact_k": ks[int(np.argmax(exact))], "c500_k": c500, "persistent_k": persistent,
             "persistent_nmi": nmi_at(persistent) if persistent else None,
+            "elbow_k": elbow(ks, exact), "elbow_nmi": nmi_at(elbow(ks, exact)),
             "persistence": sorted(runs.items(), key=lambda kv: -kv[1])[:5],
             "k_by_c": {f"{c:.3g}": k for c, k in picks.items()}, "seconds": time.perf_counter() - start}
 
@@ -175,17 +210,17 @@ def main(argv: list[str] | None = None) -> int:
         rec = run(name, n, args.seed)
         records.append(rec)
         print(f"{name}: true K {rec['true_k']}, exact {rec['exact_k']}, c=500 {rec['c500_k']}, "
-              f"persistent {rec['persistent_k']} ({rec['seconds']:.0f} s)", file=sys.stderr, flush=True)
+              f"persistent {rec['persistent_k']}, elbow {rec['elbow_k']} ({rec['seconds']:.0f} s)", file=sys.stderr, flush=True)
         if args.json:
             args.json.write_text(json.dumps({"command": shlex.join(["python", *sys.argv]), "records": records},
                                             indent=1) + "\n")
     print("| family | N | D | true K | components | NMI at true K | exact joint K | c = 500 K "
-          "| persistent K (NMI) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|")
+          "| persistent K (NMI) | elbow K (NMI) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for r in records:
         at_true = f"{r['nmi_at_true_k']:.3f}" if r["nmi_at_true_k"] is not None else "—"
         pers = f"{r['persistent_k']} ({r['persistent_nmi']:.3f})" if r["persistent_k"] else "—"
         print(f"| {r['family']} | {r['n']} | {r['d']} | {r['true_k']} | {r['components']} | {at_true} "
-              f"| {r['exact_k']} | {r['c500_k']} | {pers} |")
+              f"| {r['exact_k']} | {r['c500_k']} | {pers} | {r['elbow_k']} ({r['elbow_nmi']:.3f}) |")
     return 0
 
 
