@@ -1,6 +1,6 @@
 """The Bayesian model: sufficient statistics that add, the Normal-Inverse-Wishart prior
 (posterior, marginal likelihood, Hastings ratios), its refit to the clusters, and the model's
-own score of a partition."""
+own score of a partition, and the greedy merge hierarchy it scores."""
 
 from deepdpm_core.bayes import blocks
 from deepdpm_core.bayes.empirical_bayes import (
@@ -9,6 +9,7 @@ from deepdpm_core.bayes.empirical_bayes import (
     empirical_bayes_shape,
 )
 from deepdpm_core.bayes.linalg import cholesky_jittered, precision_cholesky, symmetric_eigh
+from deepdpm_core.bayes.merge_levels import MergeLevels, elbow_level, merge_levels
 from deepdpm_core.bayes.niw import (
     NIWPrior,
     log_marginal_likelihood,
@@ -30,9 +31,10 @@ from deepdpm_core.bayes.stats import (
 
 __all__ = [
     "blocks", "cholesky_jittered", "empirical_bayes_nu", "empirical_bayes_scale",
-    "empirical_bayes_shape", "fitted_log_joint",
+    "elbow_level", "empirical_bayes_shape", "fitted_log_joint",
     "gather_chunk_rows", "grouped_stats", "log_crp", "log_marginal_likelihood",
-    "log_merge_hastings", "log_split_hastings", "map_estimate", "NIWPrior", "partition_evidence",
+    "log_merge_hastings", "log_split_hastings", "map_estimate", "merge_levels", "MergeLevels", "NIWPrior",
+    "partition_evidence",
     "posterior", "posterior_mean", "precision_cholesky", "PriorFit", "sparse_stats", "SuffStats",
     "symmetric_eigh", "TripleBuffer"
 ]
