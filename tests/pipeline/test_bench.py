@@ -162,4 +162,5 @@ def test_k_levels_finds_the_truth_in_the_hierarchy_of_two_gaussians(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     (record,) = json.loads(out.read_text())["records"]
     assert record["components"] == 40 and record["exact_k"] == 2 and record["nmi_at_true_k"] > 0.6
+    assert record["elbow_k"] == 2
     assert "| overlap10-2d | 2048 | 2 | 2 | 40 |" in done.stdout
