@@ -41,10 +41,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from k_battery import FAMILIES  # noqa: E402
+from k_battery import FAMILIES, QUICK_N  # noqa: E402
 from k_suite import select  # noqa: E402
 from k_vs_n import faiss_kmeans  # noqa: E402
 
+from deepdpm_core import DeepDPM  # noqa: E402
 from deepdpm_core.bayes import (  # noqa: E402
     NIWPrior,
     PriorFit,
@@ -89,8 +90,18 @@ def joint(stats: SuffStats, prior: NIWPrior, alpha: float, zeta: float = 1.0) ->
     return log_crp(scaled.n.numpy(), alpha) + float(log_marginal_likelihood(prior, scaled).sum())
 
 
-def run(name: str, n: int | None, seed: int) -> dict:
-    """The hierarchy of one family and each objective's level (module docstring)."""
+def fitted(X: np.ndarray, y: np.ndarray, seed: int, init_labels: np.ndarray | None = None) -> dict:
+    """K, NMI and seconds of ``DeepDPM(random_state=seed)`` on X, from its default start or
+    from ``init_labels``."""
+    start = time.perf_counter()
+    model = DeepDPM(random_state=seed).fit(X, init_labels=init_labels)
+    return {"k": int(model.n_clusters_), "nmi": float(clustering_scores(y, model.predict(X))["nmi"]),
+            "seconds": time.perf_counter() - start}
+
+
+def run(name: str, n: int | None, seed: int, fit: bool = False) -> dict:
+    """The hierarchy of one family and each objective's level (module docstring); with
+    ``fit``, DeepDPM's fit from its default start and from the elbow's partition."""
     start = time.perf_counter()
     X, y = FAMILIES[name].make(n, seed)
     big_n, true_k = len(X), len(np.unique(y))
@@ -115,7 +126,8 @@ def run(name: str, n: int | None, seed: int) -> dict:
         return float(clustering_scores(y, levels.labels(k)[label])["nmi"])
 
     c500 = picks[float(C_GRID[np.abs(C_GRID - 500.0).argmin()])]
-    return {"family": name, "n": big_n, "d": X.shape[1], "true_k": true_k, "components": ks[0],
+    fits = {"default": fitted(X, y, seed), "elbow": fitted(X, y, seed, levels.labels(elbow)[label])} if fit else {}
+    return {"fits": fits, "family": name, "n": big_n, "d": X.shape[1], "true_k": true_k, "components": ks[0],
             "nmi_at_true_k": nmi_at(true_k) if true_k in ks else None,
             "exact_k": ks[int(np.argmax(exact))], "c500_k": c500, "persistent_k": persistent,
             "persistent_nmi": nmi_at(persistent) if persistent else None,
@@ -129,13 +141,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--families", nargs="+", default=["grid100", "worms35-2d", "curved", "student"],
                         metavar="NAME|GLOB")
     parser.add_argument("--n", type=int, default=20_000, help="rows (tables: their own N)")
+    parser.add_argument("--quick", action="store_true",
+                        help="each family at the quick battery's size (k_battery's QUICK_N), not --n")
+    parser.add_argument("--fit", action="store_true",
+                        help="also fit DeepDPM from its default start and from the elbow level's partition")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, metavar="FILE")
     args = parser.parse_args(argv)
     records = []
     for name in select(FAMILIES, args.families):
         n = None if FAMILIES[name].ns == (None,) else (2048 if name.startswith("overlap") else args.n)
-        rec = run(name, n, args.seed)
+        rec = run(name, QUICK_N.get(name, n) if args.quick else n, args.seed, args.fit)
         records.append(rec)
         print(f"{name}: true K {rec['true_k']}, exact {rec['exact_k']}, c=500 {rec['c500_k']}, "
               f"persistent {rec['persistent_k']}, elbow {rec['elbow_k']} ({rec['seconds']:.0f} s)", file=sys.stderr, flush=True)
@@ -149,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         pers = f"{r['persistent_k']} ({r['persistent_nmi']:.3f})" if r["persistent_k"] else "—"
         print(f"| {r['family']} | {r['n']} | {r['d']} | {r['true_k']} | {r['components']} | {at_true} "
               f"| {r['exact_k']} | {r['c500_k']} | {pers} | {r['elbow_k']} ({r['elbow_nmi']:.3f}) |")
+    if args.fit:
+        print("\n| family | N | true K | elbow K (NMI) | DeepDPM K, NMI, s | from the elbow: K, NMI, s |\n"
+              "|---|---:|---:|---|---|---|")
+        for r in records:
+            cells = [f"{f['k']}, {f['nmi']:.3f}, {f['seconds']:.0f}" for f in (r["fits"]["default"], r["fits"]["elbow"])]
+            print(f"| {r['family']} | {r['n']} | {r['true_k']} | {r['elbow_k']} ({r['elbow_nmi']:.3f}) | "
+                  + " | ".join(cells) + " |")
     return 0
 
 
