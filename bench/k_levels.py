@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 import time
@@ -47,6 +48,7 @@ from k_vs_n import faiss_kmeans  # noqa: E402
 
 from deepdpm_core import DeepDPM  # noqa: E402
 from deepdpm_core.bayes import (  # noqa: E402
+    MergeLevels,
     NIWPrior,
     PriorFit,
     SuffStats,
@@ -84,10 +86,34 @@ def components(X: np.ndarray, m: int, seed: int) -> tuple[SuffStats, np.ndarray,
     return stats, label, prior_fit.prior, config.prior.alpha
 
 
-def joint(stats: SuffStats, prior: NIWPrior, alpha: float, zeta: float = 1.0) -> float:
-    """ln p(X, z) of groups with statistics ``stats``, coarsened by ``zeta``."""
-    scaled = stats if zeta == 1.0 else stats.scaled(torch.full_like(stats.n, zeta))
-    return log_crp(scaled.n.numpy(), alpha) + float(log_marginal_likelihood(prior, scaled).sum())
+def coarsened_joints(stats: SuffStats, levels: MergeLevels, prior: NIWPrior, alpha: float,
+                     zetas: np.ndarray) -> np.ndarray:
+    """ln p(X, z) of every level with the statistics and counts scaled by each ζ, (Z, M):
+    the first level's, then each merge's change (only the union's ln f is new)."""
+    z = torch.as_tensor(zetas, dtype=torch.float64)[:, None]
+    n, s1, s2 = stats.n.clone(), stats.s1.clone(), stats.s2.clone()
+    unions = []
+    for a, b in levels.merges:
+        n[a], s1[a], s2[a] = n[a] + n[b], s1[a] + s1[b], s2[a] + s2[b]
+        unions.append((float(n[a]), s1[a].clone(), s2[a].clone()))
+
+    def scaled_marginals(st: SuffStats) -> torch.Tensor:  # (Z, R)
+        return torch.stack([log_marginal_likelihood(prior, st.scaled(torch.full_like(st.n, float(f)))) for f in z])
+
+    current = scaled_marginals(stats)
+    union_n = torch.tensor([u[0] for u in unions], dtype=torch.float64)
+    joined = scaled_marginals(SuffStats(union_n, torch.stack([u[1] for u in unions]),
+                                        torch.stack([u[2] for u in unions]))) if unions else current[:, :0]
+    counts = stats.n.clone()
+    out = torch.empty(len(zetas), stats.n_rows, dtype=torch.float64)
+    out[:, 0] = torch.tensor([log_crp((f * counts).numpy(), alpha) for f in z[:, 0]]) + current.sum(1)
+    for t, (a, b) in enumerate(levels.merges):
+        na, nb = z[:, 0] * counts[a], z[:, 0] * counts[b]
+        out[:, t + 1] = (out[:, t] + joined[:, t] - current[:, a] - current[:, b] - math.log(alpha)
+                         + torch.lgamma(na + nb) - torch.lgamma(na) - torch.lgamma(nb))
+        current[:, a] = joined[:, t]
+        counts[a] += counts[b]
+    return out.numpy()
 
 
 def fitted(X: np.ndarray, y: np.ndarray, seed: int, init_labels: np.ndarray | None = None) -> dict:
@@ -110,11 +136,8 @@ def run(name: str, n: int | None, seed: int, fit: bool = False) -> dict:
     levels = merge_levels(stats, prior, alpha, NEIGHBOURS)
     ks = [int(k) for k in levels.n_groups]
     exact = levels.log_joint
-    per_level = [stats.regrouped(torch.as_tensor(levels.labels(k)), k) for k in ks]
-    picks = {}
-    for c in C_GRID:
-        zeta = c / (c + big_n)
-        picks[float(c)] = ks[int(np.argmax([joint(st, prior, alpha, zeta) for st in per_level]))]
+    scores = coarsened_joints(stats, levels, prior, alpha, C_GRID / (C_GRID + big_n))
+    picks = {float(c): ks[int(np.argmax(row))] for c, row in zip(C_GRID, scores, strict=True)}
     runs: dict[int, int] = {}
     for c, k in picks.items():
         if c / (c + big_n) * big_n >= ks[0]:  # every group keeps a point after scaling
