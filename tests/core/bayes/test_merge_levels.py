@@ -9,8 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from deepdpm_core.bayes import NIWPrior, SuffStats, grouped_stats, log_crp, log_marginal_likelihood
-from deepdpm_core.bayes import elbow_level, merge_levels
+from deepdpm_core.bayes import (
+    NIWPrior,
+    SuffStats,
+    elbow_level,
+    grouped_stats,
+    log_crp,
+    log_marginal_likelihood,
+    merge_levels,
+)
 
 ALPHA = 10.0
 
