@@ -6,8 +6,9 @@ at its defaults on the labelled 4-D blobs of ``tests/system/test_fit_modes.py`` 
 and with the net search (``small_data.max_rows=0``); at its defaults on three sets of
 ``bench/k_suite.py`` (wine-std, blobs2d-overlap, table-degenerate) and on blobs2d-50
 (quick, K = 50: the top-m E-step); the net search on blobs16 with ``estep.dense_max_k=4,
-estep.top_m=3``; and ``deepdpm fit`` with the fit-modes settings and a sqlite MLflow store
-(the logged metrics, timings left out). Prints a table; ``--against`` compares with the
+estep.top_m=3``; and ``deepdpm fit`` with the fit-modes settings (this tree's
+``cluster_configs/local.yaml`` whatever the checkout) and a sqlite MLflow store (the logged
+metrics, timings left out). Prints a table; ``--against`` compares with the
 JSON of another checkout and exits 1 if any answer differs.
 
     git worktree add /tmp/before <commit>
@@ -30,6 +31,8 @@ from pathlib import Path
 import numpy as np
 
 TIMINGS = ("seconds", "epoch_seconds", "fit_seconds")
+#: the recipe of ``deepdpm fit``, this tree's for every checkout: the answers then differ by code alone
+RECIPE = Path(__file__).resolve().parent.parent / "cluster_configs" / "local.yaml"
 
 
 def _digest(a: np.ndarray) -> str:
@@ -79,10 +82,10 @@ def cli_fit(checkout: Path) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="same-answers-"))
     pq.write_table(features_table(X, np.arange(300), y), tmp / "d.parquet", row_group_size=150)
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    sets = ["init.n_clusters=2", "schedule.warmup_epochs=3", "schedule.move_every=3", "schedule.freeze_epochs=1",
-            "schedule.patience=3", "schedule.max_epochs=15", "small_data.max_rows=0"]
+    sets = ["init.n_clusters=2", "schedule.warmup_epochs=3", "schedule.move_every=3", "schedule.max_epochs=15",
+            "small_data.max_rows=0"]
     cmd = [sys.executable, "-m", "pipeline.cli", "fit", "--input", str(tmp / "d.parquet"), "--output", str(tmp / "out"),
-           "--config", str(checkout / "cluster_configs" / "local.yaml"), "--seed", "0", "--quiet",
+           "--config", str(RECIPE), "--seed", "0", "--quiet",
            "--tracking-uri", uri, "--experiment", "same-answers", "--run-name", "fit",
            *[a for s in sets for a in ("--set", s)]]
     env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
