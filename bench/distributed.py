@@ -195,7 +195,7 @@ def main() -> None:
         "init": {"n_clusters": args.k},
         "optim": {"batch_size": args.batch},
         "schedule": {"warmup_epochs": 1, "max_epochs": args.epochs + 2},
-        "moves": {"split": False, "merge": False, "prune_small": False},
+        "moves": {"split": False, "merge": False},
         "small_data": {"max_rows": 0},  # the nets' minibatch epochs at any --n (their DDP traffic)
     })
     rows = {1: _measure(x, config, args.epochs, distributed=False)}

@@ -27,6 +27,11 @@ from deepdpm_core.errors import DataError
 PER_FEATURE = {"auto": True, "evidence": False}
 #: coordinate-ascent rounds of (s, ν0) when s maximises the prior's own evidence
 EB_ROUNDS = 4
+#: ε of the covariance floor δ = ε·v (docs/design.md, "The prior"): every value is known only
+#: to ε times its feature's variance v over the data, so constant, duplicated, binary or
+#: collinear features and clusters of a few rows keep a positive-definite posterior; at
+#: 1e-4 of a feature's spread it is far below any cluster's own
+COVARIANCE_FLOOR = 1.0e-4
 
 
 class PriorFit:
@@ -48,7 +53,7 @@ class PriorFit:
     base_shape : Tensor of shape (D,), float64
         P before any fit: I or diag(std), on x̃.
     floor : Tensor of shape (D,), float64
-        δ on x̃ (:class:`~deepdpm_core.bayes.niw.NIWPrior`): ``prior.covariance_floor`` times
+        δ on x̃ (:class:`~deepdpm_core.bayes.niw.NIWPrior`): :data:`COVARIANCE_FLOOR` times
         each feature's variance over the data, or times the mean one (1 on x̃) for a
         constant feature.
     sigma_scale : float
@@ -73,7 +78,7 @@ class PriorFit:
         self.sigma_scale = float(config.sigma_scale) if isinstance(config.sigma_scale, float) else unit2
         # δ = ε·v on x̃, v the per-feature variance (mean 1 on x̃; 1 for a constant feature)
         variance = (std / coords.unit).square()
-        self.floor = config.covariance_floor * torch.where(variance > 0, variance, torch.ones(d, **f64))
+        self.floor = COVARIANCE_FLOOR * torch.where(variance > 0, variance, torch.ones(d, **f64))
         kinds = ("full", "diag") if config.covariance_type == "auto" else (config.covariance_type,)
         self.priors = [
             NIWPrior.from_shape(torch.zeros(d, **f64), self.shape, self.kappa(self.sigma_scale),
@@ -149,8 +154,6 @@ class PriorFit:
         fixes = "standardise the features (data.transform=standard)"
         if isinstance(sigma_scale, float):
             fixes += f" or let the prior follow the data (prior.sigma_scale=auto, not {sigma_scale:g})"
-        if not self.config.covariance_floor > 0:
-            fixes += ", or keep the covariance floor (prior.covariance_floor=1e-4)"
         return DataError(
             f"the fit failed numerically at epoch {epoch}: a cluster covariance is not "
             "positive-definite, the clusters are degenerate at the prior's scale (duplicate "

@@ -104,12 +104,11 @@ FIXED_KEYS = frozenset({
     "schedule.min_epochs", "moves.merge_neighbours", "moves.valley_min_points", "moves.valley_bandwidth",
     "moves.birth_kmeans_iters", "small_data.warmup_epochs", "small_data.move_every", "small_data.distil_lr",
     "small_data.distil_agreement", "small_data.distil_max_steps", "ae.weight_decay", "ae.input_scaling",
-    "embed.metric",
+    "embed.metric", "prior.covariance_floor", "prior.coarsening_per_parameter", "moves.min_subcluster_size",
+    "moves.prune_empty", "moves.prune_small", "moves.split_valley", "moves.merge_valley", "moves.birth_parts",
+    "moves.exact_valley", "schedule.freeze_epochs", "schedule.patience", "schedule.settled_spread",
+    "schedule.settled_band",
 })
-
-#: keys of earlier versions under their new names: the config a model file or checkpoint of
-#: those versions stored keeps its value under the new name (:func:`from_stored`)
-RENAMED_KEYS = {"moves.prune_empty": "moves.prune_small"}
 
 #: characters of a value an error message shows at most
 _SHOWN_CHARS = 120
@@ -229,8 +228,7 @@ def from_dict(data: dict[str, Any] | None) -> Config:
 
 def from_stored(data: dict[str, Any]) -> Config:
     """:func:`from_dict` of the nested config a model file or checkpoint stored, less the
-    keys of :data:`FIXED_KEYS` (an earlier version wrote them; their values are now fixed)
-    and with those of :data:`RENAMED_KEYS` under their new names.
+    keys of :data:`FIXED_KEYS` (an earlier version wrote them; their values are now fixed).
 
     Raises
     ------
@@ -239,15 +237,13 @@ def from_stored(data: dict[str, Any]) -> Config:
     """
     if not isinstance(data, dict):
         return from_dict(data)
-    kept = {name: ({RENAMED_KEYS.get(f"{name}.{k}", f"{name}.{k}").split(".")[1]: v for k, v in value.items()
-                    if f"{name}.{k}" not in FIXED_KEYS}
+    kept = {name: ({k: v for k, v in value.items() if f"{name}.{k}" not in FIXED_KEYS}
                    if isinstance(value, dict) else value) for name, value in data.items()}
     return from_dict(kept)
 
 
 __all__ = [
     "FIXED_KEYS",
-    "RENAMED_KEYS",
     "AEConfig",
     "Config",
     "DataConfig",

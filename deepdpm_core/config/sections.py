@@ -25,11 +25,9 @@ def seed_in_range(value: int) -> int:
     return value
 
 
-#: a finite float (an int is accepted); ``Positive``: > 0, ``NonNegative``: >= 0
+#: a finite float (an int is accepted); ``Positive``: > 0
 Number = Annotated[float, BeforeValidator(_yaml_number)]
 Positive = Annotated[Number, Field(gt=0)]
-NonNegative = Annotated[Number, Field(ge=0)]
-Fraction = Annotated[Number, Field(ge=0, le=1)]
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
@@ -82,19 +80,18 @@ class PriorConfig(Section):
     with few points per dimension (10 clusters of 600 points in 128-D are found; at
     ν0 = D + 2 the fit stays at K = 2–3); clusters of varied shapes keep it at D + 2.
     ``nu: null`` is the paper's D + 2 (3 when diagonal).
-    ``covariance_floor`` ε treats every value as known to a variance of ε times its
-    feature's variance over the data (the mean per-feature variance for a constant
-    feature): each cluster's scatter gains n·ε·diag(v), so constant, duplicated, binary or
-    collinear features and clusters of a few rows keep a positive-definite posterior.
+    Every value is known to a fraction of its feature's variance
+    (:data:`deepdpm_core.bayes.prior_fit.COVARIANCE_FLOOR`), so constant, duplicated, binary
+    or collinear features and clusters of a few rows keep a positive-definite posterior.
     ``coarsening`` c judges each split or merge by the coarsened posterior (Miller &
     Dunson 2019) with the likelihood raised to ζ = c / (c + n), n the points the move
     touches (:func:`deepdpm_core.moves.proposals.coarsened`): clusters that are not quite Gaussian
     (curved, heavy-tailed, as real embeddings are) are not split further as N grows.
     ``null`` is the exact DP posterior of the paper, under which K grows with N on such
-    clusters. ``coarsening_per_parameter`` c_p raises c to c_p·P for clusters with P > c/c_p
-    free parameters (D + D(D + 1)/2, or 2D diagonal; above 10 features at the defaults),
-    so that a split needs about the same gain per point in every dimension
-    (:func:`deepdpm_core.moves.coarsening_constant`); ``null`` keeps c in every dimension.
+    clusters. c rises to c_p·P for clusters with P > c/c_p free parameters (D + D(D + 1)/2,
+    or 2D diagonal; c_p :data:`deepdpm_core.moves.proposals.COARSENING_PER_PARAMETER`: above
+    10 features at the defaults), so that a split needs about the same gain per point in
+    every dimension (:func:`deepdpm_core.moves.coarsening_constant`).
     ``covariance_type: diag`` uses diagonal covariances (one
     Normal-Inverse-Gamma model per feature, as the reference code's NIG prior); ``auto``
     takes, at every M-step, the one of full and diag whose evidence Σ_k ln f(X_k) given
@@ -109,9 +106,7 @@ class PriorConfig(Section):
     sigma_scale: Positive | Literal["auto", "evidence"] = "auto"
     psi: Literal["fitted", "identity", "data_std"] = "fitted"
     covariance_type: Literal["full", "diag", "auto"] = "full"
-    covariance_floor: NonNegative = 1.0e-4
     coarsening: Positive | None = 500.0
-    coarsening_per_parameter: Positive | None = 7.5
 
 
 class InitConfig(Section):
@@ -148,15 +143,13 @@ class OptimConfig(Section):
 
 
 class ScheduleConfig(Section):
-    """When the M-step runs, when moves are proposed and when training stops."""
+    """When the M-step runs, when moves are proposed and when training stops; the freeze
+    after an accepted move and the rules that tell K has settled are constants of
+    :mod:`deepdpm_core.moves.schedule`."""
 
     max_epochs: PositiveInt = 200
     warmup_epochs: NonNegativeInt = 5
     move_every: PositiveInt = 4
-    freeze_epochs: NonNegativeInt = 2
-    patience: PositiveInt = 3
-    settled_spread: NonNegative = 0.01
-    settled_band: NonNegative = 0.07
 
 
 class SmallDataConfig(Section):
@@ -179,29 +172,19 @@ class SmallDataConfig(Section):
 
 
 class MovesConfig(Section):
-    """Split/merge proposals (paper §3.2, Supmat 'Merge Proposals') and the density-valley
-    rules (:mod:`deepdpm_core.moves.density_valleys`).
+    """Which split/merge rounds run (paper §3.2, Supmat 'Merge Proposals').
 
-    ``prune_small``: a move round first removes the clusters that hard-own fewer rows than
-    ``min_subcluster_size`` (at least one), which no split could have made
-    (:func:`~deepdpm_core.moves.proposals.plan_moves`).
-    The valley rules judge a split or merge only when each side holds 25 points
-    (:data:`~deepdpm_core.moves.density_valleys.VALLEY_MIN_POINTS`). ``birth_parts``: in a small-data fit (exact EM) a cluster whose split
-    is not taken is also offered the cut into this many parts by k-means
-    (:mod:`deepdpm_core.moves.births`); None: no births.
-    ``exact_valley``: a split or merge across a valley at most this deep is judged by the
-    exact posterior, not the coarsened one (:func:`~deepdpm_core.moves.proposals.exact_across_deep_valleys`);
-    None: every move coarsened.
+    The rules of a round are constants of the modules that apply them: the smallest
+    subcluster a split may leave, below which clusters are pruned
+    (:data:`~deepdpm_core.moves.proposals.MIN_SUBCLUSTER_SIZE`), the density valleys a split
+    must cross and a merge must lack (:data:`~deepdpm_core.moves.density_valleys.SPLIT_VALLEY`,
+    :data:`~deepdpm_core.moves.density_valleys.MERGE_VALLEY`), the valleys across which a move
+    is judged by the exact posterior (:data:`~deepdpm_core.moves.proposals.EXACT_VALLEY`) and
+    the parts of a birth (:data:`~deepdpm_core.moves.births.BIRTH_PARTS`).
     """
 
     split: bool = True
     merge: bool = True
-    min_subcluster_size: NonNegativeInt = 5
-    prune_small: bool = True
-    split_valley: Fraction | None = 0.75
-    merge_valley: Fraction | None = 0.9
-    birth_parts: Annotated[int, Field(ge=2)] | None = 4
-    exact_valley: Fraction | None = 0.2
 
 
 class EStepConfig(Section):

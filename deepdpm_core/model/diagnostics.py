@@ -27,8 +27,9 @@ import numpy as np
 #: a collapsed fit: K at most this (two clusters may be the two groups the data hold)
 COLLAPSED_K = 1
 #: a fit stuck at K <= COLLAPSED_K: this many split rounds in a row accepted no split,
-#: or at least one when the fit has converged (stopped for ``patience``). A fit that
-#: starts at a small K (``init.n_clusters``) and is still splitting is growing, not stuck
+#: or at least one when the fit has converged (stopped after
+#: :data:`~deepdpm_core.moves.schedule.PATIENCE` idle rounds). A fit that starts at a small K
+#: (``init.n_clusters``) and is still splitting is growing, not stuck
 STUCK_SPLIT_ROUNDS = 2
 #: largest per-feature variance over the median from which the features are taken to be
 #: in different units (digits' pixels: 2.3, iris: 4.9; raw wine: 1.5e5, breast cancer: 6e7)

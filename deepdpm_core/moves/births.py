@@ -3,7 +3,7 @@
 
 A cluster that holds several groups side by side (eight blobs in a 2 x 4 block) may have no
 two-way cut the Hastings ratio (paper Eq. 2) takes. A birth proposes the cut into
-P = ``moves.birth_parts`` parts found by k-means inside the cluster, and the cuts into
+P = :data:`BIRTH_PARTS` parts found by k-means inside the cluster, and the cuts into
 P − 1, ..., 3 parts made from it by joining the nearest parts, judged by the paper's split
 ratio with P instead of 2,
 
@@ -32,14 +32,15 @@ from deepdpm_core.bayes import (
     log_marginal_likelihood,
     map_estimate,
 )
-from deepdpm_core.config import MovesConfig
 from deepdpm_core.estep import MixtureState
 from deepdpm_core.moves.density_valleys import (
+    SPLIT_VALLEY,
     VALLEY_BANDWIDTH,
     VALLEY_MIN_POINTS,
     pair_histograms,
     valley_ratios,
 )
+from deepdpm_core.moves.proposals import MIN_SUBCLUSTER_SIZE
 from deepdpm_core.runtime import Communicator
 
 #: subspace iterations for each cluster's principal plane (the seeds need only a plane of
@@ -48,6 +49,10 @@ PLANE_ITERS = 30
 #: Lloyd iterations of a birth's k-means: started from the seeds on the cluster's principal
 #: ellipse, the parts of a cluster of a few thousand rows have settled by then
 BIRTH_KMEANS_ITERS = 10
+#: P, the most parts a birth cuts a cluster into (then P − 1, ..., 3): 4 finds the blocks of
+#: 6 to 11 blobs side by side that two-way splits left in one cluster (50 blobs laid out as
+#: the A3 set stopped at K = 39 to 45 without births), at the cost of one k-means a cluster
+BIRTH_PARTS = 4
 
 
 def principal_plane(covariances: Tensor) -> tuple[Tensor, Tensor]:
@@ -76,12 +81,12 @@ def principal_plane(covariances: Tensor) -> tuple[Tensor, Tensor]:
     return values.flip(1), (q @ turn).flip(2)
 
 
-def birth_min_points(moves: MovesConfig, dim: int) -> int:
-    """Fewest points of a cluster offered a birth: ``moves.birth_parts`` parts that can each
+def birth_min_points(dim: int) -> int:
+    """Fewest points of a cluster offered a birth: :data:`BIRTH_PARTS` parts that can each
     hold :data:`~deepdpm_core.moves.density_valleys.VALLEY_MIN_POINTS` points (the valley rule judges them) and more points
     than features (a covariance estimated from its points, not from the prior alone; in
     512-D a birth would also cost a third of a small fit's time)."""
-    return moves.birth_parts * max(VALLEY_MIN_POINTS, moves.min_subcluster_size, dim + 1)
+    return BIRTH_PARTS * max(VALLEY_MIN_POINTS, MIN_SUBCLUSTER_SIZE, dim + 1)
 
 
 def birth_seeds(means: Tensor, covariances: Tensor, parts: int) -> Tensor:
@@ -252,10 +257,10 @@ def groups_mixture(prior: NIWPrior, stats: SuffStats) -> MixtureState:
 
 
 def accepted_births(log_h: Tensor, part_n: Tensor, parts: int, pairs: list[tuple[int, int]],
-                    ratios: np.ndarray, max_valley: float | None, valley_min_points: float) -> list[int]:
-    """The births to make: ln H_b > 0 (the model prefers the parts), and, with the valley
-    rule on, every part has a valley of at most ``max_valley`` towards its nearest part
-    where both hold at least ``valley_min_points`` points.
+                    ratios: np.ndarray, max_valley: float, valley_min_points: float) -> list[int]:
+    """The births to make: ln H_b > 0 (the model prefers the parts), and every part has a
+    valley of at most ``max_valley`` (:data:`SPLIT_VALLEY` in a fit) towards its nearest
+    part where both hold at least ``valley_min_points`` points.
 
     Parameters
     ----------
@@ -269,11 +274,10 @@ def accepted_births(log_h: Tensor, part_n: Tensor, parts: int, pairs: list[tuple
         Indices b into the B proposed clusters.
     """
     ok = (log_h > 0).cpu().numpy()
-    if max_valley is not None:
-        n = part_n.cpu().numpy()
-        for (a, b), ratio in zip(pairs, ratios, strict=True):
-            if min(n[a], n[b]) >= valley_min_points and ratio > max_valley:
-                ok[a // parts] = False
+    n = part_n.cpu().numpy()
+    for (a, b), ratio in zip(pairs, ratios, strict=True):
+        if min(n[a], n[b]) >= valley_min_points and ratio > max_valley:
+            ok[a // parts] = False
     return [int(c) for c in np.flatnonzero(ok)]
 
 
@@ -339,9 +343,8 @@ def coarser(part: Tensor, stats: SuffStats, parts: int) -> tuple[Tensor, SuffSta
 
 
 def birth_proposals(x: Tensor, labels: Tensor, state: MixtureState, clusters: list[int], prior: NIWPrior,
-                    alpha: float, moves: MovesConfig, coarsening: float | None,
-                    comm: Communicator) -> list[BirthProposal]:
-    """Each of ``clusters`` cut into P = ``moves.birth_parts`` parts by k-means, then into
+                    alpha: float, coarsening: float | None, comm: Communicator) -> list[BirthProposal]:
+    """Each of ``clusters`` cut into P = :data:`BIRTH_PARTS` parts by k-means, then into
     P − 1, ..., 3 by :func:`coarser`, with the ratios and valley checks of every cut
     (collective; the same on every rank).
 
@@ -354,15 +357,14 @@ def birth_proposals(x: Tensor, labels: Tensor, state: MixtureState, clusters: li
         The B clusters offered a birth.
     """
     ks = torch.tensor(clusters, dtype=torch.long, device=state.means.device)
-    parts = moves.birth_parts
+    parts = BIRTH_PARTS
     seeds = birth_seeds(state.means[ks], state.covariances[ks], parts)
     part, stats = birth_kmeans(x, labels, state.n_clusters, ks, seeds, BIRTH_KMEANS_ITERS, comm)
     out = []
     while True:
-        pairs, ratios = part_valleys(x, part, stats, parts, prior, moves.min_subcluster_size,
-                                     VALLEY_BANDWIDTH, comm)
+        pairs, ratios = part_valleys(x, part, stats, parts, prior, MIN_SUBCLUSTER_SIZE, VALLEY_BANDWIDTH, comm)
         log_h = log_birth_hastings(prior, alpha, stats, parts, coarsening)
-        passed = accepted_births(log_h, stats.n, parts, pairs, ratios, moves.split_valley, VALLEY_MIN_POINTS)
+        passed = accepted_births(log_h, stats.n, parts, pairs, ratios, SPLIT_VALLEY, VALLEY_MIN_POINTS)
         out.append(BirthProposal(parts, part, stats, log_h, passed))
         if parts <= 3:
             return out

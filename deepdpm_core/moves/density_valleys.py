@@ -4,9 +4,9 @@ dips (docs/design.md, "Density valleys").
 A Gaussian fitted to a curved or heavy-tailed cluster gains likelihood from a cut into two
 Gaussians although the cluster has one mode, so K grows with N on such clusters. A split is
 proposed only if the cluster's points, projected on Fisher's discriminant of its two
-subclusters, show a valley whose floor is at most ``moves.split_valley`` of the lower of
+subclusters, show a valley whose floor is at most :data:`SPLIT_VALLEY` of the lower of
 the peaks on its two sides; two clusters whose points, projected on their own
-discriminant, show no valley deeper than ``moves.merge_valley`` are merged whatever their
+discriminant, show no valley deeper than :data:`MERGE_VALLEY` are merged whatever their
 Hastings ratio. The projections are histograms summed over ranks like the statistics, and
 rank 0 reads the valleys from them. Two equal Gaussians the model itself splits (d > 3.46
 standard deviations apart) leave a floor of 0.43 of the peaks; a single Gaussian, a banana
@@ -28,7 +28,8 @@ from deepdpm_core.estep import MixtureState
 BINS = 128
 SPAN = 4.0
 #: a split's valley counts only if each side holds this share of the cluster's points (and
-#: at least ``moves.min_subcluster_size`` points): a few stray points in a tail are no mode
+#: at least :data:`~deepdpm_core.moves.proposals.MIN_SUBCLUSTER_SIZE` points): a few stray
+#: points in a tail are no mode
 MIN_SIDE_SHARE = 0.01
 #: a pair's two means lie within this share of the span from its centre, however unequal
 #: the pair (:func:`pair_axes`)
@@ -47,6 +48,16 @@ VALLEY_MIN_POINTS = 25
 #: Silverman's rule for one Gaussian mode; narrower kernels show valleys in one mode's
 #: sampling noise at a few thousand points
 VALLEY_BANDWIDTH = 0.9
+#: a split is proposed only across a valley whose floor is at most this share of the lower
+#: peak: two equal Gaussians the DP model itself splits (d > 3.46 standard deviations apart)
+#: leave 0.43, while one Gaussian, a Student-t or a gamma sample of 3,000 points or more
+#: projects to above 0.82, so only the cuts the Gaussian likelihood makes inside one mode go
+SPLIT_VALLEY = 0.75
+#: a merge candidate with no valley this deep between its clusters is one mode and is merged
+#: whatever its Hastings ratio; above :data:`SPLIT_VALLEY` so that sampling noise in a
+#: valley's depth cannot undo a split at the next round (at 0.75 for both, 15 overlapping
+#: blobs alternated between split and merge for 200 epochs)
+MERGE_VALLEY = 0.9
 
 
 def split_axes(state: MixtureState) -> tuple[Tensor, Tensor, Tensor]:
@@ -216,7 +227,8 @@ def valley_ratios(hist: np.ndarray, min_side: float, bandwidth: float,
     hist : ndarray of shape (K, B)
         Counts along each cluster's split axis, or each pair's merge axis (summed over ranks).
     min_side : float
-        Fewest points on either side of a valley (``moves.min_subcluster_size``).
+        Fewest points on either side of a valley
+        (:data:`~deepdpm_core.moves.proposals.MIN_SUBCLUSTER_SIZE` in a fit).
     bandwidth : float
         The smoothing kernel's width factor (:func:`smoothed`).
     share_cap : ndarray of shape (K,), optional

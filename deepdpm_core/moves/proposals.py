@@ -13,8 +13,7 @@ import numpy as np
 import torch
 
 from deepdpm_core.bayes import NIWPrior, SuffStats, log_merge_hastings, log_split_hastings
-from deepdpm_core.config import MovesConfig
-from deepdpm_core.moves.density_valleys import VALLEY_MIN_POINTS
+from deepdpm_core.moves.density_valleys import MERGE_VALLEY, SPLIT_VALLEY, VALLEY_MIN_POINTS
 
 Tensor = torch.Tensor
 
@@ -51,6 +50,20 @@ class MovePlan:
 _CHUNK_ELEMS = 1 << 23
 #: merge candidates: each cluster paired with this many nearest means (the paper's 3)
 MERGE_NEIGHBOURS = 3
+#: a split whose smaller subcluster holds fewer points is not proposed, and a move round
+#: first prunes the clusters that hard-own fewer rows (at least one): no split could have
+#: made them, and k-means++ seeds lone outliers that the Gaussian evidence then keeps apart
+#: (Student-t clusters at 2,000 rows from 32 k-means clusters kept clusters of 1, 4 and 6 rows)
+MIN_SUBCLUSTER_SIZE = 5
+#: c_p: the coarsening constant rises to c_p·P for clusters of P free parameters, so that a
+#: split needs about the same gain per point in every dimension (:func:`coarsening_constant`);
+#: at 7.5 the constant c = 500 holds up to 10 features (65 parameters), as measured there
+COARSENING_PER_PARAMETER = 7.5
+#: a split or merge across a density valley whose floor is at most this share of the lower
+#: peak is judged by the exact posterior, not the coarsened one: a valley that deep parts two
+#: modes whatever their shapes (100 blobs on a grid were never split at c = 500), while
+#: curved, Student-t and sphere clusters have no cut that deep (:func:`exact_across_deep_valleys`)
+EXACT_VALLEY = 0.2
 
 
 def hastings_chunks(n_rows: int, dim: int) -> list[tuple[int, int]]:
@@ -87,9 +100,9 @@ def coarsened(stats: SuffStats, union_n: Tensor, coarsening: float | None) -> Su
     return stats.scaled(coarsening / (coarsening + union_n))
 
 
-def coarsening_constant(coarsening: float | None, per_parameter: float | None, dim: int,
-                        diagonal: bool) -> float | None:
-    """c of :func:`coarsened` for clusters in ``dim`` features: max(c, c_p·P).
+def coarsening_constant(coarsening: float | None, dim: int, diagonal: bool) -> float | None:
+    """c of :func:`coarsened` for clusters in ``dim`` features: max(c, c_p·P), c_p
+    :data:`COARSENING_PER_PARAMETER`.
 
     P is a cluster's free parameters (D + D(D + 1)/2, or 2D when diagonal). A split of
     n ≫ c points must gain about P·ln(c)/(2c) nats per point; c_p·P keeps that demand about
@@ -100,8 +113,6 @@ def coarsening_constant(coarsening: float | None, per_parameter: float | None, d
     ----------
     coarsening : float or None
         c (``prior.coarsening``); None is the exact posterior.
-    per_parameter : float or None
-        c_p (``prior.coarsening_per_parameter``); None is c alone.
     dim : int
         D, the fit's features.
     diagonal : bool
@@ -110,14 +121,14 @@ def coarsening_constant(coarsening: float | None, per_parameter: float | None, d
     if coarsening is None:
         return None
     params = 2 * dim if diagonal else dim + dim * (dim + 1) // 2
-    return max(coarsening, per_parameter * params) if per_parameter is not None else coarsening
+    return max(coarsening, COARSENING_PER_PARAMETER * params)
 
 
 def exact_across_deep_valleys(union_n: Tensor, valleys: np.ndarray, judged: np.ndarray,
-                              exact_valley: float | None) -> Tensor:
+                              exact_valley: float) -> Tensor:
     """``union_n`` with 0 (ζ = 1 in :func:`coarsened`: the exact posterior) for the moves
     that cut across a valley whose floor is at most ``exact_valley`` of the lower peak
-    (``moves.exact_valley``), where the valley was judged: such a cut separates two modes
+    (:data:`EXACT_VALLEY` in a fit), where the valley was judged: such a cut separates two modes
     whatever their shapes, which coarsening need not guard (docs/design.md, "Moves across
     deep valleys are not coarsened").
 
@@ -128,11 +139,8 @@ def exact_across_deep_valleys(union_n: Tensor, valleys: np.ndarray, judged: np.n
     valleys, judged : ndarray of shape (R,)
         Each row's move's valley ratio, and whether it was judged (both sides held
         :data:`~deepdpm_core.moves.density_valleys.VALLEY_MIN_POINTS`).
-    exact_valley : float or None
-        None: every move coarsened.
+    exact_valley : float
     """
-    if exact_valley is None:
-        return union_n
     deep = torch.as_tensor(judged & (np.asarray(valleys) <= exact_valley), device=union_n.device)
     return torch.where(deep, torch.zeros_like(union_n), union_n)
 
@@ -147,7 +155,7 @@ def propose_splits(
     valleys: np.ndarray | None = None,
     max_valley: float | None = None,
     valley_min_points: float = 0.0,
-    exact_valley: float | None = None,
+    exact_valley: float = EXACT_VALLEY,
 ) -> tuple[list[int], np.ndarray]:
     """Propose every cluster's split in parallel (paper §3.2).
 
@@ -164,7 +172,7 @@ def propose_splits(
         (:func:`~deepdpm_core.moves.density_valleys.valley_ratios`).
     max_valley : float, optional
         Splits whose valley ratio is above it (no valley that deep: one mode) are not
-        proposed (``moves.split_valley``), where both subclusters hold at least
+        proposed (:data:`~deepdpm_core.moves.density_valleys.SPLIT_VALLEY` in a fit), where both subclusters hold at least
         ``valley_min_points``; None proposes them all.
     valley_min_points : float
         Fewest points a side for the valley rule to judge (:data:`~deepdpm_core.moves.density_valleys.VALLEY_MIN_POINTS`).
@@ -232,7 +240,7 @@ def propose_merges(
     valleys: dict[tuple[int, int], float] | None = None,
     max_valley: float | None = None,
     valley_min_points: float = 0.0,
-    exact_valley: float | None = None,
+    exact_valley: float = EXACT_VALLEY,
 ) -> list[tuple[int, int]]:
     """Sequential merge proposals over nearest-neighbour pairs (Supmat "Merge Proposals").
 
@@ -251,7 +259,8 @@ def propose_merges(
         axis (:func:`~deepdpm_core.moves.density_valleys.valley_ratios`).
     max_valley : float, optional
         A pair with no valley this deep (one mode) is merged whatever its Hastings ratio
-        (``moves.merge_valley``), where both clusters hold at least ``valley_min_points``.
+        (:data:`~deepdpm_core.moves.density_valleys.MERGE_VALLEY` in a fit), where both clusters hold at
+        least ``valley_min_points``.
     valley_min_points : float
         Fewest points a side for the valley rule to judge (:data:`~deepdpm_core.moves.density_valleys.VALLEY_MIN_POINTS`).
     exact_valley : float, optional
@@ -293,11 +302,10 @@ def propose_merges(
 
 
 def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWPrior,
-               config: MovesConfig, alpha: float, rng: np.random.Generator,
-               coarsening: float | None = None,
+               alpha: float, rng: np.random.Generator, coarsening: float | None = None,
                valleys: np.ndarray | dict[tuple[int, int], float] | None = None) -> MovePlan:
-    """One move round's plan: prunes of clusters of fewer than ``min_subcluster_size`` rows,
-    then the accepted splits or merges.
+    """One move round's plan: prunes of clusters of fewer than :data:`MIN_SUBCLUSTER_SIZE`
+    rows, then the accepted splits or merges.
 
     Parameters
     ----------
@@ -306,7 +314,6 @@ def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWP
         Hard subcluster statistics (rows 2k, 2k + 1: cluster k's pair).
     means : Tensor of shape (K, D)
     prior : NIWPrior
-    config : MovesConfig
     alpha : float
         DP concentration.
     rng : numpy.random.Generator
@@ -315,26 +322,25 @@ def plan_moves(kind: str, sub_stats: SuffStats, means: torch.Tensor, prior: NIWP
         c of :func:`coarsened` (``prior.coarsening``).
     valleys : ndarray of shape (K,) or dict of (a, b) -> float, optional
         In a split round each cluster's valley ratio along its split axis, judged against
-        ``config.split_valley`` (:func:`propose_splits`); in a merge round each candidate
-        pair's, against ``config.merge_valley`` (:func:`propose_merges`).
+        :data:`~deepdpm_core.moves.density_valleys.SPLIT_VALLEY` (:func:`propose_splits`); in a
+        merge round each candidate pair's, against
+        :data:`~deepdpm_core.moves.density_valleys.MERGE_VALLEY` (:func:`propose_merges`).
     """
     hard = sub_stats.pair_sums()
     k = hard.n.shape[0]
     # a cluster of fewer rows than a split may give a subcluster is pruned: k-means seeds
     # lone outliers (k-means++ draws far rows), which no split could have made
-    prunes = [int(i) for i in torch.nonzero(hard.n < max(config.min_subcluster_size, 1)).squeeze(1).tolist()] \
-        if config.prune_small and k > 1 else []
+    prunes = [int(i) for i in torch.nonzero(hard.n < MIN_SUBCLUSTER_SIZE).squeeze(1).tolist()] if k > 1 else []
     if len(prunes) == k:
         prunes = prunes[1:]
     splits, merges = [], []
     if kind == "split":
-        accepted, _ = propose_splits(prior, alpha, sub_stats, rng, config.min_subcluster_size,
-                                     coarsening, valleys, config.split_valley, VALLEY_MIN_POINTS,
-                                     config.exact_valley)
+        accepted, _ = propose_splits(prior, alpha, sub_stats, rng, MIN_SUBCLUSTER_SIZE,
+                                     coarsening, valleys, SPLIT_VALLEY, VALLEY_MIN_POINTS, EXACT_VALLEY)
         splits = [c for c in accepted if c not in prunes]
     else:
         merges = [(a, b) for a, b in propose_merges(prior, alpha, hard, means, rng, MERGE_NEIGHBOURS,
-                                                      coarsening, valleys, config.merge_valley,
-                                                      VALLEY_MIN_POINTS, config.exact_valley)
+                                                      coarsening, valleys, MERGE_VALLEY,
+                                                      VALLEY_MIN_POINTS, EXACT_VALLEY)
                   if a not in prunes and b not in prunes]
     return MovePlan(splits=splits, merges=merges, prunes=prunes)

@@ -4,14 +4,14 @@ epoch record carries what it says (docs/design.md, "Schedule").
 Epochs count from 1. A move round ends epoch e when e ≥ ``warmup_epochs``, (e − warmup) is
 a multiple of ``move_every`` and the parameters are not frozen; rounds alternate over the
 enabled kinds (split, merge), and an accepted move freezes the M-step and the moves for
-``freeze_epochs`` epochs, so the nets learn the new clusters first (paper §3.2). The fit
-stops after ``max_epochs``, or once K has settled: ``patience``
+:data:`FREEZE_EPOCHS` epochs, so the nets learn the new clusters first (paper §3.2). The fit
+stops after ``max_epochs``, or once K has settled: :data:`PATIENCE`
 move rounds in a row accepted nothing; or, read at the end of a cycle (a split round and a
 merge round) only, so that a split round's cuts stand once a merge round has judged them:
-K after each of the last 2·``patience`` + 1 rounds stayed within one value, K after each
-of the last ``patience`` + 1 cycles stayed within ``settled_spread`` of itself (rounded
+K after each of the last 2·:data:`PATIENCE` + 1 rounds stayed within one value, K after each
+of the last :data:`PATIENCE` + 1 cycles stayed within :data:`SETTLED_SPREAD` of itself (rounded
 down: below 100 clusters the same K), K after each cycle repeated a pattern of 2 to
-:data:`MAX_CYCLE_PERIOD` values over the last max(2·period, 2·``patience``) cycles and
+:data:`MAX_CYCLE_PERIOD` values over the last max(2·period, 2·:data:`PATIENCE`) cycles and
 stands at the pattern's smallest K (11, 10, 11, 10, 11, 10 or 11, 12, 11, 10, 11, 12, 11,
 10: the merge rounds undo what the split rounds cut), or K swings about a level
 (:func:`swings_without_trend`).
@@ -19,10 +19,10 @@ stands at the pattern's smallest K (11, 10, 11, 10, 11, 10 or 11, 12, 11, 10, 11
 A swing about a level. At a thousand clusters the split rounds cut tens of clusters and
 the next merge rounds join most of them again, a few more or fewer each time: K after each
 cycle wanders within a few percent (964 to 1,025 for 45 epochs on ImageNet-like data)
-without repeating itself exactly, so neither ``settled_spread`` nor a pattern stops it.
-Such a fit has settled when K after its last max(3, ``patience``) cycles, e_0 … e_{W−1},
+without repeating itself exactly, so neither :data:`SETTLED_SPREAD` nor a pattern stops it.
+Such a fit has settled when K after its last max(3, :data:`PATIENCE`) cycles, e_0 … e_{W−1},
 
-* stays within ``settled_band`` of itself, max − min ≤ ⌊``settled_band``·max⌋ (±3.5 %
+* stays within :data:`SETTLED_BAND` of itself, max − min ≤ ⌊:data:`SETTLED_BAND`·max⌋ (±3.5 %
   of K by default; below 15 clusters no swing passes, the rules above decide), and
 * shows no trend: the least-squares line through (i, e_i) changes by d = |slope|·(W − 1)
   over the window, and the ends scatter about it by s, the root mean square of the
@@ -37,7 +37,7 @@ cycle (931, 963, 979, 990 on a 1,000-class sphere at 200k rows), each cycle cost
 minute, with no swing for the rule above to see. Such a fit has settled when the last three
 cycle ends e_0, e_1, e_2 move the same way by steps that shrink, r = |e_2 − e_1| / |e_1 − e_0|
 < 1, and the ends together with the level the steps head for, e_2 ± |e_2 − e_1|·r / (1 − r)
-(the sum of the geometric series), stay within ``settled_band`` of themselves
+(the sum of the geometric series), stay within :data:`SETTLED_BAND` of themselves
 (:func:`approaches_level`): 931, 963, 979 head for 995 and stop the fit, where a steady
 drift (r ≈ 1) heads for no level within the band and goes on.
 """
@@ -50,6 +50,22 @@ from typing import Any
 
 from deepdpm_core.config import MovesConfig, ScheduleConfig
 
+#: epochs without M-step or moves after a round that accepted a move: the nets learn the
+#: new clusters before the next round judges them (paper §3.2: 2); exact EM, with no nets
+#: to wait for, freezes none (:class:`MoveSchedule`'s ``freeze_epochs``)
+FREEZE_EPOCHS = 2
+#: move rounds in a row that accept nothing before the fit stops; 3 lets a split round, a
+#: merge round and a split round again all find nothing, and sets the windows of the other
+#: stop rules (module docstring)
+PATIENCE = 3
+#: K after each of the last PATIENCE + 1 move cycles within this fraction of K (rounded
+#: down) has settled: 1 % lets a fit of a thousand clusters stop while a few clusters come
+#: and go; below 100 clusters K must repeat exactly
+SETTLED_SPREAD = 0.01
+#: K that swings about a level, or approaches one, within this fraction of K (rounded down)
+#: has settled: 7 % holds the swings of 964 to 1,025 clusters seen on ImageNet-like data at
+#: a thousand classes (±3.5 %), and below 15 clusters no swing passes
+SETTLED_BAND = 0.07
 #: the longest pattern of K at the ends of move cycles that stops a fit once repeated
 MAX_CYCLE_PERIOD = 4
 #: the fewest move cycles whose ends :func:`swings_without_trend` judges (a line and its
@@ -65,7 +81,8 @@ def swings_without_trend(ends: list[int], band: float) -> bool:
     ends : list of int
         K after each cycle of the window, oldest first; at least 3.
     band : float
-        ``settled_band``: the most max − min may be, as a fraction of max (rounded down).
+        :data:`SETTLED_BAND` in a fit: the most max − min may be, as a fraction of max
+        (rounded down).
 
     Returns
     -------
@@ -91,8 +108,8 @@ def approaches_level(ends: list[int], band: float) -> bool:
     ends : list of int
         K after each cycle, oldest first; the last three are read.
     band : float
-        ``settled_band``: the most the ends and their level may span, as a fraction of
-        the largest (rounded down).
+        :data:`SETTLED_BAND` in a fit: the most the ends and their level may span, as a
+        fraction of the largest (rounded down).
 
     Returns
     -------
@@ -121,6 +138,9 @@ class MoveSchedule:
     schedule : ScheduleConfig
     moves : MovesConfig
         Which kinds of move are enabled.
+    freeze_epochs : int
+        Epochs without M-step or moves after a round that accepted a move
+        (:data:`FREEZE_EPOCHS`; exact EM, with no nets to wait for: 0).
     move_round : int
         Move rounds run so far.
     rounds_without_move : int
@@ -135,6 +155,7 @@ class MoveSchedule:
 
     schedule: ScheduleConfig
     moves: MovesConfig
+    freeze_epochs: int = FREEZE_EPOCHS
     move_round: int = 0
     rounds_without_move: int = 0
     frozen_until: int | None = None
@@ -168,7 +189,7 @@ class MoveSchedule:
         self.round_k.append(int(n_clusters))
         if accepted:
             self.rounds_without_move = 0
-            self.frozen_until = epoch + self.schedule.freeze_epochs
+            self.frozen_until = epoch + self.freeze_epochs
         else:
             self.rounds_without_move += 1
 
@@ -178,36 +199,35 @@ class MoveSchedule:
 
     def _settled(self) -> str | None:
         """How K has settled (module docstring), or None while it has not."""
-        sch = self.schedule
-        if self.rounds_without_move >= sch.patience:
-            return f"{sch.patience} move rounds in a row accepted nothing"
+        if self.rounds_without_move >= PATIENCE:
+            return f"{PATIENCE} move rounds in a row accepted nothing"
         cycle = len(self._kinds())
         if not cycle or self.move_round % cycle:  # a split round's cuts stand only once a merge round judged them
             return None
-        window = self.round_k[-(2 * sch.patience + 1):]
-        if len(window) == 2 * sch.patience + 1 and max(window) - min(window) <= 1:
+        window = self.round_k[-(2 * PATIENCE + 1):]
+        if len(window) == 2 * PATIENCE + 1 and max(window) - min(window) <= 1:
             return f"K alternated between {min(window)} and {max(window)} over {len(window)} move rounds"
         ends = self.round_k[cycle - 1::cycle]  # K after each cycle
-        last = ends[-(sch.patience + 1):]
-        if len(last) == sch.patience + 1 and max(last) - min(last) <= int(sch.settled_spread * max(last)):
+        last = ends[-(PATIENCE + 1):]
+        if len(last) == PATIENCE + 1 and max(last) - min(last) <= int(SETTLED_SPREAD * max(last)):
             return f"K was {min(last)} to {max(last)} after each of the last {len(last)} move cycles"
         for period in range(2, MAX_CYCLE_PERIOD + 1):  # a limit cycle, left at its fewest clusters
-            need = max(2 * period, 2 * sch.patience)
+            need = max(2 * period, 2 * PATIENCE)
             turns = ends[-need:]
             if len(turns) == need and turns[period:] == turns[:-period] and turns[-1] == min(turns) < max(turns):
                 pattern = ", ".join(map(str, turns[-period:]))
                 return f"K after each of the last {len(turns)} move cycles repeated {pattern}"
-        swing = ends[-max(MIN_SWING_CYCLES, sch.patience):]
-        if len(swing) >= MIN_SWING_CYCLES and swings_without_trend(swing, sch.settled_band):
+        swing = ends[-max(MIN_SWING_CYCLES, PATIENCE):]
+        if len(swing) >= MIN_SWING_CYCLES and swings_without_trend(swing, SETTLED_BAND):
             return (f"K after each of the last {len(swing)} move cycles swung between {min(swing)} and "
                     f"{max(swing)} without a trend")
-        if approaches_level(ends, sch.settled_band):
+        if approaches_level(ends, SETTLED_BAND):
             return (f"K after each of the last 3 move cycles went from {ends[-3]} to {ends[-1]} by shrinking "
-                    f"steps, within {sch.settled_band:.0%} of the level they head for")
+                    f"steps, within {SETTLED_BAND:.0%} of the level they head for")
         return None
 
     def expected_end(self, epochs_done: int) -> int:
-        """The epoch the fit ends with if no move is accepted from now on: ``patience``
+        """The epoch the fit ends with if no move is accepted from now on: :data:`PATIENCE`
         rounds without a move (the first way K settles), at most ``max_epochs``. A progress bar's total: it grows with every accepted move.
 
         Parameters
@@ -221,7 +241,7 @@ class MoveSchedule:
         # the first epoch that can end a round: past the warm-up and any freeze, on the grid
         first = max(epochs_done + 1, self.frozen_until + 1, sch.warmup_epochs)
         first += -(first - sch.warmup_epochs) % sch.move_every
-        rounds = max(1, sch.patience - self.rounds_without_move)
+        rounds = max(1, PATIENCE - self.rounds_without_move)
         end = first + (rounds - 1) * sch.move_every
         return max(epochs_done + 1, min(sch.max_epochs, end))
 

@@ -52,11 +52,13 @@ class ExactEM(EpochBody):
         super().__init__(ctx, config)
         self.estep = estep
 
+    #: no nets to wait for: an accepted move freezes nothing
+    freeze_epochs = 0
+
     def schedule(self, config: ScheduleConfig) -> ScheduleConfig:
-        """No nets to wait for: no freeze, moves more often (:data:`EM_WARMUP_EPOCHS`,
+        """No nets to wait for: moves more often (:data:`EM_WARMUP_EPOCHS`,
         :data:`EM_MOVE_EVERY`)."""
-        return config.model_copy(update={"warmup_epochs": EM_WARMUP_EPOCHS, "move_every": EM_MOVE_EVERY,
-                                         "freeze_epochs": 0})
+        return config.model_copy(update={"warmup_epochs": EM_WARMUP_EPOCHS, "move_every": EM_MOVE_EVERY})
 
     def statistics(self, model: SearchModel, candidates: Tensor, resp: Tensor, epoch: int) -> EpochStatistics:
         """One exact EM epoch (:func:`~deepdpm_core.training.small_data.exact_statistics`;
@@ -86,10 +88,7 @@ class ExactEM(EpochBody):
 
     def after_split(self, model: SearchModel, unsplit: list[int], prior_fit: PriorFit,
                     torch_gen: torch.Generator) -> tuple[SearchModel, int]:
-        """Births (:func:`~deepdpm_core.training.move_round.births`) offered to ``unsplit``,
-        if ``moves.birth_parts`` allows them."""
-        if not self.config.moves.birth_parts:
-            return model, 0
+        """Births (:func:`~deepdpm_core.training.move_round.births`) offered to ``unsplit``."""
         state, anchors, born = births(self.ctx, self.config, model.state, model.nets, model.anchors, unsplit,
                                       prior_fit, torch_gen)
         return (wrapped(self.ctx, state, model.nets, anchors) if born else model), born

@@ -13,6 +13,7 @@ import torch
 
 from deepdpm_core.bayes import PriorFit, SuffStats
 from deepdpm_core.config import Config, ScheduleConfig
+from deepdpm_core.moves import FREEZE_EPOCHS
 from deepdpm_core.training.fit_context import FitContext
 from deepdpm_core.training.search_model import SearchModel
 
@@ -49,6 +50,10 @@ class EpochBody:
     ctx : FitContext
     config : Config
     """
+
+    #: epochs without M-step or moves after an accepted move, while the nets learn the new
+    #: clusters (:data:`~deepdpm_core.moves.FREEZE_EPOCHS`)
+    freeze_epochs = FREEZE_EPOCHS
 
     def __init__(self, ctx: FitContext, config: Config) -> None:
         self.ctx, self.config = ctx, config

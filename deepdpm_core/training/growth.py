@@ -42,6 +42,7 @@ from torch import Tensor
 from deepdpm_core.bayes import PriorFit, log_crp, log_marginal_likelihood
 from deepdpm_core.config import Config
 from deepdpm_core.moves import (
+    MERGE_VALLEY,
     VALLEY_MIN_POINTS,
     coarsening_constant,
     groups_mixture,
@@ -94,7 +95,7 @@ def coarsened_score(ctx: FitContext, config: Config, prior_fit: PriorFit, labels
     prior fitted to the unscaled statistics, starting from ``prior_fit`` (collective)."""
     stats, fitted, _ = fitted_prior(ctx, config, prior_fit, labels, n_groups, PRIOR_RTOL)
     p, prior = config.prior, fitted.prior
-    c = coarsening_constant(p.coarsening, p.coarsening_per_parameter, prior.dim, prior.diagonal)
+    c = coarsening_constant(p.coarsening, prior.dim, prior.diagonal)
     if c is not None:
         stats = stats.scaled(torch.full_like(stats.n, c / (c + ctx.n_total)))
     return log_crp(stats.n.cpu().numpy(), p.alpha) + float(log_marginal_likelihood(prior, stats).sum())
@@ -122,7 +123,7 @@ def grow(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Tensor, 
         best, tried = _best_size(ctx, config, prior_fit, anchors, k, coarsened_score, gain, 1, rng)
         if best is not None:
             return tried[best]
-    if config.moves.merge_valley is None or not _hides_groups(ctx, config, prior_fit, k, rng):
+    if not _hides_groups(ctx, config, prior_fit, k, rng):
         return None
     best, tried = _best_size(ctx, config, prior_fit, anchors, k, partition_score, EXACT_GAIN, EXACT_FALLS, rng)
     # twice the best size: k-means at the best size still joins some groups and cuts others,
@@ -167,14 +168,14 @@ def _hides_groups(ctx: FitContext, config: Config, prior_fit: PriorFit, k: int, 
 def valley_groups(ctx: FitContext, config: Config, prior_fit: PriorFit, labels: Tensor, n_groups: int) -> int:
     """How many groups the partition ``labels`` (this rank's rows, int64 in [0, n_groups))
     leaves once neighbours (each group's :data:`~deepdpm_core.moves.MERGE_NEIGHBOURS`
-    nearest means) are joined where no density valley as deep as ``moves.merge_valley``
+    nearest means) are joined where no density valley as deep as :data:`~deepdpm_core.moves.MERGE_VALLEY`
     parts them along their merge axis, or either holds too few points to judge one
     (:mod:`deepdpm_core.moves.density_valleys`; collective)."""
     stats, keep = partition_stats(ctx, labels, n_groups)
     index = torch.full((n_groups,), -1, dtype=torch.long, device=labels.device)
     index[keep.to(labels.device)] = torch.arange(keep.shape[0], device=labels.device)
     state = groups_mixture(prior_fit.prior, stats).to(ctx.x.device)
-    pairs, ratios, smaller = merge_valleys(ctx, config, state, index[labels], stats.n.cpu().numpy())
+    pairs, ratios, smaller = merge_valleys(ctx, state, index[labels], stats.n.cpu().numpy())
     root = list(range(stats.n_rows))
 
     def find(i: int) -> int:
@@ -184,6 +185,6 @@ def valley_groups(ctx: FitContext, config: Config, prior_fit: PriorFit, labels: 
         return i
 
     for (a, b), ratio, small in zip(pairs, ratios.tolist(), smaller.tolist(), strict=True):
-        if ratio > config.moves.merge_valley or small < VALLEY_MIN_POINTS:
+        if ratio > MERGE_VALLEY or small < VALLEY_MIN_POINTS:
             root[find(a)] = find(b)
     return len({find(i) for i in range(stats.n_rows)})

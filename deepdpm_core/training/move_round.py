@@ -14,6 +14,7 @@ from deepdpm_core.errors import DataError
 from deepdpm_core.estep import MixtureState
 from deepdpm_core.moves import (
     MERGE_NEIGHBOURS,
+    MIN_SUBCLUSTER_SIZE,
     PAIR_SIDE_SHARE,
     VALLEY_BANDWIDTH,
     MovePlan,
@@ -42,10 +43,10 @@ def decide_moves(ctx: FitContext, config: Config, kind: str, sub: SuffStats, sta
     ``anchors`` and broadcasts it, or the DataError it ran into (naming ``epoch``), so that
     every rank raises it rather than wait for a plan."""
     plan: MovePlan | DataError | None = None
-    valleys = _valleys(ctx, config, kind, sub, state, anchors)
+    valleys = _valleys(ctx, kind, sub, state, anchors)
     if ctx.comm.rank == 0:
         try:
-            plan = plan_moves(kind, sub, state.means, prior_fit.prior, config.moves, config.prior.alpha, rng,
+            plan = plan_moves(kind, sub, state.means, prior_fit.prior, config.prior.alpha, rng,
                               _coarsening(config, prior_fit), valleys)
         except torch.linalg.LinAlgError:
             plan = prior_fit.numerical_failure(epoch)
@@ -70,27 +71,24 @@ def unowned_clusters(ctx: FitContext, cluster_net: torch.nn.Module, k: int, batc
 
 def _coarsening(config: Config, prior_fit: PriorFit) -> float | None:
     """c of the coarsened move ratios (:func:`~deepdpm_core.moves.coarsening_constant`)."""
-    p, prior = config.prior, prior_fit.prior
-    return coarsening_constant(p.coarsening, p.coarsening_per_parameter, prior.dim, prior.diagonal)
+    prior = prior_fit.prior
+    return coarsening_constant(config.prior.coarsening, prior.dim, prior.diagonal)
 
 
-def _valleys(ctx: FitContext, config: Config, kind: str, sub: SuffStats, state: MixtureState,
-             anchors: Tensor | None) -> np.ndarray | dict[tuple[int, int], float] | None:
+def _valleys(ctx: FitContext, kind: str, sub: SuffStats, state: MixtureState,
+             anchors: Tensor | None) -> np.ndarray | dict[tuple[int, int], float]:
     """The density valleys a move round judges (:mod:`deepdpm_core.moves.density_valleys`;
     collective), along each cluster's split axis or each candidate pair's merge axis, each
     row counted in its E-step anchor; a pair's sides are sized by its clusters' points in
-    ``sub``. None when the round's rule (``moves.split_valley`` or ``merge_valley``) is off."""
-    mc = config.moves
-    if (mc.split_valley if kind == "split" else mc.merge_valley) is None:
-        return None
+    ``sub``."""
     if kind == "split":
         hist = ctx.comm.all_reduce(projection_histograms(ctx.x, anchors, state))
-        return valley_ratios(hist.cpu().numpy(), mc.min_subcluster_size, VALLEY_BANDWIDTH)
-    pairs, ratios, _ = merge_valleys(ctx, config, state, anchors, sub.n.view(-1, 2).sum(1).cpu().numpy())
+        return valley_ratios(hist.cpu().numpy(), MIN_SUBCLUSTER_SIZE, VALLEY_BANDWIDTH)
+    pairs, ratios, _ = merge_valleys(ctx, state, anchors, sub.n.view(-1, 2).sum(1).cpu().numpy())
     return dict(zip(pairs, ratios.tolist(), strict=True))
 
 
-def merge_valleys(ctx: FitContext, config: Config, state: MixtureState, labels: Tensor, sizes: np.ndarray
+def merge_valleys(ctx: FitContext, state: MixtureState, labels: Tensor, sizes: np.ndarray
                   ) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
     """Each cluster paired with its nearest means, and the deepest density valley between
     each pair along its merge axis, the rows counted in ``labels`` (collective).
@@ -106,7 +104,7 @@ def merge_valleys(ctx: FitContext, config: Config, state: MixtureState, labels: 
     pairs = merge_candidates(state.means, MERGE_NEIGHBOURS)
     hist = ctx.comm.all_reduce(pair_histograms(ctx.x, labels, state, pairs))
     smaller = np.array([min(sizes[a], sizes[b]) for a, b in pairs], dtype=np.float64)
-    ratios = valley_ratios(hist.cpu().numpy(), config.moves.min_subcluster_size, VALLEY_BANDWIDTH,
+    ratios = valley_ratios(hist.cpu().numpy(), MIN_SUBCLUSTER_SIZE, VALLEY_BANDWIDTH,
                            share_cap=PAIR_SIDE_SHARE * smaller)
     return pairs, ratios, smaller
 
@@ -115,17 +113,16 @@ def births(ctx: FitContext, config: Config, state: MixtureState, nets: Nets, anc
            candidates: list[int], prior_fit: PriorFit, torch_gen: torch.Generator
            ) -> tuple[MixtureState, Tensor, int]:
     """Offer ``candidates`` (clusters whose split this round did not take) the cuts into
-    3 .. ``moves.birth_parts`` parts (:mod:`deepdpm_core.moves.births`; collective), if they
+    3 .. :data:`~deepdpm_core.moves.births.BIRTH_PARTS` parts (:mod:`deepdpm_core.moves.births`; collective), if they
     hold :func:`~deepdpm_core.moves.births.birth_min_points` points. Rank 0 chooses, every
     rank cuts (``nets`` in place); returns the mixture, the anchors and the births made."""
-    mc = config.moves
     counts = ctx.comm.all_reduce(
         torch.bincount(anchors[anchors >= 0], minlength=state.n_clusters).to(torch.float64))
-    rows = [k for k in candidates if counts[k] >= birth_min_points(mc, ctx.dim)]
+    rows = [k for k in candidates if counts[k] >= birth_min_points(ctx.dim)]
     if not rows:
         return state, anchors, 0
     prior = prior_fit.prior
-    proposals = birth_proposals(ctx.x, anchors, state, rows, prior, config.prior.alpha, mc,
+    proposals = birth_proposals(ctx.x, anchors, state, rows, prior, config.prior.alpha,
                                 _coarsening(config, prior_fit), ctx.comm)
     chosen = ctx.comm.broadcast_object(choose_births(proposals) if ctx.comm.rank == 0 else None, src=0)
     for i, prop in enumerate(proposals):

@@ -90,7 +90,7 @@ class Trainer:
         self.prior_fit = PriorFit(config.prior, self.coords, self.device)
         self.body: EpochBody = (ExactEM(ctx, config, self.estep) if self.n_total <= config.small_data.max_rows
                                 else MinibatchEpochs(ctx, config))
-        self.schedule = MoveSchedule(self.body.schedule(config.schedule), config.moves)
+        self.schedule = MoveSchedule(self.body.schedule(config.schedule), config.moves, self.body.freeze_epochs)
 
     # ------------------------------------------------------------------ set-up
     def initialize(self, init_labels: Tensor | None = None) -> None:

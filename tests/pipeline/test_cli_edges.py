@@ -136,8 +136,7 @@ def test_the_diagnostics_warning_of_a_fit_is_on_its_own_line(tmp_path, blobs, ca
     argv = ["fit", "--input", str(blobs), "--output", str(tmp_path / "run"), "--no-tracking",
             "--set", "init.n_clusters=1",
             "--set", "schedule.max_epochs=10", "--set", "prior.sigma_scale=100",
-            "--set", "schedule.warmup_epochs=1", "--set", "schedule.move_every=1",
-            "--set", "schedule.freeze_epochs=0"]
+            "--set", "schedule.warmup_epochs=1", "--set", "schedule.move_every=1"]
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "deepdpm: warning: The fit ended with one cluster (K = 1)" in err
@@ -354,6 +353,18 @@ def test_a_config_naming_a_key_whose_value_is_now_fixed_is_refused(tmp_path, blo
     assert capsys.readouterr().err == (f"deepdpm fit: error: {old}: unknown config key 'moves.merge_neighbours' "
                                        "(no longer a setting: its value is fixed)\n")
     assert not (tmp_path / "o").exists()
+    # a rule of the search, in a recipe or set on the command line
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("schedule:\n  max_epochs: 60\n  patience: 4\n")
+    assert main(["fit", "--input", str(blobs), "--output", str(tmp_path / "o"), "--no-tracking",
+                 "--config", str(recipe)]) == 2
+    assert capsys.readouterr().err == (f"deepdpm fit: error: {recipe}: unknown config key 'schedule.patience' "
+                                       "(no longer a setting: its value is fixed)\n")
+    assert main(["fit", "--input", str(blobs), "--output", str(tmp_path / "o"), "--no-tracking",
+                 "--set", "moves.split_valley=0.8"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("unknown config key 'moves.split_valley' (no longer a setting: its value is fixed)\n")
+    assert err.count("\n") == 1 and not (tmp_path / "o").exists()
 
 
 # -- 6. a wrong path or config key is answered at once, in one line, leaving nothing --------

@@ -47,8 +47,7 @@ EXPERIMENT = "fit-modes"
 SETTINGS = [
     "--config", str(REPO / "cluster_configs" / "local.yaml"), "--seed", "0",
     "--set", "init.n_clusters=2", "--set", "schedule.warmup_epochs=3",
-    "--set", "schedule.move_every=3", "--set", "schedule.freeze_epochs=1",
-    "--set", "schedule.patience=3", "--set", "schedule.max_epochs=15", "--quiet",
+    "--set", "schedule.move_every=3", "--set", "schedule.max_epochs=15", "--quiet",
 ]  # fmt: skip
 #: one AE pretraining of 2 epochs and one alternation of 1 epoch, into a 2-D embedding
 ALTERNATING = [

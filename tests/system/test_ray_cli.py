@@ -36,8 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 FIT = [
     "--num-workers", "2", "--config", str(REPO / "cluster_configs" / "local.yaml"), "--seed", "0",
     "--set", "init.n_clusters=2", "--set", "schedule.warmup_epochs=3",
-    "--set", "schedule.move_every=3", "--set", "schedule.freeze_epochs=1",
-    "--set", "schedule.patience=3", "--set", "schedule.max_epochs=30",
+    "--set", "schedule.move_every=3", "--set", "schedule.max_epochs=30",
     "--set", "small_data.max_rows=0",  # the nets' epochs (the Ray path of large data), long enough to stop
     "--checkpoint-every", "2", "--no-tracking",
 ]

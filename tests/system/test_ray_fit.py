@@ -50,7 +50,6 @@ FIT_SETTINGS = [
     "--config", "cluster_configs/local.yaml", "--seed", "0",
     "--set", "init.n_clusters=3",
     "--set", "schedule.warmup_epochs=3", "--set", "schedule.move_every=3",
-    "--set", "schedule.freeze_epochs=1", "--set", "schedule.patience=3",
     "--set", "schedule.max_epochs=45", "--quiet",
 ]
 

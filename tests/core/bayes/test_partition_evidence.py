@@ -28,15 +28,16 @@ def test_crp_term_is_the_product_of_seating_probabilities():
 
 
 def _fixed_prior_config():
-    # fixed numbers: nothing is refitted, so the chain rule below needs only λ (no floor:
-    # the paper's model, whose predictives are Student-t)
+    # fixed numbers: nothing is refitted, so the chain rule below needs only λ and the floor δ
     return Config().with_overrides({"prior.sigma_scale": 0.3, "prior.psi": "identity", "prior.nu": 6.0, "prior.kappa": 0.2,
-                                    "prior.alpha": 2.5, "prior.covariance_floor": 0.0})
+                                    "prior.alpha": 2.5})
 
 
 def test_joint_equals_the_chain_rule_of_seating_and_student_t_predictives():
     """p(X, z) = Π_i p(z_i | z_<i) p(x_i | the earlier rows of its group), each x-term
-    the NIW posterior predictive, a multivariate Student-t (updates written out here)."""
+    the NIW posterior predictive (updates written out here). With the covariance floor δ,
+    Λn gains diag(δ) per row: the predictive is the multivariate Student-t of A = Λn + diag(δ)
+    times (|Λn| / |A|)^(νn/2), which is 1 for the paper's δ = 0."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(14, 3)) * 2.0 + 5.0
     z = rng.integers(0, 3, size=14)
@@ -45,6 +46,8 @@ def test_joint_equals_the_chain_rule_of_seating_and_student_t_predictives():
     xt = coords.apply(torch.as_tensor(x)).numpy()
     prior = PriorFit(config.prior, coords, torch.device("cpu")).prior
     m0, k0, nu0, lam0 = prior.m0.numpy(), prior.kappa, prior.nu, prior.scale.numpy()
+    floor = np.diag(prior.floor.numpy())
+    assert float(prior.floor.min()) > 0
     d, alpha, total = x.shape[1], config.prior.alpha, 0.0
     groups: dict[int, list[np.ndarray]] = {}
     for i, (row, g) in enumerate(zip(xt, z, strict=True)):
@@ -53,9 +56,11 @@ def test_joint_equals_the_chain_rule_of_seating_and_student_t_predictives():
         total += math.log((n if n else alpha) / (alpha + i))
         kn, nun = k0 + n, nu0 + n
         mn = (k0 * m0 + members.sum(0)) / kn
-        lamn = lam0 + k0 * np.outer(m0, m0) + members.T @ members - kn * np.outer(mn, mn)
+        lamn = lam0 + k0 * np.outer(m0, m0) + members.T @ members + n * floor - kn * np.outer(mn, mn)
         dof = nun - d + 1
-        total += stats.multivariate_t(loc=mn, shape=lamn * (kn + 1) / (kn * dof), df=dof).logpdf(row)
+        a = lamn + floor
+        total += stats.multivariate_t(loc=mn, shape=a * (kn + 1) / (kn * dof), df=dof).logpdf(row)
+        total += nun / 2 * (np.linalg.slogdet(lamn)[1] - np.linalg.slogdet(a)[1])
         groups.setdefault(g, []).append(row)
     got = partition_evidence(x, z, config)
     assert got.log_joint == pytest.approx(total, rel=1e-9)

@@ -16,6 +16,7 @@ from deepdpm_core.config import (
     load_config,
     parse_overrides,
 )
+from deepdpm_core.config.loading import load_yaml
 
 ROOT = Path(__file__).parents[3]
 CONFIGS = sorted((ROOT / "cluster_configs").glob("*.yaml"))
@@ -40,7 +41,7 @@ def test_the_readme_knob_table_names_schema_keys_with_their_defaults():
     is one too."""
     rows = [line for line in (ROOT / "README.md").read_text().splitlines()
             if re.match(r"\| `[a-z_]+\.[a-z_]+` \| ", line)]
-    assert len(rows) >= 15  # the table of knobs that move K, found
+    assert len(rows) >= 10  # the table of knobs that move K, found
     defaults, dotted = Config().flat(), re.compile(rf"`((?:{'|'.join(config_sections())})\.[a-z_]+)`")
     for row in rows:
         key, default = (cell.strip().strip("`") for cell in row.split("|")[1:3])
@@ -63,6 +64,30 @@ def test_a_key_whose_value_is_now_fixed_is_refused_as_such_but_dropped_from_stor
     assert from_stored(stored) == Config().with_overrides({"prior.alpha": 2.0})
     with pytest.raises(ConfigError, match="unknown config key 'prior.alpah'"):
         from_stored({"prior": {"alpah": 1.0}})
+
+
+#: the rules of K's search whose values are constants of the code that applies them
+RULES_NOW_FIXED = [
+    "prior.covariance_floor", "prior.coarsening_per_parameter", "moves.min_subcluster_size", "moves.prune_small",
+    "moves.split_valley", "moves.merge_valley", "moves.birth_parts", "moves.exact_valley",
+    "schedule.freeze_epochs", "schedule.patience", "schedule.settled_spread", "schedule.settled_band",
+]
+
+
+@pytest.mark.parametrize("key", RULES_NOW_FIXED)
+def test_a_rule_of_the_search_is_no_longer_a_setting(key):
+    message = f"unknown config key '{key}' (no longer a setting: its value is fixed)"
+    with pytest.raises(ConfigError) as info:
+        Config().with_overrides(parse_overrides([f"{key}=0.8"]))
+    assert str(info.value) == message
+    section, name = key.split(".")
+    with pytest.raises(ConfigError) as info:
+        from_dict(load_yaml(f"{section}:\n  {name}: null\n"))
+    assert str(info.value) == message
+    # the config a model file or checkpoint of an earlier version stored, which named it
+    stored = Config().to_dict()
+    stored[section][name] = None
+    assert from_stored(stored) == Config()
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -90,9 +115,8 @@ def test_every_shipped_config_loads(path):
         ({"seed": 2**40}, "'seed' must be in [0, 2**31)"),
         ({"schedule.max_epoch": 3}, "unknown config key 'schedule.max_epoch' (did you mean "
                                     "schedule.max_epochs?)"),
-        # the key's name before it said what it prunes (clusters too small to split)
-        ({"moves": {"prune_empty": False}}, "unknown config key 'moves.prune_empty' (did you mean "
-                                            "moves.prune_small?)"),
+        # pruning clusters too small to split, under either of its former names, is no setting
+        ({"moves": {"prune_empty": False}}, "unknown config key 'moves.prune_empty' (no longer a setting"),
         ({"schedule.max_epochs": 3, "schedule": {"max_epochs": 4}},
          "config key 'schedule.max_epochs' is given twice"),
         ({"seed": 1, "seed.x": 2}, "config key 'seed' is given as a value and as a section"),

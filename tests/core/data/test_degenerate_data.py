@@ -1,5 +1,7 @@
 """Valid finite tables with degenerate directions fit without error (the covariance floor)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +9,10 @@ from sklearn.datasets import load_digits, make_blobs
 
 from deepdpm_core import DeepDPM
 from deepdpm_core.bayes import NIWPrior, SuffStats, log_marginal_likelihood
+from deepdpm_core.config import Config
 from deepdpm_core.data import clustering_scores
+from deepdpm_core.errors import DataError
+from deepdpm_core.training import Trainer
 
 QUICK = {"optim__min_steps_per_epoch": 8}
 
@@ -62,7 +67,7 @@ def test_raw_digit_pixels_with_constant_columns():
     model = DeepDPM(random_state=0).fit(X)  # failed numerically before the floor
     assert np.isfinite(model.predict_proba(X)).all()
     # 64 features: the coarsening grows with the parameters, so the fit does not
-    # collapse to one cluster as it did at a fixed c (coarsening_per_parameter: null)
+    # collapse to one cluster as it did at a fixed c (without COARSENING_PER_PARAMETER)
     assert model.n_clusters_ > 1
 
 
@@ -81,3 +86,24 @@ def test_the_floor_adds_n_delta_to_the_scatter():
     assert torch.isfinite(log_marginal_likelihood(floored, stats)).all()
     torch.testing.assert_close(log_marginal_likelihood(floored, stats), log_marginal_likelihood(paper, noisy),
                                rtol=1e-12, atol=1e-9)
+
+
+def test_a_factorisation_that_fails_on_the_data_is_one_data_error():
+    """The paper's model (no floor) on 4 rows repeated 150 times each, times 1e25, at a fixed
+    prior 1e27 times smaller than the clusters: a cluster's posterior is singular, and the
+    fit raises one line saying what to change, not the linear-algebra error."""
+    rng = np.random.default_rng(0)
+    X = np.repeat(rng.normal(size=(4, 6)) * 6, 150, axis=0)
+    X[::150] += 0.5
+    config = Config().with_overrides({
+        "seed": 0, "prior.psi": "identity", "prior.sigma_scale": 0.005, "prior.kappa": 1e-4, "prior.nu": None,
+        "init.n_clusters": 3, "schedule.warmup_epochs": 2, "schedule.move_every": 2, "schedule.max_epochs": 12})
+    trainer = Trainer(config, torch.as_tensor(X * 1e25, dtype=torch.float32))
+    fit = trainer.prior_fit
+    fit.priors = [replace(prior, floor=None) for prior in fit.priors]
+    fit.prior = fit.priors[0]
+    with pytest.raises(DataError) as info:
+        trainer.fit()
+    message = str(info.value)
+    assert message.startswith("the fit failed numerically at epoch ") and "\n" not in message
+    assert "data.transform=standard" in message and "prior.sigma_scale=auto, not 0.005" in message

@@ -38,7 +38,7 @@ def _sched(schedule: dict, moves: dict | None = None) -> Config:
 
 
 def test_move_kinds_are_the_rounds_the_schedule_ran():
-    schedule = {"warmup_epochs": 5, "move_every": 5, "freeze_epochs": 2}
+    schedule = {"warmup_epochs": 5, "move_every": 5}
     quiet = [_record(e, 1) for e in range(20)]
     kinds = move_kinds(named_rounds(quiet, _sched(schedule, {"split": True, "merge": True})))
     # the nets are frozen through the warm-up, so the first round ends epoch 10 (index 9)
@@ -52,7 +52,7 @@ def test_move_kinds_are_the_rounds_the_schedule_ran():
     # the alternation does not advance
     busy = list(quiet)
     busy[5] = _record(5, 3, splits=2)
-    sched = {"warmup_epochs": 5, "move_every": 1, "freeze_epochs": 2}
+    sched = {"warmup_epochs": 5, "move_every": 1}
     kinds = move_kinds(named_rounds(busy[:10], _sched(sched)))
     assert [(i, k) for i, k in enumerate(kinds) if k] == [(5, "split"), (8, "merge"), (9, "split")]
 
@@ -111,7 +111,7 @@ def test_collapse_to_one_cluster():
 
 def test_growing_from_one_cluster_is_not_a_collapse():
     # init.n_clusters = 1: K at 1 while the first split rounds come is growth, not collapse
-    cfg = Config().with_overrides({"schedule.move_every": 5, "schedule.patience": 10})
+    cfg = Config().with_overrides({"schedule.move_every": 5})
     growing = [_record(e, 1) for e in range(12)]
     assert diagnose(named_rounds(growing, cfg), cfg) == []
     stuck = [_record(e, 1) for e in range(30)]  # 2 idle split rounds (9 and 19... )

@@ -54,14 +54,20 @@ def test_a_fitted_and_a_loaded_model_hold_no_training_data(tmp_path):
     np.testing.assert_array_equal(loaded.predict(x), est.predict(x))
 
 
-def test_a_model_file_whose_config_names_keys_now_fixed_or_renamed_loads(tmp_path):
+def test_a_model_file_whose_config_names_keys_now_fixed_loads(tmp_path):
     x, _ = make_mixture(300, 3, 2, random_state=0)
     est = DeepDPM({"seed": 0, "schedule": {"max_epochs": 6}, "init": {"n_clusters": 2}}).fit(x)
     est.save(tmp_path / "model.pt")
     state = torch.load(tmp_path / "model.pt", weights_only=True)
-    state["config"]["moves"]["merge_neighbours"] = 3  # as an earlier version wrote every key
-    state["config"]["ae"]["input_scaling"] = "global"
-    state["config"]["moves"]["prune_empty"] = state["config"]["moves"].pop("prune_small")  # its former name
+    config = state["config"]
+    config["moves"]["merge_neighbours"] = 3  # as an earlier version wrote every key
+    config["ae"]["input_scaling"] = "global"
+    config["moves"]["prune_empty"] = True  # the name of prune_small before
+    # the rules of the search that were settings, with the values earlier versions wrote
+    config["prior"].update(covariance_floor=1.0e-4, coarsening_per_parameter=7.5)
+    config["moves"].update(min_subcluster_size=5, prune_small=True, split_valley=0.75, merge_valley=0.9,
+                           birth_parts=4, exact_valley=0.2)
+    config["schedule"].update(freeze_epochs=2, patience=3, settled_spread=0.01, settled_band=0.07)
     torch.save(state, tmp_path / "earlier.pt")
     earlier = DeepDPM.load(tmp_path / "earlier.pt")
     assert earlier.get_config() == DeepDPM.load(tmp_path / "model.pt").get_config()

@@ -16,11 +16,11 @@ from deepdpm_core.bayes import (
     log_split_hastings,
     map_estimate,
 )
-from deepdpm_core.config import Config
 from deepdpm_core.data import clustering_scores
 from deepdpm_core.estep import MixtureState
 from deepdpm_core.moves import Nets, apply_births, birth_min_points, choose_births
 from deepdpm_core.moves.births import (
+    BIRTH_PARTS,
     BirthProposal,
     accepted_births,
     birth_kmeans,
@@ -144,7 +144,7 @@ def test_a_birth_needs_the_model_and_a_valley_at_every_part():
     one_mode = deep.copy()
     one_mode[3] = 0.9  # parts 6 and 7 of the second cluster have no valley between them
     assert accepted_births(log_h, n, 4, pairs, one_mode, 0.75, 25) == [0]
-    assert accepted_births(log_h, n, 4, pairs, one_mode, None, 25) == [0, 1]  # the rule off
+    assert accepted_births(log_h, n, 4, pairs, one_mode, 0.95, 25) == [0, 1]  # 0.9 deep is deep enough here
     few = n.clone()
     few[6] = 10  # too few points a side for the valley to be judged: the ratio decides
     assert accepted_births(log_h, few, 4, pairs, one_mode, 0.75, 25) == [0, 1]
@@ -187,9 +187,6 @@ def test_blobs_in_blocks_no_two_way_split_opens_are_found_by_births(seed):
     model = DeepDPM(random_state=seed).fit(x)
     assert model.n_clusters_ in (48, 49)
     assert clustering_scores(y, model.labels_)["nmi"] > 0.97
-    if seed == 1:
-        off = DeepDPM(random_state=seed, moves={"birth_parts": None}).fit(x)
-        assert off.n_clusters_ < 45
 
 
 def test_each_cluster_takes_its_passing_cut_of_largest_ratio():
@@ -203,12 +200,6 @@ def test_each_cluster_takes_its_passing_cut_of_largest_ratio():
 
 
 def test_a_birth_is_offered_to_clusters_whose_parts_can_each_hold_more_points_than_features():
-    moves = Config().moves
-    assert birth_min_points(moves, 2) == 4 * 25  # low dimensions: the valley rule's floor
-    assert birth_min_points(moves, 128) == 4 * 129
-    assert birth_min_points(moves.__class__(birth_parts=3, min_subcluster_size=40), 5) == 3 * 40
-
-
-def test_births_are_on_by_default_and_off_with_null():
-    assert Config().moves.birth_parts == 4
-    assert Config().with_overrides({"moves.birth_parts": None}).moves.birth_parts is None
+    assert BIRTH_PARTS == 4
+    assert birth_min_points(2) == 4 * 25  # low dimensions: the valley rule's floor
+    assert birth_min_points(128) == 4 * 129

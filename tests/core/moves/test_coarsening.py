@@ -14,7 +14,13 @@ from deepdpm_core.bayes import (
     log_split_hastings,
 )
 from deepdpm_core.moves import coarsening_constant
-from deepdpm_core.moves.proposals import coarsened, propose_merges, propose_splits
+from deepdpm_core.moves.proposals import (
+    COARSENING_PER_PARAMETER,
+    EXACT_VALLEY,
+    coarsened,
+    propose_merges,
+    propose_splits,
+)
 
 ALPHA = 10.0
 
@@ -96,12 +102,12 @@ def test_two_apart_clusters_are_still_split_and_never_merged():
 
 
 def test_the_coarsening_constant_grows_with_the_parameters_above_its_floor():
-    assert coarsening_constant(None, 7.5, 30, False) is None  # the exact posterior
-    assert coarsening_constant(500.0, None, 30, False) == 500.0  # c in every dimension
-    assert coarsening_constant(500.0, 7.5, 2, False) == 500.0  # P = 5: the floor c
-    assert coarsening_constant(500.0, 7.5, 10, False) == 500.0  # P = 65: 487.5 < c
-    assert coarsening_constant(500.0, 7.5, 30, False) == 7.5 * (30 + 30 * 31 // 2)
-    assert coarsening_constant(500.0, 7.5, 100, True) == 7.5 * 200  # diagonal: P = 2D
+    assert COARSENING_PER_PARAMETER == 7.5
+    assert coarsening_constant(None, 30, False) is None  # the exact posterior
+    assert coarsening_constant(500.0, 2, False) == 500.0  # P = 5: the floor c
+    assert coarsening_constant(500.0, 10, False) == 500.0  # P = 65: 487.5 < c
+    assert coarsening_constant(500.0, 30, False) == 7.5 * (30 + 30 * 31 // 2)
+    assert coarsening_constant(500.0, 100, True) == 7.5 * 200  # diagonal: P = 2D
 
 
 def test_clusters_plainly_apart_in_many_features_are_split_at_any_n():
@@ -117,13 +123,13 @@ def test_clusters_plainly_apart_in_many_features_are_split_at_any_n():
         union = stats.n.sum().repeat(2)
         fixed = float(log_split_hastings(_prior(d), ALPHA, coarsened(stats, union, 500.0))[0])
         scaled = float(log_split_hastings(
-            _prior(d), ALPHA, coarsened(stats, union, coarsening_constant(500.0, 7.5, d, False)))[0])
+            _prior(d), ALPHA, coarsened(stats, union, coarsening_constant(500.0, d, False)))[0])
         assert (fixed > 0) == fixed_accepts
         assert scaled > 50
 
 
 def test_a_move_across_a_deep_valley_is_judged_by_the_exact_posterior():
-    """Two blobs 8 apart, 20,000 points: with the valley at most ``exact_valley`` deep and
+    """Two blobs 8 apart, 20,000 points: with the valley at most ``EXACT_VALLEY`` deep and
     judged, the split's (and the merge's) ratio is the exact one; shallower, or with too
     few points a side to judge, it stays coarsened."""
     rng = np.random.default_rng(3)
@@ -136,13 +142,13 @@ def test_a_move_across_a_deep_valley_is_judged_by_the_exact_posterior():
     tempered = float(log_split_hastings(_prior(2), ALPHA, coarsened(stats, union, 500.0))[0])
     assert exact > 10 * tempered > 0
 
-    def split(valley, min_points=25.0, exact_valley=0.2):
+    def split(valley, min_points=25.0, exact_valley=EXACT_VALLEY):
         return propose_splits(_prior(2), ALPHA, stats, np.random.default_rng(0), 5, 500.0, np.array([valley]), 0.75,
                               min_points, exact_valley)[1][0]
 
     assert split(0.1) == pytest.approx(exact, rel=1e-12)
     assert split(0.5) == pytest.approx(tempered, rel=1e-12)
-    assert split(0.1, exact_valley=None) == pytest.approx(tempered, rel=1e-12)
+    assert split(0.1, exact_valley=0.05) == pytest.approx(tempered, rel=1e-12)  # not as deep as asked
     assert split(0.1, min_points=n) == pytest.approx(tempered, rel=1e-12)  # not judged
 
     means = torch.as_tensor(np.stack([x[half == c].mean(0) for c in (0, 1)]))
@@ -150,7 +156,7 @@ def test_a_move_across_a_deep_valley_is_judged_by_the_exact_posterior():
     # coarsened ratio takes the merge (ln H_m = −ln H_s); exactly judged, it is refused
     costly = math.exp(math.log(ALPHA) - tempered - 10.0)
 
-    def merged(valley, exact_valley=0.2):
+    def merged(valley, exact_valley=EXACT_VALLEY):
         return propose_merges(_prior(2), costly, stats, means, np.random.default_rng(0), 3, 500.0,
                               {(0, 1): valley}, 0.9, 25.0, exact_valley)
 
@@ -159,4 +165,4 @@ def test_a_move_across_a_deep_valley_is_judged_by_the_exact_posterior():
     assert tempered_split < 0 < exact_split
     assert merged(0.5) == [(0, 1)]
     assert merged(0.1) == []
-    assert merged(0.1, exact_valley=None) == [(0, 1)]
+    assert merged(0.1, exact_valley=0.05) == [(0, 1)]

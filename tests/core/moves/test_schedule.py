@@ -8,12 +8,18 @@ import torch
 from deepdpm_core.config import Config, MovesConfig, ScheduleConfig
 from deepdpm_core.data import make_mixture
 from deepdpm_core.moves import MoveSchedule
-from deepdpm_core.moves.schedule import approaches_level, swings_without_trend
+from deepdpm_core.moves.schedule import (
+    FREEZE_EPOCHS,
+    PATIENCE,
+    SETTLED_BAND,
+    approaches_level,
+    swings_without_trend,
+)
 from deepdpm_core.training import Trainer
 
 
 def test_rounds_start_after_the_warm_up_and_alternate():
-    sched = MoveSchedule(ScheduleConfig(warmup_epochs=5, move_every=5, freeze_epochs=2), MovesConfig())
+    sched = MoveSchedule(ScheduleConfig(warmup_epochs=5, move_every=5), MovesConfig())
     kinds = {}
     for epoch in range(1, 21):
         kind = sched.move_at(epoch)
@@ -26,28 +32,33 @@ def test_rounds_start_after_the_warm_up_and_alternate():
 
 
 def test_an_accepted_move_freezes_and_the_alternation_waits():
-    sched = MoveSchedule(ScheduleConfig(warmup_epochs=5, move_every=1, freeze_epochs=2), MovesConfig())
+    sched = MoveSchedule(ScheduleConfig(warmup_epochs=5, move_every=1), MovesConfig())
     ran = []
     for epoch in range(6, 11):
         kind = sched.move_at(epoch)
         if kind:
             ran.append((epoch, kind))
             sched.moved(epoch, 2 if epoch == 6 else 0, 5)
-    # the split at epoch 6 was accepted: epochs 7 and 8 are frozen, then merge, split
-    assert ran == [(6, "split"), (9, "merge"), (10, "split")]
-    only_split = MoveSchedule(ScheduleConfig(warmup_epochs=0, move_every=1, freeze_epochs=0),
-                              MovesConfig(merge=False))
+    # the split at epoch 6 was accepted: epochs 7 and 8 (FREEZE_EPOCHS) are frozen, then merge, split
+    assert FREEZE_EPOCHS == 2 and ran == [(6, "split"), (9, "merge"), (10, "split")]
+    # exact EM, with no nets to wait for, freezes nothing
+    exact = MoveSchedule(ScheduleConfig(warmup_epochs=1, move_every=1), MovesConfig(), freeze_epochs=0)
+    exact.moved(2, 1, 5)
+    assert exact.move_at(3) == "merge"
+    only_split = MoveSchedule(ScheduleConfig(warmup_epochs=0, move_every=1), MovesConfig(merge=False))
     assert {only_split.move_at(e) for e in range(1, 5)} == {"split"}
     assert MoveSchedule(ScheduleConfig(), MovesConfig(split=False, merge=False)).move_at(9) is None
 
 
 def test_the_stop_rule():
-    sched = MoveSchedule(ScheduleConfig(max_epochs=50, patience=2), MovesConfig())
+    sched = MoveSchedule(ScheduleConfig(max_epochs=50), MovesConfig())
     sched.moved(10, 0, 4)
     assert sched.rounds_without_move == 1 and not sched.finished(11) and sched.stop_reason(11) is None
     sched.moved(14, 0, 4)
-    assert sched.rounds_without_move == 2 and sched.finished(14) and sched.converged()
-    assert sched.stop_reason(14) == "K settled after 14 epochs (2 move rounds in a row accepted nothing)"
+    assert sched.rounds_without_move == 2 and not sched.finished(14)
+    sched.moved(18, 0, 4)
+    assert sched.rounds_without_move == PATIENCE == 3 and sched.finished(18) and sched.converged()
+    assert sched.stop_reason(18) == "K settled after 18 epochs (3 move rounds in a row accepted nothing)"
     sched.moved(22, 1, 5)  # an accepted move resets the count
     assert not sched.finished(30) and sched.finished(50)
     assert sched.stop_reason(30) is None and sched.stop_reason(50) == "max_epochs (50) reached"
@@ -57,17 +68,17 @@ def test_the_stop_rule():
 
 
 def test_a_split_and_a_merge_taking_turns_stop_the_fit():
-    sched = MoveSchedule(ScheduleConfig(max_epochs=200, patience=2), MovesConfig())
-    for epoch, k in zip(range(10, 42, 4), [8, 10, 11, 12, 11, 12, 11, 11], strict=True):
+    sched = MoveSchedule(ScheduleConfig(max_epochs=200), MovesConfig())
+    for epoch, k in zip(range(10, 50, 4), [8, 10, 11, 12, 11, 12, 11, 12, 11, 11], strict=True):
         assert not sched.finished(epoch - 1)
         sched.moved(epoch, 1, k)  # every round accepts a move
-        # the last 2·patience + 1 = 5 rounds left K at 11 or 12 after the split round of
-        # epoch 34; its cuts stand only once the merge round after it has judged them
-        assert sched.finished(epoch) is (epoch == 38), epoch
+        # the last 2·PATIENCE + 1 = 7 rounds left K at 11 or 12 after the split round of
+        # epoch 42; its cuts stand only once the merge round after it has judged them
+        assert sched.finished(epoch) is (epoch == 46), epoch
     assert sched.converged()
-    assert sched.stop_reason(38) == ("K settled after 38 epochs (K alternated between 11 and 12 "
-                                     "over 5 move rounds)")
-    climbing = MoveSchedule(ScheduleConfig(max_epochs=200, patience=2), MovesConfig())
+    assert sched.stop_reason(46) == ("K settled after 46 epochs (K alternated between 11 and 12 "
+                                     "over 7 move rounds)")
+    climbing = MoveSchedule(ScheduleConfig(max_epochs=200), MovesConfig())
     for epoch, k in zip(range(10, 30, 4), [10, 11, 11, 12, 12], strict=True):
         climbing.moved(epoch, 1, k)
     assert not climbing.finished(30)  # K still grows: 10 -> 12 over the window
@@ -77,29 +88,29 @@ def test_a_cycle_that_returns_to_its_k_stops_the_fit_at_a_thousand_clusters():
     """K after each round of a 1.28M x 128 fit of 1,000 classes (one H100, epochs 9-93): past
     epoch 61 every split round takes 25-35 clusters apart and the next merge round joins
     most of them again; K after each cycle is 977, 987, 992, 993, 994, never within one of
-    itself, and the fit ran to max_epochs (200) before ``settled_spread``. The ends 977,
+    itself, and the fit ran to max_epochs (200) before :data:`SETTLED_SPREAD`. The ends 977,
     987, 992 head for 997 by shrinking steps: the fit stops at epoch 77; without that rule,
-    ``settled_spread`` stops it at epoch 93."""
+    :data:`SETTLED_SPREAD` would stop it at epoch 93 (987 to 994)."""
     rounds = [203, 203, 392, 392, 686, 663, 995, 939, 1113, 1001, 1077, 967, 1012, 977, 1012,
               987, 1018, 992, 1017, 993, 1020, 994]
-    for config, stop, reason in (
-            (ScheduleConfig(), 77, "K after each of the last 3 move cycles went from 977 to 992 by shrinking "
-                                   "steps, within 7% of the level they head for"),
-            (ScheduleConfig(settled_band=0.0), 93, "K was 987 to 994 after each of the last 4 move cycles")):
-        sched = MoveSchedule(config, MovesConfig())
-        stopped = None
-        for index, k in enumerate(rounds):
-            epoch = 9 + 4 * index
-            assert sched.move_at(epoch) == ("split", "merge")[index % 2]
-            sched.moved(epoch, int(index not in (1, 3)), k)  # the first two merge rounds took none
-            if sched.finished(epoch):
-                stopped = epoch
-                break
-        assert stopped == stop and sched.stop_reason(stop) == f"K settled after {stop} epochs ({reason})"
-    exact = MoveSchedule(ScheduleConfig(settled_spread=0.0, settled_band=0.0), MovesConfig())
+    sched = MoveSchedule(ScheduleConfig(), MovesConfig())
+    stopped = None
     for index, k in enumerate(rounds):
-        exact.moved(9 + 4 * index, 1, k)
-    assert not exact.finished(93)  # within one cluster: the old rule runs on
+        epoch = 9 + 4 * index
+        assert sched.move_at(epoch) == ("split", "merge")[index % 2]
+        sched.moved(epoch, int(index not in (1, 3)), k)  # the first two merge rounds took none
+        if sched.finished(epoch):
+            stopped = epoch
+            break
+    assert stopped == 77 and sched.stop_reason(77) == (
+        "K settled after 77 epochs (K after each of the last 3 move cycles went from 977 to 992 by shrinking "
+        "steps, within 7% of the level they head for)")
+    # cycles that end within 1 % of K with no level for the steps to head for (they turn) and
+    # no swing about a line: SETTLED_SPREAD stops the fit
+    sched, stopped = _replay_default([1030, 1000, 1020, 992, 1025, 995, 1020, 993])
+    assert stopped == 37 and sched.stop_reason(37) == (
+        "K settled after 37 epochs (K was 992 to 1000 after each of the last 4 move cycles)")
+    assert not swings_without_trend([1000, 992, 995], SETTLED_BAND)  # the three ends before
     # below 100 clusters a cycle must return to the same K: 6, 6, 5, 5 is a search still
     # merging (four curved clusters at 24k rows went on to 4)
     for ends, stops in (([11, 11, 11, 11], True), ([6, 6, 5, 5], False), ([10, 11, 10, 11], False)):
@@ -146,7 +157,7 @@ def _finished_after(cfg: Config, history: list[dict]) -> bool:
 def _replay_rounds(rounds: list[int], start: int) -> tuple[MoveSchedule, int | None]:
     """Feed an exact-EM fit's K after each move round (rounds every 2 epochs from epoch 2,
     a round accepted a move when K changed) to a schedule; it and the epoch it stopped at."""
-    sched = MoveSchedule(ScheduleConfig(warmup_epochs=1, move_every=2, freeze_epochs=0), MovesConfig())
+    sched = MoveSchedule(ScheduleConfig(warmup_epochs=1, move_every=2), MovesConfig(), freeze_epochs=0)
     before = start
     for index, k in enumerate(rounds):
         epoch = 2 + 2 * index
@@ -190,8 +201,9 @@ def test_cycles_whose_ends_repeat_a_longer_pattern_stop_the_fit_at_its_fewest_cl
 def test_k_swinging_about_a_level_at_a_thousand_clusters_stops_the_fit():
     """1.28M x 128, 1,000 classes, one H100: K rose to 1,025 by epoch 40, then
     swung between 964 and 1,025 for 45 epochs without repeating itself, within 6 % (no
-    ``settled_spread``), and the fit stopped at epoch 85 only when 3 rounds in a row took
-    nothing. Here every round accepts moves: the swing rule stops it at epoch 45."""
+    :data:`SETTLED_SPREAD`), and the fit stopped at epoch 85 only when 3 rounds in a row took
+    nothing. Here every round accepts moves: the swing rule stops it at epoch 45 (without it,
+    no rule stops it before 85: the ends never settle within :data:`SETTLED_SPREAD`)."""
     cycles = [(260, 250), (560, 540), (1010, 975), (1040, 1025), (1030, 964), (1020, 1001), (1045, 968),
               (1050, 1012), (1035, 971), (1044, 995)]
     rounds = [k for cycle in cycles for k in cycle]
@@ -200,7 +212,6 @@ def test_k_swinging_about_a_level_at_a_thousand_clusters_stops_the_fit():
     assert stopped == 45 and sched.stop_reason(45) == (
         "K settled after 45 epochs (K after each of the last 3 move cycles swung between 964 and 1025 "
         "without a trend)")
-    assert _replay_default(rounds, ScheduleConfig(settled_band=0.0))[1] is None  # without it: on to 85
 
 
 def test_k_still_drifting_by_two_percent_a_cycle_does_not_stop_the_fit():
@@ -219,7 +230,7 @@ def test_k_climbing_to_its_level_by_shrinking_steps_stops_the_fit():
     777, 931, 963, 979, 990, the split rounds cutting up to 1,123, each cycle about a
     minute; a rise of 1-2 % a cycle is no swing, and the fit ran on. The rounds' steps
     shrink towards a level: the fit stops once the last three ends and that level lie
-    within ``settled_band``."""
+    within :data:`SETTLED_BAND`."""
     cycles = [(400, 345), (700, 553), (900, 777), (1050, 931), (1080, 963), (1100, 979), (1123, 990)]
     rounds = [k for cycle in cycles for k in cycle]
     sched, stopped = _replay_default(rounds)
@@ -227,7 +238,6 @@ def test_k_climbing_to_its_level_by_shrinking_steps_stops_the_fit():
     assert stopped == 53 and sched.round_k[-1] == 979 and sched.stop_reason(53) == (
         "K settled after 53 epochs (K after each of the last 3 move cycles went from 931 to 979 by "
         "shrinking steps, within 7% of the level they head for)")
-    assert _replay_default(rounds, ScheduleConfig(settled_band=0.0))[1] is None
 
 
 def test_approaches_level():
@@ -246,15 +256,15 @@ def test_swings_without_trend():
     assert not swings_without_trend([975, 1025, 964], 0.05)  # spread 61 > 51
     assert not swings_without_trend([1001, 967, 977], 0.07)  # turned and climbs back: d = 24, s = 10
     assert not swings_without_trend([967, 977, 987], 0.07)  # a line: s = 0
-    assert not swings_without_trend([1000, 1000, 1000], 0.07)  # no swing (settled_spread's case)
+    assert not swings_without_trend([1000, 1000, 1000], 0.07)  # no swing (SETTLED_SPREAD's case)
     assert not swings_without_trend([11, 12, 11], 0.07)  # below 15 clusters the band is 0
     assert swings_without_trend([30, 31, 31, 30], 0.07) and not swings_without_trend([30, 31, 31, 32], 0.07)
 
 
-def _replay_default(rounds: list[int], config: ScheduleConfig | None = None) -> tuple[MoveSchedule, int | None]:
+def _replay_default(rounds: list[int]) -> tuple[MoveSchedule, int | None]:
     """Feed K after each round (every round accepting moves) to a schedule at the defaults
     (rounds every 4 epochs from epoch 9); it and the epoch it stopped at."""
-    sched = MoveSchedule(config or ScheduleConfig(), MovesConfig())
+    sched = MoveSchedule(ScheduleConfig(), MovesConfig())
     for index, k in enumerate(rounds):
         epoch = 9 + 4 * index
         assert sched.move_at(epoch) == ("split", "merge")[index % 2]

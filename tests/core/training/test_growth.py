@@ -59,7 +59,7 @@ def test_the_coarsened_score_tempers_every_row_by_zeta():
     prior_fit.restore(trainer.prior_fit.state_dict())
     fitted_log_joint(stats, prior_fit, trainer.config.prior.alpha, rtol=1e-2)
     p = trainer.config.prior
-    c = coarsening_constant(p.coarsening, p.coarsening_per_parameter, x.shape[1], False)
+    c = coarsening_constant(p.coarsening, x.shape[1], False)
     zeta = c / (c + len(x))
     weighted = grouped_stats(trainer.x.double(), torch.arange(len(y)), labels,
                              torch.full((len(y),), zeta, dtype=torch.float64), 40)

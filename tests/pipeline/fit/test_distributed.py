@@ -32,7 +32,7 @@ def _config(**overrides) -> Config:
         "device": "cpu",
         "init": {"n_clusters": 4, "max_points": 700},  # k-means sees a sample of the 1000 rows
         "optim": {"batch_size": 64},
-        "schedule": {"max_epochs": 12, "warmup_epochs": 2, "move_every": 2, "freeze_epochs": 1},
+        "schedule": {"max_epochs": 12, "warmup_epochs": 2, "move_every": 2},
         "small_data": {"max_rows": 0},  # the net search (test_small_data_fit_is_the_same_on_two_ranks: EM)
     }
     return from_dict(base).with_overrides(overrides)
