@@ -935,18 +935,12 @@ def ray_session():
         yield
 
 
-def _one_data_error(err: str, message: str) -> bool:
-    """The last line is the DataError ``message``, and no traceback of it was printed (Ray's
-    own actors may print theirs while the cluster tears a run down)."""
-    last = err.strip().splitlines()[-1]
-    return "DataError" not in err and last.startswith(f"deepdpm fit: error: {message}")
-
-
 def test_duplicate_rows_far_from_a_fixed_prior_scale_fit(degenerate, tmp_path, capsys):
     # the covariance floor keeps each cluster's posterior positive-definite at local.yaml's
     # fixed prior, 1e27 times smaller than the clusters
     assert main(["fit", "--input", str(degenerate), "--output", str(tmp_path / "out"),
                  *LOCAL_SHORT, "--no-tracking"]) == 0
+    capsys.readouterr()
     # at the defaults (the prior fitted to the clusters) the same rows fit into their 4 groups
     assert main(["fit", "--input", str(degenerate), "--output", str(tmp_path / "fitted"),
                  "--seed", "0", "--quiet", "--no-tracking", "--json"]) == 0
@@ -961,22 +955,28 @@ def test_duplicate_rows_far_from_a_fixed_prior_scale_fit(degenerate, tmp_path, c
     assert "overflow" not in capsys.readouterr().err
 
 
-def test_a_data_error_on_ray_ends_the_run_without_retries(ray_session, degenerate, tmp_path, capsys):
-    """A row of NaN, which the Ray workers find reading their rows: one DataError, no retry."""
+def test_a_data_error_on_ray_ends_the_run_without_retries(ray_session, degenerate, tmp_path):
+    """A DataError every rank meets mid-fit (a covariance that fails on the data's clusters)
+    ends a Ray fit at once, in one line: Ray Train, which retries whatever a worker raises,
+    never sees it."""
     import sqlite3
 
-    bad = tmp_path / "nan.npy"
-    X = np.load(degenerate)
-    X[7] = np.nan
-    np.save(bad, X)
+    from deepdpm_core.errors import DataError
+    from pipeline.cli import build_parser
+    from pipeline.commands.fit import request_from_args
+    from pipeline.fit import run_fit
+    from tests.support.fault_hooks import DataErrorAt
+
     db = tmp_path / "mlflow.db"
     t0 = time.perf_counter()
-    assert main(["fit", "--input", str(bad), "--output", str(tmp_path / "out"),
-                 *LOCAL_SHORT, "--num-workers", "2", "--max-failures", "3",
-                 "--tracking-uri", f"sqlite:///{db}", "--experiment", "data-error"]) == 2
+    args = build_parser().parse_args([
+        "fit", "--input", str(degenerate), "--output", str(tmp_path / "out"), *LOCAL_SHORT,
+        "--num-workers", "2", "--max-failures", "3", "--tracking-uri", f"sqlite:///{db}",
+        "--experiment", "data-error"])
+    with pytest.raises(DataError) as info:
+        run_fit(request_from_args(args), fault=DataErrorAt(3))
     seconds = time.perf_counter() - t0
-    err = capsys.readouterr().err
-    assert _one_data_error(err, f"{bad} has rows with NaN or inf values (rows 7)"), err[-3000:]
+    assert str(info.value).startswith("the fit failed numerically at epoch 3") and "\n" not in str(info.value)
     # one attempt (rank 0 tracks each attempt as an MLflow run), marked failed
     with sqlite3.connect(db) as con:
         assert con.execute("select status from runs").fetchall() == [("FAILED",)], seconds

@@ -1,14 +1,16 @@
 """Test-only crash injection through the fit runner's ``fault`` hook.
 
-:class:`FailOnce` is what a test passes as ``fault`` to a fit
-(:func:`pipeline.fit.run_fit`); the runner calls it before each epoch with (epochs done,
-rank). It is a plain class in an importable module so that it pickles by reference into a
+:class:`FailOnce` (a crash) and :class:`DataErrorAt` (a user error every rank meets) are
+what a test passes as ``fault`` to a fit (:func:`pipeline.fit.run_fit`); the runner calls it
+before each epoch with (epochs done, rank). Each is a plain class in an importable module so that it pickles by reference into a
 Ray fit's ``train_loop_config`` (the workers import this checkout, ``tests/support/ray_cluster.py``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from deepdpm_core.errors import DataError
 
 
 class FailOnce:
@@ -39,3 +41,25 @@ class FailOnce:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
         raise RuntimeError(f"injected failure on rank {rank} at epoch {epoch} (fault hook)")
+
+
+class DataErrorAt:
+    """Raise on every rank, about to train epoch ``epoch``, the one-line DataError a fit
+    meets when a covariance factorisation fails on its data
+    (:meth:`deepdpm_core.bayes.PriorFit.numerical_failure`): every rank alike, as the
+    all-reduced statistics make it. The covariance floor keeps that from data a test can
+    write down (``tests/core/data/test_degenerate_data.py`` meets it without the floor).
+
+    Parameters
+    ----------
+    epoch : int
+        Epochs done when the error fires.
+    """
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __call__(self, epoch: int, rank: int) -> None:
+        if epoch == self.epoch:
+            raise DataError(f"the fit failed numerically at epoch {epoch}: a cluster covariance is not "
+                            "positive-definite; standardise the features (data.transform=standard)")
