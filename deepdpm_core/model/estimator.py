@@ -34,8 +34,7 @@ from deepdpm_core.model.diagnostics import (
 )
 from deepdpm_core.model.fitted_model import FORMAT, FittedModel
 from deepdpm_core.model.parameters import param_names, resolve_config
-from deepdpm_core.progress_bars import progress_bar
-from deepdpm_core.training import EpochHooks, Trainer, epoch_updater
+from deepdpm_core.training import EpochHooks, Trainer, epoch_bar, start_fit
 
 __all__ = ["FORMAT", "DeepDPM"]
 
@@ -206,17 +205,11 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         start_labels = None
         if init_labels is not None:
             start_labels = torch.from_numpy(check_init_labels(init_labels, len(X)))
-        cbs: list[Callable[[dict], None]] = []
-        if callbacks:  # first (``trainer`` is bound when an epoch ends): the callbacks may
-            # predict with the model the epoch left
-            cbs = [lambda _: self._set_model(trainer), *callbacks]
-        # while the bar is open, lines written to stderr (warnings) go above it; its total,
-        # the end the schedule expects, is set once the trainer exists (epoch_updater)
-        with progress_bar(progress, total=None, desc="deepdpm fit", unit="epoch") as bar:
-            trainer = Trainer(config, readonly_tensor(X))
-            if bar is not None:
-                cbs.append(epoch_updater(bar, trainer.schedule))
-            trainer.fit(start_labels, EpochHooks(on_epoch=cbs))
+        trainer = start_fit(config, X)
+        # first, the model the epoch left, which the callbacks may predict with
+        cbs = [lambda _: self._set_model(trainer), *callbacks] if callbacks else []
+        with epoch_bar(trainer, progress) as show:
+            trainer.fit(start_labels, EpochHooks(on_epoch=[*cbs, *([show] if show else [])]))
         variances = variance_summary(trainer.feature_variance.cpu().numpy())
         for diagnostic in diagnose(trainer.history, config, variances["feature_variance_ratio"]):
             # stacklevel 2: the warning points at the caller's fit

@@ -3,9 +3,9 @@ bars, rank consistency and the resume format."""
 
 from deepdpm_core.training.batching import auto_batch_size
 from deepdpm_core.training.hooks import EpochHooks
-from deepdpm_core.training.progress import epoch_updater
-from deepdpm_core.training.trainer import Trainer
+from deepdpm_core.training.progress import epoch_bar
+from deepdpm_core.training.trainer import Trainer, start_fit
 
 __all__ = [
-    "auto_batch_size", "epoch_updater", "EpochHooks", "Trainer"
+    "auto_batch_size", "epoch_bar", "EpochHooks", "start_fit", "Trainer"
 ]

@@ -24,6 +24,7 @@ from torch import nn
 
 from deepdpm_core.bayes import PriorFit, SuffStats, map_estimate, posterior_mean
 from deepdpm_core.config import Config, from_stored
+from deepdpm_core.data import readonly_tensor
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.estep import EStep, MixtureState, SubclusterMAP, log_weights_from_counts
 from deepdpm_core.moves import MovePlan, MoveSchedule, apply_plan, reset_subclusters
@@ -79,6 +80,8 @@ class Trainer:
         self.rng = np.random.default_rng(config.seed)  # move decisions (rank 0) and init
         self.torch_gen = torch.Generator().manual_seed(config.seed)  # net initialisation
         self.epoch = 0
+        #: the epoch a resumed fit continued from (:meth:`from_state`); None for a fresh fit
+        self.resumed_from: int | None = None
         self.history: list[dict[str, Any]] = []
         #: each local row's best cluster (:class:`~deepdpm_core.training.search_model.SearchModel`)
         self.anchors: Tensor | None = None
@@ -339,6 +342,7 @@ class Trainer:
             trainer = cls(config or from_stored(state["config"]), x, comm, wrap)
             check_same_data(trainer.ctx, state)
             trainer.epoch, trainer.history = int(state["epoch"]), list(state["history"])
+            trainer.resumed_from = trainer.epoch
             trainer.schedule.restore(state)
             trainer.prior_fit.restore(state)
             mixture, nets = restore_model(trainer.ctx, trainer.config, state, trainer.rng, trainer.torch_gen)
@@ -346,3 +350,33 @@ class Trainer:
             raise CheckpointError(f"a DeepDPM checkpoint without the key {exc}: not a fit's resume state") from None
         trainer._adopt(wrapped(trainer.ctx, mixture, nets, None))
         return trainer
+
+
+def start_fit(config: Config, rows: np.ndarray, *, comm: Communicator | None = None,
+              wrap: Callable[[nn.Module], nn.Module] | None = None,
+              state: dict[str, Any] | None = None) -> Trainer:
+    """The trainer of a fit of ``rows`` under ``config``, fresh or resuming ``state``: how
+    the estimator and every fit mode of the pipeline start a fit.
+
+    Parameters
+    ----------
+    config : Config
+    rows : ndarray of shape (N_local, D)
+        This rank's rows, checked (:func:`~deepdpm_core.data.check_features`); the trainer
+        reads them through a read-only view.
+    comm, wrap : optional
+        A data-parallel fit's communicator and net wrapper (:class:`Trainer`).
+    state : dict, optional
+        A checkpoint's :meth:`Trainer.state_dict` to resume from (:meth:`Trainer.from_state`,
+        with ``config`` in place of the stored one).
+
+    Raises
+    ------
+    CheckpointError
+        ``state`` is not a fit's resume state, or of other rows.
+    """
+    x = readonly_tensor(rows)
+    if state is None:
+        return Trainer(config, x, comm, wrap)
+    return Trainer.from_state(state, x, comm, wrap, config=config)
+

@@ -129,18 +129,18 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     from sklearn.datasets import load_digits
 
+    from deepdpm_core import DeepDPM
     from deepdpm_core.data import check_features, clustering_scores
+    from deepdpm_core.training import epoch_bar
     from pipeline.fit.epoch_scores import EpochLabelScores
-    from pipeline.fit.job import FitJob
     from pipeline.fit.outputs import write_fit_outputs
-    from pipeline.fit.runner import FitHooks, console_progress
+    from pipeline.fit.runner import FitHooks, data_variance_summary, run_epochs, start_job
     from pipeline.io.results import print_result
     from pipeline.io.table_writing import features_table, write_parquet_atomic
     from pipeline.io.tables import FeatureTable, read_features
     from pipeline.report.html_report import render_report, write_report
     from pipeline.report.run_data import load_run_dir
-    from pipeline.tracking.environment import environment_tags
-    from pipeline.tracking.fit_runs import fit_params, log_fit_outputs
+    from pipeline.tracking.fit_runs import log_fit_outputs
     from pipeline.tracking.run_tracker import RunTracker
 
     out = Path(args.output)
@@ -213,14 +213,14 @@ def run(args: argparse.Namespace) -> int:
     with RunTracker(tracking_uri, "deepdpm-demo", enabled=not args.no_tracking,
                     run_name=out.resolve().name,
                     artifact_location=(out / "mlartifacts").resolve().as_uri()) as tracker:
-        tracker.log_params(fit_params(cfg.flat(), *emb.shape, num_workers=1))
-        tracker.set_tags({**environment_tags(emb_path, command="demo"), "deepdpm.command": "demo"})
         # the epoch loop of every fit, with its per-epoch scores, tracking and diagnostics
-        job = FitJob(cfg, check_features(emb, min_rows=cfg.init.rows_needed))
-        fit_seconds = job.run(FitHooks(progress=console_progress(True)), tracker,
-                              EpochLabelScores.for_labels(emb, emb_table.labels, seed=cfg.seed))
-        model = job.model()
-        summary = write_fit_outputs(out / "fit", model, emb_table, fit_seconds, emb_path, extra=job.variance())
+        trainer = start_job(cfg, check_features(emb, min_rows=cfg.init.rows_needed), tracker,
+                            emb_path, command="demo")
+        fit_seconds = run_epochs(trainer, FitHooks(progress=epoch_bar), tracker,
+                                 EpochLabelScores.for_labels(emb, emb_table.labels, seed=cfg.seed))
+        model = DeepDPM.from_trainer(trainer)
+        summary = write_fit_outputs(out / "fit", model, emb_table, fit_seconds, emb_path,
+                                    extra=data_variance_summary(trainer))
         _step("fit", out / "fit", t0)
         pred = model.predict(emb)
         _step("predict", out / "fit" / "assignments.parquet", t0)

@@ -1,9 +1,10 @@
 """``deepdpm fit`` in every mode: one request, one epoch runner, one set of outputs.
 
 - :mod:`pipeline.fit.request`: :class:`~pipeline.fit.request.FitRequest` (stored for ``--resume``);
-- :mod:`pipeline.fit.runner`: the one epoch loop around the trainer, with its hooks;
-- :mod:`pipeline.fit.job`: :class:`~pipeline.fit.job.FitJob`, one fit put together (the
-  trainer, every fit's per-epoch callbacks, the epochs, the model), in every mode and the demo;
+- :mod:`pipeline.fit.runner`: one fit started (:func:`~pipeline.fit.runner.start_job`: the
+  trainer, fresh or resumed, and its tracked run) and its epochs run with every fit's
+  per-epoch callbacks and what the mode adds (:func:`~pipeline.fit.runner.run_epochs`), in
+  every mode and the demo;
 - :mod:`pipeline.fit.local`, :mod:`pipeline.fit.ray` (workers: :mod:`pipeline.fit.ray_worker`),
   :mod:`pipeline.fit.alternating`: the three modes, each a thin driver of a fit job;
 - :mod:`pipeline.fit.outputs`: what every fit leaves on disk;

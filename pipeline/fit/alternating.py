@@ -30,10 +30,10 @@ from deepdpm_core.features import (
     save_autoencoder,
 )
 from deepdpm_core.progress_bars import progress_bar
+from deepdpm_core.training import epoch_bar
 from pipeline.fit import outputs
-from pipeline.fit.job import FitJob
 from pipeline.fit.request import FitRequest
-from pipeline.fit.runner import FaultHook, FitHooks, console_progress
+from pipeline.fit.runner import FaultHook, FitHooks, data_variance_summary, run_epochs, start_job
 from pipeline.io.table_writing import features_table, write_parquet_atomic
 from pipeline.io.tables import FeatureTable
 
@@ -95,8 +95,7 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
         With ``summary["alternation"]``, one entry per clustering.
     """
     from pipeline.io.tables import read_features
-    from pipeline.tracking.environment import environment_tags
-    from pipeline.tracking.fit_runs import fit_params, log_fit_outputs
+    from pipeline.tracking.fit_runs import log_fit_outputs, log_fit_start
     from pipeline.tracking.run_tracker import RunTracker
 
     config = request.fit_config()
@@ -108,10 +107,7 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
     variance: dict[str, float] = {}
 
     with request.tracker() as parent:
-        parent.log_params(
-            {**fit_params(config.flat(), *X.shape, num_workers=1), "alternate": request.alternations}
-        )
-        parent.set_tags(environment_tags(request.input))
+        log_fit_start(parent, config, X.shape, request.input, alternate=request.alternations)
         parent_id = parent.run_id
         children: dict[int, RunTracker] = {}
 
@@ -128,12 +124,8 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
         def cluster(Z: np.ndarray, init_labels: np.ndarray | None, step: int) -> DeepDPM:
             progress.end_stage()
             child = children[step] = child_tracker(step)
-            child.log_params(
-                {**fit_params(config.flat(), *Z.shape, num_workers=1), "alternation": step}
-            )
-            model = _cluster(config.with_overrides({"seed": config.seed + step}), Z, table.labels,
-                             init_labels, child, not request.quiet, fault, variance)
-            return model
+            return _cluster(config.with_overrides({"seed": config.seed + step}), Z, table.labels,
+                            init_labels, child, step, not request.quiet, fault, variance)
 
         def on_step(step: AlternationStep) -> None:
             child = children.pop(step.step)
@@ -157,8 +149,7 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
             write_parquet_atomic(features_table(result.embedding, table.keys, table.labels),
                                  folder / "embedding.parquet")
 
-        extra = {"fit_id": request.fit_id, "columns": request.columns, "num_workers": 1, "resumed_from_epoch": None, **variance,
-                 "alternation": steps_summary, "stopped_because": result.stopped_because,
+        extra = {**outputs.request_extra(request, variance), "alternation": steps_summary, "stopped_because": result.stopped_because,
                  # the input's columns, not the learned embedding's
                  **({"columns_used": used} if (used := outputs.columns_used(table)) else {})}
         summary = outputs.write_fit_outputs(out, result.clustering, learned, seconds,
@@ -174,19 +165,20 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
 
 
 def _cluster(config: Config, Z: np.ndarray, labels: np.ndarray | None,
-             init_labels: np.ndarray | None, tracker: Any, progress: bool,
+             init_labels: np.ndarray | None, tracker: Any, step: int, progress: bool,
              fault: FaultHook | None, variance: dict[str, float]) -> DeepDPM:
-    """One clustering of the alternation, as the estimator's ``fit`` would make it, with
-    the per-epoch callbacks of every fit; ``variance`` keeps its :func:`~pipeline.fit.runner.data_variance_summary`."""
+    """Clustering ``step`` of the alternation, as the estimator's ``fit`` would make it,
+    with the per-epoch callbacks of every fit; ``variance`` keeps its
+    :func:`~pipeline.fit.runner.data_variance_summary`."""
     from pipeline.fit.epoch_scores import EpochLabelScores
 
     Z = check_features(Z, min_rows=config.init.rows_needed)
     start = None if init_labels is None else torch.from_numpy(check_init_labels(init_labels, len(Z)))
-    job = FitJob(config, Z)
-    job.run(FitHooks(progress=console_progress(progress), fault=fault), tracker,
-            EpochLabelScores.for_labels(Z, labels, seed=config.seed), init_labels=start)
-    variance.update(job.variance())
-    model = job.model()
+    trainer = start_job(config, Z, tracker, None, alternation=step)  # tagged by its parent
+    run_epochs(trainer, FitHooks(progress=epoch_bar if progress else None, fault=fault), tracker,
+               EpochLabelScores.for_labels(Z, labels, seed=config.seed), init_labels=start)
+    variance.update(data_variance_summary(trainer))
+    model = DeepDPM.from_trainer(trainer)
     model.labels_ = model.predict(Z)  # what the alternation reads, as after DeepDPM.fit
     return model
 

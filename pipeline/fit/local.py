@@ -15,14 +15,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from deepdpm_core import DeepDPM
 from deepdpm_core.data import check_features
 from deepdpm_core.errors import ConfigError
-from deepdpm_core.training import Trainer
+from deepdpm_core.training import Trainer, epoch_bar
 from pipeline.fit import checkpoints, outputs
 from pipeline.fit.interrupts import FitInterrupted, stop_between_epochs
-from pipeline.fit.job import FitJob
 from pipeline.fit.request import FitRequest
-from pipeline.fit.runner import FaultHook, FitHooks, console_progress
+from pipeline.fit.runner import FaultHook, FitHooks, data_variance_summary, run_epochs, start_job
 
 #: seconds into a fit after which it is tracked live; a shorter fit is tracked once its
 #: outputs are published, without MLflow's start-up (seconds of CPU) slowing its epochs.
@@ -67,8 +67,7 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
     """
     from pipeline.fit.epoch_scores import EpochLabelScores
     from pipeline.io.tables import read_features
-    from pipeline.tracking.environment import environment_tags
-    from pipeline.tracking.fit_runs import fit_params, log_fit_outputs
+    from pipeline.tracking.fit_runs import log_fit_outputs
 
     config = request.fit_config()
     # a resumable fit stores the fingerprint of the bytes it parsed, not of a second read
@@ -87,31 +86,26 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
                 checkpoints.remove_checkpoints(out)
             out.mkdir(parents=True, exist_ok=True)
             request.save()
-    resumed_from = state["epoch"] if state is not None else None
     # nmi/ari/acc on <= 10k labelled rows every epoch
     scores = EpochLabelScores.for_labels(table.X, table.labels, seed=config.seed)
     # MLflow starts once the outputs are published, or live after TRACK_LIVE_AFTER_S
     tracker = request.tracker(hold_s=track_live_after_s())
     with tracker:
-        tracker.log_params(fit_params(config.flat(), *table.X.shape, num_workers=1))
-        tracker.set_tags({**environment_tags(request.input),
-                          **({"resumed_from_epoch": resumed_from} if state is not None else {})})
-        job = FitJob(config, table.X, state=state)
-        trainer = job.trainer
+        trainer = start_job(config, table.X, tracker, request.input, state=state)
         try:
             with stop_between_epochs(lambda: trainer.epoch + 1) as stop:
-                fit_seconds = job.run(FitHooks(
+                fit_seconds = run_epochs(trainer, FitHooks(
                     checkpoint=(lambda t: checkpoints.write_checkpoint(t, out, request.fit_id))
                     if request.resumable else None,
                     checkpoint_every=request.checkpoint_every,
-                    progress=console_progress(not request.quiet),
+                    progress=None if request.quiet else epoch_bar,
                     fault=fault,
                     stop=stop,
                 ), tracker, scores)
-            extra = {"fit_id": request.fit_id, "columns": request.columns, "num_workers": 1, "resumed_from_epoch": resumed_from,
-                     **job.variance()}
+            extra = outputs.request_extra(request, data_variance_summary(trainer),
+                                          resumed_from=trainer.resumed_from)
             # looked up in the module at call time: tests/support/fault_harness.py replaces it
-            summary = outputs.write_fit_outputs(out, job.model(), table,
+            summary = outputs.write_fit_outputs(out, DeepDPM.from_trainer(trainer), table,
                                                 fit_seconds, request.input, extra=extra,
                                                 replaced=outputs.replaced_entries(request))
         except KeyboardInterrupt as exc:

@@ -50,6 +50,17 @@ def replaced_entries(request: Any) -> frozenset[str]:
     return RUN_OUTPUTS if request.resumable else RUN_OUTPUTS | FIT_STATE
 
 
+def request_extra(request: Any, variance: dict[str, float], *, num_workers: int = 1,
+                  resumed_from: int | None = None) -> dict[str, Any]:
+    """What ``summary.json`` keeps of every fit of ``request`` (a
+    :class:`~pipeline.fit.request.FitRequest`) besides the model's answers: its id and
+    columns, its workers, the epoch it resumed from, and the ``variance`` of the rows it
+    fitted (:func:`~pipeline.fit.runner.data_variance_summary`, for the report's
+    diagnostics)."""
+    return {"fit_id": request.fit_id, "columns": request.columns, "num_workers": num_workers,
+            "resumed_from_epoch": resumed_from, **variance}
+
+
 @dataclass(frozen=True)
 class FitResult:
     """What a finished fit returns, in every mode.

@@ -22,9 +22,14 @@ from deepdpm_core.runtime import Communicator
 from deepdpm_core.training import Trainer
 from pipeline.fit.checkpoints import CHECKPOINT_FILE, load_ray_checkpoint, write_trainer_state
 from pipeline.fit.interrupts import FitInterrupted
-from pipeline.fit.job import FitJob
 from pipeline.fit.request import FitRequest
-from pipeline.fit.runner import CONSISTENCY_EVERY, FitHooks
+from pipeline.fit.runner import (
+    CONSISTENCY_EVERY,
+    FitHooks,
+    data_variance_summary,
+    run_epochs,
+    start_job,
+)
 from pipeline.io.feature_rows import feature_shape
 
 #: a user error the workers agreed on (bad rows, a checkpoint of other data), for the driver
@@ -42,8 +47,6 @@ def train_worker(loop: dict[str, Any]) -> None:
     import ray.train.torch
 
     from pipeline.fit.distributed import communicator, ddp_wrapper, load_rank_rows
-    from pipeline.tracking.environment import environment_tags
-    from pipeline.tracking.fit_runs import fit_params
 
     # Ray Train sets the workers' root logger to INFO, which shows every library's INFO
     # records (and "Reporting training result ..." at each report): back to WARNING
@@ -72,16 +75,13 @@ def train_worker(loop: dict[str, Any]) -> None:
     with tracker:
         checkpoint = ray.train.get_checkpoint()
         try:
-            job = FitJob(config, x, comm=comm, wrap=wrap,
-                         state=None if checkpoint is None else load_ray_checkpoint(checkpoint, req.fit_id))
+            trainer = start_job(config, x, tracker, req.input, shape=(n, dim), num_workers=world,
+                                state=None if checkpoint is None else load_ray_checkpoint(checkpoint, req.fit_id),
+                                comm=comm, wrap=wrap)
         except DeepDPMError as exc:  # decided from global quantities: the same on every rank
             _stop_with(f"{type(exc).__name__}: {exc}", req, rank)
             return
         del x  # the trainer holds its own (shifted) copy
-        trainer, resumed_from = job.trainer, job.resumed_from
-        tracker.log_params(fit_params(config.flat(), n, dim, num_workers=world))
-        tracker.set_tags({**environment_tags(req.input),
-                          **({"resumed_from_epoch": resumed_from} if resumed_from is not None else {})})
         stop_file = Path(req.output) / STOP_FILE
         # rank 0 logs each epoch, with its label scores
         logged = (tracker, _rank0_scores(req, config.seed)) if rank == 0 else (None, None)
@@ -95,7 +95,7 @@ def train_worker(loop: dict[str, Any]) -> None:
             rank=rank,
         )
         try:
-            fit_seconds = job.run(hooks, *logged)
+            fit_seconds = run_epochs(trainer, hooks, *logged)
         except FitInterrupted:  # the driver's Ctrl-C: every rank stands at this epoch's end
             if rank == 0:
                 write_json_atomic({"stopped_after_epoch": trainer.epoch}, stop_file)
@@ -112,9 +112,7 @@ def train_worker(loop: dict[str, Any]) -> None:
             return
         _report(trainer, rank, req.fit_id, final=True)
         if rank == 0:
-            _write_outputs(job.model(), req, Path(loop["staging"]), fit_seconds, tracker,
-                           {"fit_id": req.fit_id, "columns": req.columns, "num_workers": world, "resumed_from_epoch": resumed_from,
-                            **job.variance()})
+            _write_outputs(trainer, req, Path(loop["staging"]), fit_seconds, tracker, world)
 
 
 class _DriverStop:
@@ -181,7 +179,7 @@ def _ray_progress(trainer: Trainer) -> Iterator[Callable[[dict], None]]:
     the description)."""
     from ray.experimental import tqdm_ray
 
-    # its total is the end the schedule expects, not max_epochs (as epoch_updater's)
+    # its total is the end the schedule expects, not max_epochs (as epoch_bar's)
     bar = tqdm_ray.tqdm(total=trainer.schedule.expected_end(trainer.epoch), desc="deepdpm fit",
                         unit="epoch")
     bar.n = trainer.epoch  # a resumed fit goes on counting from its checkpoint
@@ -202,16 +200,18 @@ def _ray_progress(trainer: Trainer) -> Iterator[Callable[[dict], None]]:
         bar.close()
 
 
-def _write_outputs(model: DeepDPM, req: FitRequest, staging: Path, fit_seconds: float,
-                   tracker: Any, extra: dict[str, Any]) -> None:
-    """Rank 0: predict every row (full table read now) and write the fit's outputs into
-    ``staging`` (the driver publishes them)."""
-    from pipeline.fit.outputs import write_fit_outputs
+def _write_outputs(trainer: Trainer, req: FitRequest, staging: Path, fit_seconds: float,
+                   tracker: Any, world: int) -> None:
+    """Rank 0: predict every row (full table read now) with the model ``trainer`` fitted on
+    ``world`` workers and write the fit's outputs into ``staging`` (the driver publishes
+    them)."""
+    from pipeline.fit.outputs import request_extra, write_fit_outputs
     from pipeline.io.tables import read_features
     from pipeline.tracking.fit_runs import log_fit_outputs
 
     table = read_features(req.input, req.table_columns)
     shutil.rmtree(staging, ignore_errors=True)  # what an attempt that failed left
-    write_fit_outputs(staging, model, table, fit_seconds, req.input,
-                      extra=extra, publish=False)
+    write_fit_outputs(staging, DeepDPM.from_trainer(trainer), table, fit_seconds, req.input,
+                      extra=request_extra(req, data_variance_summary(trainer), num_workers=world,
+                                          resumed_from=trainer.resumed_from), publish=False)
     log_fit_outputs(tracker, staging)  # + final_nmi/ari/acc over all labelled rows

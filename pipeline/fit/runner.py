@@ -11,18 +11,23 @@ in tests only, fault injection (docs/design.md, "Fit modes").
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
+from deepdpm_core.config import Config
 from deepdpm_core.model import variance_summary
-from deepdpm_core.progress_bars import progress_bar
-from deepdpm_core.training import EpochHooks, Trainer, epoch_updater
+from deepdpm_core.runtime import Communicator
+from deepdpm_core.training import EpochHooks, Trainer, start_fit
 from pipeline.fit.interrupts import FitInterrupted, StopRequest
+from pipeline.tracking.fit_runs import epoch_callback, log_fit_start
 
 #: a per-epoch callback on the epoch record (it may add keys to it)
 EpochCallback = Callable[[dict], None]
@@ -70,15 +75,62 @@ class FitHooks:
     rank: int = 0
 
 
-def run_epochs(trainer: Trainer, hooks: FitHooks, init_labels: torch.Tensor | None = None) -> None:
-    """:meth:`Trainer.fit` with the :class:`~deepdpm_core.training.EpochHooks` that ``hooks``
-    stand for, inside the mode's progress bar: initialise ``trainer`` unless it was restored
-    from a checkpoint (:meth:`Trainer.from_state`), then run its remaining epochs.
+def start_job(config: Config, rows: np.ndarray, tracker: Any, source: str | Path | None, *,
+              shape: tuple[int, int] | None = None, num_workers: int = 1,
+              state: dict[str, Any] | None = None, comm: Communicator | None = None,
+              wrap: Callable[[nn.Module], nn.Module] | None = None, command: str = "fit",
+              **params: Any) -> Trainer:
+    """Start a fit of ``rows`` on this rank, as every fit mode and the demo does: the trainer,
+    fresh or resuming ``state`` (:func:`~deepdpm_core.training.start_fit`), and the tracked
+    run's params and tags (:func:`~pipeline.tracking.fit_runs.log_fit_start`).
+
+    Parameters
+    ----------
+    config : Config
+    rows : ndarray of shape (N_local, D)
+        This rank's rows, checked.
+    tracker : RunTracker
+    source : str or Path, optional
+        The input, tagged on the run (None: a nested run, tagged by its parent).
+    shape : (int, int), optional
+        All ranks' rows and features (default: ``rows.shape``).
+    num_workers : int
+    state : dict, optional
+        A checkpoint's trainer state to resume from.
+    comm, wrap : optional
+        A data-parallel fit's communicator and net wrapper.
+    command : str
+        The deepdpm command that fits.
+    **params
+        More params for the run.
+
+    Raises
+    ------
+    DeepDPMError
+        Bad rows, or a checkpoint of other rows (decided from global quantities: the same
+        on every rank).
+    """
+    trainer = start_fit(config, rows, comm=comm, wrap=wrap, state=state)
+    log_fit_start(tracker, config, shape or rows.shape, source, num_workers=num_workers,
+                  resumed_from=trainer.resumed_from, command=command, **params)
+    return trainer
+
+
+def run_epochs(trainer: Trainer, hooks: FitHooks, tracker: Any = None, scores: Any = None,
+               init_labels: torch.Tensor | None = None) -> float:
+    """Run ``trainer``'s remaining epochs (:meth:`Trainer.fit`, initialising it unless it
+    was restored from a checkpoint) with every fit's per-epoch callbacks
+    (:func:`epoch_callbacks`) ahead of what the mode adds, inside the mode's progress bar;
+    return the fit's seconds, those before a resume included.
 
     Parameters
     ----------
     trainer : Trainer
     hooks : FitHooks
+    tracker : pipeline.tracking.run_tracker.RunTracker, optional
+        Logs each epoch's record (with the diagnostics); None: this rank logs none.
+    scores : EpochLabelScores, optional
+        Per-epoch NMI/ARI/ACC on labelled rows, added to each record before it is logged.
     init_labels : Tensor of shape (N_rank,), optional
         Warm start for :meth:`Trainer.initialize` (the alternation's previous clusters).
 
@@ -87,15 +139,20 @@ def run_epochs(trainer: Trainer, hooks: FitHooks, init_labels: torch.Tensor | No
     FitInterrupted
         ``hooks.stop`` was requested: the trainer stands at the end of an epoch.
     """
+    start = time.perf_counter()
+    before = sum(record["seconds"] for record in trainer.history)
+    on_epoch = [*(epoch_callbacks(trainer, tracker, scores) if tracker is not None else []),
+                *hooks.on_epoch]
     with hooks.progress(trainer) if hooks.progress else contextlib.nullcontext() as show:
-        trainer.fit(init_labels, epoch_hooks(hooks, show))
+        trainer.fit(init_labels, epoch_hooks(hooks, [*on_epoch, *([show] if show else [])]))
+    return before + time.perf_counter() - start
 
 
-def epoch_hooks(hooks: FitHooks, show: EpochCallback | None = None) -> EpochHooks:
-    """The trainer's hooks of a mode's ``hooks`` (and its progress callback ``show``): the
-    per-epoch callbacks, the bar last; after each epoch the stop request, then, unless it
-    was the last, the consistency check and the checkpoint; the consistency check once more
-    after the last epoch (it pruned the clusters that own no point)."""
+def epoch_hooks(hooks: FitHooks, on_epoch: list[EpochCallback]) -> EpochHooks:
+    """The trainer's hooks of a mode's ``hooks``: the per-epoch callbacks ``on_epoch``;
+    after each epoch the stop request, then, unless it was the last, the consistency check
+    and the checkpoint; the consistency check once more after the last epoch (it pruned
+    the clusters that own no point)."""
     after: list[Callable[[Trainer], None]] = []
     if hooks.stop is not None:
         after.append(lambda trainer: _stop_if_requested(hooks.stop))
@@ -105,7 +162,7 @@ def epoch_hooks(hooks: FitHooks, show: EpochCallback | None = None) -> EpochHook
         after.append(_every(hooks.checkpoint_every, hooks.checkpoint))
     fault = hooks.fault
     return EpochHooks(
-        on_epoch=[*hooks.on_epoch, *([show] if show is not None else [])],
+        on_epoch=on_epoch,
         before_epoch=[lambda trainer: fault(trainer.epoch, hooks.rank)] if fault is not None else [],
         after_epoch=after,
         after_fit=[lambda trainer: trainer.check_consistency()] if hooks.consistency_every else [],
@@ -168,8 +225,6 @@ def epoch_callbacks(trainer: Trainer, tracker: Any, scores: Any = None) -> list[
         Per-epoch NMI/ARI/ACC on labelled rows; bound to ``trainer`` here, and run
         first so the tracker logs its keys.
     """
-    from pipeline.tracking.fit_runs import epoch_callback
-
     callbacks: list[EpochCallback] = []
     if scores is not None:
         scores.bind(TrainerModel(trainer))
@@ -179,21 +234,6 @@ def epoch_callbacks(trainer: Trainer, tracker: Any, scores: Any = None) -> list[
     return callbacks
 
 
-def console_progress(enabled: bool) -> ProgressFactory | None:
-    """A tqdm bar on stderr for a fit in this process (None when not ``enabled``)."""
-    if not enabled:
-        return None
-
-    @contextlib.contextmanager
-    def bar(trainer: Trainer) -> Iterator[EpochCallback | None]:
-        # while the bar is open, lines written to stderr (warnings) go above it
-        with progress_bar(True, total=trainer.schedule.expected_end(trainer.epoch),
-                          initial=trainer.epoch, desc="deepdpm fit", unit="epoch") as shown:
-            yield epoch_updater(shown, trainer.schedule) if shown is not None else None
-
-    return bar
-
-
 __all__ = ["CONSISTENCY_EVERY", "EpochCallback", "FaultHook", "FitHooks", "ProgressFactory",
-           "TrainerModel", "console_progress", "data_variance_summary", "epoch_callbacks",
-           "epoch_hooks", "run_epochs"]
+           "TrainerModel", "data_variance_summary", "epoch_callbacks", "epoch_hooks",
+           "run_epochs", "start_job"]

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.io.columns import summary_columns
+from pipeline.tracking.environment import environment_tags
 from pipeline.tracking.options import DEFAULT_MODEL_ALIAS, default_run_name, tracking_on
 from pipeline.tracking.run_tracker import RunTracker
 
@@ -40,6 +41,36 @@ def fit_params(
     """Params of a fit run: the flattened config plus data shape and worker count."""
     return {**flat_config, "data.n_samples": int(n_samples), "data.n_features": int(n_features),
             "num_workers": int(num_workers)}
+
+
+def log_fit_start(tracker: RunTracker, config: Any, shape: tuple[int, int],
+                  source: str | Path | None = None, *, num_workers: int = 1,
+                  resumed_from: int | None = None, command: str = "fit", **params: Any) -> None:
+    """Log what a fit run is about to fit: its params (:func:`fit_params` of ``config``
+    and the rows' ``shape``, and ``params``) and, for a run of its own ``source``, its tags
+    (:func:`~pipeline.tracking.environment.environment_tags`, the ``command``, and the
+    epoch a resumed fit continues from).
+
+    Parameters
+    ----------
+    tracker : RunTracker
+    config : Config
+    shape : (int, int)
+        The fit's rows and features, all ranks' rows counted.
+    source : str or Path, optional
+        The input; None: the run is a nested one, tagged by its parent.
+    num_workers : int
+    resumed_from : int, optional
+    command : str
+        The deepdpm command that fits (``fit``, ``demo``).
+    **params
+        More params (e.g. the alternation step).
+    """
+    tracker.log_params({**fit_params(config.flat(), *shape, num_workers=num_workers), **params})
+    if source is None:
+        return
+    tracker.set_tags({**environment_tags(source, command=command), "deepdpm.command": command,
+                      **({"resumed_from_epoch": resumed_from} if resumed_from is not None else {})})
 
 
 def epoch_callback(
