@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from deepdpm_core.bayes import PriorFit, SuffStats, map_estimate, posterior_mean
-from deepdpm_core.config import Config, from_stored
+from deepdpm_core.config import Config
 from deepdpm_core.data import readonly_tensor
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.estep import EStep, MixtureState, SubclusterMAP, log_weights_from_counts
@@ -80,7 +80,7 @@ class Trainer:
         self.rng = np.random.default_rng(config.seed)  # move decisions (rank 0) and init
         self.torch_gen = torch.Generator().manual_seed(config.seed)  # net initialisation
         self.epoch = 0
-        #: the epoch a resumed fit continued from (:meth:`from_state`); None for a fresh fit
+        #: the epoch a resumed fit continued from (:meth:`resume`); None for a fresh fit
         self.resumed_from: int | None = None
         self.history: list[dict[str, Any]] = []
         #: each local row's best cluster (:class:`~deepdpm_core.training.search_model.SearchModel`)
@@ -320,63 +320,52 @@ class Trainer:
                 **self.schedule.counters(), "history": list(self.history),
                 **model_state(self.state, self.nets, self.rng, self.torch_gen)}
 
-    @classmethod
-    def from_state(cls, state: dict[str, Any], x: Tensor, comm: Communicator | None = None,
-                   wrap: Callable[[nn.Module], nn.Module] | None = None,
-                   config: Config | None = None) -> Trainer:
-        """A trainer resuming from :meth:`state_dict` output on this rank's rows ``x``
-        (N_local, D), which must be the rows the state was trained on. ``comm`` and ``wrap``
-        are as for the constructor; ``config`` replaces the stored one
-        (e.g. another device).
+    def resume(self, state: dict[str, Any]) -> None:
+        """Go on from :meth:`state_dict` output, a state of this trainer's rows.
 
         Raises
         ------
         CheckpointError
-            ``x`` has another dimension, row count or mean than the training data, or
-            ``state`` lacks a key a trainer's state holds.
+            The rows have another row count or mean than the state's, or ``state`` lacks a
+            key a trainer's state holds.
         """
         try:
-            dim = int(state["dim"])
-            if x.shape[1] != dim:
-                raise CheckpointError(f"the checkpoint was trained on {dim}-D rows, these have {x.shape[1]}")
-            trainer = cls(config or from_stored(state["config"]), x, comm, wrap)
-            check_same_data(trainer.ctx, state)
-            trainer.epoch, trainer.history = int(state["epoch"]), list(state["history"])
-            trainer.resumed_from = trainer.epoch
-            trainer.schedule.restore(state)
-            trainer.prior_fit.restore(state)
-            mixture, nets = restore_model(trainer.ctx, trainer.config, state, trainer.rng, trainer.torch_gen)
+            check_same_data(self.ctx, state)
+            self.epoch, self.history = int(state["epoch"]), list(state["history"])
+            self.resumed_from = self.epoch
+            self.schedule.restore(state)
+            self.prior_fit.restore(state)
+            mixture, nets = restore_model(self.ctx, self.config, state, self.rng, self.torch_gen)
         except KeyError as exc:  # e.g. a model file, which keeps neither Adam's moments nor the generators
             raise CheckpointError(f"a DeepDPM checkpoint without the key {exc}: not a fit's resume state") from None
-        trainer._adopt(wrapped(trainer.ctx, mixture, nets, None))
-        return trainer
+        self._adopt(wrapped(self.ctx, mixture, nets, None))
 
 
 def start_fit(config: Config, rows: np.ndarray, *, comm: Communicator | None = None,
               wrap: Callable[[nn.Module], nn.Module] | None = None,
               state: dict[str, Any] | None = None) -> Trainer:
-    """The trainer of a fit of ``rows`` under ``config``, fresh or resuming ``state``: how
-    the estimator and every fit mode of the pipeline start a fit.
+    """The trainer of a fit of ``rows``, fresh or resuming ``state``: how the estimator and
+    every fit mode of the pipeline start a fit.
 
     Parameters
     ----------
     config : Config
     rows : ndarray of shape (N_local, D)
-        This rank's rows, checked (:func:`~deepdpm_core.data.check_features`); the trainer
-        reads them through a read-only view.
+        This rank's rows, checked; the trainer reads them through a read-only view.
     comm, wrap : optional
         A data-parallel fit's communicator and net wrapper (:class:`Trainer`).
     state : dict, optional
-        A checkpoint's :meth:`Trainer.state_dict` to resume from (:meth:`Trainer.from_state`,
-        with ``config`` in place of the stored one).
+        A checkpoint's :meth:`Trainer.state_dict`, of these rows, to resume from.
 
     Raises
     ------
     CheckpointError
-        ``state`` is not a fit's resume state, or of other rows.
+        The rows are not the state's (:meth:`Trainer.resume`).
     """
     x = readonly_tensor(rows)
-    if state is None:
-        return Trainer(config, x, comm, wrap)
-    return Trainer.from_state(state, x, comm, wrap, config=config)
-
+    if state is not None and x.shape[1] != state.get("dim", x.shape[1]):
+        raise CheckpointError(f"the checkpoint was trained on {state['dim']}-D rows, these have {x.shape[1]}")
+    trainer = Trainer(config, x, comm, wrap)
+    if state is not None:
+        trainer.resume(state)
+    return trainer

@@ -26,7 +26,7 @@ from sklearn.utils.validation import check_is_fitted
 from deepdpm_core import CheckpointError, Config, ConfigError, DataError, DeepDPM
 from deepdpm_core.data import make_mixture
 from deepdpm_core.model import FORMAT, FittedModel
-from deepdpm_core.training import Trainer
+from deepdpm_core.training import Trainer, start_fit
 
 #: fits of a fraction of a second: 3 epochs of 4 steps, a clustering net of 8 units, and
 #: k-means with 3 clusters (check_clustering scores the 3 blobs it fits by ARI)
@@ -216,7 +216,7 @@ def test_fitted_estimator_holds_the_model_only_and_predicts_as_its_trainer(tmp_p
     for key in ("opt_cluster", "rng"):
         lacking = {k: v for k, v in trainer.state_dict().items() if k != key}
         with pytest.raises(CheckpointError, match=f"without the key '{key}'"):
-            Trainer.from_state(lacking, x)
+            start_fit(config, X32, state=lacking)
 
 
 def test_readme_scikit_learn_example_runs():

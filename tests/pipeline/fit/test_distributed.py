@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from deepdpm_core.config import Config, from_dict
-from deepdpm_core.training import Trainer
+from deepdpm_core.training import Trainer, start_fit
 from pipeline.fit.distributed import TorchDistCommunicator, ddp_wrapper, load_rank_rows
 from pipeline.io.feature_rows import rank_rows
 from tests.support.blobs import grid_blobs, many_blobs
@@ -118,14 +118,12 @@ def _diverge(rank: int, world: int, x: np.ndarray, config: Config):
 
 def _resume(rank: int, world: int, x: np.ndarray, state: dict, config: Config):
     part = x[slice(*rank_rows(len(x), rank, world))]
-    trainer = Trainer.from_state(state, torch.from_numpy(part), TorchDistCommunicator(), ddp_wrapper(),
-                                 config=config)
+    trainer = start_fit(config, part, comm=TorchDistCommunicator(), wrap=ddp_wrapper(), state=state)
     for _ in range(3):
         trainer.step_epoch()
     trainer.check_consistency()
     try:  # other data than the checkpoint's: refused on every rank alike
-        Trainer.from_state(state, torch.from_numpy(part[: len(part) // 2]), TorchDistCommunicator(),
-                           config=config)
+        start_fit(config, part[: len(part) // 2], comm=TorchDistCommunicator(), state=state)
     except Exception as exc:  # noqa: BLE001
         refused = f"{type(exc).__name__}: {exc}"
     return trainer.history, trainer.n_clusters, refused
