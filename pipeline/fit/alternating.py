@@ -149,7 +149,8 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
             write_parquet_atomic(features_table(result.embedding, table.keys, table.labels),
                                  folder / "embedding.parquet")
 
-        extra = {**outputs.request_extra(request, variance), "alternation": steps_summary, "stopped_because": result.stopped_because,
+        extra = {**outputs.request_extra(request, variance), "alternation": steps_summary,
+                 "stopped_because": result.stopped_because,
                  # the input's columns, not the learned embedding's
                  **({"columns_used": used} if (used := outputs.columns_used(table)) else {})}
         summary = outputs.write_fit_outputs(out, result.clustering, learned, seconds,

@@ -80,29 +80,11 @@ def start_job(config: Config, rows: np.ndarray, tracker: Any, source: str | Path
               state: dict[str, Any] | None = None, comm: Communicator | None = None,
               wrap: Callable[[nn.Module], nn.Module] | None = None, command: str = "fit",
               **params: Any) -> Trainer:
-    """Start a fit of ``rows`` on this rank, as every fit mode and the demo does: the trainer,
-    fresh or resuming ``state`` (:func:`~deepdpm_core.training.start_fit`), and the tracked
-    run's params and tags (:func:`~pipeline.tracking.fit_runs.log_fit_start`).
-
-    Parameters
-    ----------
-    config : Config
-    rows : ndarray of shape (N_local, D)
-        This rank's rows, checked.
-    tracker : RunTracker
-    source : str or Path, optional
-        The input, tagged on the run (None: a nested run, tagged by its parent).
-    shape : (int, int), optional
-        All ranks' rows and features (default: ``rows.shape``).
-    num_workers : int
-    state : dict, optional
-        A checkpoint's trainer state to resume from.
-    comm, wrap : optional
-        A data-parallel fit's communicator and net wrapper.
-    command : str
-        The deepdpm command that fits.
-    **params
-        More params for the run.
+    """Start a fit of ``rows`` (this rank's, checked) as every fit mode and the demo does:
+    the trainer, fresh or resuming ``state`` (:func:`~deepdpm_core.training.start_fit`, with
+    ``comm`` and ``wrap``), and the run's params and tags
+    (:func:`~pipeline.tracking.fit_runs.log_fit_start`, with ``source``, ``num_workers``,
+    ``command``, ``params`` and ``shape``, all ranks' rows, by default ``rows.shape``).
 
     Raises
     ------

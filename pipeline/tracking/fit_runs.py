@@ -46,26 +46,11 @@ def fit_params(
 def log_fit_start(tracker: RunTracker, config: Any, shape: tuple[int, int],
                   source: str | Path | None = None, *, num_workers: int = 1,
                   resumed_from: int | None = None, command: str = "fit", **params: Any) -> None:
-    """Log what a fit run is about to fit: its params (:func:`fit_params` of ``config``
-    and the rows' ``shape``, and ``params``) and, for a run of its own ``source``, its tags
-    (:func:`~pipeline.tracking.environment.environment_tags`, the ``command``, and the
-    epoch a resumed fit continues from).
-
-    Parameters
-    ----------
-    tracker : RunTracker
-    config : Config
-    shape : (int, int)
-        The fit's rows and features, all ranks' rows counted.
-    source : str or Path, optional
-        The input; None: the run is a nested one, tagged by its parent.
-    num_workers : int
-    resumed_from : int, optional
-    command : str
-        The deepdpm command that fits (``fit``, ``demo``).
-    **params
-        More params (e.g. the alternation step).
-    """
+    """Log a fit's params: :func:`fit_params` of ``config``, the rows' ``shape`` (all
+    ranks' rows) and ``num_workers``, and ``params``; and, unless it is a nested run
+    (``source`` None), its tags: :func:`~pipeline.tracking.environment.environment_tags` of
+    the input ``source`` and the deepdpm ``command``, and the epoch a resumed fit continues
+    from."""
     tracker.log_params({**fit_params(config.flat(), *shape, num_workers=num_workers), **params})
     if source is None:
         return

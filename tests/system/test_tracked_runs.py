@@ -123,7 +123,7 @@ def test_fit_run_params_and_tags(fit_run, mixture):
     assert len(params) == len(config.flat()) + 3
 
     tags = run.data.tags
-    assert tags["input"] == str(mixture)
+    assert tags["input"] == str(mixture) and tags["deepdpm.command"] == "fit"
     assert tags["host"] == platform.node() and tags["gpu"] == "none"
     head = _git_head()
     if head is None:
