@@ -21,7 +21,7 @@ from deepdpm_core.bayes.niw import NIWPrior, log_marginal_likelihood
 from deepdpm_core.bayes.stats import SuffStats
 from deepdpm_core.config import PriorConfig
 from deepdpm_core.data import FeatureCoordinates
-from deepdpm_core.errors import DataError
+from deepdpm_core.errors import ConfigError, DataError
 
 #: how ``prior.sigma_scale`` fits s to the clusters (per feature or not)
 PER_FEATURE = {"auto": True, "evidence": False}
@@ -32,6 +32,10 @@ EB_ROUNDS = 4
 #: collinear features and clusters of a few rows keep a positive-definite posterior; at
 #: 1e-4 of a feature's spread it is far below any cluster's own
 COVARIANCE_FLOOR = 1.0e-4
+#: a fixed s may be at most this many times the features' mean variance, or at least its
+#: reciprocal: beyond it Λ0 and the clusters' posterior scales overflow or underflow float64
+#: (a prior 1e300 times the data's spread fails inside an eigendecomposition, not here)
+SIGMA_SCALE_RANGE = 1.0e100
 
 
 class PriorFit:
@@ -76,6 +80,12 @@ class PriorFit:
             torch.where(std > 0, std, torch.ones(d, **f64)) / unit2
         self.base_shape = self.shape
         self.sigma_scale = float(config.sigma_scale) if isinstance(config.sigma_scale, float) else unit2
+        relative = self.sigma_scale / unit2
+        if not 1.0 / SIGMA_SCALE_RANGE <= relative <= SIGMA_SCALE_RANGE:
+            raise ConfigError(
+                f"prior.sigma_scale={self.sigma_scale:g} is {relative:.3g} times the features' mean variance "
+                f"({unit2:.3g}): no cluster can be fitted at that scale; set a value near the clusters' "
+                "variance, or prior.sigma_scale=auto")
         # δ = ε·v on x̃, v the per-feature variance (mean 1 on x̃; 1 for a constant feature)
         variance = (std / coords.unit).square()
         self.floor = COVARIANCE_FLOOR * torch.where(variance > 0, variance, torch.ones(d, **f64))

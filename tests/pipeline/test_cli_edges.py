@@ -367,6 +367,19 @@ def test_a_config_naming_a_key_whose_value_is_now_fixed_is_refused(tmp_path, blo
     assert err.count("\n") == 1 and not (tmp_path / "o").exists()
 
 
+def test_a_fixed_prior_scale_no_cluster_can_have_is_refused_in_one_line(tmp_path, capsys):
+    # features of order 1e-25 and a prior spread of 1e300 (squared units): 1e350 times the data's
+    # variance, past float64; it failed in an eigendecomposition with a traceback
+    data = tmp_path / "tiny.npy"
+    np.save(data, np.random.default_rng(0).normal(size=(300, 4)) * 1e-25)
+    code = main(["fit", "--input", str(data), "--output", str(tmp_path / "o"), *QUICK,
+                 "--set", "prior.sigma_scale=1e300"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "prior.sigma_scale=1e+300 is inf times the features' mean variance" in err
+    assert "prior.sigma_scale=auto" in err
+
+
 # -- 6. a wrong path or config key is answered at once, in one line, leaving nothing --------
 
 #: a bound with headroom on a loaded machine; measured 0.2 s idle (it was 3 s with torch,

@@ -12,6 +12,7 @@ from deepdpm_core import DeepDPM
 from deepdpm_core.config import DataConfig
 from deepdpm_core.data import clustering_scores, make_mixture
 from deepdpm_core.data.coordinates import resolve_transform
+from deepdpm_core.errors import ConfigError
 
 QUICK = {"schedule__max_epochs": 14}
 
@@ -130,3 +131,12 @@ def test_small_data_are_not_collapsed_to_one_cluster():
     km = clustering_scores(y, KMeans(3, n_init=10, random_state=0).fit_predict(X))["nmi"]
     assert model.n_clusters_ == 3
     assert nmi >= km - 0.02, (nmi, km)
+
+
+@pytest.mark.parametrize(("sigma_scale", "unit"), [(1e300, 1e-25), (1e-300, 1.0)])
+def test_a_fixed_prior_scale_past_float64_is_a_config_error(sigma_scale, unit):
+    """s fixed at 1e±300 times the features' variance overflows or underflows the NIW
+    scales: refused before the fit, naming the key, not a LinAlgError from inside it."""
+    X, _ = _data()
+    with pytest.raises(ConfigError, match=r"prior\.sigma_scale=.* times the features' mean variance"):
+        DeepDPM(random_state=0, prior__sigma_scale=sigma_scale).fit(X * unit)
