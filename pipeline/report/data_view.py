@@ -25,7 +25,7 @@ from matplotlib.colors import to_hex  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from deepdpm_core.config import FIXED_KEYS, DataConfig  # noqa: E402
-from deepdpm_core.data import fit_coordinates  # noqa: E402
+from deepdpm_core.data import fit_coordinates, readonly_tensor  # noqa: E402
 from deepdpm_core.errors import DeepDPMError  # noqa: E402
 from deepdpm_core.runtime import LocalCommunicator  # noqa: E402
 from pipeline.io.columns import summary_columns  # noqa: E402
@@ -120,8 +120,9 @@ def fit_view(X: np.ndarray, config: dict[str, Any] | None) -> tuple[np.ndarray, 
         data = DataConfig(**{k: v for k, v in stored.items() if f"data.{k}" not in FIXED_KEYS})
     except (TypeError, ValueError):  # pydantic's ValidationError is a ValueError
         return X, "the features as given (the fit's transform is unknown)"
-    coords, _, _ = fit_coordinates(torch.from_numpy(X), data, LocalCommunicator(), torch.device("cpu"))
-    return coords.apply(torch.from_numpy(X)).numpy(), TRANSFORM_NAMES.get(coords.kind, coords.kind)
+    x = readonly_tensor(X)  # read-only rows (a memory map, Arrow) are only read here
+    coords, _, _ = fit_coordinates(x, data, LocalCommunicator(), torch.device("cpu"))
+    return coords.apply(x).numpy(), TRANSFORM_NAMES.get(coords.kind, coords.kind)
 
 
 def pca_2d(X: np.ndarray, max_rows: int = PROJECTED_ROWS, seed: int = 0

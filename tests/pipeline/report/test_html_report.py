@@ -4,6 +4,7 @@ coordinates, clusters told apart by colour and marker at K = 30, legends beside 
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +41,17 @@ def test_the_projection_is_of_the_fits_coordinates(wine_fit, figures):
     assert share < 60, projection.get_xlabel()
     assert "standardised features" in projection.get_title()
     assert "standardised features" in page
+
+
+def test_read_only_rows_are_projected_without_a_warning():
+    # features read from Arrow or a memory map come as read-only arrays; torch warns on a
+    # from_numpy of one, and the warning landed in the middle of `deepdpm demo`'s output
+    X = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32)
+    X.setflags(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        view, _ = data_view.fit_view(X, {"data": {"transform": "standard"}})
+    assert view.shape == (50, 3)
 
 
 def _run(sizes: list[int], n_clusters: int, tiny: list[int]) -> RunData:
