@@ -33,10 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from deepdpm_core.config import Config, from_dict  # noqa: E402
 from deepdpm_core.runtime import LocalCommunicator  # noqa: E402
-from deepdpm_core.training import (
-    Trainer,  # noqa: E402
-    auto_batch_size,  # noqa: E402
-)
+from deepdpm_core.training import auto_batch_size, start_fit  # noqa: E402
 from deepdpm_core.training.batching import MAX_BATCH_SIZE, STEPS_PER_EPOCH  # noqa: E402
 from pipeline.fit.distributed import TorchDistCommunicator, ddp_wrapper  # noqa: E402
 from pipeline.io.feature_rows import rank_rows  # noqa: E402
@@ -90,7 +87,7 @@ def _measure(x: np.ndarray, config: Config, epochs: int, distributed: bool) -> d
         part = x[slice(*rank_rows(len(x), comm.rank, comm.world_size))]
     else:
         comm, wrap, part = _Counting(LocalCommunicator()), None, x
-    trainer = Trainer(config, torch.from_numpy(part), comm, wrap)
+    trainer = start_fit(config, torch.from_numpy(part), comm=comm, wrap=wrap)
     trainer.initialize()
     trainer.step_epoch()  # warm-up: first-call allocations
     times, stats_bytes, stats_sec, grad_bytes = [], 0, 0.0, 0

@@ -3,11 +3,11 @@
 Usage: OMP_NUM_THREADS=2 python bench/mstep.py --k 1000 --d 128 [--n 128000] [--reps 3]
        [--device auto|cpu|cuda] [--json OUT.json]
 
-A Trainer is set up on a generated mixture of K clusters (``make_mixture``, N rows),
+A Search is set up on a generated mixture of K clusters (``make_mixture``, N rows),
 initialised from the true labels (no k-means), and given the hard statistics of those
 labels as the soft statistics and of a random halving of each cluster as the subcluster
 statistics (every subcluster non-empty, so no restart). Then, best of ``--reps``, what an
-epoch's ``seconds_mstep`` counts: :meth:`Trainer.m_step` and the refresh of the mixture's
+epoch's ``seconds_mstep`` counts: :meth:`Search.m_step` and the refresh of the mixture's
 Cholesky factors (CPU seconds of this process on the CPU, wall seconds on a GPU); and its parts: the prior's refit (``prior_fit``), the MAP parameters of
 the clusters and the subclusters' means (``map``; their covariances are computed where read) and the mixture's factors
 (``factors``, written over the last M-step's, as the M-step writes them).
@@ -31,8 +31,8 @@ from deepdpm_core.bayes import map_estimate, posterior_mean  # noqa: E402
 from deepdpm_core.config import Config  # noqa: E402
 from deepdpm_core.data import make_mixture  # noqa: E402
 from deepdpm_core.runtime import device_clock  # noqa: E402
-from deepdpm_core.training import Trainer  # noqa: E402
-from deepdpm_core.training.search_model import partition_stats  # noqa: E402
+from deepdpm_core.training import start_fit  # noqa: E402
+from deepdpm_core.training.fit_context import partition_stats  # noqa: E402
 
 
 def best_of(fn: Callable[[], object], reps: int, device: torch.device) -> float:
@@ -53,7 +53,7 @@ def time_mstep(n: int, d: int, k: int, reps: int, device: str, seed: int = 0) ->
     """Seconds of the M-step and its parts at K = ``k`` in ``d`` dimensions (module docstring)."""
     x, y = make_mixture(n, d, k, random_state=seed)
     cfg = Config().with_overrides({"seed": seed, "device": device, "small_data.max_rows": 0})
-    trainer = Trainer(cfg, torch.from_numpy(x))
+    trainer = start_fit(cfg, torch.from_numpy(x))
     labels = torch.from_numpy(y).to(trainer.device)
     trainer.initialize(labels)
     assert trainer.n_clusters == k, "every cluster must own a row: raise --n"

@@ -5,7 +5,7 @@ Usage: OMP_NUM_THREADS=2 python bench/scale.py --n 200000 --d 64 --k 200 [--json
 
 In one run, on one generated imbalanced mixture (N points, D dims, K true clusters):
 
-* DeepDPM: a Trainer initialised with K clusters (k-means, ``init.kmeans_iters`` 5 unless
+* DeepDPM: a Search initialised with K clusters (k-means, ``init.kmeans_iters`` 5 unless
   ``--set`` says otherwise; timed apart, ``bench/init_start.py`` times it alone), then ONE full
   epoch timed — forward, backward, E-step targets, all statistics and the M-step
   (``schedule.warmup_epochs=0`` so the M-step runs; splits/merges off so no move);
@@ -53,8 +53,8 @@ from deepdpm_core.data import (
 from deepdpm_core.estep import SparseEStep  # noqa: E402
 from deepdpm_core.model import FittedModel  # noqa: E402
 from deepdpm_core.runtime import EPOCH_PHASES, device_clock  # noqa: E402
-from deepdpm_core.training import EpochHooks, Trainer  # noqa: E402
-from deepdpm_core.training.search_model import SUB_HIDDEN  # noqa: E402
+from deepdpm_core.training import start_fit  # noqa: E402
+from deepdpm_core.training.fit_context import SUB_HIDDEN  # noqa: E402
 
 
 def peak_rss_mb() -> float:
@@ -73,7 +73,7 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 
         "small_data.max_rows": 0,  # the nets' epoch at any --n (small data would run exact EM)
         **overrides,
     })
-    trainer = Trainer(cfg, torch.from_numpy(x))
+    trainer = start_fit(cfg, torch.from_numpy(x))
     dev = trainer.device
     t = device_clock(dev)
     trainer.initialize()
@@ -192,12 +192,12 @@ def full_fit(x: np.ndarray, y: np.ndarray, init_k: int, seed: int, overrides: di
         print(f"fit epoch {rec['epoch']:3d}: K = {rec['n_clusters']:4d}, {rec['seconds']:6.1f} s, "
               f"peak RSS {peak_rss_mb():.0f} MiB", file=sys.stderr, flush=True)
 
-    trainer = Trainer(cfg, torch.from_numpy(x))
+    trainer = start_fit(cfg, torch.from_numpy(x))
     t = device_clock(trainer.device)
     trainer.initialize()
     print(f"fit initialised with K = {trainer.n_clusters} in {device_clock(trainer.device) - t:.1f} s",
           file=sys.stderr, flush=True)
-    trainer.fit(hooks=EpochHooks(on_epoch=[progress]))
+    trainer.fit(callbacks=[progress])
     seconds = device_clock(trainer.device) - t
     labels = FittedModel.from_trainer(trainer).predict_assignments(torch.from_numpy(x))[0].numpy()
     return {"fit_k": trainer.n_clusters, "fit_nmi": nmi(y, labels), "fit_seconds": seconds,

@@ -36,10 +36,10 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import deepdpm_core.training.minibatch_epoch as minibatch_epoch  # noqa: E402
+import deepdpm_core.training.minibatch as minibatch  # noqa: E402
 from deepdpm_core.config import Config  # noqa: E402
 from deepdpm_core.data import make_mixture  # noqa: E402
-from deepdpm_core.training import Trainer  # noqa: E402
+from deepdpm_core.training import start_fit  # noqa: E402
 
 #: where a step begins (the marker's name)
 MARKER = "step_profile::step"
@@ -74,10 +74,10 @@ def profile_steps(n: int, d: int, k: int, device: str, seed: int = 0) -> dict:
     cfg = Config().with_overrides({
         "seed": seed, "device": device, "init.n_clusters": k, "schedule.warmup_epochs": 0,
         "moves.split": False, "moves.merge": False, "init.kmeans_iters": 5, "small_data.max_rows": 0})
-    trainer = Trainer(cfg, torch.from_numpy(x))
+    trainer = start_fit(cfg, torch.from_numpy(x))
     trainer.initialize()
     trainer.step_epoch()
-    minibatch_epoch.slot_targets = _marked(minibatch_epoch.slot_targets)
+    minibatch.slot_targets = _marked(minibatch.slot_targets)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         trainer.step_epoch()

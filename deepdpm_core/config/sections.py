@@ -126,7 +126,7 @@ class InitConfig(Section):
 class ModelConfig(Section):
     """Clustering net (one hidden layer of ``hidden`` units) and the nets' precision; the
     batched subclustering nets have one hidden layer of 50
-    (:data:`deepdpm_core.training.search_model.SUB_HIDDEN`)."""
+    (:data:`deepdpm_core.training.fit_context.SUB_HIDDEN`)."""
 
     hidden: PositiveInt = 50
     precision: Literal["auto", "float32", "tf32", "bf16"] = "auto"
@@ -160,11 +160,11 @@ class SmallDataConfig(Section):
     within each cluster (the minimiser of the subclustering nets' loss, Eq. 7, for the
     current means); the moves, the prior and the stop rule are the same. Without nets to wait
     for, moves come every 2 epochs after one warm-up epoch, with no freeze
-    (:mod:`deepdpm_core.training.em_epoch`). Once K has settled, the clustering net is
-    fitted to the final responsibilities (:func:`deepdpm_core.training.small_data.distil`).
+    (:mod:`deepdpm_core.training.exact_em`). Once K has settled, the clustering net is
+    fitted to the final responsibilities (:func:`deepdpm_core.training.exact_em.distil`).
     Before that, the search starts again from a k-means partition of 2K, 4K, ... clusters whose
     coarsened ln p(X, z) is ``growth_gain`` nats a row above the settled partition's
-    (:mod:`deepdpm_core.training.growth`; None: never).
+    (:func:`deepdpm_core.training.settling.grow`; None: never).
     """
 
     max_rows: NonNegativeInt = 100_000

@@ -34,7 +34,8 @@ from deepdpm_core.model.diagnostics import (
 )
 from deepdpm_core.model.fitted_model import FORMAT, FittedModel
 from deepdpm_core.model.parameters import param_names, resolve_config
-from deepdpm_core.training import EpochHooks, Trainer, epoch_bar, start_fit
+from deepdpm_core.progress_bars import epoch_bar
+from deepdpm_core.training import Search, start_fit
 
 __all__ = ["FORMAT", "DeepDPM"]
 
@@ -209,7 +210,7 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         # first, the model the epoch left, which the callbacks may predict with
         cbs = [lambda _: self._set_model(trainer), *callbacks] if callbacks else []
         with epoch_bar(trainer, progress) as show:
-            trainer.fit(start_labels, EpochHooks(on_epoch=[*cbs, *([show] if show else [])]))
+            trainer.fit(start_labels, [*cbs, *([show] if show else [])])
         variances = variance_summary(trainer.feature_variance.cpu().numpy())
         for diagnostic in diagnose(trainer.history, config, variances["feature_variance_ratio"]):
             # stacklevel 2: the warning points at the caller's fit
@@ -222,7 +223,7 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         self.labels_ = self.model_.predict_assignments(readonly_tensor(X))[0].numpy()
         return self
 
-    def _set_model(self, trainer: Trainer) -> None:
+    def _set_model(self, trainer: Search) -> None:
         self.model_ = FittedModel.from_trainer(trainer)
         self.model_.feature_names = self._names
 
@@ -368,7 +369,7 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         return est
 
     @classmethod
-    def from_trainer(cls, trainer: Trainer) -> DeepDPM:
+    def from_trainer(cls, trainer: Search) -> DeepDPM:
         """A fitted estimator around a finished trainer's model (e.g. one rank of a
         distributed fit); the trainer itself is not kept."""
         return cls.from_model(FittedModel.from_trainer(trainer).freeze())

@@ -29,7 +29,7 @@ from deepdpm_core.nets import ClusterNet
 from deepdpm_core.runtime import net_precision, resolve_precision
 
 if TYPE_CHECKING:
-    from deepdpm_core.training import Trainer
+    from deepdpm_core.training import Search
 
 Tensor = torch.Tensor
 FORMAT = "deepdpm-model/1"
@@ -264,7 +264,7 @@ class FittedModel:
 
     # ------------------------------------------------------------- building
     @classmethod
-    def from_trainer(cls, trainer: Trainer) -> FittedModel:
+    def from_trainer(cls, trainer: Search) -> FittedModel:
         """The trainer's model at the end of its last epoch.
 
         The net and tensors are the trainer's own (no copy, so a view taken between

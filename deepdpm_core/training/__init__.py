@@ -1,11 +1,11 @@
-"""The epoch loop: the trainer, exact EM on small data, the nets' optimisers, progress
-bars, rank consistency and the resume format."""
+"""The search a fit runs: its state and epoch loop (:class:`Search`), exact EM on small data
+and the nets' minibatch steps above, the moves and settling of the search, rank
+consistency and the resume format."""
 
 from deepdpm_core.training.batching import auto_batch_size
-from deepdpm_core.training.hooks import EpochHooks
-from deepdpm_core.training.progress import epoch_bar
-from deepdpm_core.training.trainer import Trainer, start_fit
+from deepdpm_core.training.exact_em import ExactEM
+from deepdpm_core.training.minibatch import MinibatchSearch
+from deepdpm_core.training.search import EpochCallback, Search
+from deepdpm_core.training.start import start_fit
 
-__all__ = [
-    "auto_batch_size", "epoch_bar", "EpochHooks", "start_fit", "Trainer"
-]
+__all__ = ["auto_batch_size", "EpochCallback", "ExactEM", "MinibatchSearch", "Search", "start_fit"]

@@ -131,10 +131,10 @@ def run(args: argparse.Namespace) -> int:
 
     from deepdpm_core import DeepDPM
     from deepdpm_core.data import check_features, clustering_scores
-    from deepdpm_core.training import epoch_bar
+    from deepdpm_core.progress_bars import epoch_bar
     from pipeline.fit.epoch_scores import EpochLabelScores
     from pipeline.fit.outputs import write_fit_outputs
-    from pipeline.fit.runner import FitHooks, data_variance_summary, run_epochs, start_job
+    from pipeline.fit.runner import data_variance_summary, run_epochs, start_job
     from pipeline.io.results import print_result
     from pipeline.io.table_writing import features_table, write_parquet_atomic
     from pipeline.io.tables import FeatureTable, read_features
@@ -216,8 +216,9 @@ def run(args: argparse.Namespace) -> int:
         # the epoch loop of every fit, with its per-epoch scores, tracking and diagnostics
         trainer = start_job(cfg, check_features(emb, min_rows=cfg.init.rows_needed), tracker,
                             emb_path, command="demo")
-        fit_seconds = run_epochs(trainer, FitHooks(progress=epoch_bar), tracker,
-                                 EpochLabelScores.for_labels(emb, emb_table.labels, seed=cfg.seed))
+        fit_seconds = run_epochs(trainer, [], tracker,
+                                 EpochLabelScores.for_labels(emb, emb_table.labels, seed=cfg.seed),
+                                 progress=epoch_bar)
         model = DeepDPM.from_trainer(trainer)
         summary = write_fit_outputs(out / "fit", model, emb_table, fit_seconds, emb_path,
                                     extra=data_variance_summary(trainer))

@@ -1,7 +1,7 @@
 """An alternating fit: the AE <-> DeepDPM alternation, each clustering a common-runner fit.
 
 The loop is :func:`deepdpm_core.features.alternation.fit_alternating`; each clustering is a
-:class:`~deepdpm_core.training.trainer.Trainer` driven by :func:`pipeline.fit.runner.run_epochs`
+:class:`~deepdpm_core.training.search.Search` driven by :func:`pipeline.fit.runner.run_epochs`
 with the per-epoch callbacks of every fit. This module adds one MLflow run for the whole
 fit with a nested run per clustering (step 0 clusters the pretrained AE, step t the AE after
 t alternations), and the usual fit outputs of the final clustering (``summary.json`` with
@@ -29,11 +29,16 @@ from deepdpm_core.features import (
     fit_alternating,
     save_autoencoder,
 )
-from deepdpm_core.progress_bars import progress_bar
-from deepdpm_core.training import epoch_bar
+from deepdpm_core.progress_bars import epoch_bar, progress_bar
 from pipeline.fit import outputs
 from pipeline.fit.request import FitRequest
-from pipeline.fit.runner import FaultHook, FitHooks, data_variance_summary, run_epochs, start_job
+from pipeline.fit.runner import (
+    FaultHook,
+    data_variance_summary,
+    fault_before_next,
+    run_epochs,
+    start_job,
+)
 from pipeline.io.table_writing import features_table, write_parquet_atomic
 from pipeline.io.tables import FeatureTable
 
@@ -176,8 +181,9 @@ def _cluster(config: Config, Z: np.ndarray, labels: np.ndarray | None,
     Z = check_features(Z, min_rows=config.init.rows_needed)
     start = None if init_labels is None else torch.from_numpy(check_init_labels(init_labels, len(Z)))
     trainer = start_job(config, Z, tracker, None, alternation=step)  # tagged by its parent
-    run_epochs(trainer, FitHooks(progress=epoch_bar if progress else None, fault=fault), tracker,
-               EpochLabelScores.for_labels(Z, labels, seed=config.seed), init_labels=start)
+    run_epochs(trainer, fault_before_next(trainer, fault), tracker,
+               EpochLabelScores.for_labels(Z, labels, seed=config.seed), init_labels=start,
+               progress=epoch_bar if progress else None)
     variance.update(data_variance_summary(trainer))
     model = DeepDPM.from_trainer(trainer)
     model.labels_ = model.predict(Z)  # what the alternation reads, as after DeepDPM.fit

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from deepdpm_core.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from deepdpm_core.training import Trainer
+    from deepdpm_core.training import Search
 
 CHECKPOINT_DIR = "checkpoints"
 #: checkpoints kept (older ones are removed once a newer one is written), as on Ray
@@ -52,7 +52,7 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def write_trainer_state(trainer: Trainer, path: str | Path, fit_id: str | None = None) -> Path:
+def write_trainer_state(trainer: Search, path: str | Path, fit_id: str | None = None) -> Path:
     """Write the trainer's state (model file format) to ``path`` atomically, with the
     :attr:`~pipeline.fit.request.FitRequest.fit_id` of the fit it belongs to."""
     from deepdpm_core.model import FORMAT, save_checkpoint
@@ -110,7 +110,7 @@ def latest_state(out: str | Path, fit_id: str | None) -> dict[str, Any] | None:
     return check_fit_id(read_trainer_state(paths[-1]), fit_id, paths[-1]) if paths else None
 
 
-def write_checkpoint(trainer: Trainer, out: str | Path, fit_id: str | None) -> Path:
+def write_checkpoint(trainer: Search, out: str | Path, fit_id: str | None) -> Path:
     """Write the trainer's state as the newest local checkpoint of the fit ``fit_id``,
     then keep only the newest :data:`CHECKPOINTS_KEPT` (and no temporary file a killed
     write left behind)."""

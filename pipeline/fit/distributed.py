@@ -1,6 +1,6 @@
 """``torch.distributed`` pieces of a data-parallel fit: the communicator, DDP, row slices.
 
-One :class:`~deepdpm_core.training.trainer.Trainer` per rank fits that rank's rows
+One :class:`~deepdpm_core.training.search.Search` per rank fits that rank's rows
 (:func:`load_rank_rows`); its only collectives are those of :class:`TorchDistCommunicator`
 (statistics all-reduce, move-plan broadcast) and of the DDP around its nets
 (:func:`ddp_wrapper`). Any initialised default process group works: gloo on CPU, NCCL on

@@ -1,6 +1,6 @@
 """A fit in the calling process, stoppable and resumable with ``--checkpoint-every``.
 
-The rows are read whole, one :class:`~deepdpm_core.training.trainer.Trainer` fits them
+The rows are read whole, one :class:`~deepdpm_core.training.search.Search` fits them
 through :func:`pipeline.fit.runner.run_epochs`, and the outputs are published together
 (:mod:`pipeline.fit.outputs`). A resumable request also keeps ``OUT/fit_request.json`` and
 a checkpoint every ``checkpoint_every`` epochs; a resumed fit runs its remaining epochs
@@ -18,11 +18,20 @@ from pathlib import Path
 from deepdpm_core import DeepDPM
 from deepdpm_core.data import check_features
 from deepdpm_core.errors import ConfigError
-from deepdpm_core.training import Trainer, epoch_bar
+from deepdpm_core.progress_bars import epoch_bar
+from deepdpm_core.training import Search
 from pipeline.fit import checkpoints, outputs
 from pipeline.fit.interrupts import FitInterrupted, stop_between_epochs
 from pipeline.fit.request import FitRequest
-from pipeline.fit.runner import FaultHook, FitHooks, data_variance_summary, run_epochs, start_job
+from pipeline.fit.runner import (
+    FaultHook,
+    data_variance_summary,
+    every,
+    fault_before_next,
+    run_epochs,
+    start_job,
+    stop_on,
+)
 
 #: seconds into a fit after which it is tracked live; a shorter fit is tracked once its
 #: outputs are published, without MLflow's start-up (seconds of CPU) slowing its epochs.
@@ -59,7 +68,7 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
         ``mode`` "local"; with ``resumable``, checkpoints every ``checkpoint_every``
         epochs, and ``resume`` continues from the latest one.
     fault : callable, optional
-        Test-only crash injection (:class:`pipeline.fit.runner.FitHooks`).
+        Test-only crash injection (:func:`pipeline.fit.runner.fault_before_next`).
 
     Returns
     -------
@@ -94,14 +103,10 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
         trainer = start_job(config, table.X, tracker, request.input, state=state)
         try:
             with stop_between_epochs(lambda: trainer.epoch + 1) as stop:
-                fit_seconds = run_epochs(trainer, FitHooks(
-                    checkpoint=(lambda t: checkpoints.write_checkpoint(t, out, request.fit_id))
-                    if request.resumable else None,
-                    checkpoint_every=request.checkpoint_every,
-                    progress=None if request.quiet else epoch_bar,
-                    fault=fault,
-                    stop=stop,
-                ), tracker, scores)
+                checkpoint = every(trainer, request.checkpoint_every if request.resumable else 0,
+                                   lambda t: checkpoints.write_checkpoint(t, out, request.fit_id))
+                fit_seconds = run_epochs(trainer, [stop_on(stop), *checkpoint, *fault_before_next(trainer, fault)],
+                                         tracker, scores, progress=None if request.quiet else epoch_bar)
             extra = outputs.request_extra(request, data_variance_summary(trainer),
                                           resumed_from=trainer.resumed_from)
             # looked up in the module at call time: tests/support/fault_harness.py replaces it
@@ -119,13 +124,13 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
                              tracking_uri=tracker.shown_uri if tracker.run_id else None)
 
 
-def _interrupted(request: FitRequest, trainer: Trainer, out: Path, whole: bool) -> FitInterrupted:
+def _interrupted(request: FitRequest, trainer: Search, out: Path, whole: bool) -> FitInterrupted:
     """Keep what a Ctrl-C'd fit can be resumed from; the error saying how.
 
     Parameters
     ----------
     request : FitRequest
-    trainer : Trainer
+    trainer : Search
     out : Path
         The output folder.
     whole : bool

@@ -19,16 +19,18 @@ from deepdpm_core.atomic_files import write_json_atomic
 from deepdpm_core.errors import DeepDPMError
 from deepdpm_core.model import DeepDPM
 from deepdpm_core.runtime import Communicator
-from deepdpm_core.training import Trainer
+from deepdpm_core.training import Search
 from pipeline.fit.checkpoints import CHECKPOINT_FILE, load_ray_checkpoint, write_trainer_state
 from pipeline.fit.interrupts import FitInterrupted
 from pipeline.fit.request import FitRequest
 from pipeline.fit.runner import (
     CONSISTENCY_EVERY,
-    FitHooks,
     data_variance_summary,
+    every,
+    fault_before_next,
     run_epochs,
     start_job,
+    stop_on,
 )
 from pipeline.io.feature_rows import feature_shape
 
@@ -85,17 +87,16 @@ def train_worker(loop: dict[str, Any]) -> None:
         stop_file = Path(req.output) / STOP_FILE
         # rank 0 logs each epoch, with its label scores
         logged = (tracker, _rank0_scores(req, config.seed)) if rank == 0 else (None, None)
-        hooks = FitHooks(
-            checkpoint=lambda t: _report(t, rank, req.fit_id, final=False),
-            checkpoint_every=req.checkpoint_every,
-            consistency_every=CONSISTENCY_EVERY if world > 1 else 0,
-            progress=_ray_progress if rank == 0 and not req.quiet else None,
-            fault=loop.get("fault"),
-            stop=_DriverStop(comm, stop_file),
-            rank=rank,
-        )
+        callbacks = [
+            stop_on(_DriverStop(comm, stop_file)),
+            # once more after the last epoch, which pruned the clusters that own no point
+            *every(trainer, CONSISTENCY_EVERY if world > 1 else 0, Search.check_consistency, last=True),
+            *every(trainer, req.checkpoint_every, lambda t: _report(t, rank, req.fit_id, final=False)),
+            *fault_before_next(trainer, loop.get("fault"), rank),
+        ]
         try:
-            fit_seconds = run_epochs(trainer, hooks, *logged)
+            fit_seconds = run_epochs(trainer, callbacks, *logged,
+                                     progress=_ray_progress if rank == 0 and not req.quiet else None)
         except FitInterrupted:  # the driver's Ctrl-C: every rank stands at this epoch's end
             if rank == 0:
                 write_json_atomic({"stopped_after_epoch": trainer.epoch}, stop_file)
@@ -117,7 +118,7 @@ def train_worker(loop: dict[str, Any]) -> None:
 
 class _DriverStop:
     """The driver's Ctrl-C (:data:`STOP_FILE`) as every rank sees it, for
-    :attr:`pipeline.fit.runner.FitHooks.stop`.
+    :func:`pipeline.fit.runner.stop_on`.
 
     Reading :attr:`requested` is a collective, once per epoch on every rank: rank 0 looks
     for the file and one all-reduce tells every rank, so all stop after the same epoch.
@@ -141,7 +142,7 @@ def _rank0_scores(req: FitRequest, seed: int):
     return EpochLabelScores.from_file(req.input, seed=seed, columns=req.table_columns)
 
 
-def _report(trainer: Trainer, rank: int, fit_id: str | None, final: bool) -> None:
+def _report(trainer: Search, rank: int, fit_id: str | None, final: bool) -> None:
     """``ray.train.report`` on every rank (it is a barrier); rank 0 attaches the checkpoint
     (of the fit ``fit_id``)."""
     import ray.train
@@ -173,7 +174,7 @@ def _first_error(comm: Communicator, error: str) -> str:
 
 
 @contextlib.contextmanager
-def _ray_progress(trainer: Trainer) -> Iterator[Callable[[dict], None]]:
+def _ray_progress(trainer: Search) -> Iterator[Callable[[dict], None]]:
     """Rank 0's progress bar, drawn by the Ray driver (``ray.experimental.tqdm_ray``, which
     carries a count and a description only: K, and at the end why the fit stopped, go in
     the description)."""
@@ -200,7 +201,7 @@ def _ray_progress(trainer: Trainer) -> Iterator[Callable[[dict], None]]:
         bar.close()
 
 
-def _write_outputs(trainer: Trainer, req: FitRequest, staging: Path, fit_seconds: float,
+def _write_outputs(trainer: Search, req: FitRequest, staging: Path, fit_seconds: float,
                    tracker: Any, world: int) -> None:
     """Rank 0: predict every row (full table read now) with the model ``trainer`` fitted on
     ``world`` workers and write the fit's outputs into ``staging`` (the driver publishes

@@ -12,7 +12,7 @@ from deepdpm_core.bayes import NIWPrior, SuffStats, log_marginal_likelihood
 from deepdpm_core.config import Config
 from deepdpm_core.data import clustering_scores
 from deepdpm_core.errors import DataError
-from deepdpm_core.training import Trainer
+from deepdpm_core.training import start_fit
 
 QUICK = {"optim__min_steps_per_epoch": 8}
 
@@ -98,7 +98,7 @@ def test_a_factorisation_that_fails_on_the_data_is_one_data_error():
     config = Config().with_overrides({
         "seed": 0, "prior.psi": "identity", "prior.sigma_scale": 0.005, "prior.kappa": 1e-4, "prior.nu": None,
         "init.n_clusters": 3, "schedule.warmup_epochs": 2, "schedule.move_every": 2, "schedule.max_epochs": 12})
-    trainer = Trainer(config, torch.as_tensor(X * 1e25, dtype=torch.float32))
+    trainer = start_fit(config, torch.as_tensor(X * 1e25, dtype=torch.float32))
     fit = trainer.prior_fit
     fit.priors = [replace(prior, floor=None) for prior in fit.priors]
     fit.prior = fit.priors[0]

@@ -20,7 +20,7 @@ from deepdpm_core.estep.support_bounds import (
     trace_power_bound,
 )
 from deepdpm_core.model import FittedModel
-from deepdpm_core.training import Trainer
+from deepdpm_core.training import start_fit
 
 
 def _mixture(k=12, d=5, seed=0, work_dtype=torch.float64, thin=False, offset=0.0, layout=DEFAULT_LAYOUT):
@@ -342,7 +342,7 @@ def _fit(x, dense_max_k):
         "schedule.max_epochs": 24, "schedule.warmup_epochs": 3, "schedule.move_every": 3,
         "small_data.max_rows": 0,  # the net search: the sparse targets of its minibatch steps
     })
-    trainer = Trainer(cfg, torch.as_tensor(x))
+    trainer = start_fit(cfg, torch.as_tensor(x))
     trainer.fit()
     labels = FittedModel.from_trainer(trainer).predict_log_proba(torch.as_tensor(x)).argmax(1).numpy()
     return trainer.n_clusters, labels
@@ -392,7 +392,7 @@ def test_epochs_with_moves_never_hold_an_n_by_k_tensor(dense_max_k):
         "seed": 0, "init.n_clusters": k_init, "schedule.warmup_epochs": 1, "schedule.move_every": 1,
         "prior.sigma_scale": 0.1, "estep.top_m": m, "estep.dense_max_k": dense_max_k,
     })
-    trainer = Trainer(cfg, torch.as_tensor(x))
+    trainer = start_fit(cfg, torch.as_tensor(x))
     probe = _LargestTensor()
     with probe:
         trainer.initialize()

@@ -11,7 +11,7 @@ import torch
 
 from deepdpm_core.data import make_mixture
 from deepdpm_core.model import DeepDPM
-from deepdpm_core.training import Trainer
+from deepdpm_core.training import Search
 
 N, D = 1537, 6  # N unlike any model dimension (K, D, hidden sizes)
 
@@ -32,7 +32,7 @@ def _reachable(root: object) -> list[object]:
 
 def _assert_holds_no_training_data(est: DeepDPM) -> None:
     objects = _reachable(est)
-    assert not any(isinstance(o, (Trainer, torch.optim.Optimizer)) for o in objects)
+    assert not any(isinstance(o, (Search, torch.optim.Optimizer)) for o in objects)
     arrays = [o for o in objects if isinstance(o, (torch.Tensor, np.ndarray))]
     rows = {tuple(a.shape) for a in arrays if a.ndim and a.shape[0] == N}
     assert not rows, f"tensors with one row per training point: {rows}"

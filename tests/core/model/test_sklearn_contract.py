@@ -26,7 +26,7 @@ from sklearn.utils.validation import check_is_fitted
 from deepdpm_core import CheckpointError, Config, ConfigError, DataError, DeepDPM
 from deepdpm_core.data import make_mixture
 from deepdpm_core.model import FORMAT, FittedModel
-from deepdpm_core.training import Trainer, start_fit
+from deepdpm_core.training import Search, start_fit
 
 #: fits of a fraction of a second: 3 epochs of 4 steps, a clustering net of 8 units, and
 #: k-means with 3 clusters (check_clustering scores the 3 blobs it fits by ARI)
@@ -167,19 +167,19 @@ def test_fitted_estimator_holds_the_model_only_and_predicts_as_its_trainer(tmp_p
                      device="cpu").get_config()
 
     gc.collect()
-    trainers_before = sum(type(o) is Trainer for o in gc.get_objects())
+    trainers_before = sum(type(o) is Search for o in gc.get_objects())
     model = DeepDPM(config).fit(X)
     gc.collect()
-    assert sum(type(o) is Trainer for o in gc.get_objects()) == trainers_before
+    assert sum(type(o) is Search for o in gc.get_objects()) == trainers_before
 
     held = _reachable(model)
-    assert not [o for o in held if isinstance(o, (Trainer, torch.optim.Optimizer))]
+    assert not [o for o in held if isinstance(o, (Search, torch.optim.Optimizer))]
     rows = [o for o in held if isinstance(o, (torch.Tensor, np.ndarray)) and o.ndim and o.shape[0] == len(X)]
     assert len(rows) == 1 and rows[0] is model.labels_  # no copy of the data, only the labels
     assert all(p.grad is None and not p.requires_grad for p in model.model_.cluster_net.parameters())
 
     # the same fit by a trainer: its net on its own training rows gives the same ln r
-    trainer = Trainer(config, torch.from_numpy(X32))
+    trainer = start_fit(config, torch.from_numpy(X32))
     trainer.fit()
     with torch.no_grad():
         log_r = F.log_softmax(trainer.nets.cluster(trainer.x), dim=1)

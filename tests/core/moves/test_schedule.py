@@ -15,7 +15,7 @@ from deepdpm_core.moves.schedule import (
     approaches_level,
     swings_without_trend,
 )
-from deepdpm_core.training import Trainer
+from deepdpm_core.training import start_fit
 
 
 def test_rounds_start_after_the_warm_up_and_alternate():
@@ -127,7 +127,7 @@ def test_a_fit_names_the_moves_its_schedule_ran_and_stops_by_its_rule():
     cfg = Config().with_overrides({"seed": 0, "init.n_clusters": 1, "schedule.warmup_epochs": 2,
                                    "schedule.move_every": 2, "schedule.max_epochs": 40,
                                    "optim.min_steps_per_epoch": 8, "small_data.max_rows": 0})
-    trainer = Trainer(cfg, torch.from_numpy(x))
+    trainer = start_fit(cfg, torch.from_numpy(x))
     trainer.fit()
     history = trainer.history
     moves = [r["move"] for r in history]

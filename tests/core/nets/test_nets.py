@@ -11,7 +11,7 @@ from deepdpm_core.data import make_mixture
 from deepdpm_core.moves import MovePlan
 from deepdpm_core.nets import SubclusterNets
 from deepdpm_core.nets import networks as nets
-from deepdpm_core.training import Trainer
+from deepdpm_core.training import start_fit
 
 
 def test_batched_subnets_equal_per_cluster_mlps():
@@ -77,7 +77,7 @@ def test_fixed_shape_blocks_read_nothing_off_the_data_and_give_the_same_nets():
 def trainer():
     X, _ = make_mixture(1500, 3, 4, random_state=0)
     cfg = Config().with_overrides({"init.n_clusters": 4, "schedule.warmup_epochs": 0})
-    t = Trainer(cfg, torch.from_numpy(X))
+    t = start_fit(cfg, torch.from_numpy(X))
     t.initialize()
     t.step_epoch()
     return t
@@ -172,7 +172,7 @@ def test_split_halves_never_outbid_the_split_unit_at_other_clusters_means(seed):
     # this barely trained net took up to 1200 of 1500 points (seeds 0, 2, 4: 1200, 758, 1001)
     X, _ = make_mixture(1500, 3, 4, random_state=seed)
     cfg = Config().with_overrides({"init.n_clusters": 4, "schedule.warmup_epochs": 0, "seed": seed})
-    t = Trainer(cfg, torch.from_numpy(X))
+    t = start_fit(cfg, torch.from_numpy(X))
     t.initialize()
     t.step_epoch()
     soft, _, _ = t.run_epoch()

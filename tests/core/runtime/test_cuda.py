@@ -13,7 +13,7 @@ from deepdpm_core.data import make_mixture, nmi
 from deepdpm_core.estep import SparseEStep
 from deepdpm_core.model import FittedModel
 from deepdpm_core.nets import SubclusterNets
-from deepdpm_core.training import Trainer
+from deepdpm_core.training import start_fit
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -25,7 +25,7 @@ def _fit(x, device, **overrides):
         "device": device, "init.n_clusters": 1, "schedule.max_epochs": 80,
         "schedule.warmup_epochs": 3, "schedule.move_every": 3, **overrides,
     })
-    trainer = Trainer(cfg, torch.as_tensor(x))
+    trainer = start_fit(cfg, torch.as_tensor(x))
     trainer.fit()
     return trainer, FittedModel.from_trainer(trainer).predict_assignments(torch.as_tensor(x))[0].cpu().numpy()
 
@@ -55,7 +55,7 @@ def test_sparse_estep_fit_on_cuda_finds_the_dense_clusters():
 def test_sparse_responsibilities_on_cuda_equal_the_cpu_ones():
     x, _ = make_mixture(20_000, 8, 120, imbalance=1.0, min_weight=0.002, random_state=1)
     cfg = Config().with_overrides({"device": "cpu", "init.n_clusters": 120})
-    trainer = Trainer(cfg, torch.as_tensor(x))
+    trainer = start_fit(cfg, torch.as_tensor(x))
     trainer.initialize()
     cpu_index, cpu_lr = SparseEStep(trainer.mixture).log_responsibilities(trainer.x, 6)
     gpu_index, gpu_lr = SparseEStep(trainer.mixture.to(CUDA)).log_responsibilities(trainer.x.to(CUDA), 6)

@@ -9,7 +9,7 @@ from deepdpm_core.data import make_mixture, nmi
 from deepdpm_core.model import FittedModel
 from deepdpm_core.nets import ClusterNet
 from deepdpm_core.runtime import net_precision, resolve_precision
-from deepdpm_core.training import Trainer
+from deepdpm_core.training import start_fit
 
 
 def _fit(x, precision):
@@ -18,7 +18,7 @@ def _fit(x, precision):
         "schedule.max_epochs": 80, "schedule.warmup_epochs": 3, "schedule.move_every": 3,
         "small_data.max_rows": 0,  # the net search, whose minibatch steps the precision scopes
     })
-    trainer = Trainer(cfg, torch.as_tensor(x))
+    trainer = start_fit(cfg, torch.as_tensor(x))
     dtypes = set()
 
     def record(module, inputs, out):  # global hook: splits rebuild the net
@@ -75,7 +75,7 @@ def test_epochs_flush_subnormals_and_restore_the_mode():
     tiny = torch.finfo(torch.float32).tiny
     seen = []
     X, _ = make_mixture(600, 3, 3, random_state=0)
-    trainer = Trainer(Config().with_overrides({"init.n_clusters": 3, "device": "cpu"}), torch.from_numpy(X))
+    trainer = start_fit(Config().with_overrides({"init.n_clusters": 3, "device": "cpu"}), torch.from_numpy(X))
     trainer.initialize()
     assert float(torch.tensor([tiny / 4]) * 1.0) > 0  # the default: subnormals kept
     trainer.step_epoch([lambda rec: seen.append(float(torch.tensor([tiny / 4]) * 1.0))])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from deepdpm_core.config import Config
-from deepdpm_core.training import Trainer, auto_batch_size
+from deepdpm_core.training import auto_batch_size, start_fit
 from deepdpm_core.training.batching import scaled_lr
 
 
@@ -34,7 +34,7 @@ def _trainer(n, **overrides):
     x = rng.normal(size=(n, 3)) + 6 * rng.integers(0, 3, size=(n, 1))
     # the net search's epochs (small data search by exact EM otherwise)
     cfg = Config().with_overrides({"seed": 0, "init.n_clusters": 3, "small_data.max_rows": 0, **overrides})
-    trainer = Trainer(cfg, torch.as_tensor(x, dtype=torch.float32))
+    trainer = start_fit(cfg, torch.as_tensor(x, dtype=torch.float32))
     trainer.initialize()
     return trainer
 

@@ -17,21 +17,20 @@ from deepdpm_core.bayes import (
 from deepdpm_core.config import Config
 from deepdpm_core.data import clustering_scores
 from deepdpm_core.moves import MoveSchedule, coarsening_constant
-from deepdpm_core.training import Trainer
-from deepdpm_core.training.growth import coarsened_score, grow, valley_groups
-from deepdpm_core.training.polish import partition_score
-from deepdpm_core.training.search_model import partition_stats
+from deepdpm_core.training import Search, start_fit
+from deepdpm_core.training.fit_context import partition_stats
+from deepdpm_core.training.settling import coarsened_score, grow, partition_score, valley_groups
 from tests.support.blobs import many_blobs
 
 
-def _trainer_at(x: np.ndarray, labels: np.ndarray, **overrides) -> Trainer:
-    trainer = Trainer(Config().with_overrides({"seed": 0, **overrides}), torch.as_tensor(x))
+def _trainer_at(x: np.ndarray, labels: np.ndarray, **overrides) -> Search:
+    trainer = start_fit(Config().with_overrides({"seed": 0, **overrides}), torch.as_tensor(x))
     trainer.initialize(torch.as_tensor(labels))
     trainer.estep_targets()  # the anchors of a settled fit: each row's best cluster
     return trainer
 
 
-def _grow(trainer: Trainer) -> bool:
+def _grow(trainer: Search) -> bool:
     """:func:`grow` of the trainer's settled partition; the trainer restarts from the
     grown one if there is one."""
     grown = grow(trainer.ctx, trainer.config, trainer.prior_fit, trainer.anchors, trainer.n_clusters,

@@ -1,6 +1,6 @@
 """deepdpm_core's import graph, read from the source files, has no cycle: every import
 counts, those under ``if TYPE_CHECKING:`` and inside functions too (the training loop's
-helpers once imported the Trainer back for their annotations)."""
+helpers once imported the loop back for their annotations)."""
 
 import ast
 from pathlib import Path
@@ -68,8 +68,8 @@ def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle():
 
 def test_the_graph_sees_the_imports_of_the_training_loop():
     graph = import_graph()
-    assert "deepdpm_core.training.em_epoch" in graph["deepdpm_core.training.trainer"]
-    assert "deepdpm_core.training.trainer" in graph["deepdpm_core.training"]
+    assert "deepdpm_core.training.exact_em" in graph["deepdpm_core.training.start"]
+    assert "deepdpm_core.training.start" in graph["deepdpm_core.training"]
     assert "deepdpm_core.training" in graph["deepdpm_core.model.estimator"]
 
 

@@ -10,8 +10,8 @@ from deepdpm_core import DeepDPM
 from deepdpm_core.bayes import partition_evidence
 from deepdpm_core.config import Config
 from deepdpm_core.data import clustering_scores
-from deepdpm_core.training import Trainer
-from deepdpm_core.training.polish import partition_score, polish, same_partition
+from deepdpm_core.training import Search, start_fit
+from deepdpm_core.training.settling import partition_score, polish, same_partition
 
 
 def _blobs(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -21,19 +21,19 @@ def _blobs(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return (rng.normal(size=(600, 3)) + 10.0 * np.eye(3)[y]).astype(np.float32), y
 
 
-def _trainer_at(x: np.ndarray, labels: np.ndarray) -> Trainer:
-    trainer = Trainer(Config().with_overrides({"seed": 0}), torch.as_tensor(x))
+def _trainer_at(x: np.ndarray, labels: np.ndarray) -> Search:
+    trainer = start_fit(Config().with_overrides({"seed": 0}), torch.as_tensor(x))
     trainer.initialize(torch.as_tensor(labels))
     return trainer
 
 
-def _polish(trainer: Trainer) -> torch.Tensor | None:
+def _polish(trainer: Search) -> torch.Tensor | None:
     """:func:`polish` of the trainer's settled partition (its anchors after an E-step)."""
     trainer.estep_targets()
     return polish(trainer.ctx, trainer.config, trainer.prior_fit, trainer.anchors, trainer.n_clusters, trainer.rng)
 
 
-def _final_labels(trainer: Trainer) -> np.ndarray:
+def _final_labels(trainer: Search) -> np.ndarray:
     trainer.estep_targets()
     return trainer.anchors.numpy()
 

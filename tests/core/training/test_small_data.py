@@ -10,9 +10,8 @@ from deepdpm_core.config import Config
 from deepdpm_core.estep import GaussianMixture, MixtureState
 from deepdpm_core.nets import ClusterNet
 from deepdpm_core.runtime import LocalCommunicator
-from deepdpm_core.training import Trainer
-from deepdpm_core.training.em_epoch import ExactEM
-from deepdpm_core.training.small_data import distil, exact_statistics
+from deepdpm_core.training import start_fit
+from deepdpm_core.training.exact_em import ExactEM, distil, exact_statistics
 
 
 def _state(rng, k, d):
@@ -70,8 +69,8 @@ def test_distil_fits_the_net_to_the_targets_and_stops_when_it_does():
 def test_the_search_is_exact_em_up_to_max_rows(max_rows, small):
     x, _ = make_blobs(600, centers=4, n_features=2, cluster_std=0.4, random_state=2)
     config = Config().with_overrides({"small_data.max_rows": max_rows, "schedule.max_epochs": 60})
-    trainer = Trainer(config, torch.tensor(x, dtype=torch.float32))
-    assert isinstance(trainer.body, ExactEM) is small
+    trainer = start_fit(config, torch.tensor(x, dtype=torch.float32))
+    assert isinstance(trainer, ExactEM) is small
     assert trainer.schedule.schedule.move_every == (2 if small else 4)
     trainer.fit()
     assert trainer.n_clusters == 4
@@ -86,9 +85,9 @@ def test_an_em_epoch_is_an_m_step_of_em():
     responsibilities: the means move to the responsibility-weighted means (up to the prior)."""
     x, _ = make_blobs(900, centers=3, n_features=2, cluster_std=0.5, random_state=3)
     config = Config().with_overrides({"init.n_clusters": 3})
-    trainer = Trainer(config, torch.tensor(x, dtype=torch.float32))
+    trainer = start_fit(config, torch.tensor(x, dtype=torch.float32))
     trainer.initialize()
-    assert isinstance(trainer.body, ExactEM)
+    assert isinstance(trainer, ExactEM)
     soft, _, losses = trainer.run_epoch()  # the net's step leaves the statistics of the targets as they are
     log_p = trainer.mixture.weighted_log_prob(trainer.x).double()
     resp = torch.softmax(log_p, 1)

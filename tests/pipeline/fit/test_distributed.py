@@ -1,7 +1,7 @@
 """The distributed trainer over real gloo process groups (2 processes, no Ray).
 
 Each test spawns two ranks with ``torch.multiprocessing`` and a file-store rendezvous,
-runs :class:`~deepdpm_core.training.trainer.Trainer` with :class:`TorchDistCommunicator` and
+runs :class:`~deepdpm_core.training.search.Search` with :class:`TorchDistCommunicator` and
 DDP-wrapped nets, and compares with the same trainer in this process (W = 1).
 """
 
@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from deepdpm_core.config import Config, from_dict
-from deepdpm_core.training import Trainer, start_fit
+from deepdpm_core.training import Search, start_fit
 from pipeline.fit.distributed import TorchDistCommunicator, ddp_wrapper, load_rank_rows
 from pipeline.io.feature_rows import rank_rows
 from tests.support.blobs import grid_blobs, many_blobs
@@ -72,10 +72,10 @@ def run_ranks(tmp_path: Path, job, *args, world: int = 2) -> list:
     return results
 
 
-def _trainer(config: Config, x: np.ndarray, distributed: bool) -> Trainer:
+def _trainer(config: Config, x: np.ndarray, distributed: bool) -> Search:
     if not distributed:
-        return Trainer(config, torch.from_numpy(x))
-    return Trainer(config, torch.from_numpy(x), TorchDistCommunicator(), ddp_wrapper())
+        return start_fit(config, torch.from_numpy(x))
+    return start_fit(config, torch.from_numpy(x), comm=TorchDistCommunicator(), wrap=ddp_wrapper())
 
 
 # ------------------------------------------------------------------------- jobs
@@ -165,7 +165,7 @@ def test_an_empty_rank_follows_the_single_process_fit_exactly(tmp_path):
     # (with the sparse top-m E-step, the ImageNet-scale path, from K > 2 on)
     x = _mixture(600)
     config = _config(**{"optim.lr_scaling": "none", "estep.dense_max_k": 2, "estep.top_m": 2})
-    single = Trainer(config, torch.from_numpy(x))
+    single = start_fit(config, torch.from_numpy(x))
     single.fit()
     (hist0, sum0), (hist1, sum1) = run_ranks(tmp_path, _fit, [x, x[:0]], config)
     drop = lambda h: [{k: v for k, v in r.items() if not k.startswith("seconds")} for r in h]  # noqa: E731
@@ -200,7 +200,7 @@ def test_small_data_fit_is_the_same_on_two_ranks(tmp_path, data):
     config = _config(**{"small_data.max_rows": 10_000, "schedule.max_epochs": 60,
                         "init.n_clusters": 8 if k is None else "auto", "init.max_points": 200_000,
                         "optim.batch_size": "auto"})
-    single = Trainer(config, torch.from_numpy(x))
+    single = start_fit(config, torch.from_numpy(x))
     single.fit()
     half = len(x) // 2
     (hist0, _), (hist1, _) = run_ranks(tmp_path, _fit, [x[:half], x[half:]], config)
@@ -248,7 +248,7 @@ def test_rank_slices_cover_the_input_in_order(tmp_path, suffix):
 def test_a_one_process_checkpoint_resumes_on_two_ranks(tmp_path):
     # statistics add up over any split of the rows, so a run may resume with another W
     x, config = _mixture(), _config()
-    single = Trainer(config, torch.from_numpy(x))
+    single = start_fit(config, torch.from_numpy(x))
     single.initialize()
     for _ in range(4):
         single.step_epoch()

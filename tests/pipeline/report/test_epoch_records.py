@@ -11,7 +11,7 @@ from deepdpm_core import DeepDPM
 from deepdpm_core.config import Config
 from deepdpm_core.data import clustering_scores, readonly_tensor
 from deepdpm_core.model import FittedModel
-from deepdpm_core.training import EpochHooks, Trainer
+from deepdpm_core.training import start_fit
 from pipeline.fit.epoch_scores import EpochLabelScores
 from pipeline.fit.runner import TrainerModel
 
@@ -38,10 +38,10 @@ def test_epoch_scores_follow_the_partition_not_the_untrained_net(wine):
     """A small-data fit trains its clustering net only once K has settled: the scores of
     the epochs before must not be those of the untrained net (flat, then a jump)."""
     X, y = wine
-    trainer = Trainer(Config(), readonly_tensor(X))
+    trainer = start_fit(Config(), readonly_tensor(X))
     scores = EpochLabelScores(X, y)
     scores.bind(TrainerModel(trainer))
-    trainer.fit(hooks=EpochHooks(on_epoch=[scores]))
+    trainer.fit(callbacks=[scores])
     history = trainer.history
     final = clustering_scores(y, FittedModel.from_trainer(trainer).predict_assignments(
         readonly_tensor(X))[0].numpy())

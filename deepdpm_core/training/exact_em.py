@@ -1,16 +1,19 @@
-"""Small data: one epoch of exact EM, and the clustering net fitted to its result
-(docs/design.md, "Small data").
+"""Exact EM on small data (docs/design.md, "Small data").
 
 Up to ``small_data.max_rows`` rows the search runs on the exact quantities the nets
 approximate: the soft cluster statistics take the E-step responsibilities r^E (paper
 Eq. 5), the target of the clustering net's KL loss (Eq. 6); each point's subcluster is the
 nearer of its cluster's two subcluster means, the minimiser of the subclustering nets' loss
-(Eq. 7) for the current means. The M-step, the prior, the moves and the stop rule are
-unchanged. Once K has settled, :func:`distil` fits the clustering net to the final
-responsibilities, so ``predict`` works as after any fit.
+(Eq. 7) for the current means. The M-step, the prior and the stop rule are unchanged; the
+moves come more often (no nets to wait for), a split round offers births to the clusters
+it did not split, and where the search settles come polish and growth
+(:mod:`~deepdpm_core.training.settling`). Once K has settled, :func:`distil` fits the
+clustering net to the final responsibilities, so ``predict`` works as after any fit.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,7 +21,10 @@ from torch import nn
 from deepdpm_core.bayes import SuffStats, grouped_stats
 from deepdpm_core.estep import R_FLOOR, MixtureState
 from deepdpm_core.nets import slot_kl
-from deepdpm_core.runtime import Communicator
+from deepdpm_core.runtime import Communicator, device_clock, net_precision
+from deepdpm_core.training.move_round import births
+from deepdpm_core.training.search import Search
+from deepdpm_core.training.settling import grow, polish
 
 Tensor = torch.Tensor
 #: rounds of :func:`distil` between agreement checks, and checks without a gain before it stops
@@ -31,6 +37,75 @@ DISTIL_LR = 0.02
 DISTIL_AGREEMENT = 0.99
 #: ... or after this many steps: a bound on the time of a net that keeps gaining slowly
 DISTIL_MAX_STEPS = 1000
+
+
+class ExactEM(Search):
+    """The search of data up to ``small_data.max_rows`` rows (module docstring)."""
+
+    #: without nets to wait for, one warm-up epoch before the first move round, and a move
+    #: round (a split round, then a merge round) every 2 epochs
+    schedule_rules = {"warmup_epochs": 1, "move_every": 2}
+    #: no nets to wait for: an accepted move freezes nothing
+    freeze_epochs = 0
+
+    def statistics(self, candidates: Tensor, resp: Tensor) -> tuple[SuffStats, SuffStats, dict[str, float], float]:
+        """One exact EM epoch (:func:`exact_statistics`; collective). The clustering net
+        takes one full-batch step on KL(r^E ‖ r), so it follows the clusters through the
+        moves; it is fitted for good once K has settled (:meth:`settle`)."""
+        ctx, nets = self.ctx, self.nets
+        t_start = device_clock(ctx.device)
+        k, n_local = self.n_clusters, ctx.x.shape[0]
+        self.cluster_model.train()
+        with torch.enable_grad(), net_precision(ctx.precision, ctx.device):  # whatever the caller's mode
+            sum_cl, _, _ = slot_kl(self.cluster_model(ctx.x), candidates, resp)
+        nets.opt_cluster.zero_grad(set_to_none=True)
+        with net_precision(ctx.precision, ctx.device, backward=True):
+            (sum_cl / (max(ctx.n_total, 1) / ctx.comm.world_size)).backward()
+        nets.opt_cluster.step()
+        t_train = device_clock(ctx.device)
+        soft, sub, sum_sub = exact_statistics(ctx.x, self.state, candidates, resp, self.anchors)
+        sums = torch.stack([sum_cl.detach().double(), sum_sub,
+                            torch.tensor(float(n_local), dtype=torch.float64, device=ctx.device)])
+        flat = ctx.comm.all_reduce(torch.cat([soft.flat(), sub.flat(), sums]))
+        a, b = SuffStats.numel(k, ctx.dim), SuffStats.numel(3 * k, ctx.dim)
+        soft, sub = SuffStats.from_flat(flat[:a], k, ctx.dim), SuffStats.from_flat(flat[a:b], 2 * k, ctx.dim)
+        n = float(flat[-1].clamp_min(1))
+        return soft, sub, {"loss_cluster": float(flat[-3]) / n, "loss_subcluster": float(flat[-2]) / n}, \
+            t_train - t_start
+
+    def births(self, unsplit: list[int]) -> int:
+        """Births (:func:`~deepdpm_core.training.move_round.births`) offered to ``unsplit``."""
+        state, anchors, born = births(self.ctx, self.config, self.state, self.nets, self.anchors, unsplit,
+                                      self.prior_fit, self.torch_gen)
+        if born:
+            self._take(state, self.nets, anchors)
+        return born
+
+    def settle(self, epoch: int) -> dict[str, Any]:
+        """The model's best partition of K or K − 1 (:func:`~deepdpm_core.training.settling.polish`),
+        then either a search again from a grown partition
+        (:func:`~deepdpm_core.training.settling.grow`; only before ``max_epochs``) or the
+        clustering net fitted to the result (:func:`distil`) and the clusters that own no
+        point dropped (:meth:`Search.settle`). Either way the anchors end as each row's
+        best cluster under the final mixture."""
+        ctx, config = self.ctx, self.config
+        self.estep_targets()
+        chosen = polish(ctx, config, self.prior_fit, self.anchors, self.n_clusters, self.rng)
+        record: dict[str, Any] = {"polished": int(chosen is not None)}
+        if chosen is not None:
+            self.initialize(chosen)
+            self.estep_targets()
+        if epoch < self.schedule.schedule.max_epochs:
+            grown = grow(ctx, config, self.prior_fit, self.anchors, self.n_clusters, self.schedule.growths, self.rng)
+            if grown is not None:  # settled far below the model's answer: search again
+                self.initialize(grown)
+                self.schedule.restart(epoch)
+                return {**record, "grown": self.n_clusters}
+        candidates, resp = self.estep_targets()
+        with net_precision(ctx.precision, ctx.device):
+            steps, agreement = distil(self.cluster_model, ctx.x, candidates, resp, ctx.n_total, ctx.comm,
+                                      DISTIL_LR, DISTIL_AGREEMENT, DISTIL_MAX_STEPS)
+        return {**record, "distil_steps": steps, "distil_agreement": agreement, **super().settle(epoch)}
 
 
 def exact_statistics(x: Tensor, state: MixtureState, candidates: Tensor, resp: Tensor,

@@ -1,7 +1,20 @@
-"""Growth: a small-data search that settled far below the model's answer starts again from
-a k-means partition of several times as many clusters (docs/design.md, "Growth").
+"""Where a small-data search settles: polish, then growth (docs/design.md, "Polish" and
+"Growth").
 
-When each initial cluster holds several true clusters of few points in many dimensions,
+Polish: the settled partition against k-means partitions of the same size and one cluster
+fewer, judged by the model's own evidence. A coarse partition picks a wide prior under which no cut pays. Once K has settled, the
+fit's hard partition and k-means partitions with K and K − 1 clusters (those of the
+initialisation, :func:`~deepdpm_core.moves.initial_clusters`) are each scored by ln p(X, z)
+with the prior fitted to that partition
+(:func:`~deepdpm_core.bayes.partition_evidence.fitted_log_joint`); where a k-means partition
+scores :data:`MARGIN_NATS` higher, the mixture becomes its MAP parameters and the net learns
+them, as after any small-data search. No EM epoch follows (it drifts back to a wide cluster
+beside a narrow one), and K never grows here (on clusters that are not Gaussian the
+Gaussian evidence prefers more clusters than there are). The scores come from all-reduced
+statistics, so every rank makes the same choice.
+
+Growth: a search that settled far below the model's answer starts again from a k-means
+partition of several times as many clusters. When each initial cluster holds several true clusters of few points in many dimensions,
 the prior fitted to these wide, odd-shaped clusters keeps ν0 at its weakest (D + 2), no cut
 pays, and the fit settles far too low. Once K has settled, k-means partitions of 2K, 4K and
 8K clusters (at most N/10; doubled on past 8K while the score still rises) are each scored
@@ -16,7 +29,7 @@ initialisation and the scores come from all-reduced statistics, so every rank ma
 same choice.
 
 A search that collapsed to one cluster is judged by the exact joint instead
-(:func:`~deepdpm_core.training.polish.partition_score`, with :data:`EXACT_GAIN` nats a
+(:func:`partition_score`, with :data:`EXACT_GAIN` nats a
 row), whatever ν0: the prior fitted to one cluster is that cluster's own shape, known
 exactly (ν0 at its ceiling), so no cut pays and the coarsened joint prefers the one cluster
 to any partition; 100 grid blobs merge down to it from 10 or 20 clusters.
@@ -39,7 +52,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from deepdpm_core.bayes import PriorFit, log_crp, log_marginal_likelihood
+from deepdpm_core.bayes import (
+    PriorFit,
+    SuffStats,
+    fitted_log_joint,
+    log_crp,
+    log_marginal_likelihood,
+)
 from deepdpm_core.config import Config
 from deepdpm_core.moves import (
     MERGE_VALLEY,
@@ -48,10 +67,67 @@ from deepdpm_core.moves import (
     groups_mixture,
     initial_clusters,
 )
-from deepdpm_core.training.fit_context import FitContext
+from deepdpm_core.training.fit_context import FitContext, partition_stats
 from deepdpm_core.training.move_round import merge_valleys
-from deepdpm_core.training.polish import fitted_prior, partition_score
-from deepdpm_core.training.search_model import partition_stats
+
+#: k-means partitions tried per size (k-means++ seeds from the fit's generator)
+RESTARTS = 2
+#: how much higher ln p(X, z) a k-means partition must score to replace the fit's: "positive"
+#: evidence (Kass & Raftery 1995, 2 ln B > 2); a tie, the same partition found again, keeps
+#: the fit's own parameters rather than those of its hard assignments
+MARGIN_NATS = 1.0
+#: the prior fitted to a partition is refitted until s and ν0 change by less than this
+POLISH_PRIOR_RTOL = 1e-3
+
+
+def fitted_prior(ctx: FitContext, config: Config, prior_fit: PriorFit, labels: Tensor, n_groups: int,
+                 rtol: float = POLISH_PRIOR_RTOL) -> tuple[SuffStats, PriorFit, float]:
+    """The statistics of the partition ``labels`` (this rank's rows, int64 in [0, n_groups))
+    over all ranks, the prior fitted to them (until s and ν0 move by less than ``rtol``)
+    and ln p(X, z) under it (collective). The prior's fit starts from the fit's own prior
+    ``prior_fit`` (left as it is): fewer rounds to the same fixed point."""
+    stats, _ = partition_stats(ctx, labels, n_groups)
+    fitted = PriorFit(config.prior, ctx.coords, ctx.device)
+    fitted.restore(prior_fit.state_dict())
+    log_joint = fitted_log_joint(stats, fitted, config.prior.alpha, rtol=rtol).log_joint
+    return stats, fitted, log_joint
+
+
+def partition_score(ctx: FitContext, config: Config, prior_fit: PriorFit, labels: Tensor, n_groups: int) -> float:
+    """ln p(X, z) of the partition ``labels`` with the prior fitted to it (:func:`fitted_prior`)."""
+    return fitted_prior(ctx, config, prior_fit, labels, n_groups)[2]
+
+
+def same_partition(ctx: FitContext, a: tuple[Tensor, int], b: tuple[Tensor, int]) -> bool:
+    """Whether two partitions of the rows (labels of this rank's rows and their number of
+    groups) group the rows alike, whatever the groups' names (collective): every non-empty
+    cell of their contingency table is the only one of its row and of its column."""
+    (la, na), (lb, nb) = a, b
+    table = ctx.comm.all_reduce(torch.bincount(la * nb + lb, minlength=na * nb).to(torch.float64))
+    cells = table.view(na, nb) > 0
+    return bool((cells.sum(0) <= 1).all() and (cells.sum(1) <= 1).all())
+
+
+def polish(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Tensor, k: int,
+           rng: np.random.Generator) -> Tensor | None:
+    """The best-scoring k-means partition of K = ``k`` or K − 1 clusters (this rank's rows'
+    labels, int64 (N_local,)) if it scores above the fit's own hard partition ``anchors``
+    (each row's best cluster under the settled mixture), else None (collective; the
+    k-means seeds come from ``rng``)."""
+    best, chosen = partition_score(ctx, config, prior_fit, anchors, k), None
+    scored = [(anchors, k)]
+    for size in (k - 1, k) if k > 1 else ():
+        init = config.init.model_copy(update={"n_clusters": size})
+        for _ in range(RESTARTS):
+            labels, n_groups = initial_clusters(ctx.x, init, ctx.n_total, ctx.rank_rows, ctx.comm, rng)
+            if any(same_partition(ctx, (labels, n_groups), other) for other in scored):
+                continue  # k-means found a partition already scored (often the fit's own)
+            scored.append((labels, n_groups))
+            score = partition_score(ctx, config, prior_fit, labels, n_groups)
+            if score > best + (MARGIN_NATS if chosen is None else 0.0):
+                best, chosen = score, labels
+    return chosen
+
 
 #: the partition sizes tried: 2K, 4K, ... up to this multiple of the settled K (one k-means
 #: run each), then doubled on while the score still rises
@@ -60,7 +136,7 @@ GROWTH_FACTORS_TRIED = 8
 MAX_GROWTHS = 2
 #: the prior fitted to a partition is refitted until s and ν0 change by less than this: the
 #: sizes tried differ by thousands of nats where growth matters
-PRIOR_RTOL = 1e-2
+GROWTH_PRIOR_RTOL = 1e-2
 #: growth is tried only while the fitted ν0 is within this factor of the weakest (D + 2; 3
 #: when diagonal): 1.0–1.5 times it where growth was needed, 300 times and more for
 #: clusters of one common shape (blobs in 16–512-D, the sphere family), where scoring 2K–8K
@@ -93,7 +169,7 @@ def coarsened_score(ctx: FitContext, config: Config, prior_fit: PriorFit, labels
     """ln p(X, z) of the partition ``labels`` (this rank's rows, int64 in [0, n_groups))
     with every group's statistics (and the labels' counts) scaled by ζ = c/(c + N), and the
     prior fitted to the unscaled statistics, starting from ``prior_fit`` (collective)."""
-    stats, fitted, _ = fitted_prior(ctx, config, prior_fit, labels, n_groups, PRIOR_RTOL)
+    stats, fitted, _ = fitted_prior(ctx, config, prior_fit, labels, n_groups, GROWTH_PRIOR_RTOL)
     p, prior = config.prior, fitted.prior
     c = coarsening_constant(p.coarsening, prior.dim, prior.diagonal)
     if c is not None:

@@ -1,4 +1,5 @@
-"""One epoch of the nets' minibatch steps (paper §3; docs/design.md, "One epoch"): r =
+"""The search of data above ``small_data.max_rows`` rows, the paper's: each epoch the nets'
+minibatch steps (paper §3; docs/design.md, "One epoch"): r =
 softmax(f_cl(x)) against the E-step targets r^E of the mixture frozen at the last M-step
 (Eq. 5), the cluster loss KL(r^E ‖ r) (Eq. 6) and the subcluster loss (Eq. 7), with the soft
 cluster and hard subcluster statistics of one pass accumulated on the way."""
@@ -7,35 +8,35 @@ from __future__ import annotations
 
 import torch
 
+from deepdpm_core.bayes import SuffStats
 from deepdpm_core.estep import EpochStats, slot_targets
 from deepdpm_core.nets import slot_kl
 from deepdpm_core.runtime import device_clock, net_precision
 from deepdpm_core.training.batching import global_batch
-from deepdpm_core.training.epoch_body import EpochBody, EpochStatistics
-from deepdpm_core.training.search_model import SearchModel
+from deepdpm_core.training.search import Search
 
 Tensor = torch.Tensor
 
 
-class MinibatchEpochs(EpochBody):
-    """The epoch body of data above ``small_data.max_rows``: the nets' minibatch steps,
+class MinibatchSearch(Search):
+    """The search of data above ``small_data.max_rows`` rows: the nets' minibatch steps,
     the statistics of one pass accumulated on the way."""
 
-    def statistics(self, model: SearchModel, candidates: Tensor, resp: Tensor, epoch: int) -> EpochStatistics:
+    def statistics(self, candidates: Tensor, resp: Tensor) -> tuple[SuffStats, SuffStats, dict[str, float], float]:
         """One pass over the local rows (collective), the batches drawn from the seed and
-        ``epoch``."""
+        the epoch."""
         ctx = self.ctx
         t_start = device_clock(ctx.device)
-        k, bsz, m = model.state.n_clusters, ctx.batch_size, candidates.shape[1]
+        k, bsz, m = self.n_clusters, ctx.batch_size, candidates.shape[1]
         n_local = ctx.x.shape[0]
-        gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + epoch * 7919 + ctx.comm.rank)
+        gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.epoch * 7919 + ctx.comm.rank)
         one_pass, n_steps = ctx.n_steps(self.config)
         perm = torch.randperm(n_local, generator=gen).to(ctx.device)
         if n_steps > one_pass and n_local:  # extra training-only batches, re-drawn at random
             extra = torch.randint(n_local, ((n_steps - one_pass) * bsz,), generator=gen).to(ctx.device)
             perm = torch.cat([perm, extra])
-        sub_means32 = model.state.sub_means.to(torch.float32)
-        nets, cluster_model, sub_model = model.nets, model.cluster_model, model.sub_model
+        sub_means32 = self.state.sub_means.to(torch.float32)
+        nets, cluster_model, sub_model = self.nets, self.cluster_model, self.sub_model
         cluster_model.train()
         sub_model.train()
         pass_rows = min(n_local, one_pass * bsz)
@@ -75,4 +76,4 @@ class MinibatchEpochs(EpochBody):
                           2 * z + sub_logits.detach().argmax(1), sum_cl, sum_sub)
         t_train = device_clock(ctx.device)
         soft, sub, losses = stats.reduce(ctx.x, ctx.comm)
-        return EpochStatistics(soft, sub, losses, t_train - t_start)
+        return soft, sub, losses, t_train - t_start

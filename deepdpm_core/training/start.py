@@ -1,0 +1,55 @@
+"""How every fit starts: the estimator's and each fit mode of the pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from deepdpm_core.config import Config
+from deepdpm_core.data import readonly_tensor
+from deepdpm_core.errors import CheckpointError
+from deepdpm_core.runtime import Communicator, LocalCommunicator
+from deepdpm_core.training.exact_em import ExactEM
+from deepdpm_core.training.fit_context import fit_context
+from deepdpm_core.training.minibatch import MinibatchSearch
+from deepdpm_core.training.search import Search
+
+
+def start_fit(config: Config, rows: np.ndarray, *, comm: Communicator | None = None,
+              wrap: Callable[[nn.Module], nn.Module] | None = None,
+              state: dict[str, Any] | None = None) -> Search:
+    """The search of a fit of ``rows``, fresh or resuming ``state``: exact EM
+    (:class:`~deepdpm_core.training.exact_em.ExactEM`) up to ``small_data.max_rows`` rows
+    over all ranks, the nets' minibatch steps
+    (:class:`~deepdpm_core.training.minibatch.MinibatchSearch`) above.
+
+    Parameters
+    ----------
+    config : Config
+    rows : ndarray or Tensor of shape (N_local, D)
+        This rank's rows, checked (any float dtype; may be empty on some ranks); the
+        search reads them through a read-only view.
+    comm : Communicator, optional
+        Defaults to single-process.
+    wrap : callable, optional
+        Applied to each net after it is built or reshaped (e.g. DDP); identity by default.
+    state : dict, optional
+        A checkpoint's :meth:`Search.state_dict`, of these rows, to resume from.
+
+    Raises
+    ------
+    CheckpointError
+        The rows are not the state's (:meth:`Search.resume`).
+    """
+    x = rows if isinstance(rows, torch.Tensor) else readonly_tensor(rows)
+    if state is not None and x.shape[1] != state.get("dim", x.shape[1]):
+        raise CheckpointError(f"the checkpoint was trained on {state['dim']}-D rows, these have {x.shape[1]}")
+    ctx = fit_context(config, x, comm or LocalCommunicator(), wrap or (lambda m: m))
+    search = (ExactEM if ctx.n_total <= config.small_data.max_rows else MinibatchSearch)(config, ctx)
+    if state is not None:
+        search.resume(state)
+    return search
