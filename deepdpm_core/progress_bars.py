@@ -87,7 +87,7 @@ def epoch_bar(search: Any, enabled: bool = True) -> Iterator[Callable[[dict], No
             return
 
         def show(record: dict[str, Any]) -> None:
-            bar.total = schedule.expected_end(record["epoch"] + 1)  # the record's epoch counts from 0
+            bar.total = schedule.expected_end(record["epoch"])
             bar.update(1)
             bar.set_postfix(K=record["n_clusters"], cl=f"{record['loss_cluster']:.3f}",
                             sub=f"{record['loss_subcluster']:.3g}")

@@ -187,9 +187,9 @@ class Search:
         # the epoch's seconds even when the process waits for a core between two clock reads
         seconds.update(stats=(t_mstep - t0) - seconds["estep"] - seconds["train"], mstep=t_moves - t_mstep,
                        moves=t_end - t_moves)
+        self.epoch = epoch
         record = self._record(move, losses, moved, t_end - t0, seconds, settled)
         self.history.append(record)
-        self.epoch = epoch
         return record
 
     def run_epoch(self, seconds: dict[str, float] | None = None) -> tuple[SuffStats, SuffStats, dict[str, float]]:
@@ -276,7 +276,8 @@ class Search:
 
     def _record(self, move: str | None, losses: dict[str, float], moved: dict[str, int], seconds: float,
                 phases: dict[str, float], settled: dict[str, Any]) -> dict[str, Any]:
-        """The history record of the epoch just run (before :attr:`epoch` counts it)."""
+        """The history record of the epoch just run, :attr:`epoch` (1-based, as the
+        schedule counts: the record of the e-th epoch says ``"epoch": e``)."""
         prior = self.prior_fit.prior
         return {
             "epoch": self.epoch,
@@ -297,7 +298,7 @@ class Search:
             **settled,
             # what the live schedule says after this epoch (a grown partition searches on),
             # so that whoever reads the records need not replay the schedule
-            "stop_reason": self.schedule.stop_reason(self.epoch + 1),
+            "stop_reason": self.schedule.stop_reason(self.epoch),
             "converged": self.schedule.converged(),
         }
 
@@ -335,6 +336,8 @@ class Search:
         try:
             check_same_data(self.ctx, state)
             self.epoch, self.history = int(state["epoch"]), list(state["history"])
+            if self.history and self.history[-1]["epoch"] < self.epoch:  # records counted from 0 then
+                self.history = [{**record, "epoch": record["epoch"] + 1} for record in self.history]
             self.resumed_from = self.epoch
             self.schedule.restore(state)
             self.prior_fit.restore(state)

@@ -187,8 +187,7 @@ def _ray_progress(trainer: Search) -> Iterator[Callable[[dict], None]]:
 
     def show(record: dict) -> None:
         description = f"deepdpm fit K={record['n_clusters']}"
-        done = record["epoch"] + 1  # the record's epoch counts from 0
-        bar.total = trainer.schedule.expected_end(done)
+        bar.total = trainer.schedule.expected_end(record["epoch"])
         if record["stop_reason"] is not None:  # complete at the epochs run
             bar.total = bar.n + 1
             description += f" stopped: {record['stop_reason']}"

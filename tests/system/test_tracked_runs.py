@@ -146,7 +146,7 @@ def test_fit_run_metric_histories_follow_the_fit(fit_run, mlflow_server):  # noq
     record_key = {name: key for key, name in TRACKING_EPOCH_METRICS.items()}
     for name in sorted(EPOCH_METRICS | LABEL_METRICS):
         points = sorted(client.get_metric_history(run.info.run_id, name), key=lambda m: m.step)
-        assert [m.step for m in points] == list(range(epochs)), name  # one point per epoch
+        assert [m.step for m in points] == list(range(1, epochs + 1)), name  # one point per epoch
         want = [float(r[record_key.get(name, name)]) for r in history]
         np.testing.assert_allclose([m.value for m in points], want, rtol=1e-6, err_msg=name)
 

@@ -38,7 +38,7 @@ def test_fit_attributes_and_history(fitted, data):
         assert min(h[p] for p in phases) >= 0
         assert sum(h[p] for p in phases) == pytest.approx(h["seconds"], rel=0.02, abs=2e-3)
         assert h["seconds_estep"] > 0
-    assert [h["epoch"] for h in m.history_] == list(range(len(m.history_)))
+    assert [h["epoch"] for h in m.history_] == list(range(1, len(m.history_) + 1))  # as the schedule counts
     proba = m.predict_proba(X[:10])
     np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-5)
     np.testing.assert_array_equal(m.predict(X), m.labels_)
