@@ -1,6 +1,6 @@
 """Data-parallel DeepDPM: epoch time and all-reduce traffic, W = 1 vs W = 2 (gloo, CPU).
 
-Runs the trainer the way a Ray Train worker does (its slice of the rows, a
+Runs the search the way a Ray Train worker does (its slice of the rows, a
 ``torch.distributed`` communicator, DDP-wrapped nets) in 2 spawned gloo processes,
 and in this process for W = 1, on the same data with K held fixed (moves off). Measures
 per epoch: wall time, the statistics all-reduce (bytes, seconds) and the DDP gradient
@@ -87,19 +87,19 @@ def _measure(x: np.ndarray, config: Config, epochs: int, distributed: bool) -> d
         part = x[slice(*rank_rows(len(x), comm.rank, comm.world_size))]
     else:
         comm, wrap, part = _Counting(LocalCommunicator()), None, x
-    trainer = start_fit(config, torch.from_numpy(part), comm=comm, wrap=wrap)
-    trainer.initialize()
-    trainer.step_epoch()  # warm-up: first-call allocations
+    search = start_fit(config, torch.from_numpy(part), comm=comm, wrap=wrap)
+    search.initialize()
+    search.step_epoch()  # warm-up: first-call allocations
     times, stats_bytes, stats_sec, grad_bytes = [], 0, 0.0, 0
     for _ in range(epochs):
         b0, s0, g0 = comm.bytes, comm.seconds, grads["bytes"]
         t0 = time.perf_counter()
-        trainer.step_epoch()
+        search.step_epoch()
         times.append(time.perf_counter() - t0)
         stats_bytes += comm.bytes - b0
         stats_sec += comm.seconds - s0
         grad_bytes += grads["bytes"] - g0
-    steps = trainer.ctx.n_steps(trainer.config)[1]  # optimizer steps of an epoch (collective: every rank)
+    steps = search.ctx.n_steps(search.config)[1]  # optimizer steps of an epoch (collective: every rank)
     return {
         "epoch_s": float(np.min(times)),  # least disturbed by other jobs on shared cores
         "epoch_median_s": float(np.median(times)),
@@ -107,7 +107,7 @@ def _measure(x: np.ndarray, config: Config, epochs: int, distributed: bool) -> d
         "stats_s": stats_sec / epochs,
         "grad_bytes": grad_bytes / epochs,
         "steps": steps,
-        "k": trainer.n_clusters,
+        "k": search.n_clusters,
     }
 
 

@@ -53,30 +53,30 @@ def time_mstep(n: int, d: int, k: int, reps: int, device: str, seed: int = 0) ->
     """Seconds of the M-step and its parts at K = ``k`` in ``d`` dimensions (module docstring)."""
     x, y = make_mixture(n, d, k, random_state=seed)
     cfg = Config().with_overrides({"seed": seed, "device": device, "small_data.max_rows": 0})
-    trainer = start_fit(cfg, torch.from_numpy(x))
-    labels = torch.from_numpy(y).to(trainer.device)
-    trainer.initialize(labels)
-    assert trainer.n_clusters == k, "every cluster must own a row: raise --n"
-    half = torch.randint(2, (n,), generator=torch.Generator().manual_seed(seed)).to(trainer.device)
-    soft, _ = partition_stats(trainer.ctx, labels, k)
-    sub, _ = partition_stats(trainer.ctx, 2 * labels + half, 2 * k)
+    search = start_fit(cfg, torch.from_numpy(x))
+    labels = torch.from_numpy(y).to(search.device)
+    search.initialize(labels)
+    assert search.n_clusters == k, "every cluster must own a row: raise --n"
+    half = torch.randint(2, (n,), generator=torch.Generator().manual_seed(seed)).to(search.device)
+    soft, _ = partition_stats(search.ctx, labels, k)
+    sub, _ = partition_stats(search.ctx, 2 * labels + half, 2 * k)
     assert sub.n_rows == 2 * k, "every subcluster must own a row: raise --n"
 
     def mstep() -> None:
-        trainer.m_step(soft, sub)  # the mixture's refresh included
+        search.m_step(soft, sub)  # the mixture's refresh included
 
     def factors() -> None:
-        trainer.mixture = trainer.state.mixture(recycled=trainer.mixture)  # as the M-step makes them
+        search.mixture = search.state.mixture(recycled=search.mixture)  # as the M-step makes them
 
-    dev = trainer.device
+    dev = search.device
     return {
         "n": n, "d": d, "k": k, "device": str(dev), "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "mstep_seconds": best_of(mstep, reps, dev),
         "parts_seconds": {
-            "prior_fit": best_of(lambda: trainer.prior_fit.fit(soft), reps, dev),
-            "map": best_of(lambda: (map_estimate(trainer.prior_fit.prior, soft),
-                                    posterior_mean(trainer.prior_fit.prior, sub)), reps, dev),
+            "prior_fit": best_of(lambda: search.prior_fit.fit(soft), reps, dev),
+            "map": best_of(lambda: (map_estimate(search.prior_fit.prior, soft),
+                                    posterior_mean(search.prior_fit.prior, sub)), reps, dev),
             "factors": best_of(factors, reps, dev),
         },
     }

@@ -73,32 +73,32 @@ def time_epoch(x: np.ndarray, k: int, seed: int, overrides: dict, epochs: int = 
         "small_data.max_rows": 0,  # the nets' epoch at any --n (small data would run exact EM)
         **overrides,
     })
-    trainer = start_fit(cfg, torch.from_numpy(x))
-    dev = trainer.device
+    search = start_fit(cfg, torch.from_numpy(x))
+    dev = search.device
     t = device_clock(dev)
-    trainer.initialize()
+    search.initialize()
     init_s = device_clock(dev) - t
-    m = trainer.estep.support(trainer.n_clusters)
+    m = search.estep.support(search.n_clusters)
     t = device_clock(dev)
-    _, log_resp = SparseEStep(trainer.mixture).log_responsibilities(trainer.x, m, anchors=trainer.anchors)
+    _, log_resp = SparseEStep(search.mixture).log_responsibilities(search.x, m, anchors=search.anchors)
     support = float(torch.isfinite(log_resp).sum()) / len(log_resp)
     estep_s = device_clock(dev) - t
     t = device_clock(dev)
-    record = trainer.step_epoch()
+    record = search.step_epoch()
     epoch_s = device_clock(dev) - t
     later = []
     for _ in range(epochs - 1):
         t = device_clock(dev)
-        trainer.step_epoch()
+        search.step_epoch()
         later.append(device_clock(dev) - t)
-    assert record["splits_accepted"] == record["merges_accepted"] == 0 and trainer.n_clusters == k
+    assert record["splits_accepted"] == record["merges_accepted"] == 0 and search.n_clusters == k
     return {"epoch_seconds": epoch_s, "later_epoch_seconds": float(np.median(later)) if later else None,
             "estep_seconds": estep_s, "init_seconds": init_s,
             # the timed epoch's own record: where its seconds went
             "epoch_phase_seconds": {k.removeprefix("seconds_"): v for k, v in record.items()
                                     if k.startswith("seconds_")},
-            "device": str(dev), "precision": trainer.precision, "k_epoch": trainer.n_clusters,
-            "top_m": m, "batch_size": trainer.batch_size, "steps": trainer.ctx.n_steps(trainer.config)[1],
+            "device": str(dev), "precision": search.precision, "k_epoch": search.n_clusters,
+            "top_m": m, "batch_size": search.batch_size, "steps": search.ctx.n_steps(search.config)[1],
             "estep_support_per_point": support}
 
 
@@ -192,16 +192,16 @@ def full_fit(x: np.ndarray, y: np.ndarray, init_k: int, seed: int, overrides: di
         print(f"fit epoch {rec['epoch']:3d}: K = {rec['n_clusters']:4d}, {rec['seconds']:6.1f} s, "
               f"peak RSS {peak_rss_mb():.0f} MiB", file=sys.stderr, flush=True)
 
-    trainer = start_fit(cfg, torch.from_numpy(x))
-    t = device_clock(trainer.device)
-    trainer.initialize()
-    print(f"fit initialised with K = {trainer.n_clusters} in {device_clock(trainer.device) - t:.1f} s",
+    search = start_fit(cfg, torch.from_numpy(x))
+    t = device_clock(search.device)
+    search.initialize()
+    print(f"fit initialised with K = {search.n_clusters} in {device_clock(search.device) - t:.1f} s",
           file=sys.stderr, flush=True)
-    trainer.fit(callbacks=[progress])
-    seconds = device_clock(trainer.device) - t
-    labels = FittedModel.from_trainer(trainer).predict_assignments(torch.from_numpy(x))[0].numpy()
-    return {"fit_k": trainer.n_clusters, "fit_nmi": nmi(y, labels), "fit_seconds": seconds,
-            "fit_epochs": trainer.epoch}
+    search.fit(callbacks=[progress])
+    seconds = device_clock(search.device) - t
+    labels = FittedModel.from_search(search).predict_assignments(torch.from_numpy(x))[0].numpy()
+    return {"fit_k": search.n_clusters, "fit_nmi": nmi(y, labels), "fit_seconds": seconds,
+            "fit_epochs": search.epoch}
 
 
 def main() -> None:

@@ -74,13 +74,13 @@ def profile_steps(n: int, d: int, k: int, device: str, seed: int = 0) -> dict:
     cfg = Config().with_overrides({
         "seed": seed, "device": device, "init.n_clusters": k, "schedule.warmup_epochs": 0,
         "moves.split": False, "moves.merge": False, "init.kmeans_iters": 5, "small_data.max_rows": 0})
-    trainer = start_fit(cfg, torch.from_numpy(x))
-    trainer.initialize()
-    trainer.step_epoch()
+    search = start_fit(cfg, torch.from_numpy(x))
+    search.initialize()
+    search.step_epoch()
     minibatch.slot_targets = _marked(minibatch.slot_targets)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if search.device.type == "cuda" else [])
     with profile(activities=activities) as prof:
-        trainer.step_epoch()
+        search.step_epoch()
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     marks = [e.time_range.start for e in events if e.name == MARKER]
     first, last = marks[0], marks[-1]
@@ -90,9 +90,9 @@ def profile_steps(n: int, d: int, k: int, device: str, seed: int = 0) -> dict:
     outer = {id(op): op.name for op in map(_outermost_op, (e for e in inside if e.name in SYNC_OPS))}
     steps = len(marks) - 1
     syncs = {name: c / steps for name, c in Counter(outer.values()).items()}
-    cpu_only = syncs.pop(CPU_ONLY, 0.0) if trainer.device.type == "cpu" else 0.0
-    return {"n": n, "d": d, "k": k, "device": str(trainer.device), "torch": torch.__version__,
-            "batch_size": trainer.batch_size, "steps_profiled": steps,
+    cpu_only = syncs.pop(CPU_ONLY, 0.0) if search.device.type == "cpu" else 0.0
+    return {"n": n, "d": d, "k": k, "device": str(search.device), "torch": torch.__version__,
+            "batch_size": search.batch_size, "steps_profiled": steps,
             "ops_per_step": sum(leaves.values()) / steps, "syncs_per_step": sum(syncs.values()),
             "sync_ops": syncs, "cpu_only_syncs_per_step": cpu_only, "top_ops": {name: c / steps for name, c in leaves.most_common(15)}}
 

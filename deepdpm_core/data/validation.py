@@ -92,7 +92,7 @@ def readonly_tensor(X: np.ndarray) -> torch.Tensor:
 
     Parquet/Arrow columns, memory maps and UMAP outputs come as read-only arrays, for
     which ``torch.from_numpy`` warns that writes would be undefined. The method only
-    reads its input (the trainer keeps its own shifted copy), so the view is safe and a
+    reads its input (the search keeps its own shifted copy), so the view is safe and a
     defensive copy would double the memory at ImageNet scale.
 
     Parameters

@@ -24,7 +24,7 @@ from torch import nn
 
 from deepdpm_core.errors import DataError
 
-# the trainer's: ``cuda`` without a CUDA device fails here, in one line, not deep in torch
+# the search's: ``cuda`` without a CUDA device fails here, in one line, not deep in torch
 from deepdpm_core.runtime import resolve_device
 
 

@@ -207,25 +207,25 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         start_labels = None
         if init_labels is not None:
             start_labels = torch.from_numpy(check_init_labels(init_labels, len(X)))
-        trainer = start_fit(config, X)
+        search = start_fit(config, X)
         # first, the model the epoch left, which the callbacks may predict with
-        cbs = [lambda _: self._set_model(trainer), *callbacks] if callbacks else []
-        with epoch_bar(trainer, progress) as show:
-            trainer.fit(start_labels, [*cbs, *([show] if show else [])])
-        variances = variance_summary(trainer.feature_variance.cpu().numpy())
-        for diagnostic in diagnose(trainer.history, config, variances["feature_variance_ratio"]):
+        cbs = [lambda _: self._set_model(search), *callbacks] if callbacks else []
+        with epoch_bar(search, progress) as show:
+            search.fit(start_labels, [*cbs, *([show] if show else [])])
+        variances = variance_summary(search.feature_variance.cpu().numpy())
+        for diagnostic in diagnose(search.history, config, variances["feature_variance_ratio"]):
             # stacklevel 2: the warning points at the caller's fit
             warnings.warn(diagnostic.message, UserWarning, stacklevel=2)
-        # only the model stays: the trainer (its copy of X, its optimisers) is freed on return
-        self._set_model(trainer)
+        # only the model stays: the search (its copy of X, its optimisers) is freed on return
+        self._set_model(search)
         self.model_.freeze()
         del self._names
         # X is the checked array now, without the names predict would warn about
         self.labels_ = self.model_.predict_assignments(readonly_tensor(X))[0].numpy()
         return self
 
-    def _set_model(self, trainer: Search) -> None:
-        self.model_ = FittedModel.from_trainer(trainer)
+    def _set_model(self, search: Search) -> None:
+        self.model_ = FittedModel.from_search(search)
         self.model_.feature_names = self._names
 
     # --------------------------------------------------------------- inference
@@ -370,7 +370,7 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         return est
 
     @classmethod
-    def from_trainer(cls, trainer: Search) -> DeepDPM:
-        """A fitted estimator around a finished trainer's model (e.g. one rank of a
-        distributed fit); the trainer itself is not kept."""
-        return cls.from_model(FittedModel.from_trainer(trainer).freeze())
+    def from_search(cls, search: Search) -> DeepDPM:
+        """A fitted estimator around a finished search's model (e.g. one rank of a
+        distributed fit); the search itself is not kept."""
+        return cls.from_model(FittedModel.from_search(search).freeze())

@@ -1,11 +1,11 @@
 """The fitted model: what predicting needs, and nothing of the training.
 
 A fitted model is the clustering net, the input transform, the cluster means, covariances
-and weights, the config and the epoch history; the trainer's copy of the data, its
-subclustering nets and its Adam state stay with the trainer. :class:`ClusterAssigner` is the
+and weights, the config and the epoch history; the search's copy of the data, its
+subclustering nets and its Adam state stay with the search. :class:`ClusterAssigner` is the
 net and the transform alone: :meth:`ClusterAssigner.load` reads just those from a model file
 (at K = 1000, D = 128 the covariances are 131 MB of the file's 132 MB). Model files
-(``model.pt``, format ``deepdpm-model/1``; a full trainer state carries the same keys) are
+(``model.pt``, format ``deepdpm-model/1``; a full search state carries the same keys) are
 read through :func:`deepdpm_core.model.files.safe_load` (docs/design.md, "Fitted model and
 file formats").
 """
@@ -149,7 +149,7 @@ class ClusterAssigner:
     def log_proba_batches(self, x: Tensor, batch_size: int = 65536) -> Iterator[Tensor]:
         """ln r = log_softmax(f_cl(x̃)) for raw rows x (N, D), one (B, K) CPU batch at a time."""
         precision = resolve_precision(self.config.model.precision, self.device)
-        self.cluster_net.eval()  # no train-only layers; a trainer sets its own mode per epoch
+        self.cluster_net.eval()  # no train-only layers; a search sets its own mode per epoch
         for s in range(0, x.shape[0], batch_size):
             xb = self.coords.apply(x[s : s + batch_size].to(self.device)).float()
             with net_precision(precision, self.device):
@@ -264,17 +264,17 @@ class FittedModel:
 
     # ------------------------------------------------------------- building
     @classmethod
-    def from_trainer(cls, trainer: Search) -> FittedModel:
-        """The trainer's model at the end of its last epoch.
+    def from_search(cls, search: Search) -> FittedModel:
+        """The search's model at the end of its last epoch.
 
-        The net and tensors are the trainer's own (no copy, so a view taken between
+        The net and tensors are the search's own (no copy, so a view taken between
         epochs costs nothing); the training data, the subclustering nets and the
-        optimisers are not referenced. A net taken from a finished trainer should not be
+        optimisers are not referenced. A net taken from a finished search should not be
         trained further: :meth:`freeze` it.
         """
-        state = trainer.state
-        return cls(trainer.config, trainer.coords, trainer.nets.cluster, state.means, state.covariances,
-                   state.log_weights, list(trainer.history), int(trainer.n_total))
+        state = search.state
+        return cls(search.config, search.coords, search.nets.cluster, state.means, state.covariances,
+                   state.log_weights, list(search.history), int(search.n_total))
 
     def freeze(self) -> FittedModel:
         """Drop the net's gradients and stop tracking new ones (its training is over)."""
@@ -285,7 +285,7 @@ class FittedModel:
     @classmethod
     def from_state(cls, state: dict[str, Any], device: str = "cpu") -> FittedModel:
         """The model held by a model file's dict (this class's :meth:`state_dict` or a
-        full trainer state); ``device`` replaces the config's device.
+        full search state); ``device`` replaces the config's device.
 
         Raises
         ------

@@ -1,6 +1,6 @@
-"""The one seam between the trainer and the distributed world (docs/design.md, "Distribution").
+"""The one seam between the search and the distributed world (docs/design.md, "Distribution").
 
-The trainer only all-reduces flat tensors and broadcasts small Python objects through a
+The search only all-reduces flat tensors and broadcasts small Python objects through a
 :class:`Communicator`; ``pipeline`` provides the ``torch.distributed`` one.
 """
 
@@ -13,7 +13,7 @@ import torch
 
 @runtime_checkable
 class Communicator(Protocol):
-    """Collective operations the trainer needs."""
+    """Collective operations the search needs."""
 
     @property
     def rank(self) -> int: ...

@@ -214,14 +214,14 @@ def run(args: argparse.Namespace) -> int:
                     run_name=out.resolve().name,
                     artifact_location=(out / "mlartifacts").resolve().as_uri()) as tracker:
         # the epoch loop of every fit, with its per-epoch scores, tracking and diagnostics
-        trainer = start_job(cfg, check_features(emb, min_rows=cfg.init.rows_needed), tracker,
+        search = start_job(cfg, check_features(emb, min_rows=cfg.init.rows_needed), tracker,
                             emb_path, command="demo")
-        fit_seconds = run_epochs(trainer, [], tracker,
+        fit_seconds = run_epochs(search, [], tracker,
                                  EpochLabelScores.for_labels(emb, emb_table.labels, seed=cfg.seed),
                                  progress=epoch_bar)
-        model = DeepDPM.from_trainer(trainer)
+        model = DeepDPM.from_search(search)
         summary = write_fit_outputs(out / "fit", model, emb_table, fit_seconds, emb_path,
-                                    extra=data_variance_summary(trainer))
+                                    extra=data_variance_summary(search))
         _step("fit", out / "fit", t0)
         pred = model.predict(emb)
         _step("predict", out / "fit" / "assignments.parquet", t0)

@@ -2,7 +2,7 @@
 
 - :mod:`pipeline.fit.request`: :class:`~pipeline.fit.request.FitRequest` (stored for ``--resume``);
 - :mod:`pipeline.fit.runner`: one fit started (:func:`~pipeline.fit.runner.start_job`: the
-  trainer, fresh or resumed, and its tracked run) and its epochs run with every fit's
+  search, fresh or resumed, and its tracked run) and its epochs run with every fit's
   per-epoch callbacks and what the mode adds (:func:`~pipeline.fit.runner.run_epochs`), in
   every mode and the demo;
 - :mod:`pipeline.fit.local`, :mod:`pipeline.fit.ray` (workers: :mod:`pipeline.fit.ray_worker`),

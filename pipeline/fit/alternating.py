@@ -180,12 +180,12 @@ def _cluster(config: Config, Z: np.ndarray, labels: np.ndarray | None,
 
     Z = check_features(Z, min_rows=config.init.rows_needed)
     start = None if init_labels is None else torch.from_numpy(check_init_labels(init_labels, len(Z)))
-    trainer = start_job(config, Z, tracker, None, alternation=step)  # tagged by its parent
-    run_epochs(trainer, fault_before_next(trainer, fault), tracker,
+    search = start_job(config, Z, tracker, None, alternation=step)  # tagged by its parent
+    run_epochs(search, fault_before_next(search, fault), tracker,
                EpochLabelScores.for_labels(Z, labels, seed=config.seed), init_labels=start,
                progress=epoch_bar if progress else None)
-    variance.update(data_variance_summary(trainer))
-    model = DeepDPM.from_trainer(trainer)
+    variance.update(data_variance_summary(search))
+    model = DeepDPM.from_search(search)
     model.labels_ = model.predict(Z)  # what the alternation reads, as after DeepDPM.fit
     return model
 

@@ -5,7 +5,7 @@ All are written atomically by :func:`deepdpm_core.model.files.save_checkpoint` a
 ``OUT/checkpoints/epoch_EEEEEE.pt`` (a fit in this process, the newest
 :data:`CHECKPOINTS_KEPT` kept), ``OUT/ray_train/checkpoint_*/model.pt`` (a Ray fit, kept by
 Ray Train; :func:`prune_checkpoints` removes orphans); ``OUT/autoencoder.pt`` is written by
-:mod:`deepdpm_core.features.autoencoder_files`. Checkpoints hold a trainer's state in the
+:mod:`deepdpm_core.features.autoencoder_files`. Checkpoints hold a search's state in the
 model file format, so a resumed fit runs its remaining epochs exactly as the uninterrupted fit would have
 (docs/design.md, "Fitted model and file formats"). Torch is imported on use, so
 ``deepdpm fit`` can look for checkpoints while it checks its arguments.
@@ -29,13 +29,13 @@ CHECKPOINT_DIR = "checkpoints"
 CHECKPOINTS_KEPT = 2
 #: Ray Train's storage in the output folder
 TRAIN_DIR = "ray_train"
-#: the trainer state in a Ray Train checkpoint folder
+#: the search state in a Ray Train checkpoint folder
 CHECKPOINT_FILE = "model.pt"
 _NAME = re.compile(r"epoch_(\d+)\.pt")
 
 
-def read_trainer_state(path: str | Path) -> dict[str, Any]:
-    """A trainer state written by :func:`write_trainer_state`.
+def read_search_state(path: str | Path) -> dict[str, Any]:
+    """A search state written by :func:`write_search_state`.
 
     Raises
     ------
@@ -52,12 +52,12 @@ def read_trainer_state(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def write_trainer_state(trainer: Search, path: str | Path, fit_id: str | None = None) -> Path:
-    """Write the trainer's state (model file format) to ``path`` atomically, with the
+def write_search_state(search: Search, path: str | Path, fit_id: str | None = None) -> Path:
+    """Write the search's state (model file format) to ``path`` atomically, with the
     :attr:`~pipeline.fit.request.FitRequest.fit_id` of the fit it belongs to."""
     from deepdpm_core.model import FORMAT, save_checkpoint
 
-    save_checkpoint({"format": FORMAT, "fit_id": fit_id, **trainer.state_dict()}, path)
+    save_checkpoint({"format": FORMAT, "fit_id": fit_id, **search.state_dict()}, path)
     return Path(path)
 
 
@@ -104,18 +104,18 @@ def remove_checkpoints(out: str | Path) -> None:
 
 
 def latest_state(out: str | Path, fit_id: str | None) -> dict[str, Any] | None:
-    """The newest local checkpoint's trainer state, checked to belong to the fit
+    """The newest local checkpoint's search state, checked to belong to the fit
     ``fit_id`` (:func:`check_fit_id`); None when there is none yet."""
     paths = checkpoint_paths(out)
-    return check_fit_id(read_trainer_state(paths[-1]), fit_id, paths[-1]) if paths else None
+    return check_fit_id(read_search_state(paths[-1]), fit_id, paths[-1]) if paths else None
 
 
-def write_checkpoint(trainer: Search, out: str | Path, fit_id: str | None) -> Path:
-    """Write the trainer's state as the newest local checkpoint of the fit ``fit_id``,
+def write_checkpoint(search: Search, out: str | Path, fit_id: str | None) -> Path:
+    """Write the search's state as the newest local checkpoint of the fit ``fit_id``,
     then keep only the newest :data:`CHECKPOINTS_KEPT` (and no temporary file a killed
     write left behind)."""
     folder = Path(out) / CHECKPOINT_DIR
-    path = write_trainer_state(trainer, folder / f"epoch_{trainer.epoch:06d}.pt", fit_id)
+    path = write_search_state(search, folder / f"epoch_{search.epoch:06d}.pt", fit_id)
     for old in checkpoint_paths(out)[:-CHECKPOINTS_KEPT]:
         old.unlink(missing_ok=True)
     for stale in folder.glob(".epoch_*.tmp"):  # a write killed mid-way (SIGKILL skips cleanup)
@@ -130,7 +130,7 @@ def has_ray_checkpoints(out: str | Path) -> bool:
 
 
 def load_ray_checkpoint(checkpoint: Any, fit_id: str | None = None) -> dict[str, Any]:
-    """The trainer state in a ``ray.train.Checkpoint``.
+    """The search state in a ``ray.train.Checkpoint``.
 
     Parameters
     ----------
@@ -146,7 +146,7 @@ def load_ray_checkpoint(checkpoint: Any, fit_id: str | None = None) -> dict[str,
     """
     with checkpoint.as_directory() as path:
         try:
-            state = read_trainer_state(Path(path) / CHECKPOINT_FILE)
+            state = read_search_state(Path(path) / CHECKPOINT_FILE)
             if fit_id is None:
                 return state
             return check_fit_id(state, fit_id, Path(path) / CHECKPOINT_FILE)
@@ -197,4 +197,4 @@ __all__ = ["CHECKPOINTS_KEPT", "CHECKPOINT_DIR", "CHECKPOINT_FILE", "TRAIN_DIR",
            "check_fit_id", "checkpoint_dir_names", "checkpoint_paths", "has_local_checkpoints",
            "has_ray_checkpoints", "latest_ray_epoch", "latest_state",
            "load_ray_checkpoint", "prune_checkpoints", "remove_checkpoints",
-           "read_trainer_state", "write_checkpoint", "write_trainer_state"]
+           "read_search_state", "write_checkpoint", "write_search_state"]

@@ -81,7 +81,7 @@ def communicator(device: torch.device | str = "cpu") -> Communicator:
 
 
 def ddp_wrapper(device: torch.device | str = "cpu") -> Callable[[nn.Module], nn.Module]:
-    """The trainer's ``wrap``: a fresh DDP around a net after every build or surgery.
+    """The search's ``wrap``: a fresh DDP around a net after every build or surgery.
 
     Each net type gets its own process group, made on first use (every rank wraps the
     same nets in the same order, so group creation is collective as it must be). The

@@ -2,7 +2,7 @@
 
 :class:`EpochLabelScores` adds ``nmi``, ``ari`` and ``acc`` of the fit's current hard
 assignment (each row's most likely cluster under the mixture,
-:class:`pipeline.fit.runner.TrainerModel`) on a fixed random subsample of at most ``max_rows`` labelled rows (a few
+:class:`pipeline.fit.runner.SearchPredictor`) on a fixed random subsample of at most ``max_rows`` labelled rows (a few
 milliseconds for 10 000 rows, independent of N) to the epoch record itself, so when it runs
 before the tracker's callback the scores reach MLflow, ``history_``, ``summary.json`` and the
 report. It draws no random numbers and leaves the nets' mode to the next epoch, so a scored

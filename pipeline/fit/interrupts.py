@@ -1,6 +1,6 @@
 """Ctrl-C that stops a fit where it can be resumed.
 
-A trainer interrupted mid-epoch holds half-updated nets and statistics, which no checkpoint
+A search interrupted mid-epoch holds half-updated nets and statistics, which no checkpoint
 may keep, so :func:`stop_between_epochs` lets the first SIGINT finish the current epoch: the
 fit checks :attr:`StopRequest.requested` at each epoch's end, writes a checkpoint and raises
 :class:`FitInterrupted`. A second Ctrl-C stops at once (``KeyboardInterrupt``). A Ray fit's

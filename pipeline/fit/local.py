@@ -100,41 +100,41 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
     # MLflow starts once the outputs are published, or live after TRACK_LIVE_AFTER_S
     tracker = request.tracker(hold_s=track_live_after_s())
     with tracker:
-        trainer = start_job(config, table.X, tracker, request.input, state=state)
+        search = start_job(config, table.X, tracker, request.input, state=state)
         try:
-            with stop_between_epochs(lambda: trainer.epoch + 1) as stop:
-                checkpoint = every(trainer, request.checkpoint_every if request.resumable else 0,
+            with stop_between_epochs(lambda: search.epoch + 1) as stop:
+                checkpoint = every(search, request.checkpoint_every if request.resumable else 0,
                                    lambda t: checkpoints.write_checkpoint(t, out, request.fit_id))
-                fit_seconds = run_epochs(trainer, [stop_on(stop), *checkpoint, *fault_before_next(trainer, fault)],
+                fit_seconds = run_epochs(search, [stop_on(stop), *checkpoint, *fault_before_next(search, fault)],
                                          tracker, scores, progress=None if request.quiet else epoch_bar)
-            extra = outputs.request_extra(request, data_variance_summary(trainer),
-                                          resumed_from=trainer.resumed_from)
+            extra = outputs.request_extra(request, data_variance_summary(search),
+                                          resumed_from=search.resumed_from)
             # looked up in the module at call time: tests/support/fault_harness.py replaces it
-            summary = outputs.write_fit_outputs(out, DeepDPM.from_trainer(trainer), table,
+            summary = outputs.write_fit_outputs(out, DeepDPM.from_search(search), table,
                                                 fit_seconds, request.input, extra=extra,
                                                 replaced=outputs.replaced_entries(request))
         except KeyboardInterrupt as exc:
             # at an epoch's end (or with every epoch done, while the outputs were written)
-            # the trainer is whole; a second Ctrl-C mid-epoch left it half-updated
-            whole = isinstance(exc, FitInterrupted) or trainer.finished
-            raise _interrupted(request, trainer, out, whole) from None
+            # the search is whole; a second Ctrl-C mid-epoch left it half-updated
+            whole = isinstance(exc, FitInterrupted) or search.finished
+            raise _interrupted(request, search, out, whole) from None
         tracker.release()  # the outputs are published
         log_fit_outputs(tracker, out)  # + final_nmi/ari/acc over all labelled rows
     return outputs.FitResult(summary, str(out), tracker.run_id,
                              tracking_uri=tracker.shown_uri if tracker.run_id else None)
 
 
-def _interrupted(request: FitRequest, trainer: Search, out: Path, whole: bool) -> FitInterrupted:
+def _interrupted(request: FitRequest, search: Search, out: Path, whole: bool) -> FitInterrupted:
     """Keep what a Ctrl-C'd fit can be resumed from; the error saying how.
 
     Parameters
     ----------
     request : FitRequest
-    trainer : Search
+    search : Search
     out : Path
         The output folder.
     whole : bool
-        The trainer stands at the end of an epoch: it is checkpointed (a fit without
+        The search stands at the end of an epoch: it is checkpointed (a fit without
         checkpoints becomes resumable: its request is stored, and checkpoints an earlier
         fit left in ``out`` under ``--overwrite`` are dropped first).
 
@@ -147,15 +147,15 @@ def _interrupted(request: FitRequest, trainer: Search, out: Path, whole: bool) -
             checkpoints.remove_checkpoints(out)
             out.mkdir(parents=True, exist_ok=True)
             request.with_(resumable=True).save()
-        checkpoints.write_checkpoint(trainer, out, request.fit_id)
-        return FitInterrupted(f"after epoch {trainer.epoch}: deepdpm fit --resume {out} "
+        checkpoints.write_checkpoint(search, out, request.fit_id)
+        return FitInterrupted(f"after epoch {search.epoch}: deepdpm fit --resume {out} "
                               "continues it")
     kept = checkpoints.checkpoint_paths(out) if request.resumable else []
     if kept:
         stored = int(kept[-1].stem.split("_")[1])
-        return FitInterrupted(f"in epoch {trainer.epoch + 1}: deepdpm fit --resume {out} "
+        return FitInterrupted(f"in epoch {search.epoch + 1}: deepdpm fit --resume {out} "
                               f"continues from epoch {stored}")
-    return FitInterrupted(f"in epoch {trainer.epoch + 1}, before any checkpoint: nothing "
+    return FitInterrupted(f"in epoch {search.epoch + 1}, before any checkpoint: nothing "
                           "to resume")
 
 

@@ -165,7 +165,7 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
 
 
 class _StoppableFit:
-    """``trainer.fit()`` in a second thread, while this (main) thread holds Ctrl-C.
+    """``search.fit()`` in a second thread, while this (main) thread holds Ctrl-C.
 
     Ray Train's own SIGINT handler, installed only when ``fit`` runs in the main thread,
     aborts the run a few epochs later. Here the first Ctrl-C writes :data:`STOP_FILE` for
@@ -178,8 +178,8 @@ class _StoppableFit:
     waits about 8 s on its state API.
     """
 
-    def __init__(self, trainer: Any, out: Path, leave_once_saved: bool = False) -> None:
-        self.trainer = trainer
+    def __init__(self, search: Any, out: Path, leave_once_saved: bool = False) -> None:
+        self.search = search
         self.out = out
         self.stop_file = out / STOP_FILE
         self.leave_once_saved = leave_once_saved
@@ -213,7 +213,7 @@ class _StoppableFit:
 
     def _fit(self) -> None:
         try:
-            self.trainer.fit()
+            self.search.fit()
         except BaseException as exc:  # raised again in the driver's thread
             self._error = exc
 

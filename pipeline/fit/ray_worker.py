@@ -20,7 +20,7 @@ from deepdpm_core.errors import DeepDPMError
 from deepdpm_core.model import DeepDPM
 from deepdpm_core.runtime import Communicator
 from deepdpm_core.training import Search
-from pipeline.fit.checkpoints import CHECKPOINT_FILE, load_ray_checkpoint, write_trainer_state
+from pipeline.fit.checkpoints import CHECKPOINT_FILE, load_ray_checkpoint, write_search_state
 from pipeline.fit.interrupts import FitInterrupted
 from pipeline.fit.request import FitRequest
 from pipeline.fit.runner import (
@@ -77,33 +77,33 @@ def train_worker(loop: dict[str, Any]) -> None:
     with tracker:
         checkpoint = ray.train.get_checkpoint()
         try:
-            trainer = start_job(config, x, tracker, req.input, shape=(n, dim), num_workers=world,
+            search = start_job(config, x, tracker, req.input, shape=(n, dim), num_workers=world,
                                 state=None if checkpoint is None else load_ray_checkpoint(checkpoint, req.fit_id),
                                 comm=comm, wrap=wrap)
         except DeepDPMError as exc:  # decided from global quantities: the same on every rank
             _stop_with(f"{type(exc).__name__}: {exc}", req, rank)
             return
-        del x  # the trainer holds its own (shifted) copy
+        del x  # the search holds its own (shifted) copy
         stop_file = Path(req.output) / STOP_FILE
         # rank 0 logs each epoch, with its label scores
         logged = (tracker, _rank0_scores(req, config.seed)) if rank == 0 else (None, None)
         callbacks = [
             stop_on(_DriverStop(comm, stop_file)),
             # once more after the last epoch, which pruned the clusters that own no point
-            *every(trainer, CONSISTENCY_EVERY if world > 1 else 0, Search.check_consistency, last=True),
-            *every(trainer, req.checkpoint_every, lambda t: _report(t, rank, req.fit_id, final=False)),
-            *fault_before_next(trainer, loop.get("fault"), rank),
+            *every(search, CONSISTENCY_EVERY if world > 1 else 0, Search.check_consistency, last=True),
+            *every(search, req.checkpoint_every, lambda t: _report(t, rank, req.fit_id, final=False)),
+            *fault_before_next(search, loop.get("fault"), rank),
         ]
         try:
-            fit_seconds = run_epochs(trainer, callbacks, *logged,
+            fit_seconds = run_epochs(search, callbacks, *logged,
                                      progress=_ray_progress if rank == 0 and not req.quiet else None)
         except FitInterrupted:  # the driver's Ctrl-C: every rank stands at this epoch's end
             if rank == 0:
-                write_json_atomic({"stopped_after_epoch": trainer.epoch}, stop_file)
+                write_json_atomic({"stopped_after_epoch": search.epoch}, stop_file)
             tracker.close("KILLED")
             # what --resume continues from; once Ray Train has registered it, the driver
             # may end the cluster
-            _report(trainer, rank, req.fit_id, final=False)
+            _report(search, rank, req.fit_id, final=False)
             return
         except DeepDPMError as exc:
             # a data error meets every rank alike (all-reduced statistics, rank 0's broadcast
@@ -111,9 +111,9 @@ def train_worker(loop: dict[str, Any]) -> None:
             tracker.close("FAILED")
             _stop_with(f"{type(exc).__name__}: {exc}", req, rank)
             return
-        _report(trainer, rank, req.fit_id, final=True)
+        _report(search, rank, req.fit_id, final=True)
         if rank == 0:
-            _write_outputs(trainer, req, Path(loop["staging"]), fit_seconds, tracker, world)
+            _write_outputs(search, req, Path(loop["staging"]), fit_seconds, tracker, world)
 
 
 class _DriverStop:
@@ -142,17 +142,17 @@ def _rank0_scores(req: FitRequest, seed: int):
     return EpochLabelScores.from_file(req.input, seed=seed, columns=req.table_columns)
 
 
-def _report(trainer: Search, rank: int, fit_id: str | None, final: bool) -> None:
+def _report(search: Search, rank: int, fit_id: str | None, final: bool) -> None:
     """``ray.train.report`` on every rank (it is a barrier); rank 0 attaches the checkpoint
     (of the fit ``fit_id``)."""
     import ray.train
 
-    metrics = {"epoch": trainer.epoch, "n_clusters": trainer.n_clusters, "final": final}
+    metrics = {"epoch": search.epoch, "n_clusters": search.n_clusters, "final": final}
     if rank != 0:
         ray.train.report(metrics)
         return
     with tempfile.TemporaryDirectory(prefix="deepdpm-ckpt-") as tmp:
-        write_trainer_state(trainer, Path(tmp) / CHECKPOINT_FILE, fit_id)
+        write_search_state(search, Path(tmp) / CHECKPOINT_FILE, fit_id)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
@@ -174,20 +174,20 @@ def _first_error(comm: Communicator, error: str) -> str:
 
 
 @contextlib.contextmanager
-def _ray_progress(trainer: Search) -> Iterator[Callable[[dict], None]]:
+def _ray_progress(search: Search) -> Iterator[Callable[[dict], None]]:
     """Rank 0's progress bar, drawn by the Ray driver (``ray.experimental.tqdm_ray``, which
     carries a count and a description only: K, and at the end why the fit stopped, go in
     the description)."""
     from ray.experimental import tqdm_ray
 
     # its total is the end the schedule expects, not max_epochs (as epoch_bar's)
-    bar = tqdm_ray.tqdm(total=trainer.schedule.expected_end(trainer.epoch), desc="deepdpm fit",
+    bar = tqdm_ray.tqdm(total=search.schedule.expected_end(search.epoch), desc="deepdpm fit",
                         unit="epoch")
-    bar.n = trainer.epoch  # a resumed fit goes on counting from its checkpoint
+    bar.n = search.epoch  # a resumed fit goes on counting from its checkpoint
 
     def show(record: dict) -> None:
         description = f"deepdpm fit K={record['n_clusters']}"
-        bar.total = trainer.schedule.expected_end(record["epoch"])
+        bar.total = search.schedule.expected_end(record["epoch"])
         if record["stop_reason"] is not None:  # complete at the epochs run
             bar.total = bar.n + 1
             description += f" stopped: {record['stop_reason']}"
@@ -200,9 +200,9 @@ def _ray_progress(trainer: Search) -> Iterator[Callable[[dict], None]]:
         bar.close()
 
 
-def _write_outputs(trainer: Search, req: FitRequest, staging: Path, fit_seconds: float,
+def _write_outputs(search: Search, req: FitRequest, staging: Path, fit_seconds: float,
                    tracker: Any, world: int) -> None:
-    """Rank 0: predict every row (full table read now) with the model ``trainer`` fitted on
+    """Rank 0: predict every row (full table read now) with the model ``search`` fitted on
     ``world`` workers and write the fit's outputs into ``staging`` (the driver publishes
     them)."""
     from pipeline.fit.outputs import request_extra, write_fit_outputs
@@ -211,7 +211,7 @@ def _write_outputs(trainer: Search, req: FitRequest, staging: Path, fit_seconds:
 
     table = read_features(req.input, req.table_columns)
     shutil.rmtree(staging, ignore_errors=True)  # what an attempt that failed left
-    write_fit_outputs(staging, DeepDPM.from_trainer(trainer), table, fit_seconds, req.input,
-                      extra=request_extra(req, data_variance_summary(trainer), num_workers=world,
-                                          resumed_from=trainer.resumed_from), publish=False)
+    write_fit_outputs(staging, DeepDPM.from_search(search), table, fit_seconds, req.input,
+                      extra=request_extra(req, data_variance_summary(search), num_workers=world,
+                                          resumed_from=search.resumed_from), publish=False)
     log_fit_outputs(tracker, staging)  # + final_nmi/ari/acc over all labelled rows

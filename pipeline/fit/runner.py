@@ -43,7 +43,7 @@ def start_job(config: Config, rows: np.ndarray, tracker: Any, source: str | Path
               wrap: Callable[[nn.Module], nn.Module] | None = None, command: str = "fit",
               **params: Any) -> Search:
     """Start a fit of ``rows`` (this rank's, checked) as every fit mode and the demo does:
-    the trainer, fresh or resuming ``state`` (:func:`~deepdpm_core.training.start_fit`, with
+    the search, fresh or resuming ``state`` (:func:`~deepdpm_core.training.start_fit`, with
     ``comm`` and ``wrap``), and the run's params and tags
     (:func:`~pipeline.tracking.fit_runs.log_fit_start`, with ``source``, ``num_workers``,
     ``command``, ``params`` and ``shape``, all ranks' rows, by default ``rows.shape``).
@@ -54,10 +54,10 @@ def start_job(config: Config, rows: np.ndarray, tracker: Any, source: str | Path
         Bad rows, or a checkpoint of other rows (decided from global quantities: the same
         on every rank).
     """
-    trainer = start_fit(config, rows, comm=comm, wrap=wrap, state=state)
+    search = start_fit(config, rows, comm=comm, wrap=wrap, state=state)
     log_fit_start(tracker, config, shape or rows.shape, source, num_workers=num_workers,
-                  resumed_from=trainer.resumed_from, command=command, **params)
-    return trainer
+                  resumed_from=search.resumed_from, command=command, **params)
+    return search
 
 
 def run_epochs(search: Search, callbacks: list[EpochCallback], tracker: Any = None, scores: Any = None,
@@ -126,16 +126,16 @@ def fault_before_next(search: Search, fault: FaultHook | None, rank: int = 0) ->
     return [inject] if fault is not None else []
 
 
-def data_variance_summary(trainer: Search) -> dict[str, float]:
+def data_variance_summary(search: Search) -> dict[str, float]:
     """``median_feature_variance`` and ``feature_variance_ratio`` (largest over median) of
     the data being fitted (:func:`deepdpm_core.model.diagnostics.variance_summary`), from
-    the trainer's global moments: the same on every rank, in the (transformed) features'
+    the search's global moments: the same on every rank, in the (transformed) features'
     units the prior is given in. Kept in ``summary.json`` for the report's diagnostics."""
-    return variance_summary(trainer.feature_variance.cpu().numpy())
+    return variance_summary(search.feature_variance.cpu().numpy())
 
 
-class TrainerModel:
-    """``predict`` with the partition a trainer holds as it stands: each row's most likely
+class SearchPredictor:
+    """``predict`` with the partition a search holds as it stands: each row's most likely
     cluster under its mixture, found by the fit's own E-step search (what
     :class:`pipeline.fit.epoch_scores.EpochLabelScores` scores after each epoch).
 
@@ -145,37 +145,37 @@ class TrainerModel:
     what K counts in every fit mode, and what the net is fitted to.
     """
 
-    def __init__(self, trainer: Search) -> None:
-        self.trainer = trainer
+    def __init__(self, search: Search) -> None:
+        self.search = search
 
     @torch.no_grad()
     def predict(self, X: Any) -> np.ndarray:
         """Hard cluster of each raw row of X (N, D); shape (N,)."""
-        trainer = self.trainer
-        x = trainer.coords.apply(torch.as_tensor(X).to(trainer.device)).to(torch.float32)  # as the fit's rows
-        return trainer.estep.targets(trainer.mixture, x, None)[2].cpu().numpy()
+        search = self.search
+        x = search.coords.apply(torch.as_tensor(X).to(search.device)).to(torch.float32)  # as the fit's rows
+        return search.estep.targets(search.mixture, x, None)[2].cpu().numpy()
 
 
-def epoch_callbacks(trainer: Search, tracker: Any, scores: Any = None) -> list[EpochCallback]:
+def epoch_callbacks(search: Search, tracker: Any, scores: Any = None) -> list[EpochCallback]:
     """The per-epoch callbacks of every fit mode, in their order.
 
     Parameters
     ----------
-    trainer : Search
+    search : Search
     tracker : pipeline.tracking.run_tracker.RunTracker
         Logs each record and prints the diagnostics' warnings.
     scores : EpochLabelScores, optional
-        Per-epoch NMI/ARI/ACC on labelled rows; bound to ``trainer`` here, and run
+        Per-epoch NMI/ARI/ACC on labelled rows; bound to ``search`` here, and run
         first so the tracker logs its keys.
     """
     callbacks: list[EpochCallback] = []
     if scores is not None:
-        scores.bind(TrainerModel(trainer))
+        scores.bind(SearchPredictor(search))
         callbacks.append(scores)
-    variances = data_variance_summary(trainer)
-    callbacks.append(epoch_callback(tracker, trainer.config, variances["feature_variance_ratio"]))
+    variances = data_variance_summary(search)
+    callbacks.append(epoch_callback(tracker, search.config, variances["feature_variance_ratio"]))
     return callbacks
 
 
-__all__ = ["CONSISTENCY_EVERY", "FaultHook", "ProgressFactory", "TrainerModel", "data_variance_summary",
+__all__ = ["CONSISTENCY_EVERY", "FaultHook", "ProgressFactory", "SearchPredictor", "data_variance_summary",
            "epoch_callbacks", "every", "fault_before_next", "run_epochs", "start_job", "stop_on"]

@@ -1,6 +1,6 @@
 """The MLflow options of the tracked commands (``fit``, ``extract``).
 
-Kept out of :mod:`pipeline.tracking.run_tracker`, which imports the trainer and so torch: the CLI
+Kept out of :mod:`pipeline.tracking.run_tracker`, which imports the search and so torch: the CLI
 builds every command's options at each start, and a command that runs without torch in
 its own process (the driver of a folder ``predict``) stays without it.
 """

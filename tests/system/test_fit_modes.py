@@ -3,7 +3,7 @@
 One small labelled data set, one config; each mode runs through the real CLI with a real
 MLflow tracking store (sqlite in a temporary folder). The Ray fit runs one worker on a
 real local Ray cluster shared by the module (``tests/support/ray_cluster.py``): with one worker
-its trainer sees exactly the local fit's rows, so the two give the same labels and the
+its search sees exactly the local fit's rows, so the two give the same labels and the
 same per-epoch metrics. The alternating fit learns its own features, so it is checked
 for the same outputs and metric keys, and for per-epoch label scores.
 """

@@ -98,12 +98,12 @@ def test_a_factorisation_that_fails_on_the_data_is_one_data_error():
     config = Config().with_overrides({
         "seed": 0, "prior.psi": "identity", "prior.sigma_scale": 0.005, "prior.kappa": 1e-4, "prior.nu": None,
         "init.n_clusters": 3, "schedule.warmup_epochs": 2, "schedule.move_every": 2, "schedule.max_epochs": 12})
-    trainer = start_fit(config, torch.as_tensor(X * 1e25, dtype=torch.float32))
-    fit = trainer.prior_fit
+    search = start_fit(config, torch.as_tensor(X * 1e25, dtype=torch.float32))
+    fit = search.prior_fit
     fit.priors = [replace(prior, floor=None) for prior in fit.priors]
     fit.prior = fit.priors[0]
     with pytest.raises(DataError) as info:
-        trainer.fit()
+        search.fit()
     message = str(info.value)
     assert message.startswith("the fit failed numerically at epoch ") and "\n" not in message
     assert "data.transform=standard" in message and "prior.sigma_scale=auto, not 0.005" in message

@@ -342,10 +342,10 @@ def _fit(x, dense_max_k):
         "schedule.max_epochs": 24, "schedule.warmup_epochs": 3, "schedule.move_every": 3,
         "small_data.max_rows": 0,  # the net search: the sparse targets of its minibatch steps
     })
-    trainer = start_fit(cfg, torch.as_tensor(x))
-    trainer.fit()
-    labels = FittedModel.from_trainer(trainer).predict_log_proba(torch.as_tensor(x)).argmax(1).numpy()
-    return trainer.n_clusters, labels
+    search = start_fit(cfg, torch.as_tensor(x))
+    search.fit()
+    labels = FittedModel.from_search(search).predict_log_proba(torch.as_tensor(x)).argmax(1).numpy()
+    return search.n_clusters, labels
 
 
 @pytest.mark.slow
@@ -392,11 +392,11 @@ def test_epochs_with_moves_never_hold_an_n_by_k_tensor(dense_max_k):
         "seed": 0, "init.n_clusters": k_init, "schedule.warmup_epochs": 1, "schedule.move_every": 1,
         "prior.sigma_scale": 0.1, "estep.top_m": m, "estep.dense_max_k": dense_max_k,
     })
-    trainer = start_fit(cfg, torch.as_tensor(x))
+    search = start_fit(cfg, torch.as_tensor(x))
     probe = _LargestTensor()
     with probe:
-        trainer.initialize()
-        records = [trainer.step_epoch() for _ in range(4)]
+        search.initialize()
+        records = [search.step_epoch() for _ in range(4)]
     assert sum(r["splits_accepted"] for r in records) > 0  # a move round really ran
     k_max = max(r["n_clusters"] for r in records)
     if dense_max_k < k_init:

@@ -331,7 +331,7 @@ def test_alternation_with_deepdpm_on_digits_tightens_clusters_and_keeps_nmi(digi
     digits from ~0.40 to ~0.18. On digits that sharpens the clusters DeepDPM found rather
     than correcting them: observed NMI per step (seeds 0, 2, 3, 4) 0.772 -> 0.769 -> 0.771,
     0.806 -> 0.803 -> 0.803, 0.780 -> 0.775 -> 0.775, 0.757 -> 0.751 -> 0.752, and seed 1
-    0.754 -> 0.769 (K stable, stopped); an earlier trainer gave 0.772 -> 0.766 -> 0.759.
+    0.754 -> 0.769 (K stable, stopped); an earlier search gave 0.772 -> 0.766 -> 0.759.
     The paper's gains from alternating are on MNIST-size data; digits are too small to
     show them, so this checks the mechanism and that NMI does not degrade.
     """

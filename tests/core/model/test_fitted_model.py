@@ -1,5 +1,5 @@
 """A fitted model is the nets, the input transform and the mixture: no training data, no
-optimiser, no trainer, whether it comes from ``fit`` or from a file."""
+optimiser, no search, whether it comes from ``fit`` or from a file."""
 
 from __future__ import annotations
 

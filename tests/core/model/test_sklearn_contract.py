@@ -178,29 +178,29 @@ def test_fitted_estimator_holds_the_model_only_and_predicts_as_its_trainer(tmp_p
     assert len(rows) == 1 and rows[0] is model.labels_  # no copy of the data, only the labels
     assert all(p.grad is None and not p.requires_grad for p in model.model_.cluster_net.parameters())
 
-    # the same fit by a trainer: its net on its own training rows gives the same ln r
-    trainer = start_fit(config, torch.from_numpy(X32))
-    trainer.fit()
+    # the same fit by a search: its net on its own training rows gives the same ln r
+    search = start_fit(config, torch.from_numpy(X32))
+    search.fit()
     with torch.no_grad():
-        log_r = F.log_softmax(trainer.nets.cluster(trainer.x), dim=1)
+        log_r = F.log_softmax(search.nets.cluster(search.x), dim=1)
     x = torch.from_numpy(X32)
     assert torch.equal(model.model_.predict_log_proba(x), log_r)
     np.testing.assert_array_equal(model.predict_proba(X), log_r.exp().numpy())
     np.testing.assert_array_equal(model.labels_, log_r.argmax(1).numpy())
-    np.testing.assert_array_equal(model.means_, trainer.coords.means_to_features(trainer.state.means).numpy())
+    np.testing.assert_array_equal(model.means_, search.coords.means_to_features(search.state.means).numpy())
     untimed = [[{k: v for k, v in r.items() if not k.startswith("seconds")} for r in h]
-               for h in (model.history_, trainer.history)]
+               for h in (model.history_, search.history)]
     assert untimed[0] == untimed[1]
-    from_trainer = DeepDPM.from_trainer(trainer)  # what a distributed fit's rank 0 builds
-    np.testing.assert_array_equal(from_trainer.predict_proba(X), model.predict_proba(X))
+    from_search = DeepDPM.from_search(search)  # what a distributed fit's rank 0 builds
+    np.testing.assert_array_equal(from_search.predict_proba(X), model.predict_proba(X))
 
-    # the model file holds the model; a full trainer state (a checkpoint, or a model file
-    # written when estimators kept their trainer) loads to the same predictions
+    # the model file holds the model; a full search state (a checkpoint, or a model file
+    # written when estimators kept their search) loads to the same predictions
     model.save(tmp_path / "model.pt")
     state = torch.load(tmp_path / "model.pt", weights_only=True)
     assert state["format"] == FORMAT and not {"opt_cluster", "sub_nets", "sub_means", "rng"} & set(state)
-    torch.save({"format": FORMAT, **trainer.state_dict()}, tmp_path / "trainer_state.pt")
-    for path, history in (("model.pt", model.history_), ("trainer_state.pt", trainer.history)):
+    torch.save({"format": FORMAT, **search.state_dict()}, tmp_path / "trainer_state.pt")
+    for path, history in (("model.pt", model.history_), ("trainer_state.pt", search.history)):
         loaded = DeepDPM.load(tmp_path / path)
         assert isinstance(loaded.model_, FittedModel) and loaded.n_features_in_ == 3
         np.testing.assert_array_equal(loaded.predict_proba(X), model.predict_proba(X))
@@ -208,13 +208,13 @@ def test_fitted_estimator_holds_the_model_only_and_predicts_as_its_trainer(tmp_p
     assert (tmp_path / "model.pt").stat().st_size < (tmp_path / "trainer_state.pt").stat().st_size
 
     # a model file without its coordinates is refused in one line naming the key
-    without = {k: v for k, v in trainer.state_dict().items() if k != "coordinates"}
+    without = {k: v for k, v in search.state_dict().items() if k != "coordinates"}
     with pytest.raises(CheckpointError, match="without the key 'coordinates'"):
         FittedModel.from_state({**without, "format": FORMAT})
     # a fit resumes only with Adam's moments and the generators: a state without them (a
     # model file, which keeps neither) is refused in one line naming the key
     for key in ("opt_cluster", "rng"):
-        lacking = {k: v for k, v in trainer.state_dict().items() if k != key}
+        lacking = {k: v for k, v in search.state_dict().items() if k != key}
         with pytest.raises(CheckpointError, match=f"without the key '{key}'"):
             start_fit(config, X32, state=lacking)
 

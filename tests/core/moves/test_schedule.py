@@ -127,17 +127,17 @@ def test_a_fit_names_the_moves_its_schedule_ran_and_stops_by_its_rule():
     cfg = Config().with_overrides({"seed": 0, "init.n_clusters": 1, "schedule.warmup_epochs": 2,
                                    "schedule.move_every": 2, "schedule.max_epochs": 40,
                                    "optim.min_steps_per_epoch": 8, "small_data.max_rows": 0})
-    trainer = start_fit(cfg, torch.from_numpy(x))
-    trainer.fit()
-    history = trainer.history
+    search = start_fit(cfg, torch.from_numpy(x))
+    search.fit()
+    history = search.history
     moves = [r["move"] for r in history]
     assert "split" in moves and set(moves) <= {None, "split", "merge"}
     replayed = _replayed(cfg, history)
-    assert replayed.counters() == trainer.schedule.counters()
+    assert replayed.counters() == search.schedule.counters()
     # it stopped at the first epoch after which the schedule says stop
     assert _finished_after(cfg, history)
     assert not any(_finished_after(cfg, history[:n]) for n in range(1, len(history)))
-    assert trainer.n_clusters == 4
+    assert search.n_clusters == 4
 
 
 def _replayed(cfg: Config, history: list[dict]) -> MoveSchedule:

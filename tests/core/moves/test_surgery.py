@@ -1,4 +1,4 @@
-"""Split/merge surgery on (mixture state, nets, optimisers) alone: no trainer, no data pass."""
+"""Split/merge surgery on (mixture state, nets, optimisers) alone: no search, no data pass."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def test_fixed_shape_blocks_read_nothing_off_the_data_and_give_the_same_nets():
 
 
 @pytest.fixture
-def trainer():
+def search():
     X, _ = make_mixture(1500, 3, 4, random_state=0)
     cfg = Config().with_overrides({"init.n_clusters": 4, "schedule.warmup_epochs": 0})
     t = start_fit(cfg, torch.from_numpy(X))
@@ -88,8 +88,8 @@ def _logits(t, x):
         return t.nets.cluster(x)
 
 
-def test_split_keeps_other_units_and_their_optimizer_state(trainer):
-    t = trainer
+def test_split_keeps_other_units_and_their_optimizer_state(search):
+    t = search
     soft, _, _ = t.run_epoch()  # the statistics the surgery takes (the nets train on the way)
     x = torch.randn(64, 3)
     before = _logits(t, x)
@@ -118,8 +118,8 @@ def test_split_keeps_other_units_and_their_optimizer_state(trainer):
     torch.testing.assert_close(t.state.log_weights.exp().sum(), torch.tensor(1.0, dtype=torch.float64))
 
 
-def test_merge_removes_one_unit_and_keeps_others(trainer):
-    t = trainer
+def test_merge_removes_one_unit_and_keeps_others(search):
+    t = search
     soft, _, _ = t.run_epoch()
     x = torch.randn(64, 3)
     before = _logits(t, x)
@@ -144,8 +144,8 @@ def test_merge_removes_one_unit_and_keeps_others(trainer):
     assert np.isfinite(t.state.sub_means.numpy()).all()
 
 
-def test_e_step_anchors_follow_their_clusters_through_surgery(trainer):
-    t = trainer
+def test_e_step_anchors_follow_their_clusters_through_surgery(search):
+    t = search
     soft, _, _ = t.run_epoch()
     old = torch.arange(len(t.x)) % 4
     t.anchors = old.clone()
@@ -157,8 +157,8 @@ def test_e_step_anchors_follow_their_clusters_through_surgery(trainer):
     assert rec["n_clusters"] == 3 and bool((t.anchors >= 0).all() and (t.anchors < 3).all())
 
 
-def test_training_continues_after_surgery(trainer):
-    t = trainer
+def test_training_continues_after_surgery(search):
+    t = search
     soft, _, _ = t.run_epoch()
     t.apply_plan(MovePlan(splits=[0], merges=[(1, 2)]), soft)
     rec = t.step_epoch()

@@ -25,9 +25,9 @@ def _fit(x, device, **overrides):
         "device": device, "init.n_clusters": 1, "schedule.max_epochs": 80,
         "schedule.warmup_epochs": 3, "schedule.move_every": 3, **overrides,
     })
-    trainer = start_fit(cfg, torch.as_tensor(x))
-    trainer.fit()
-    return trainer, FittedModel.from_trainer(trainer).predict_assignments(torch.as_tensor(x))[0].cpu().numpy()
+    search = start_fit(cfg, torch.as_tensor(x))
+    search.fit()
+    return search, FittedModel.from_search(search).predict_assignments(torch.as_tensor(x))[0].cpu().numpy()
 
 
 def test_fit_on_cuda_finds_the_cpu_clusters():
@@ -55,11 +55,11 @@ def test_sparse_estep_fit_on_cuda_finds_the_dense_clusters():
 def test_sparse_responsibilities_on_cuda_equal_the_cpu_ones():
     x, _ = make_mixture(20_000, 8, 120, imbalance=1.0, min_weight=0.002, random_state=1)
     cfg = Config().with_overrides({"device": "cpu", "init.n_clusters": 120})
-    trainer = start_fit(cfg, torch.as_tensor(x))
-    trainer.initialize()
-    cpu_index, cpu_lr = SparseEStep(trainer.mixture).log_responsibilities(trainer.x, 6)
-    gpu_index, gpu_lr = SparseEStep(trainer.mixture.to(CUDA)).log_responsibilities(trainer.x.to(CUDA), 6)
-    lp = trainer.mixture.weighted_log_prob(trainer.x)
+    search = start_fit(cfg, torch.as_tensor(x))
+    search.initialize()
+    cpu_index, cpu_lr = SparseEStep(search.mixture).log_responsibilities(search.x, 6)
+    gpu_index, gpu_lr = SparseEStep(search.mixture.to(CUDA)).log_responsibilities(search.x.to(CUDA), 6)
+    lp = search.mixture.weighted_log_prob(search.x)
     dense = lp - torch.logsumexp(lp, dim=1, keepdim=True)  # every component: the reference
     for index, lr in ((cpu_index, cpu_lr), (gpu_index.cpu(), gpu_lr.cpu())):
         finite = torch.isfinite(lr)
@@ -82,7 +82,7 @@ def test_subclustering_nets_on_cuda_equal_the_cpu_ones():
     ref = net(x, z)
     grads_ref = torch.autograd.grad(ref.square().sum(), list(net.parameters()))
     gnet = net.to(CUDA)
-    got = gnet(x.to(CUDA), z.to(CUDA))  # float32 matmuls: TF32 is scoped to the trainer
+    got = gnet(x.to(CUDA), z.to(CUDA))  # float32 matmuls: TF32 is scoped to the search
     grads = torch.autograd.grad(got.square().sum(), list(gnet.parameters()))
     torch.testing.assert_close(got.cpu(), ref, rtol=1e-4, atol=1e-4)
     for a, b in zip(grads, grads_ref, strict=True):

@@ -18,7 +18,7 @@ def _fit(x, precision):
         "schedule.max_epochs": 80, "schedule.warmup_epochs": 3, "schedule.move_every": 3,
         "small_data.max_rows": 0,  # the net search, whose minibatch steps the precision scopes
     })
-    trainer = start_fit(cfg, torch.as_tensor(x))
+    search = start_fit(cfg, torch.as_tensor(x))
     dtypes = set()
 
     def record(module, inputs, out):  # global hook: splits rebuild the net
@@ -27,11 +27,11 @@ def _fit(x, precision):
 
     hook = register_module_forward_hook(record)
     try:
-        trainer.fit()
+        search.fit()
     finally:
         hook.remove()
-    labels = FittedModel.from_trainer(trainer).predict_assignments(torch.as_tensor(x))[0].numpy()
-    return trainer, labels, dtypes
+    labels = FittedModel.from_search(search).predict_assignments(torch.as_tensor(x))[0].numpy()
+    return search, labels, dtypes
 
 
 @pytest.mark.slow
@@ -75,15 +75,15 @@ def test_epochs_flush_subnormals_and_restore_the_mode():
     tiny = torch.finfo(torch.float32).tiny
     seen = []
     X, _ = make_mixture(600, 3, 3, random_state=0)
-    trainer = start_fit(Config().with_overrides({"init.n_clusters": 3, "device": "cpu"}), torch.from_numpy(X))
-    trainer.initialize()
+    search = start_fit(Config().with_overrides({"init.n_clusters": 3, "device": "cpu"}), torch.from_numpy(X))
+    search.initialize()
     assert float(torch.tensor([tiny / 4]) * 1.0) > 0  # the default: subnormals kept
-    trainer.step_epoch([lambda rec: seen.append(float(torch.tensor([tiny / 4]) * 1.0))])
+    search.step_epoch([lambda rec: seen.append(float(torch.tensor([tiny / 4]) * 1.0))])
     assert seen == [0.0]  # inside the epoch (callbacks run in it): flushed
     assert float(torch.tensor([tiny / 4]) * 1.0) > 0  # and the mode is restored after it
     torch.set_flush_denormal(True)
     try:
-        trainer.step_epoch()
+        search.step_epoch()
         assert float(torch.tensor([tiny / 4]) * 1.0) == 0  # a caller's own setting is kept
     finally:
         torch.set_flush_denormal(False)

@@ -34,32 +34,32 @@ def _trainer(n, **overrides):
     x = rng.normal(size=(n, 3)) + 6 * rng.integers(0, 3, size=(n, 1))
     # the net search's epochs (small data search by exact EM otherwise)
     cfg = Config().with_overrides({"seed": 0, "init.n_clusters": 3, "small_data.max_rows": 0, **overrides})
-    trainer = start_fit(cfg, torch.as_tensor(x, dtype=torch.float32))
-    trainer.initialize()
-    return trainer
+    search = start_fit(cfg, torch.as_tensor(x, dtype=torch.float32))
+    search.initialize()
+    return search
 
 
 @pytest.mark.parametrize("n, batch, steps", [(20_000, 313, 64), (1_000, 128, 64), (9_000, 141, 64)])
 def test_an_epoch_is_one_pass_of_statistics_and_the_configured_steps(n, batch, steps):
-    trainer = _trainer(n)
-    assert trainer.batch_size == batch
-    groups = trainer.nets.opt_cluster.param_groups + trainer.nets.opt_sub.param_groups
+    search = _trainer(n)
+    assert search.batch_size == batch
+    groups = search.nets.opt_cluster.param_groups + search.nets.opt_sub.param_groups
     lrs = [g["lr"] for g in groups]
-    assert lrs == pytest.approx([5e-4 * math.sqrt(batch / 128)] * len(trainer.nets.opt_cluster.param_groups)
-                                + [5e-3 * math.sqrt(batch / 128)] * len(trainer.nets.opt_sub.param_groups))
-    soft, sub, _ = trainer.run_epoch()
+    assert lrs == pytest.approx([5e-4 * math.sqrt(batch / 128)] * len(search.nets.opt_cluster.param_groups)
+                                + [5e-3 * math.sqrt(batch / 128)] * len(search.nets.opt_sub.param_groups))
+    soft, sub, _ = search.run_epoch()
     # every row counted once in the subclusters' hard statistics and (summed over its
     # support) in the soft ones, also when extra re-drawn batches train the nets
     assert float(sub.n.sum()) == n
     assert float(soft.n.sum()) == pytest.approx(n, rel=1e-5)
-    for opt in (trainer.nets.opt_cluster, trainer.nets.opt_sub):
+    for opt in (search.nets.opt_cluster, search.nets.opt_sub):
         assert {int(s["step"]) for s in opt.state.values()} == {steps}
 
 
 def test_learning_rates_survive_a_split():
-    trainer = _trainer(20_000, **{"init.n_clusters": 1, "schedule.warmup_epochs": 1, "schedule.move_every": 1})
-    before = [g["lr"] for g in trainer.nets.opt_cluster.param_groups + trainer.nets.opt_sub.param_groups]
-    while trainer.n_clusters == 1 and trainer.epoch < 12:
-        trainer.step_epoch()
-    assert trainer.n_clusters > 1
-    assert [g["lr"] for g in trainer.nets.opt_cluster.param_groups + trainer.nets.opt_sub.param_groups] == before
+    search = _trainer(20_000, **{"init.n_clusters": 1, "schedule.warmup_epochs": 1, "schedule.move_every": 1})
+    before = [g["lr"] for g in search.nets.opt_cluster.param_groups + search.nets.opt_sub.param_groups]
+    while search.n_clusters == 1 and search.epoch < 12:
+        search.step_epoch()
+    assert search.n_clusters > 1
+    assert [g["lr"] for g in search.nets.opt_cluster.param_groups + search.nets.opt_sub.param_groups] == before

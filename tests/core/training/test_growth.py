@@ -24,61 +24,61 @@ from tests.support.blobs import many_blobs
 
 
 def _trainer_at(x: np.ndarray, labels: np.ndarray, **overrides) -> Search:
-    trainer = start_fit(Config().with_overrides({"seed": 0, **overrides}), torch.as_tensor(x))
-    trainer.initialize(torch.as_tensor(labels))
-    trainer.estep_targets()  # the anchors of a settled fit: each row's best cluster
-    return trainer
+    search = start_fit(Config().with_overrides({"seed": 0, **overrides}), torch.as_tensor(x))
+    search.initialize(torch.as_tensor(labels))
+    search.estep_targets()  # the anchors of a settled fit: each row's best cluster
+    return search
 
 
-def _grow(trainer: Search) -> bool:
-    """:func:`grow` of the trainer's settled partition; the trainer restarts from the
+def _grow(search: Search) -> bool:
+    """:func:`grow` of the search's settled partition; the search restarts from the
     grown one if there is one."""
-    grown = grow(trainer.ctx, trainer.config, trainer.prior_fit, trainer.anchors, trainer.n_clusters,
-                 trainer.schedule.growths, trainer.rng)
+    grown = grow(search.ctx, search.config, search.prior_fit, search.anchors, search.n_clusters,
+                 search.schedule.growths, search.rng)
     if grown is not None:
-        trainer.initialize(grown)
+        search.initialize(grown)
     return grown is not None
 
 
 def test_without_coarsening_the_score_is_the_partitions_evidence():
     x, y = many_blobs()
-    trainer = _trainer_at(x, y % 8, **{"prior.coarsening": None})
+    search = _trainer_at(x, y % 8, **{"prior.coarsening": None})
     # the same fixed point of the prior's fit, to the tolerances its two callers refit it to
-    assert coarsened_score(trainer.ctx, trainer.config, trainer.prior_fit, torch.as_tensor(y), 40) == pytest.approx(
-        partition_score(trainer.ctx, trainer.config, trainer.prior_fit, torch.as_tensor(y), 40), rel=1e-5)
+    assert coarsened_score(search.ctx, search.config, search.prior_fit, torch.as_tensor(y), 40) == pytest.approx(
+        partition_score(search.ctx, search.config, search.prior_fit, torch.as_tensor(y), 40), rel=1e-5)
 
 
 def test_the_coarsened_score_tempers_every_row_by_zeta():
     """Against the same joint computed from statistics whose rows weigh ζ = c/(c + N)."""
     x, y = many_blobs()
-    trainer = _trainer_at(x, y % 8)
+    search = _trainer_at(x, y % 8)
     labels = torch.as_tensor(y)
-    stats, _ = partition_stats(trainer.ctx, labels, 40)
-    prior_fit = PriorFit(trainer.config.prior, trainer.coords, trainer.device)
-    prior_fit.restore(trainer.prior_fit.state_dict())
-    fitted_log_joint(stats, prior_fit, trainer.config.prior.alpha, rtol=1e-2)
-    p = trainer.config.prior
+    stats, _ = partition_stats(search.ctx, labels, 40)
+    prior_fit = PriorFit(search.config.prior, search.coords, search.device)
+    prior_fit.restore(search.prior_fit.state_dict())
+    fitted_log_joint(stats, prior_fit, search.config.prior.alpha, rtol=1e-2)
+    p = search.config.prior
     c = coarsening_constant(p.coarsening, x.shape[1], False)
     zeta = c / (c + len(x))
-    weighted = grouped_stats(trainer.x.double(), torch.arange(len(y)), labels,
+    weighted = grouped_stats(search.x.double(), torch.arange(len(y)), labels,
                              torch.full((len(y),), zeta, dtype=torch.float64), 40)
     expected = log_crp(np.bincount(y) * zeta, p.alpha) + float(log_marginal_likelihood(prior_fit.prior, weighted).sum())
-    assert coarsened_score(trainer.ctx, trainer.config, trainer.prior_fit, labels, 40) == pytest.approx(expected, rel=1e-6)
+    assert coarsened_score(search.ctx, search.config, search.prior_fit, labels, 40) == pytest.approx(expected, rel=1e-6)
 
 
 def test_a_partition_of_wide_clusters_grows_to_many_more():
     """Ten clusters of about 4 blobs each: 20 and 40 k-means clusters score far higher."""
     x, y = many_blobs()
-    trainer = _trainer_at(x, y % 10)
-    assert _grow(trainer)
-    assert trainer.n_clusters in (20, 40)
+    search = _trainer_at(x, y % 10)
+    assert _grow(search)
+    assert search.n_clusters in (20, 40)
 
 
 def test_the_true_partition_does_not_grow():
     x, y = many_blobs()
-    trainer = _trainer_at(x, y)
-    assert not _grow(trainer)
-    assert trainer.n_clusters == 40
+    search = _trainer_at(x, y)
+    assert not _grow(search)
+    assert search.n_clusters == 40
 
 
 def test_a_restarted_schedule_searches_again_and_counts_its_growths():
@@ -122,9 +122,9 @@ def test_a_collapsed_search_is_judged_by_the_exact_joint():
     so the coarsened joint prefers it to every k-means partition of a grid of blobs; the
     exact joint prefers many more clusters."""
     x, y = _grid_blobs(6, 150)
-    trainer = _trainer_at(x, np.zeros(len(y), dtype=np.int64))
-    assert _grow(trainer)
-    assert trainer.n_clusters >= 16
+    search = _trainer_at(x, np.zeros(len(y), dtype=np.int64))
+    assert _grow(search)
+    assert search.n_clusters >= 16
 
 
 @pytest.mark.slow
@@ -149,12 +149,12 @@ def _curve_blobs(k: int, per_blob: int, seed: int = 0) -> tuple[np.ndarray, np.n
 def test_valley_groups_count_what_density_valleys_part():
     """36 grid blobs stay 36 groups; 16 k-means pieces of one Gaussian join into one."""
     x, y = _grid_blobs(6, 150)
-    trainer = _trainer_at(x, y)
-    assert valley_groups(trainer.ctx, trainer.config, trainer.prior_fit, torch.as_tensor(y), 36) == 36
+    search = _trainer_at(x, y)
+    assert valley_groups(search.ctx, search.config, search.prior_fit, torch.as_tensor(y), 36) == 36
     one = np.random.default_rng(1).standard_normal((3000, 2))
     pieces = KMeans(16, n_init=1, random_state=0).fit_predict(one)
-    trainer = _trainer_at(one, pieces)
-    assert valley_groups(trainer.ctx, trainer.config, trainer.prior_fit, torch.as_tensor(pieces), 16) == 1
+    search = _trainer_at(one, pieces)
+    assert valley_groups(search.ctx, search.config, search.prior_fit, torch.as_tensor(pieces), 16) == 1
 
 
 @pytest.mark.slow

@@ -22,40 +22,40 @@ def _blobs(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _trainer_at(x: np.ndarray, labels: np.ndarray) -> Search:
-    trainer = start_fit(Config().with_overrides({"seed": 0}), torch.as_tensor(x))
-    trainer.initialize(torch.as_tensor(labels))
-    return trainer
+    search = start_fit(Config().with_overrides({"seed": 0}), torch.as_tensor(x))
+    search.initialize(torch.as_tensor(labels))
+    return search
 
 
-def _polish(trainer: Search) -> torch.Tensor | None:
-    """:func:`polish` of the trainer's settled partition (its anchors after an E-step)."""
-    trainer.estep_targets()
-    return polish(trainer.ctx, trainer.config, trainer.prior_fit, trainer.anchors, trainer.n_clusters, trainer.rng)
+def _polish(search: Search) -> torch.Tensor | None:
+    """:func:`polish` of the search's settled partition (its anchors after an E-step)."""
+    search.estep_targets()
+    return polish(search.ctx, search.config, search.prior_fit, search.anchors, search.n_clusters, search.rng)
 
 
-def _final_labels(trainer: Search) -> np.ndarray:
-    trainer.estep_targets()
-    return trainer.anchors.numpy()
+def _final_labels(search: Search) -> np.ndarray:
+    search.estep_targets()
+    return search.anchors.numpy()
 
 
 def test_the_partition_score_is_the_partitions_evidence():
     x, y = _blobs()
-    trainer = _trainer_at(x, y)
-    assert partition_score(trainer.ctx, trainer.config, trainer.prior_fit, torch.as_tensor(y), 3) == pytest.approx(
+    search = _trainer_at(x, y)
+    assert partition_score(search.ctx, search.config, search.prior_fit, torch.as_tensor(y), 3) == pytest.approx(
         partition_evidence(x, y).log_joint, rel=1e-6)
 
 
 def test_partitions_are_the_same_whatever_their_groups_names():
     x, y = _blobs()
-    trainer = _trainer_at(x, y)
+    search = _trainer_at(x, y)
     labels = torch.as_tensor(y)
-    assert same_partition(trainer.ctx, (labels, 3), ((labels + 1) % 3, 3))
-    assert same_partition(trainer.ctx, (labels, 3), (2 * labels, 5))  # groups 1 and 3 empty
+    assert same_partition(search.ctx, (labels, 3), ((labels + 1) % 3, 3))
+    assert same_partition(search.ctx, (labels, 3), (2 * labels, 5))  # groups 1 and 3 empty
     moved = labels.clone()
     moved[0] = 1  # one row to another group
-    assert not same_partition(trainer.ctx, (labels, 3), (moved, 3))
-    assert not same_partition(trainer.ctx, (labels, 3), (torch.where(labels == 2, 1, labels), 2))
-    assert not same_partition(trainer.ctx, (torch.where(labels == 2, 1, labels), 2), (labels, 3))
+    assert not same_partition(search.ctx, (labels, 3), (moved, 3))
+    assert not same_partition(search.ctx, (labels, 3), (torch.where(labels == 2, 1, labels), 2))
+    assert not same_partition(search.ctx, (torch.where(labels == 2, 1, labels), 2), (labels, 3))
 
 
 def test_a_settled_partition_that_joins_two_blobs_is_replaced_by_a_better_one():
@@ -63,22 +63,22 @@ def test_a_settled_partition_that_joins_two_blobs_is_replaced_by_a_better_one():
     clusters that the model scores far higher is one k-means run away."""
     x, y = _blobs()
     bad = np.where(y == 2, 1 + (x[:, 0] > np.median(x[y == 2, 0])), 0)
-    trainer = _trainer_at(x, bad)
+    search = _trainer_at(x, bad)
     before = partition_evidence(x, bad).log_joint
-    chosen = _polish(trainer)
+    chosen = _polish(search)
     assert chosen is not None
-    trainer.initialize(chosen)
-    after = _final_labels(trainer)
-    assert trainer.n_clusters == 3
+    search.initialize(chosen)
+    after = _final_labels(search)
+    assert search.n_clusters == 3
     assert clustering_scores(y, after)["nmi"] == pytest.approx(1.0)
     assert partition_evidence(x, after).log_joint > before + 100
 
 
 def test_the_best_partition_is_kept():
     x, y = _blobs()
-    trainer = _trainer_at(x, y)
-    assert _polish(trainer) is None
-    np.testing.assert_array_equal(_final_labels(trainer), y)
+    search = _trainer_at(x, y)
+    assert _polish(search) is None
+    np.testing.assert_array_equal(_final_labels(search), y)
 
 
 @pytest.mark.slow

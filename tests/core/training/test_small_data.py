@@ -69,12 +69,12 @@ def test_distil_fits_the_net_to_the_targets_and_stops_when_it_does():
 def test_the_search_is_exact_em_up_to_max_rows(max_rows, small):
     x, _ = make_blobs(600, centers=4, n_features=2, cluster_std=0.4, random_state=2)
     config = Config().with_overrides({"small_data.max_rows": max_rows, "schedule.max_epochs": 60})
-    trainer = start_fit(config, torch.tensor(x, dtype=torch.float32))
-    assert isinstance(trainer, ExactEM) is small
-    assert trainer.schedule.schedule.move_every == (2 if small else 4)
-    trainer.fit()
-    assert trainer.n_clusters == 4
-    last = trainer.history[-1]
+    search = start_fit(config, torch.tensor(x, dtype=torch.float32))
+    assert isinstance(search, ExactEM) is small
+    assert search.schedule.schedule.move_every == (2 if small else 4)
+    search.fit()
+    assert search.n_clusters == 4
+    last = search.history[-1]
     assert ("distil_steps" in last) is small
     if small:  # the net learned the clusters the search found
         assert last["distil_agreement"] >= 0.99
@@ -85,13 +85,13 @@ def test_an_em_epoch_is_an_m_step_of_em():
     responsibilities: the means move to the responsibility-weighted means (up to the prior)."""
     x, _ = make_blobs(900, centers=3, n_features=2, cluster_std=0.5, random_state=3)
     config = Config().with_overrides({"init.n_clusters": 3})
-    trainer = start_fit(config, torch.tensor(x, dtype=torch.float32))
-    trainer.initialize()
-    assert isinstance(trainer, ExactEM)
-    soft, _, losses = trainer.run_epoch()  # the net's step leaves the statistics of the targets as they are
-    log_p = trainer.mixture.weighted_log_prob(trainer.x).double()
+    search = start_fit(config, torch.tensor(x, dtype=torch.float32))
+    search.initialize()
+    assert isinstance(search, ExactEM)
+    soft, _, losses = search.run_epoch()  # the net's step leaves the statistics of the targets as they are
+    log_p = search.mixture.weighted_log_prob(search.x).double()
     resp = torch.softmax(log_p, 1)
     np.testing.assert_allclose(soft.n.numpy(), resp.sum(0).numpy(), rtol=1e-5)
     np.testing.assert_allclose((soft.s1 / soft.n[:, None]).numpy(),
-                               ((resp.T @ trainer.x.double()) / resp.sum(0)[:, None]).numpy(), atol=1e-5)
+                               ((resp.T @ search.x.double()) / resp.sum(0)[:, None]).numpy(), atol=1e-5)
     assert losses["loss_subcluster"] > 0

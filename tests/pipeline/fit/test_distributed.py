@@ -1,8 +1,8 @@
-"""The distributed trainer over real gloo process groups (2 processes, no Ray).
+"""The distributed search over real gloo process groups (2 processes, no Ray).
 
 Each test spawns two ranks with ``torch.multiprocessing`` and a file-store rendezvous,
 runs :class:`~deepdpm_core.training.search.Search` with :class:`TorchDistCommunicator` and
-DDP-wrapped nets, and compares with the same trainer in this process (W = 1).
+DDP-wrapped nets, and compares with the same search in this process (W = 1).
 """
 
 from __future__ import annotations
@@ -86,31 +86,31 @@ def _first_epoch_stats(rank: int, world: int, x: np.ndarray, configs: list[Confi
 def _stats_pass(rank: int, world: int, x: np.ndarray, config: Config):
     """Statistics of the first epoch's pass over the data, reduced over ranks."""
     part = x[slice(*rank_rows(len(x), rank, world))]
-    trainer = _trainer(config, part, distributed=world > 1)
-    trainer.initialize()
-    comm = trainer.comm
+    search = _trainer(config, part, distributed=world > 1)
+    search.initialize()
+    comm = search.comm
     calls, sent = getattr(comm, "all_reduce_calls", 0), getattr(comm, "all_reduce_bytes", 0)
-    soft, sub, losses = trainer.run_epoch()
+    soft, sub, losses = search.run_epoch()
     traffic = (getattr(comm, "all_reduce_calls", 0) - calls, getattr(comm, "all_reduce_bytes", 0) - sent)
-    return soft.flat().numpy(), sub.flat().numpy(), losses, trainer.state.means.numpy(), traffic
+    return soft.flat().numpy(), sub.flat().numpy(), losses, search.state.means.numpy(), traffic
 
 
 def _fit(rank: int, world: int, parts: list[np.ndarray], config: Config):
-    trainer = _trainer(config, parts[rank], distributed=True)
-    trainer.fit()
-    trainer.check_consistency()
-    return trainer.history, trainer.checksum()
+    search = _trainer(config, parts[rank], distributed=True)
+    search.fit()
+    search.check_consistency()
+    return search.history, search.checksum()
 
 
 def _diverge(rank: int, world: int, x: np.ndarray, config: Config):
-    trainer = _trainer(config, x[slice(*rank_rows(len(x), rank, world))], distributed=True)
-    trainer.initialize()
-    trainer.step_epoch()
-    trainer.check_consistency()  # identical so far
+    search = _trainer(config, x[slice(*rank_rows(len(x), rank, world))], distributed=True)
+    search.initialize()
+    search.step_epoch()
+    search.check_consistency()  # identical so far
     if rank == 1:
-        trainer.state.means[0, 0] += 1e-3
+        search.state.means[0, 0] += 1e-3
     try:
-        trainer.check_consistency()
+        search.check_consistency()
     except RuntimeError as exc:
         return str(exc)
     return None
@@ -118,15 +118,15 @@ def _diverge(rank: int, world: int, x: np.ndarray, config: Config):
 
 def _resume(rank: int, world: int, x: np.ndarray, state: dict, config: Config):
     part = x[slice(*rank_rows(len(x), rank, world))]
-    trainer = start_fit(config, part, comm=TorchDistCommunicator(), wrap=ddp_wrapper(), state=state)
+    search = start_fit(config, part, comm=TorchDistCommunicator(), wrap=ddp_wrapper(), state=state)
     for _ in range(3):
-        trainer.step_epoch()
-    trainer.check_consistency()
+        search.step_epoch()
+    search.check_consistency()
     try:  # other data than the checkpoint's: refused on every rank alike
         start_fit(config, part[: len(part) // 2], comm=TorchDistCommunicator(), state=state)
     except Exception as exc:  # noqa: BLE001
         refused = f"{type(exc).__name__}: {exc}"
-    return trainer.history, trainer.n_clusters, refused
+    return search.history, search.n_clusters, refused
 
 
 # ------------------------------------------------------------------------ tests

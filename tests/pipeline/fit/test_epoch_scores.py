@@ -96,5 +96,5 @@ def test_scored_rows_are_a_fixed_labelled_subsample():
     assert EpochLabelScores.for_labels(X, None) is None
     assert EpochLabelScores.for_labels(X, np.full(20, -1)) is None
     record = {"epoch": 0}
-    EpochLabelScores(X, labels)(record)  # not bound to a trainer yet: nothing to score
+    EpochLabelScores(X, labels)(record)  # not bound to a search yet: nothing to score
     assert record == {"epoch": 0}

@@ -13,7 +13,7 @@ from deepdpm_core.data import clustering_scores, readonly_tensor
 from deepdpm_core.model import FittedModel
 from deepdpm_core.training import start_fit
 from pipeline.fit.epoch_scores import EpochLabelScores
-from pipeline.fit.runner import TrainerModel
+from pipeline.fit.runner import SearchPredictor
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +38,12 @@ def test_epoch_scores_follow_the_partition_not_the_untrained_net(wine):
     """A small-data fit trains its clustering net only once K has settled: the scores of
     the epochs before must not be those of the untrained net (flat, then a jump)."""
     X, y = wine
-    trainer = start_fit(Config(), readonly_tensor(X))
+    search = start_fit(Config(), readonly_tensor(X))
     scores = EpochLabelScores(X, y)
-    scores.bind(TrainerModel(trainer))
-    trainer.fit(callbacks=[scores])
-    history = trainer.history
-    final = clustering_scores(y, FittedModel.from_trainer(trainer).predict_assignments(
+    scores.bind(SearchPredictor(search))
+    search.fit(callbacks=[scores])
+    history = search.history
+    final = clustering_scores(y, FittedModel.from_search(search).predict_assignments(
         readonly_tensor(X))[0].numpy())
     assert history[-1]["nmi"] == pytest.approx(final["nmi"])  # the report's Result
     settled = max(i for i in range(1, len(history))
