@@ -107,10 +107,10 @@ def stop_on(stop: StopRequest) -> EpochCallback:
 
 
 def every(search: Search, epochs: int, action: Callable[[Search], None], last: bool = False) -> list[EpochCallback]:
-    """A callback running ``action(search)`` after every ``epochs``-th epoch (none for 0)
-    but the last, and after the last too if ``last`` (a checkpoint is not written there:
-    the fit's outputs follow; a consistency check is, as that epoch pruned the clusters
-    that own no point)."""
+    """The callback running ``action(search)`` after every ``epochs``-th epoch but the
+    last, and after the last too if ``last`` (a checkpoint is not written there: the fit's
+    outputs follow; a consistency check is, as that epoch pruned the clusters that own no
+    point), as a list: empty for ``epochs`` 0."""
     def maybe(record: dict) -> None:
         if (last and search.finished) or (not search.finished and search.epoch % epochs == 0):
             action(search)
