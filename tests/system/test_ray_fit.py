@@ -150,7 +150,7 @@ def test_two_workers_find_the_true_k_as_one_process_does(two_worker_run, data, t
         assert len(runs) == 1 and runs[0][1] == "FINISHED"
         steps = con.execute("select step from metrics where key = 'n_clusters'").fetchall()
         workers = con.execute("select value from params where key = 'num_workers'").fetchall()
-    assert sorted(s for (s,) in steps) == list(range(s2["epochs"]))
+    assert sorted(s for (s,) in steps) == list(range(1, s2["epochs"] + 1))
     assert workers == [("2",)]
 
 
