@@ -119,18 +119,34 @@ class NIWPosterior:
 
 def posterior(prior: NIWPrior, stats: SuffStats) -> NIWPosterior:
     """NIW posterior for every row of ``stats`` (module docstring, updates 1–4)."""
-    m0 = prior.m0.to(stats.s1)
     kn = prior.kappa + stats.n
     mn = posterior_mean(prior, stats)
-    nun = prior.nu + stats.n
-    # one (R, D, D) buffer (at R = 3000, D = 128 it is 0.4 GB). Symmetric when s2 is: the
-    # outer product is a_i a_j with a = √κn mn on both sides, so no symmetrising pass
+    return NIWPosterior(kn, mn, prior.nu + stats.n, _posterior_scale(prior, stats, kn, mn))
+
+
+def _posterior_scale(prior: NIWPrior, stats: SuffStats, kn: Tensor, mn: Tensor) -> Tensor:
+    """Λn of every row (module docstring, update 4), (R, D, D): one new buffer (at R =
+    3000, D = 128 it is 0.4 GB), which :func:`map_estimate` divides in place."""
+    m0 = prior.m0.to(stats.s1)
+    # symmetric when s2 is: the outer product is a_i a_j with a = √κn mn on both sides, so
+    # no symmetrising pass
     scale = stats.s2 + (prior.scale.to(stats.s2) + prior.kappa * torch.outer(m0, m0))
     if prior.floor is not None:  # + n·diag(δ)
         scale.diagonal(dim1=-2, dim2=-1).add_(stats.n[:, None] * prior.floor.to(stats.s2)[None, :])
     a = kn.sqrt()[:, None] * mn
-    scale.baddbmm_(a[:, :, None], a[:, None, :], alpha=-1.0)  # − κn mn mnᵀ
-    return NIWPosterior(kn, mn, nun, scale)
+    return scale.baddbmm_(a[:, :, None], a[:, None, :], alpha=-1.0)  # − κn mn mnᵀ
+
+
+def _posterior_scale_diagonal(prior: NIWPrior, stats: SuffStats, kn: Tensor, mn: Tensor) -> Tensor:
+    """The diagonal of :func:`_posterior_scale` from the statistics' diagonals, (R, D):
+    the same arithmetic per element, without the (R, D, D) matrices (a diagonal prior
+    reads nothing else)."""
+    m0 = prior.m0.to(stats.s1)
+    diag = stats.s2.diagonal(dim1=-2, dim2=-1) + (prior.scale.diagonal().to(m0) + prior.kappa * (m0 * m0))
+    if prior.floor is not None:
+        diag = diag + stats.n[:, None] * prior.floor.to(m0)[None, :]
+    a = kn.sqrt()[:, None] * mn
+    return diag - a * a
 
 
 def posterior_mean(prior: NIWPrior, stats: SuffStats) -> Tensor:
@@ -152,26 +168,27 @@ def log_marginal_likelihood(prior: NIWPrior, stats: SuffStats) -> Tensor:
     -------
     Tensor of shape (R,), float64
     """
-    post = posterior(prior, stats)
     d = prior.dim
+    kn, nun = prior.kappa + stats.n, prior.nu + stats.n
+    mn = posterior_mean(prior, stats)
     if prior.diagonal:  # D one-dimensional models (D = 1 in every term), summed
         lam0 = prior.scale.diagonal().to(stats.s2)
-        lamn = post.scale.diagonal(dim1=-2, dim2=-1)
+        lamn = _posterior_scale_diagonal(prior, stats, kn, mn)
         return (
             -0.5 * stats.n * d * math.log(math.pi)
-            + d * (torch.lgamma(post.nu / 2.0) - math.lgamma(prior.nu / 2.0))
+            + d * (torch.lgamma(nun / 2.0) - math.lgamma(prior.nu / 2.0))
             + 0.5 * prior.nu * torch.log(lam0).sum()
-            - 0.5 * post.nu * torch.log(lamn).sum(-1)
-            + 0.5 * d * (math.log(prior.kappa) - torch.log(post.kappa))
+            - 0.5 * nun * torch.log(lamn).sum(-1)
+            + 0.5 * d * (math.log(prior.kappa) - torch.log(kn))
         )
     logdet0 = logdet_spd(prior.scale.to(stats.s2))
     return (
         -0.5 * stats.n * d * math.log(math.pi)
-        + torch.special.multigammaln(post.nu / 2.0, d)
+        + torch.special.multigammaln(nun / 2.0, d)
         - torch.special.multigammaln(torch.tensor(prior.nu / 2.0, dtype=torch.float64), d)
         + 0.5 * prior.nu * logdet0
-        - 0.5 * post.nu * logdet_spd(post.scale)
-        + 0.5 * d * (math.log(prior.kappa) - torch.log(post.kappa))
+        - 0.5 * nun * logdet_spd(_posterior_scale(prior, stats, kn, mn))
+        + 0.5 * d * (math.log(prior.kappa) - torch.log(kn))
     )
 
 
@@ -183,11 +200,11 @@ def map_estimate(prior: NIWPrior, stats: SuffStats) -> tuple[Tensor, Tensor]:
     means : Tensor of shape (R, D)
     covariances : Tensor of shape (R, D, D)
     """
-    post = posterior(prior, stats)
+    kn, nun = prior.kappa + stats.n, prior.nu + stats.n
+    mn = posterior_mean(prior, stats)
     if prior.diagonal:  # per feature: λn / (νn + 1 + 2)
-        var = post.scale.diagonal(dim1=-2, dim2=-1) / (post.nu + 3.0)[:, None]
-        return post.mean, torch.diag_embed(var)
-    return post.mean, post.scale.div_((post.nu + prior.dim + 2.0)[:, None, None])
+        return mn, torch.diag_embed(_posterior_scale_diagonal(prior, stats, kn, mn) / (nun + 3.0)[:, None])
+    return mn, _posterior_scale(prior, stats, kn, mn).div_((nun + prior.dim + 2.0)[:, None, None])
 
 
 def log_split_hastings(
