@@ -18,7 +18,7 @@ from deepdpm_core.moves.proposals import MovePlan
 from deepdpm_core.nets import (
     ClusterNet,
     SubclusterNets,
-    axis_aligned_subnet,
+    axis_aligned_subnets,
     cluster_row_map,
     new_row_of,
     reindex_rows,
@@ -70,7 +70,7 @@ def reset_subclusters(state: MixtureState, nets: Nets, ks: Tensor, generator: to
 def init_subnet_rows(nets: Nets, ks: Tensor, centers: Tensor, directions: Tensor, spreads: Tensor,
                      generator: torch.Generator) -> None:
     """Set subnets ``ks`` to split their clusters at ``centers`` along ``directions``
-    (:func:`~deepdpm_core.nets.axis_aligned_subnet`), with zero Adam moments.
+    (:func:`~deepdpm_core.nets.axis_aligned_subnets`), with zero Adam moments.
 
     Parameters
     ----------
@@ -80,17 +80,15 @@ def init_subnet_rows(nets: Nets, ks: Tensor, centers: Tensor, directions: Tensor
     spreads : Tensor of shape (n,)
     generator : torch.Generator
     """
+    if ks.numel() == 0:
+        return
     sub = nets.sub
     # the draws on the CPU (one generator stream, in row order), then one write per tensor
-    centers, directions, spreads = centers.cpu(), directions.cpu(), spreads.cpu().tolist()
-    fresh = [axis_aligned_subnet(sub.dim, sub.hidden_size, centers[i], directions[i], spreads[i], generator)
-             for i in range(len(spreads))]
-    if not fresh:
-        return
+    fresh = axis_aligned_subnets(sub.dim, sub.hidden_size, centers, directions, spreads, generator)
     rows = ks.to(sub.w1.device)
     with torch.no_grad():
-        for p, values in zip((sub.w1, sub.b1, sub.w2, sub.b2), zip(*fresh, strict=True), strict=True):
-            p[rows] = torch.stack(values).to(p)
+        for p, values in zip((sub.w1, sub.b1, sub.w2, sub.b2), fresh, strict=True):
+            p[rows] = values.to(p)
             st = nets.opt_sub.state.get(p)
             for key in ("exp_avg", "exp_avg_sq"):
                 if st and key in st:

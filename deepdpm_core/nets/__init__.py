@@ -4,13 +4,13 @@ from deepdpm_core.nets.losses import slot_kl
 from deepdpm_core.nets.networks import (
     ClusterNet,
     SubclusterNets,
-    axis_aligned_subnet,
+    axis_aligned_subnets,
     cluster_row_map,
     new_row_of,
     reindex_rows,
 )
 
 __all__ = [
-    "axis_aligned_subnet", "cluster_row_map", "ClusterNet", "new_row_of", "reindex_rows",
+    "axis_aligned_subnets", "cluster_row_map", "ClusterNet", "new_row_of", "reindex_rows",
     "slot_kl", "SubclusterNets"
 ]

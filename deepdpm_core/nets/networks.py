@@ -180,30 +180,44 @@ def cluster_blocks(z: Tensor, n_clusters: int, fixed_shape: bool = False) -> tup
     return block, slot, overflow, cap
 
 
-def axis_aligned_subnet(
-    dim: int, hidden: int, center: Tensor, direction: Tensor, spread: float, generator: torch.Generator
+def axis_aligned_subnets(
+    dim: int, hidden: int, centers: Tensor, directions: Tensor, spreads: Tensor, generator: torch.Generator
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Data-free initial weights of one subclustering net splitting along ``direction``.
+    """Data-free initial weights of n subclustering nets, net i splitting along ``directions[i]``.
 
     Two hidden units compute relu(±(x − c)·v / spread), each driving one subcluster's
-    logit, so the net starts out halving the cluster along ``direction``; the other units
+    logit, so the net starts out halving its cluster along its direction; the other units
     start small and random. A function of the parameters only: the same on every rank.
+    The random values of all nets are one draw, each net's w1 then w2 in net order: the
+    values of drawing them net by net, without a draw and a dozen small operators per
+    net (at K = 1,000 about 350 subclusters restart in an epoch).
+
+    Parameters
+    ----------
+    dim, hidden : int
+    centers, directions : Tensor of shape (n, D)
+    spreads : Tensor of shape (n,)
+    generator : torch.Generator
+        A CPU generator.
 
     Returns
     -------
-    w1 (D, H), b1 (H,), w2 (H, 2), b2 (2,)
+    w1 (n, D, H), b1 (n, H), w2 (n, H, 2), b2 (n, 2), float32, on the CPU
     """
-    v = direction.to(torch.float32) / spread
-    c = center.to(torch.float32)
-    w1 = (torch.rand(dim, hidden, generator=generator) * 2 - 1) * (0.1 / math.sqrt(dim))
-    b1 = torch.zeros(hidden)
-    w2 = (torch.rand(hidden, 2, generator=generator) * 2 - 1) * (0.1 / math.sqrt(hidden))
-    b2 = torch.zeros(2)
-    if hidden >= 2:
-        w1[:, 0], b1[0] = v, -(v @ c)
-        w1[:, 1], b1[1] = -v, v @ c
-        w2[0, 0], w2[1, 1] = 2.0, 2.0
-        w2[0, 1], w2[1, 0] = 0.0, 0.0
+    n = centers.shape[0]
+    v = directions.cpu().to(torch.float32) / spreads.cpu().to(torch.float32)[:, None]
+    c = centers.cpu().to(torch.float32)
+    draws = torch.rand(n, dim * hidden + hidden * 2, generator=generator) * 2 - 1
+    w1 = draws[:, : dim * hidden].reshape(n, dim, hidden) * (0.1 / math.sqrt(dim))
+    w2 = draws[:, dim * hidden :].reshape(n, hidden, 2) * (0.1 / math.sqrt(hidden))
+    b1, b2 = torch.zeros(n, hidden), torch.zeros(n, 2)
+    if hidden >= 2 and n:
+        # one dot product per net: a batched product would sum in another order
+        offset = torch.stack([v[i] @ c[i] for i in range(n)])
+        w1[:, :, 0], b1[:, 0] = v, -offset
+        w1[:, :, 1], b1[:, 1] = -v, offset
+        w2[:, 0, 0], w2[:, 1, 1] = 2.0, 2.0
+        w2[:, 0, 1], w2[:, 1, 0] = 0.0, 0.0
     return w1, b1, w2, b2
 
 

@@ -1,17 +1,22 @@
 """Batched subcluster nets and split/merge surgery."""
 
 import copy
+import math
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from deepdpm_core.config import Config
 from deepdpm_core.data import make_mixture
-from deepdpm_core.moves import MovePlan
+from deepdpm_core.moves import MovePlan, Nets
+from deepdpm_core.moves.surgery import init_subnet_rows
 from deepdpm_core.nets import SubclusterNets
 from deepdpm_core.nets import networks as nets
 from deepdpm_core.training import start_fit
+from deepdpm_core.training.batching import adam
 
 
 def test_batched_subnets_equal_per_cluster_mlps():
@@ -35,6 +40,51 @@ def test_batched_subnets_equal_per_cluster_mlps():
     # a DDP rank whose rows ran out must still produce (zero) gradients for every weight
     for grad in torch.autograd.grad(empty.sum(), list(net.parameters())):
         assert not grad.any()
+
+
+class _Ops(TorchDispatchMode):
+    """The operators called while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.called = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.called[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _axis_aligned_reference(dim, hidden, center, direction, spread, generator):
+    """One restarted subnet as its formula says, its random values drawn alone."""
+    v, c = direction.to(torch.float32) / spread, center.to(torch.float32)
+    w1 = (torch.rand(dim, hidden, generator=generator) * 2 - 1) * (0.1 / math.sqrt(dim))
+    w2 = (torch.rand(hidden, 2, generator=generator) * 2 - 1) * (0.1 / math.sqrt(hidden))
+    b1, b2 = torch.zeros(hidden), torch.zeros(2)
+    w1[:, 0], b1[0], w1[:, 1], b1[1] = v, -(v @ c), -v, v @ c
+    w2[0] = torch.tensor([2.0, 0.0])
+    w2[1] = torch.tensor([0.0, 2.0])
+    return w1, b1, w2, b2
+
+
+def test_restarted_subnets_are_drawn_at_once_with_the_values_of_one_at_a_time():
+    """Restarting n subnets draws their random weights in one call (not 2n), and every
+    net gets what drawing the nets in turn from the same stream gives, to the bit."""
+    d, h, k = 12, 6, 40
+    g = torch.Generator().manual_seed(0)
+    sub = SubclusterNets(d, h, k, g)
+    moves = Nets(None, sub, None, adam(sub.parameters(), 1e-3))
+    ks = torch.tensor([3, 0, 17, 39, 8])
+    centers = torch.randn(5, d, generator=g, dtype=torch.float64)
+    directions = torch.nn.functional.normalize(torch.randn(5, d, generator=g, dtype=torch.float64), dim=1)
+    spreads = torch.rand(5, generator=g, dtype=torch.float64) + 0.5
+    with _Ops() as ops:
+        init_subnet_rows(moves, ks, centers, directions, spreads, torch.Generator().manual_seed(7))
+    assert ops.called["rand"] == 1
+    stream = torch.Generator().manual_seed(7)
+    for i, k in enumerate(ks.tolist()):
+        ref = _axis_aligned_reference(d, h, centers[i], directions[i], float(spreads[i]), stream)
+        for p, r in zip((sub.w1, sub.b1, sub.w2, sub.b2), ref, strict=True):
+            assert torch.equal(p.detach()[k], r)
 
 
 def test_cluster_blocks_hold_one_cluster_each_and_at_most_twice_the_rows():
