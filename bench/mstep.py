@@ -1,7 +1,7 @@
 """Seconds of one M-step at K clusters in D dimensions (1,000 clusters of 128-D: ImageNet at MoCo's size).
 
 Usage: OMP_NUM_THREADS=2 python bench/mstep.py --k 1000 --d 128 [--n 128000] [--reps 3]
-       [--device auto|cpu|cuda] [--json OUT.json]
+       [--device auto|cpu|cuda] [--set KEY=VALUE ...] [--json OUT.json]
 
 A Search is set up on a generated mixture of K clusters (``make_mixture``, N rows),
 initialised from the true labels (no k-means), and given the hard statistics of those
@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from deepdpm_core.bayes import map_estimate, posterior_mean  # noqa: E402
-from deepdpm_core.config import Config  # noqa: E402
+from deepdpm_core.config import Config, parse_overrides  # noqa: E402
 from deepdpm_core.data import make_mixture  # noqa: E402
 from deepdpm_core.runtime import device_clock  # noqa: E402
 from deepdpm_core.training import start_fit  # noqa: E402
@@ -49,10 +49,12 @@ def best_of(fn: Callable[[], object], reps: int, device: torch.device) -> float:
     return min(times)
 
 
-def time_mstep(n: int, d: int, k: int, reps: int, device: str, seed: int = 0) -> dict:
-    """Seconds of the M-step and its parts at K = ``k`` in ``d`` dimensions (module docstring)."""
+def time_mstep(n: int, d: int, k: int, reps: int, device: str, seed: int = 0,
+               overrides: dict | None = None) -> dict:
+    """Seconds of the M-step and its parts at K = ``k`` in ``d`` dimensions (module docstring),
+    with the config ``overrides`` (e.g. ``prior.covariance_type``)."""
     x, y = make_mixture(n, d, k, random_state=seed)
-    cfg = Config().with_overrides({"seed": seed, "device": device, "small_data.max_rows": 0})
+    cfg = Config().with_overrides({"seed": seed, "device": device, "small_data.max_rows": 0, **(overrides or {})})
     search = start_fit(cfg, torch.from_numpy(x))
     labels = torch.from_numpy(y).to(search.device)
     search.initialize(labels)
@@ -90,10 +92,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config overrides, e.g. prior.covariance_type=auto")
     ap.add_argument("--json", type=Path, help="write the result here")
     args = ap.parse_args()
+    overrides = parse_overrides(args.set)
     t = time.perf_counter()
-    out = time_mstep(args.n or 128 * args.k, args.d, args.k, args.reps, args.device, args.seed)
+    out = time_mstep(args.n or 128 * args.k, args.d, args.k, args.reps, args.device, args.seed, overrides)
+    out["overrides"] = overrides
     out["bench_seconds"] = time.perf_counter() - t
     print(f"M-step at K = {out['k']}, D = {out['d']} on {out['device']} ({out['threads']} threads): "
           f"{out['mstep_seconds']:.3f} s; parts: "

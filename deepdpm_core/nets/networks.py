@@ -190,7 +190,7 @@ def axis_aligned_subnets(
     start small and random. A function of the parameters only: the same on every rank.
     The random values of all nets are one draw, each net's w1 then w2 in net order: the
     values of drawing them net by net, without a draw and a dozen small operators per
-    net (at K = 1,000 about 350 subclusters restart in an epoch).
+    net (in `bench/scale.py`'s epoch at K = 1,000, 350 subclusters restart).
 
     Parameters
     ----------
