@@ -161,6 +161,35 @@ def logdet_spd(mat: Tensor) -> Tensor:
     return 2.0 * torch.log(chol.diagonal(dim1=-2, dim2=-1)).sum(-1)
 
 
+#: elements of the posterior scales built and factored at a time on the CPU by
+#: :func:`_posterior_logdet`
+LOGDET_BLOCK_ELEMS = 1 << 18
+
+
+def _posterior_logdet(prior: NIWPrior, stats: SuffStats, kn: Tensor, mn: Tensor) -> Tensor:
+    """ln|Λn| of every row, (R,), to the bits of :func:`logdet_spd` of :func:`_posterior_scale`.
+
+    Only the factors' diagonals are read, so on the CPU each block of rows
+    (:data:`LOGDET_BLOCK_ELEMS`) is built and factored in memory that is reused, not in two
+    new (R, D, D) buffers: at the 3K rows of a split round at K = 1,000, D = 128 those were
+    0.8 GB of fresh pages. A block that is numerically singular falls back to the whole
+    batch, whose retry jitters every matrix (:func:`~deepdpm_core.bayes.linalg.cholesky_jittered`).
+    """
+    r, d = stats.n.shape[0], stats.dim
+    if stats.s2.device.type != "cpu" or r * d * d <= LOGDET_BLOCK_ELEMS:
+        return logdet_spd(_posterior_scale(prior, stats, kn, mn))
+    step = max(1, LOGDET_BLOCK_ELEMS // (d * d))
+    out = torch.empty(r, dtype=stats.s2.dtype)
+    for s in range(0, r, step):
+        e = min(s + step, r)
+        block = SuffStats(stats.n[s:e], stats.s1[s:e], stats.s2[s:e])
+        chol, info = torch.linalg.cholesky_ex(_posterior_scale(prior, block, kn[s:e], mn[s:e]))
+        if bool((info > 0).any()):
+            return logdet_spd(_posterior_scale(prior, stats, kn, mn))
+        out[s:e] = 2.0 * torch.log(chol.diagonal(dim1=-2, dim2=-1)).sum(-1)
+    return out
+
+
 def log_marginal_likelihood(prior: NIWPrior, stats: SuffStats) -> Tensor:
     """ln f(X_r; λ) for every row r of ``stats`` (module docstring).
 
@@ -187,7 +216,7 @@ def log_marginal_likelihood(prior: NIWPrior, stats: SuffStats) -> Tensor:
         + torch.special.multigammaln(nun / 2.0, d)
         - torch.special.multigammaln(torch.tensor(prior.nu / 2.0, dtype=torch.float64), d)
         + 0.5 * prior.nu * logdet0
-        - 0.5 * nun * logdet_spd(_posterior_scale(prior, stats, kn, mn))
+        - 0.5 * nun * _posterior_logdet(prior, stats, kn, mn)
         + 0.5 * d * (math.log(prior.kappa) - torch.log(kn))
     )
 
