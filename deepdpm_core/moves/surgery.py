@@ -32,17 +32,19 @@ class Nets:
     """The clustering net, the K subclustering nets and their optimisers.
 
     Surgery replaces parameters inside the modules and moves their optimiser state along,
-    so these four objects stay the same through every move.
+    so these objects stay the same through every move. ``sub`` and ``opt_sub`` are None in
+    a search that trains no subclustering nets (exact EM splits each cluster at the nearer
+    subcluster mean); surgery then moves the subcluster parameters alone.
     """
 
     cluster: ClusterNet
-    sub: SubclusterNets
+    sub: SubclusterNets | None
     opt_cluster: torch.optim.Optimizer
-    opt_sub: torch.optim.Optimizer
+    opt_sub: torch.optim.Optimizer | None
 
     def parameters(self) -> list[Tensor]:
-        """Both nets' parameters (clustering net first)."""
-        return [*self.cluster.parameters(), *self.sub.parameters()]
+        """The nets' parameters (clustering net first)."""
+        return [*self.cluster.parameters(), *([] if self.sub is None else self.sub.parameters())]
 
 
 def reset_subclusters(state: MixtureState, nets: Nets, ks: Tensor, generator: torch.Generator) -> None:
@@ -80,9 +82,9 @@ def init_subnet_rows(nets: Nets, ks: Tensor, centers: Tensor, directions: Tensor
     spreads : Tensor of shape (n,)
     generator : torch.Generator
     """
-    if ks.numel() == 0:
-        return
     sub = nets.sub
+    if ks.numel() == 0 or sub is None:
+        return
     # the draws on the CPU (one generator stream, in row order), then one write per tensor
     fresh = axis_aligned_subnets(sub.dim, sub.hidden_size, centers, directions, spreads, generator)
     rows = ks.to(sub.w1.device)
@@ -138,11 +140,7 @@ def apply_plan(plan: MovePlan, state: MixtureState, nets: Nets, soft: SuffStats,
     # subclustering nets: fresh nets for the new and the merged clusters
     split_rows = [row for rows in halves.values() for row in rows]
     fresh_rows = sorted(split_rows + [row for row, _, _ in merged])
-    sub_src = src.clone()
-    sub_src[fresh_rows] = -1
-    fresh = nets.sub.fresh(len(fresh_rows), generator)
-    for name, values in zip(("w1", "b1", "w2", "b2"), fresh, strict=True):
-        reindex_rows(nets.sub, name, sub_src, values.to(device), nets.opt_sub)
+    _reindex_subnets(nets, src, fresh_rows, generator)
     reset_subclusters(new, nets, torch.tensor(split_rows, dtype=torch.long, device=device), generator)
     for row, _, _ in merged:  # split the merged cluster along the line between its parts
         axis = new.sub_means[row, 0] - new.sub_means[row, 1]
@@ -203,13 +201,21 @@ def apply_births(state: MixtureState, nets: Nets, rows: list[int], part_stats: S
     with torch.no_grad():
         out.bias[part_rows.to(out.bias.device)] = (old_bias[owner.to(old_bias.device)]
                                                    + share.to(old_bias))
-    sub_src = src.clone()
-    sub_src[part_rows] = -1
-    fresh = nets.sub.fresh(len(part_rows), generator)
-    for name, values in zip(("w1", "b1", "w2", "b2"), fresh, strict=True):
-        reindex_rows(nets.sub, name, sub_src, values.to(device), nets.opt_sub)
+    _reindex_subnets(nets, src, part_rows, generator)
     reset_subclusters(new, nets, part_rows, generator)
     return new, part_rows
+
+
+def _reindex_subnets(nets: Nets, src: Tensor, fresh_rows: list[int] | Tensor, generator: torch.Generator) -> None:
+    """The subclustering nets (if any) follow the row map ``src``, with fresh default nets
+    (drawn from ``generator``) at ``fresh_rows``, their Adam moments zero."""
+    if nets.sub is None:
+        return
+    sub_src = src.clone()
+    sub_src[fresh_rows] = -1
+    fresh = nets.sub.fresh(len(fresh_rows), generator)
+    for name, values in zip(("w1", "b1", "w2", "b2"), fresh, strict=True):
+        reindex_rows(nets.sub, name, sub_src, values.to(src.device), nets.opt_sub)
 
 
 def _moved_state(state: MixtureState, src: Tensor, halves: dict[int, tuple[int, int]],

@@ -47,6 +47,9 @@ class ExactEM(Search):
     schedule_rules = {"warmup_epochs": 1, "move_every": 2}
     #: no nets to wait for: an accepted move freezes nothing
     freeze_epochs = 0
+    #: the subclusters are the nearer-mean halves (:func:`exact_statistics`): no
+    #: subclustering nets to build, reshape or save
+    subnets = False
 
     def statistics(self, candidates: Tensor, resp: Tensor) -> tuple[SuffStats, SuffStats, dict[str, float], float]:
         """One exact EM epoch (:func:`exact_statistics`; collective). The clustering net

@@ -113,21 +113,25 @@ def partition_stats(ctx: FitContext, labels: Tensor, n_groups: int) -> tuple[Suf
     return stats.rows(keep), keep
 
 
-def build_nets(ctx: FitContext, config: Config, k: int, torch_gen: torch.Generator) -> Nets:
-    """Fresh nets for K = ``k`` clusters (from ``torch_gen``) and their optimisers."""
+def build_nets(ctx: FitContext, config: Config, k: int, torch_gen: torch.Generator, subnets: bool) -> Nets:
+    """Fresh nets for K = ``k`` clusters (from ``torch_gen``) and their optimisers; the
+    subclustering nets only if ``subnets``."""
     cluster = ClusterNet(ctx.dim, config.model.hidden, k, torch_gen).to(ctx.device)
+    opt_cluster = adam(cluster.parameters(), ctx.learning_rate(config, config.optim.lr_cluster))
+    if not subnets:
+        return Nets(cluster, None, opt_cluster, None)
     sub = SubclusterNets(ctx.dim, SUB_HIDDEN, k, torch_gen).to(ctx.device)
-    return Nets(cluster, sub, adam(cluster.parameters(), ctx.learning_rate(config, config.optim.lr_cluster)),
-                adam(sub.parameters(), ctx.learning_rate(config, config.optim.lr_subcluster)))
+    return Nets(cluster, sub, opt_cluster, adam(sub.parameters(), ctx.learning_rate(config, config.optim.lr_subcluster)))
 
 
 def start_model(ctx: FitContext, config: Config, prior_fit: PriorFit, rng: np.random.Generator,
-                torch_gen: torch.Generator, init_labels: Tensor | None = None
+                torch_gen: torch.Generator, subnets: bool, init_labels: Tensor | None = None
                 ) -> tuple[MixtureState, Nets, Tensor]:
     """k-means clusters (rank 0, on a sample gathered from all ranks; collective), or the
     hard clusters ``init_labels`` (this rank's rows, int64 (N_local,)), with their MAP
-    parameters under ``prior_fit`` fitted to them (``prior_fit`` refitted), fresh nets and
-    principal-axis subclusters; and each row's cluster, the anchors."""
+    parameters under ``prior_fit`` fitted to them (``prior_fit`` refitted), fresh nets (the
+    subclustering nets only if ``subnets``) and principal-axis subclusters; and each row's
+    cluster, the anchors."""
     z, n_init = initial_clusters(ctx.x, config.init, ctx.n_total, ctx.rank_rows, ctx.comm, rng, init_labels)
     stats, keep = partition_stats(ctx, z, n_init)
     anchors = new_row_of(keep, n_init)[z]
@@ -135,7 +139,7 @@ def start_model(ctx: FitContext, config: Config, prior_fit: PriorFit, rng: np.ra
     means, covs = map_estimate(prior_fit.prior, stats)
     state = MixtureState.without_subclusters(
         means, covs, log_weights_from_counts(stats.n))
-    nets = build_nets(ctx, config, state.n_clusters, torch_gen)
+    nets = build_nets(ctx, config, state.n_clusters, torch_gen, subnets)
     reset_subclusters(state, nets, torch.arange(state.n_clusters, device=ctx.device), torch_gen)
     return state, nets, anchors
 
@@ -143,13 +147,15 @@ def start_model(ctx: FitContext, config: Config, prior_fit: PriorFit, rng: np.ra
 def model_state(state: MixtureState, nets: Nets, rng: np.random.Generator, torch_gen: torch.Generator
                 ) -> dict[str, Any]:
     """The mixture, the nets with their Adam moments, and the generators, as a resume
-    state's entries (tensors on the CPU and plain containers)."""
+    state's entries (tensors on the CPU and plain containers; ``sub_nets`` and ``opt_sub``
+    only where the search has subclustering nets)."""
+    subnets = {} if nets.sub is None else {"sub_nets": {k: v.cpu() for k, v in nets.sub.state_dict().items()},
+                                           "opt_sub": nets.opt_sub.state_dict()}
     return {
         **state.state_dict(),
         "cluster_net": {k: v.cpu() for k, v in nets.cluster.state_dict().items()},
-        "sub_nets": {k: v.cpu() for k, v in nets.sub.state_dict().items()},
         "opt_cluster": nets.opt_cluster.state_dict(),
-        "opt_sub": nets.opt_sub.state_dict(),
+        **subnets,
         "rng": rng.bit_generator.state,
         "torch_gen": torch_gen.get_state(),
     }
@@ -167,17 +173,21 @@ def check_same_data(ctx: FitContext, state: dict[str, Any]) -> None:
 
 
 def restore_model(ctx: FitContext, config: Config, state: dict[str, Any], rng: np.random.Generator,
-                  torch_gen: torch.Generator) -> tuple[MixtureState, Nets]:
+                  torch_gen: torch.Generator, subnets: bool) -> tuple[MixtureState, Nets]:
     """The mixture and the nets of :func:`model_state` output, with their Adam moments,
     on ``ctx``'s device (the learning rate follows this run's global batch); the
-    generators ``rng`` and ``torch_gen`` take their stored states."""
+    subclustering nets only if ``subnets`` (a state that holds them where the search has
+    none, as exact EM wrote them once, loads without them); the generators ``rng`` and
+    ``torch_gen`` take their stored states."""
     mixture = MixtureState.from_state(state, ctx.device)
-    nets = build_nets(ctx, config, mixture.n_clusters, torch_gen)
+    nets = build_nets(ctx, config, mixture.n_clusters, torch_gen, subnets)
     nets.cluster.load_state_dict(state["cluster_net"])
-    nets.sub.load_state_dict(state["sub_nets"])
     optim = config.optim
-    for opt, key, base in ((nets.opt_cluster, "opt_cluster", optim.lr_cluster),
-                           (nets.opt_sub, "opt_sub", optim.lr_subcluster)):
+    optimizers = [(nets.opt_cluster, "opt_cluster", optim.lr_cluster)]
+    if subnets:
+        nets.sub.load_state_dict(state["sub_nets"])
+        optimizers.append((nets.opt_sub, "opt_sub", optim.lr_subcluster))
+    for opt, key, base in optimizers:
         # a copy: Adam keeps the given moment/step tensors and updates them in place
         opt.load_state_dict(copy.deepcopy(state[key]))
         for group in opt.param_groups:

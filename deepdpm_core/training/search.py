@@ -65,9 +65,11 @@ class Search:
     state : MixtureState
         The clusters and subclusters (after :meth:`initialize`).
     nets : Nets
-        The clustering and subclustering nets and their optimisers.
+        The clustering and subclustering nets (none where :attr:`subnets` is false) and
+        their optimisers.
     cluster_model, sub_model : nn.Module
-        The nets as the ranks run them (``ctx.wrap``).
+        The nets as the ranks run them (``ctx.wrap``); ``sub_model`` None without
+        subclustering nets.
     mixture : GaussianMixture
         ``state.mixture()``.
     anchors : Tensor of shape (N_local,), int64, or None
@@ -88,6 +90,8 @@ class Search:
     #: epochs without M-step or moves after an accepted move, while the nets learn the new
     #: clusters (:data:`~deepdpm_core.moves.FREEZE_EPOCHS`)
     freeze_epochs = FREEZE_EPOCHS
+    #: whether the search trains subclustering nets (and so builds, reshapes and saves them)
+    subnets = True
 
     def __init__(self, config: Config, ctx: FitContext) -> None:
         self.config, self.ctx, self.comm = config, ctx, ctx.comm
@@ -115,13 +119,15 @@ class Search:
         ``init_labels`` (this rank's rows, int64 [n]) starts from given hard clusters
         instead of k-means (the AE alternation re-clusters from the previous clusters).
         """
-        self._take(*start_model(self.ctx, self.config, self.prior_fit, self.rng, self.torch_gen, init_labels))
+        self._take(*start_model(self.ctx, self.config, self.prior_fit, self.rng, self.torch_gen, self.subnets,
+                                init_labels))
 
     def _take(self, state: MixtureState, nets: Nets, anchors: Tensor | None) -> None:
         """Go on with these clusters, nets and anchors: the nets wrapped (``ctx.wrap``),
         the mixture refreshed."""
         self.state, self.nets, self.anchors = state, nets, anchors
-        self.cluster_model, self.sub_model = self.ctx.wrap(nets.cluster), self.ctx.wrap(nets.sub)
+        self.cluster_model = self.ctx.wrap(nets.cluster)
+        self.sub_model = None if nets.sub is None else self.ctx.wrap(nets.sub)
         self.mixture = state.mixture()
 
     @property
@@ -341,7 +347,7 @@ class Search:
             self.resumed_from = self.epoch
             self.schedule.restore(state)
             self.prior_fit.restore(state)
-            mixture, nets = restore_model(self.ctx, self.config, state, self.rng, self.torch_gen)
+            mixture, nets = restore_model(self.ctx, self.config, state, self.rng, self.torch_gen, self.subnets)
         except KeyError as exc:  # e.g. a model file, which keeps neither Adam's moments nor the generators
             raise CheckpointError(f"a DeepDPM checkpoint without the key {exc}: not a fit's resume state") from None
         self._take(mixture, nets, None)

@@ -12,6 +12,7 @@ from deepdpm_core.nets import ClusterNet
 from deepdpm_core.runtime import LocalCommunicator
 from deepdpm_core.training import start_fit
 from deepdpm_core.training.exact_em import ExactEM, distil, exact_statistics
+from deepdpm_core.training.fit_context import build_nets, model_state
 
 
 def _state(rng, k, d):
@@ -95,3 +96,28 @@ def test_an_em_epoch_is_an_m_step_of_em():
     np.testing.assert_allclose((soft.s1 / soft.n[:, None]).numpy(),
                                ((resp.T @ search.x.double()) / resp.sum(0)[:, None]).numpy(), atol=1e-5)
     assert losses["loss_subcluster"] > 0
+
+
+def test_exact_em_builds_saves_and_resumes_without_subclustering_nets():
+    x, _ = make_blobs(400, centers=3, n_features=2, cluster_std=0.4, random_state=1)
+    x = torch.tensor(x, dtype=torch.float32)
+    config = Config().with_overrides({"schedule.max_epochs": 8})
+    search = start_fit(config, x)
+    search.initialize()
+    for _ in range(4):
+        search.step_epoch()
+    assert search.nets.sub is None and search.sub_model is None
+    state = search.state_dict()
+    assert not {"sub_nets", "opt_sub"} & set(state)
+    # a state that carries them (as exact EM once wrote) resumes; they are left out
+    old = {**state, **model_state(search.state, build_nets(search.ctx, config, search.n_clusters,
+                                                           torch.Generator().manual_seed(0), True),
+                                  search.rng, search.torch_gen)}
+    old.update({key: state[key] for key in ("rng", "torch_gen")})
+    resumed = start_fit(config, x)
+    resumed.resume(old)
+    assert resumed.nets.sub is None
+    search.fit()
+    resumed.fit()
+    assert [r["n_clusters"] for r in resumed.history] == [r["n_clusters"] for r in search.history]
+    torch.testing.assert_close(resumed.state.means, search.state.means)
