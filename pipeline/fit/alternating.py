@@ -154,13 +154,13 @@ def run_alternating_fit(request: FitRequest, *, fault: FaultHook | None = None) 
             write_parquet_atomic(features_table(result.embedding, table.keys, table.labels),
                                  folder / "embedding.parquet")
 
-        extra = {**outputs.request_extra(request, variance), "alternation": steps_summary,
+        extra = {**outputs.request_extra(request.fit_id, request.columns, variance), "alternation": steps_summary,
                  "stopped_because": result.stopped_because,
                  # the input's columns, not the learned embedding's
                  **({"columns_used": used} if (used := outputs.columns_used(table)) else {})}
         summary = outputs.write_fit_outputs(out, result.clustering, learned, seconds,
                                             request.input, extra=extra, more_outputs=write_encoder,
-                                            replaced=outputs.replaced_entries(request))
+                                            replaced=outputs.replaced_entries(request.resumable))
         if summary["metrics"]:
             parent.log_metrics(summary["metrics"], step=len(result.steps) - 1)
         log_fit_outputs(parent, out, example_rows=X)

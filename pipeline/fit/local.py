@@ -107,12 +107,12 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
                                    lambda t: checkpoints.write_checkpoint(t, out, request.fit_id))
                 fit_seconds = run_epochs(search, [stop_on(stop), *checkpoint, *fault_before_next(search, fault)],
                                          tracker, scores, progress=None if request.quiet else epoch_bar)
-            extra = outputs.request_extra(request, data_variance_summary(search),
+            extra = outputs.request_extra(request.fit_id, request.columns, data_variance_summary(search),
                                           resumed_from=search.resumed_from)
             # looked up in the module at call time: tests/support/fault_harness.py replaces it
             summary = outputs.write_fit_outputs(out, DeepDPM.from_search(search), table,
                                                 fit_seconds, request.input, extra=extra,
-                                                replaced=outputs.replaced_entries(request))
+                                                replaced=outputs.replaced_entries(request.resumable))
         except KeyboardInterrupt as exc:
             # at an epoch's end (or with every epoch done, while the outputs were written)
             # the search is whole; a second Ctrl-C mid-epoch left it half-updated

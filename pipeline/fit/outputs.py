@@ -42,22 +42,20 @@ FIT_STATE = frozenset({"checkpoints", "ray_train", "fit_request.json", "worker_e
                        "stop_requested"})
 
 
-def replaced_entries(request: Any) -> frozenset[str]:
-    """The entries of the output folder that belong to an earlier fit and go when
-    ``request`` (a :class:`~pipeline.fit.request.FitRequest`) publishes: its outputs, and
-    its checkpoints and request unless this fit keeps its own (``resumable``: they were
-    replaced when it started)."""
-    return RUN_OUTPUTS if request.resumable else RUN_OUTPUTS | FIT_STATE
+def replaced_entries(resumable: bool) -> frozenset[str]:
+    """The entries of the output folder that belong to an earlier fit and go when a fit
+    publishes: its outputs, and its checkpoints and request unless the fit keeps its own
+    (``resumable``: they were replaced when it started)."""
+    return RUN_OUTPUTS if resumable else RUN_OUTPUTS | FIT_STATE
 
 
-def request_extra(request: Any, variance: dict[str, float], *, num_workers: int = 1,
-                  resumed_from: int | None = None) -> dict[str, Any]:
-    """What ``summary.json`` keeps of every fit of ``request`` (a
-    :class:`~pipeline.fit.request.FitRequest`) besides the model's answers: its id and
-    columns, its workers, the epoch it resumed from, and the ``variance`` of the rows it
-    fitted (:func:`~pipeline.fit.runner.data_variance_summary`, for the report's
-    diagnostics)."""
-    return {"fit_id": request.fit_id, "columns": request.columns, "num_workers": num_workers,
+def request_extra(fit_id: str | None, columns: dict[str, Any], variance: dict[str, float], *,
+                  num_workers: int = 1, resumed_from: int | None = None) -> dict[str, Any]:
+    """What ``summary.json`` keeps of every fit besides the model's answers: the request's
+    ``fit_id`` and ``columns`` (:class:`~pipeline.fit.request.FitRequest`), its workers,
+    the epoch it resumed from, and the ``variance`` of the rows it fitted
+    (:func:`~pipeline.fit.runner.data_variance_summary`, for the report's diagnostics)."""
+    return {"fit_id": fit_id, "columns": columns, "num_workers": num_workers,
             "resumed_from_epoch": resumed_from, **variance}
 
 

@@ -154,7 +154,7 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
         message = json.loads(error_file.read_text())["error"]
         error_file.unlink()
         raise _rebuild_error(message)
-    publish_run(staging, out, replaced_entries(request))  # a Ray fit is resumable: its outputs
+    publish_run(staging, out, replaced_entries(request.resumable))  # a Ray fit is resumable: its outputs
     prune_checkpoints(out)
     from pipeline.tracking.client_settings import shown_tracking_uri
 

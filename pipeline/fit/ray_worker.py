@@ -212,6 +212,6 @@ def _write_outputs(search: Search, req: FitRequest, staging: Path, fit_seconds: 
     table = read_features(req.input, req.table_columns)
     shutil.rmtree(staging, ignore_errors=True)  # what an attempt that failed left
     write_fit_outputs(staging, DeepDPM.from_search(search), table, fit_seconds, req.input,
-                      extra=request_extra(req, data_variance_summary(search), num_workers=world,
-                                          resumed_from=search.resumed_from), publish=False)
+                      extra=request_extra(req.fit_id, req.columns, data_variance_summary(search),
+                                          num_workers=world, resumed_from=search.resumed_from), publish=False)
     log_fit_outputs(tracker, staging)  # + final_nmi/ari/acc over all labelled rows

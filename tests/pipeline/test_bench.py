@@ -164,3 +164,11 @@ def test_k_levels_finds_the_truth_in_the_hierarchy_of_two_gaussians(tmp_path):
     assert record["components"] == 40 and record["exact_k"] == 2 and record["nmi_at_true_k"] > 0.6
     assert record["elbow_k"] == 2
     assert "| overlap10-2d | 2048 | 2 | 2 | 40 |" in done.stdout
+
+
+def test_a_fits_request_hops_back_between_modules_no_more_than_it_did():
+    # bench/request_hops.py's count: the request's walk from run_fit through the calls that
+    # take it, counting each move back into a module it had left (12 for a local fit)
+    out = _run_json("request_hops.py")
+    assert out["request_frames"] >= 10  # the walk followed the request through the driver
+    assert out["hops_back"] <= 12
