@@ -20,18 +20,10 @@ from deepdpm_core.data import check_features
 from deepdpm_core.errors import ConfigError
 from deepdpm_core.progress_bars import epoch_bar
 from deepdpm_core.training import Search
-from pipeline.fit import checkpoints, outputs
+from pipeline.fit import checkpoints, outputs, runner
 from pipeline.fit.interrupts import FitInterrupted, stop_between_epochs
 from pipeline.fit.request import FitRequest
-from pipeline.fit.runner import (
-    FaultHook,
-    data_variance_summary,
-    every,
-    fault_before_next,
-    run_epochs,
-    start_job,
-    stop_on,
-)
+from pipeline.fit.runner import FaultHook
 
 #: seconds into a fit after which it is tracked live; a shorter fit is tracked once its
 #: outputs are published, without MLflow's start-up (seconds of CPU) slowing its epochs.
@@ -100,14 +92,15 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
     # MLflow starts once the outputs are published, or live after TRACK_LIVE_AFTER_S
     tracker = request.tracker(hold_s=track_live_after_s())
     with tracker:
-        search = start_job(config, table.X, tracker, request.input, state=state)
+        search = runner.start_job(config, table.X, tracker, request.input, state=state)
         try:
             with stop_between_epochs(lambda: search.epoch + 1) as stop:
-                checkpoint = every(search, request.checkpoint_every if request.resumable else 0,
-                                   lambda t: checkpoints.write_checkpoint(t, out, request.fit_id))
-                fit_seconds = run_epochs(search, [stop_on(stop), *checkpoint, *fault_before_next(search, fault)],
-                                         tracker, scores, progress=None if request.quiet else epoch_bar)
-            extra = outputs.request_extra(request.fit_id, request.columns, data_variance_summary(search),
+                checkpoint = runner.every(search, request.checkpoint_every if request.resumable else 0,
+                                          lambda t: checkpoints.write_checkpoint(t, out, request.fit_id))
+                callbacks = [runner.stop_on(stop), *checkpoint, *runner.fault_before_next(search, fault)]
+                fit_seconds = runner.run_epochs(search, callbacks, tracker, scores,
+                                                progress=None if request.quiet else epoch_bar)
+            extra = outputs.request_extra(request.fit_id, request.columns, runner.data_variance_summary(search),
                                           resumed_from=search.resumed_from)
             # looked up in the module at call time: tests/support/fault_harness.py replaces it
             summary = outputs.write_fit_outputs(out, DeepDPM.from_search(search), table,
