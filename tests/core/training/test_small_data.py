@@ -10,8 +10,8 @@ from deepdpm_core.config import Config
 from deepdpm_core.estep import GaussianMixture, MixtureState
 from deepdpm_core.nets import ClusterNet
 from deepdpm_core.runtime import LocalCommunicator
-from deepdpm_core.training import start_fit
-from deepdpm_core.training.exact_em import ExactEM, distil, exact_statistics
+from deepdpm_core.training import exact_em, start_fit
+from deepdpm_core.training.exact_em import ExactEM, distil, distil_sample, exact_statistics
 from deepdpm_core.training.fit_context import build_nets, model_state
 
 
@@ -121,3 +121,26 @@ def test_exact_em_builds_saves_and_resumes_without_subclustering_nets():
     resumed.fit()
     assert [r["n_clusters"] for r in resumed.history] == [r["n_clusters"] for r in search.history]
     torch.testing.assert_close(resumed.state.means, search.state.means)
+
+
+def test_the_net_is_distilled_on_a_sample_of_the_rows_sized_by_k():
+    """Above max(DISTIL_ROWS, DISTIL_ROWS_PER_CLUSTER·K) rows the net is fitted to a uniform
+    sample, each rank its share; below it to every row, drawing nothing."""
+    gen = torch.Generator().manual_seed(0)
+    state = gen.get_state()
+    assert distil_sample([15_000, 5_000], 0, 10, gen) == (slice(None), 20_000)
+    assert torch.equal(gen.get_state(), state)
+    rows, n_rows = distil_sample([60_000, 40_000], 1, 50, gen)
+    assert n_rows == 20_000 and rows.shape == (8_000,) and rows.unique().shape == (8_000,)
+    assert int(rows.max()) < 40_000 and bool((rows[1:] > rows[:-1]).all())
+    assert distil_sample([60_000, 40_000], 0, 400, gen)[1] == 80_000  # 200 rows a cluster
+
+
+def test_a_net_distilled_on_a_sample_places_every_row(monkeypatch):
+    x, _ = make_blobs(3000, centers=4, n_features=2, cluster_std=0.4, random_state=2)
+    monkeypatch.setattr(exact_em, "DISTIL_ROWS", 400)
+    monkeypatch.setattr(exact_em, "DISTIL_ROWS_PER_CLUSTER", 50)
+    search = start_fit(Config().with_overrides({"schedule.max_epochs": 60}), torch.tensor(x, dtype=torch.float32))
+    search.fit()
+    last = search.history[-1]
+    assert search.n_clusters == 4 and last["distil_agreement"] >= 0.99
