@@ -9,7 +9,6 @@ import faiss
 import numpy as np
 import torch
 
-from deepdpm_core.bayes import symmetric_eigh
 from deepdpm_core.config import InitConfig
 from deepdpm_core.runtime import Communicator
 
@@ -161,12 +160,102 @@ def nearest_center(x: Tensor, centers: Tensor, chunk: int = 65536) -> Tensor:
     return out
 
 
+#: Lanczos steps between two looks at the top Ritz value (each look is a small batched eigvalsh)
+LANCZOS_CHECK_EVERY = 6
+#: the Lanczos iteration stops once no top Ritz value grew by more than this share since the last look
+LANCZOS_RTOL = 1e-6
+
+
+def top_eigenpair(matrices: Tensor) -> tuple[Tensor, Tensor]:
+    """The largest eigenvalue of each symmetric positive semi-definite matrix of a batch and
+    a unit vector that attains it (to ``LANCZOS_RTOL``), by Lanczos with full
+    reorthogonalisation.
+
+    Only the top pair is read where clusters split along their principal axis, and a full
+    ``eigh`` of every (D, D) matrix costs far more (350 matrices at D = 128, one thread:
+    docs/benchmarks.md). The Ritz value θ never exceeds λ₁ and grows
+    with every step (Cauchy interlacing); it converges at the Kaniel–Paige rate, and without
+    any gap at least as fast as (ln D / m)² relatively after m steps (Kuczyński–Woźniakowski
+    1992), so near-degenerate top eigenvalues cost no more steps: any unit vector of the
+    near-top eigenspace explains the same variance. The iteration stops when θ has stopped
+    growing by ``LANCZOS_RTOL`` over ``LANCZOS_CHECK_EVERY`` steps, at the latest after D
+    steps, where the Krylov space is the whole space and θ = λ₁ (to the float32 products'
+    ~1e-7, below ``LANCZOS_RTOL``). The start is the column of the largest variance plus the
+    mean column, and the arithmetic is on the host, so every rank and device agree.
+
+    Parameters
+    ----------
+    matrices : Tensor of shape (K, D, D)
+        Symmetric positive semi-definite.
+
+    Returns
+    -------
+    values : Tensor of shape (K,)
+        vᵀ A v of the returned vectors, ≤ λ₁.
+    vectors : Tensor of shape (K, D), unit norm
+    """
+    k, d, _ = matrices.shape
+    a = matrices.detach().to("cpu", torch.float64)
+    q = a[torch.arange(k), :, a.diagonal(dim1=1, dim2=2).argmax(1)] + a.mean(2)
+    q = q / q.norm(dim=1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+    v = torch.zeros(k, d, dtype=a.dtype)
+    # the products A q in float32: they read all of A each step, and float32 halves that
+    a32 = a.float()
+    basis = a.new_empty(k, d, d)  # row j: the j-th Lanczos vector, written at step j
+    alpha, beta = a.new_zeros(k, d), a.new_zeros(k, d)
+    active, last = torch.arange(k), None  # the matrices still iterating; their last top Ritz values
+    for j in range(d):
+        basis[:, j] = q
+        w = torch.bmm(a32, q.float()[:, :, None]).squeeze(2).double()
+        alpha[:, j] = (w * q).sum(1)
+        used = basis[:, : j + 1]
+        # against every earlier vector, twice: one Gram-Schmidt pass loses orthogonality where
+        # A v nearly lies in the basis (a near-isotropic A), and the Ritz values then run past λ₁
+        for _ in range(2):
+            w = w - torch.bmm(torch.bmm(used, w[:, :, None]).mT, used).squeeze(1)
+        beta[:, j] = w.norm(dim=1)
+        if (j + 1) % LANCZOS_CHECK_EVERY == 0 or j + 1 == d:
+            top = torch.linalg.eigvalsh(_tridiagonal(alpha, beta, j + 1))[:, -1]
+            if j + 1 == d:
+                done = torch.ones_like(top, dtype=torch.bool)
+            elif last is None:
+                done = torch.zeros_like(top, dtype=torch.bool)
+            else:
+                done = top - last <= LANCZOS_RTOL * top.abs()
+            if bool(done.any()):  # their Ritz vectors out; the rest iterate on, the batch smaller
+                _, s = torch.linalg.eigh(_tridiagonal(alpha[done], beta[done], j + 1))
+                v[active[done]] = torch.bmm(s[:, :, -1:].mT, basis[done, : j + 1]).squeeze(1)
+                keep = ~done
+                if not bool(keep.any()):
+                    break
+                active, a32, alpha, beta, w, top = (t[keep] for t in (active, a32, alpha, beta, w, top))
+                # only the rows written so far move (the rest are written before they are read)
+                kept = basis.new_empty(len(active), d, d)
+                kept[:, : j + 1] = basis[keep, : j + 1]
+                basis = kept
+            last = top
+        # an exhausted Krylov space (β = 0) leaves q = 0: θ is then exact and stays so
+        q = w / beta[:, j, None].clamp_min(torch.finfo(a.dtype).tiny)
+    norm = v.norm(dim=1, keepdim=True)
+    # a zero matrix has every unit vector for its top eigenvector: the first axis
+    v = torch.where(norm > 0, v / norm.clamp_min(torch.finfo(v.dtype).tiny), torch.eye(d, 1, dtype=v.dtype).T)
+    values = torch.einsum("ki,kij,kj->k", v, a, v)
+    return values.to(matrices), v.to(matrices)
+
+
+def _tridiagonal(alpha: Tensor, beta: Tensor, m: int) -> Tensor:
+    """The (K, m, m) Lanczos matrices of diagonals ``alpha`` and off-diagonals ``beta``."""
+    off = torch.diag_embed(beta[:, : m - 1], 1)
+    return torch.diag_embed(alpha[:, :m]) + off + off.mT
+
+
 def principal_split(means: Tensor, covariances: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Subcluster parameters that halve each cluster along its principal axis.
 
     For N(μ, Σ) cut by the hyperplane through μ orthogonal to the top eigenvector v
-    (eigenvalue λ), each half has mean μ ± sqrt(2λ/π) v and covariance
-    Σ − (2/π) λ v vᵀ (moments of a half-normal). Data-free, so identical on every rank.
+    (eigenvalue λ; :func:`top_eigenpair`, the only pair read), each half has mean
+    μ ± sqrt(2λ/π) v and covariance Σ − (2/π) λ v vᵀ (moments of a half-normal).
+    Data-free, so identical on every rank.
 
     Parameters
     ----------
@@ -180,9 +269,8 @@ def principal_split(means: Tensor, covariances: Tensor) -> tuple[Tensor, Tensor,
     directions : Tensor of shape (K, D) — unit principal axes
     spreads : Tensor of shape (K,) — sqrt(λ)
     """
-    evals, evecs = symmetric_eigh(covariances)  # host LAPACK over threads, also for CUDA inputs
-    lam = evals[:, -1].clamp_min(0)
-    v = evecs[:, :, -1]
+    lam, v = top_eigenpair(covariances)
+    lam = lam.clamp_min(0)
     offset = torch.sqrt(2 * lam / math.pi)[:, None] * v
     sub_means = torch.stack([means + offset, means - offset], 1)
     shrink = (2 / math.pi) * lam[:, None, None] * v[:, :, None] * v[:, None, :]
