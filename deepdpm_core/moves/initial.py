@@ -16,7 +16,9 @@ Tensor = torch.Tensor
 
 #: ``init.n_clusters: auto`` starts from this many k-means clusters ...
 AUTO_INITIAL_CLUSTERS = 10
-#: ... or one per this many rows where that is more: a start that reaches many clusters at any N
+#: ... or, in a minibatch search (above ``small_data.max_rows`` rows), one per this many rows
+#: where that is more: that search has no growth, and a cluster that holds a block of
+#: several classes has no two-way cut that pays
 AUTO_ROWS_PER_INITIAL_CLUSTER = 1_000
 #: ... or fewer, so that the initial clusters hold this many rows on average
 AUTO_ROWS_PER_CLUSTER = 10
@@ -26,23 +28,28 @@ AUTO_ROWS_PER_CLUSTER = 10
 KMEANS_ROWS_X_CLUSTERS = 40_000_000
 
 
-def initial_cluster_count(setting: int | str, n_rows: int) -> int:
-    """The initial K of a fit: ``init.n_clusters`` itself, or (``auto``) max(10, N/1,000)
-    clusters, fewer when the data have under 100 rows. Not K = 1: a prior fitted to one
-    cluster of all the data takes the spread between the clusters for their own and no
-    split pays; N/1,000 beyond 10,000 rows: a cluster that holds a block of several classes
-    has no two-way cut that pays, while merges join a surplus back (docs/design.md, "Why the
-    fit starts from 10 clusters, or N/1,000").
+def initial_cluster_count(setting: int | str, n_rows: int, exact_rows: int) -> int:
+    """The initial K of a fit: ``init.n_clusters`` itself, or (``auto``) 10 clusters, fewer
+    when the data have under 100 rows. Not K = 1: a prior fitted to one cluster of all the
+    data takes the spread between the clusters for their own and no split pays. Above
+    ``exact_rows`` (the minibatch search, which has no growth) max(10, N/1,000): a cluster
+    that holds a block of several classes has no two-way cut that pays, while merges join a
+    surplus back (docs/design.md, "Why the fit starts from 10 clusters").
 
     Parameters
     ----------
     setting : int or "auto"
     n_rows : int
         N, the rows of the whole fit (all ranks).
+    exact_rows : int
+        ``small_data.max_rows``: up to this N the search is exact EM, whose growth adds the
+        clusters a start of 10 holds together.
     """
     if setting != "auto":
         return int(setting)
-    wanted = max(AUTO_INITIAL_CLUSTERS, n_rows // AUTO_ROWS_PER_INITIAL_CLUSTER)
+    wanted = AUTO_INITIAL_CLUSTERS
+    if n_rows > exact_rows:
+        wanted = max(wanted, n_rows // AUTO_ROWS_PER_INITIAL_CLUSTER)
     return max(1, min(wanted, n_rows // AUTO_ROWS_PER_CLUSTER))
 
 
@@ -279,7 +286,8 @@ def principal_split(means: Tensor, covariances: Tensor) -> tuple[Tensor, Tensor,
 
 
 def initial_clusters(x: Tensor, config: InitConfig, n_total: int, rank_rows: list[int], comm: Communicator,
-                     rng: np.random.Generator, init_labels: Tensor | None = None) -> tuple[Tensor, int]:
+                     rng: np.random.Generator, init_labels: Tensor | None = None, exact_rows: int = 0
+                     ) -> tuple[Tensor, int]:
     """Each local row's initial cluster: k-means (rank 0, on a sample gathered from all
     ranks, :func:`kmeans_sample_size` rows) with ``config.n_clusters`` clusters, then every
     row to its nearest centre; or the given warm-start labels.
@@ -299,6 +307,9 @@ def initial_clusters(x: Tensor, config: InitConfig, n_total: int, rank_rows: lis
     init_labels : Tensor of shape (N_local,), int64, optional
         Warm start from these hard clusters (the AE alternation re-clusters from the
         previous clusters).
+    exact_rows : int
+        ``small_data.max_rows`` (:func:`initial_cluster_count`), where ``config.n_clusters``
+        is ``auto``.
 
     Returns
     -------
@@ -312,7 +323,7 @@ def initial_clusters(x: Tensor, config: InitConfig, n_total: int, rank_rows: lis
         local_max = torch.zeros(comm.world_size, dtype=torch.float64, device=device)
         local_max[comm.rank] = float(z.max()) if len(z) else 0.0
         return z, int(comm.all_reduce(local_max).max()) + 1
-    n_clusters = initial_cluster_count(config.n_clusters, n_total)
+    n_clusters = initial_cluster_count(config.n_clusters, n_total, exact_rows)
     if n_clusters == 1:  # one centre: every point is assigned to it anyway
         centers = torch.zeros(1, x.shape[1], device=device)
     else:

@@ -132,7 +132,8 @@ def start_model(ctx: FitContext, config: Config, prior_fit: PriorFit, rng: np.ra
     parameters under ``prior_fit`` fitted to them (``prior_fit`` refitted), fresh nets (the
     subclustering nets only if ``subnets``) and principal-axis subclusters; and each row's
     cluster, the anchors."""
-    z, n_init = initial_clusters(ctx.x, config.init, ctx.n_total, ctx.rank_rows, ctx.comm, rng, init_labels)
+    z, n_init = initial_clusters(ctx.x, config.init, ctx.n_total, ctx.rank_rows, ctx.comm, rng, init_labels,
+                                 config.small_data.max_rows)
     stats, keep = partition_stats(ctx, z, n_init)
     anchors = new_row_of(keep, n_init)[z]
     prior_fit.fit(stats)

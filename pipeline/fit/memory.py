@@ -61,7 +61,7 @@ def check_fit_memory(config: Config, n_rows: int, n_features: int, path: str | P
 
     if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
         return  # the clusters live in GPU memory, which the fit checks as it allocates
-    k = initial_cluster_count(config.init.n_clusters, n_rows)
+    k = initial_cluster_count(config.init.n_clusters, n_rows, config.small_data.max_rows)
     need = fit_memory_bytes(n_rows, n_features, k, config.prior.covariance_type)
     have = available_bytes()
     if need <= have:

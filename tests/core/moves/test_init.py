@@ -64,10 +64,14 @@ def test_kmeans_pp_covers_more_true_clusters_of_an_imbalanced_mixture(seed):
     assert pp >= 43 and pp >= uniform + 4, (pp, uniform)
 
 
-def test_auto_initial_k_is_ten_clusters_of_ten_rows_at_least_and_one_per_thousand_rows():
-    assert [initial_cluster_count("auto", n) for n in (1, 9, 20, 99, 100, 10_999)] == [1, 1, 2, 9, 10, 10]
-    assert [initial_cluster_count("auto", n) for n in (19_999, 100_000, 1_281_167)] == [19, 100, 1281]
-    assert initial_cluster_count(3, 10**6) == 3 and initial_cluster_count(1, 5) == 1
+def test_auto_initial_k_is_ten_clusters_of_ten_rows_at_least_and_one_per_thousand_rows_past_exact_em():
+    exact = 100_000  # small_data.max_rows: exact EM, whose growth adds what 10 clusters hold together
+    assert [initial_cluster_count("auto", n, exact) for n in (1, 9, 20, 99, 100, 10_999)] == [1, 1, 2, 9, 10, 10]
+    assert [initial_cluster_count("auto", n, exact) for n in (19_999, 70_000, 100_000)] == [10, 10, 10]
+    # the minibatch search has no growth: one cluster per 1,000 rows
+    assert [initial_cluster_count("auto", n, exact) for n in (100_001, 1_281_167)] == [100, 1281]
+    assert [initial_cluster_count("auto", n, 0) for n in (99, 19_999, 70_000)] == [9, 19, 70]
+    assert initial_cluster_count(3, 10**6, exact) == 3 and initial_cluster_count(1, 5, exact) == 1
     assert [InitConfig(n_clusters=k).rows_needed for k in ("auto", 30, 1)] == [2, 30, 2]
 
 
