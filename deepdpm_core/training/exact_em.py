@@ -116,7 +116,7 @@ class ExactEM(Search):
             steps, agreement = distil(self.cluster_model, ctx.x[rows], candidates[rows], resp[rows], n_rows, ctx.comm,
                                       DISTIL_LR, DISTIL_AGREEMENT, DISTIL_MAX_STEPS)
             if n_rows < ctx.n_total:  # the agreement over every row, not the sample's
-                agreement = net_agreement(self.cluster_model, ctx.x, candidates, resp, ctx.n_total, ctx.comm)
+                agreement = net_agreement(self.cluster_model, ctx.x, self.anchors, ctx.n_total, ctx.comm)
         return {**record, "distil_steps": steps, "distil_agreement": agreement, **super().settle(epoch)}
 
 
@@ -190,16 +190,15 @@ def distil_sample(rank_rows: list[int], rank: int, n_clusters: int, generator: t
     return rows, sum(shares)
 
 
-def net_agreement(model: nn.Module, x: Tensor, candidates: Tensor, resp: Tensor, n_total: int,
-                  comm: Communicator, batch_size: int = 65536) -> float:
-    """The fraction of rows (all ranks) whose net argmax is their most responsible cluster
-    (collective); shapes as in :func:`distil`."""
-    target_z = candidates.gather(1, resp.argmax(1, keepdim=True)).squeeze(1)
+def net_agreement(model: nn.Module, x: Tensor, best: Tensor, n_total: int, comm: Communicator,
+                  batch_size: int = 65536) -> float:
+    """The fraction of rows (all ranks) whose net argmax is ``best``, their most responsible
+    cluster (the anchors after the E-step, int64 (N_local,)); collective."""
     hits = torch.zeros(1, dtype=torch.float64, device=x.device)
     with torch.no_grad():
         for start in range(0, x.shape[0], batch_size):
             z = model(x[start:start + batch_size]).argmax(1)
-            hits += (z == target_z[start:start + batch_size]).sum()
+            hits += (z == best[start:start + batch_size]).sum()
     return float(comm.all_reduce(hits)[0]) / max(n_total, 1)
 
 
