@@ -104,8 +104,8 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
     if request.overwrite and not request.resume:
         remove_checkpoints(out)  # a new TorchTrainer would restore them
 
-    import ray
-
+    if _winding_down is not None:  # a cluster an earlier Ctrl-C left: gone before a new one
+        _winding_down.join()
     started_here, staging, fit, close_bars = None, None, None, None
     with _env_defaults({**RAY_TRAIN_SETTINGS, **plain_log_prefix()}):
         try:
@@ -136,7 +136,7 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
             raise
         finally:
             if started_here:
-                ray.shutdown()
+                _shut_down_ray(fit)
             if close_bars is not None:
                 close_bars()
             # left for the workers of a cluster this driver was attached to, which go on
@@ -211,6 +211,11 @@ class _StoppableFit:
             raise self._error
         return self._answer() if asked else None
 
+    def wait(self) -> None:
+        """Return once the run has ended (Ray Train's winding down included)."""
+        if self._thread is not None:
+            self._thread.join()
+
     def _fit(self) -> None:
         try:
             self.search.fit()
@@ -223,6 +228,41 @@ class _StoppableFit:
             return int(json.loads(self.stop_file.read_text())["stopped_after_epoch"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+
+#: the thread that shuts down the cluster a Ctrl-C left while Ray Train wound down
+#: (:func:`_shut_down_ray`); the next fit waits for it
+_winding_down: threading.Thread | None = None
+
+
+def _shut_down_ray(fit: _StoppableFit | None) -> None:
+    """``ray.shutdown()`` of the cluster this driver started, once no thread of this process
+    waits inside Ray.
+
+    ``ray.shutdown()`` frees the driver's core worker; a thread still blocked in ``ray.get``
+    (the fit's, left to Ray Train's winding down by a Ctrl-C) then crashes the process with
+    SIGSEGV (ray-project/ray#31145). So a fit still running is shut down by a thread that
+    waits for it, and Ray's own exit handler, which would free the core worker under it at
+    the interpreter's exit, is dropped: the command then leaves by ``os._exit`` and the
+    cluster's guard ends the cluster (:mod:`pipeline.ray_cluster.guard`).
+    """
+    global _winding_down
+    import atexit
+
+    import ray
+
+    if fit is None or not fit.running:
+        ray.shutdown()
+        return
+    atexit.unregister(ray.shutdown)
+
+    def shut_down_once_done() -> None:
+        fit.wait()
+        ray.shutdown()
+
+    _winding_down = threading.Thread(target=shut_down_once_done, name="deepdpm-ray-shutdown",
+                                     daemon=True)
+    _winding_down.start()
 
 
 def _interrupted(out: Path, training: bool) -> FitInterrupted:

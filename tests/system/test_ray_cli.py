@@ -165,3 +165,46 @@ def test_ctrl_c_stops_a_ray_fit_at_an_epoch_end_resumably_and_resume_ends_as_the
     assert pq.read_table(run / "assignments.parquet").equals(
         pq.read_table(reference / "assignments.parquet"))
     assert json.loads((run / "summary.json").read_text())["resumed_from_epoch"] == stopped_at
+
+
+#: a driver whose fit thread still waits inside Ray (as after a Ctrl-C, while Ray Train
+#: winds down) when the fit returns and its cluster is shut down
+WAITING_DRIVER = """
+import threading, time
+from pathlib import Path
+import ray
+from pipeline.fit import ray as ray_fit
+from pipeline.ray_cluster.local import connect_ray
+
+assert connect_ray(None) == "local"
+
+@ray.remote(num_cpus=0)
+def winding_down():
+    time.sleep(3)
+    return "wound down"
+
+class Run:
+    def fit(self):
+        self.result = ray.get(winding_down.remote())
+
+run = Run()
+fit = ray_fit._StoppableFit(run, Path("."))
+fit._thread = threading.Thread(target=fit._fit, daemon=True)
+fit._thread.start()
+time.sleep(1)  # the thread is blocked in ray.get
+ray_fit._shut_down_ray(fit)
+assert ray.is_initialized()  # not under the waiting thread
+fit.wait()
+ray_fit._winding_down.join(60)
+assert fit._error is None, repr(fit._error)
+print(run.result, ray.is_initialized())
+"""
+
+
+def test_a_cluster_is_shut_down_only_once_the_fit_thread_has_left_ray():
+    """ray.shutdown() under a thread blocked in ray.get frees the core worker it waits in
+    (the process then dies of SIGSEGV, or the wait fails): the shutdown waits for it."""
+    done = subprocess.run([sys.executable, "-c", WAITING_DRIVER], env=_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["wound", "down", "False"], done.stdout
