@@ -198,7 +198,7 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         config = self.get_config()
         names = _get_feature_names(X)  # scikit-learn's rule: a DataFrame's string column names
         self._names = None if names is None else [str(n) for n in names]
-        X = check_features(X, min_rows=config.init.rows_needed)
+        search = start_fit(config, X)  # checks X
         found = class_code_columns(X, self._names) if self._names else []
         if found:
             warnings.warn(f"column(s) {', '.join(map(repr, found))} of X look like class codes "
@@ -207,7 +207,6 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         start_labels = None
         if init_labels is not None:
             start_labels = torch.from_numpy(check_init_labels(init_labels, len(X)))
-        search = start_fit(config, X)
         # first, the model the epoch left, which the callbacks may predict with
         cbs = [lambda _: self._set_model(search), *callbacks] if callbacks else []
         with epoch_bar(search, progress) as show:
@@ -220,8 +219,7 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         self._set_model(search)
         self.model_.freeze()
         del self._names
-        # X is the checked array now, without the names predict would warn about
-        self.labels_ = self.model_.predict_assignments(readonly_tensor(X))[0].numpy()
+        self.labels_ = self.model_.predict_assignments(self._rows(X))[0].numpy()
         return self
 
     def _set_model(self, search: Search) -> None:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from deepdpm_core.config import Config
-from deepdpm_core.data import readonly_tensor
+from deepdpm_core.data import check_features, readonly_tensor
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.runtime import Communicator, LocalCommunicator
 from deepdpm_core.training.exact_em import ExactEM
@@ -30,9 +30,11 @@ def start_fit(config: Config, rows: np.ndarray, *, comm: Communicator | None = N
     Parameters
     ----------
     config : Config
-    rows : ndarray or Tensor of shape (N_local, D)
-        This rank's rows, checked (any float dtype; may be empty on some ranks); the
-        search reads them through a read-only view.
+    rows : array-like or Tensor of shape (N_local, D)
+        This rank's rows; the search reads them through a read-only view. A single
+        process's rows are checked here (:func:`~deepdpm_core.data.check_features`, at
+        least ``config.init.rows_needed``); a rank's are checked as they are read (they
+        may be fewer, or none), their count over all ranks before the ranks start.
     comm : Communicator, optional
         Defaults to single-process.
     wrap : callable, optional
@@ -42,9 +44,14 @@ def start_fit(config: Config, rows: np.ndarray, *, comm: Communicator | None = N
 
     Raises
     ------
+    DataError
+        A single process's rows are not a finite (N, D) array of numbers, or fewer than
+        ``config.init.rows_needed``.
     CheckpointError
         The rows are not the state's (:meth:`Search.resume`).
     """
+    if comm is None:
+        rows = check_features(rows, min_rows=config.init.rows_needed)
     x = rows if isinstance(rows, torch.Tensor) else readonly_tensor(rows)
     if state is not None and x.shape[1] != state.get("dim", x.shape[1]):
         raise CheckpointError(f"the checkpoint was trained on {state['dim']}-D rows, these have {x.shape[1]}")

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     from sklearn.datasets import load_digits
 
     from deepdpm_core import DeepDPM
-    from deepdpm_core.data import check_features, clustering_scores
+    from deepdpm_core.data import clustering_scores
     from deepdpm_core.progress_bars import epoch_bar
     from pipeline.fit.epoch_scores import EpochLabelScores
     from pipeline.fit.outputs import write_fit_outputs
@@ -214,8 +214,7 @@ def run(args: argparse.Namespace) -> int:
                     run_name=out.resolve().name,
                     artifact_location=(out / "mlartifacts").resolve().as_uri()) as tracker:
         # the epoch loop of every fit, with its per-epoch scores, tracking and diagnostics
-        search = start_job(cfg, check_features(emb, min_rows=cfg.init.rows_needed), tracker,
-                            emb_path, command="demo")
+        search = start_job(cfg, emb, tracker, emb_path, command="demo")
         fit_seconds = run_epochs(search, [], tracker,
                                  EpochLabelScores.for_labels(emb, emb_table.labels, seed=cfg.seed),
                                  progress=epoch_bar)

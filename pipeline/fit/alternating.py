@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from deepdpm_core import Config, DeepDPM
-from deepdpm_core.data import check_features, check_init_labels
+from deepdpm_core.data import check_init_labels
 from deepdpm_core.features import (
     AlternationStep,
     as_feature_matrix,
@@ -178,9 +178,8 @@ def _cluster(config: Config, Z: np.ndarray, labels: np.ndarray | None,
     :func:`~pipeline.fit.runner.data_variance_summary`."""
     from pipeline.fit.epoch_scores import EpochLabelScores
 
-    Z = check_features(Z, min_rows=config.init.rows_needed)
-    start = None if init_labels is None else torch.from_numpy(check_init_labels(init_labels, len(Z)))
     search = start_job(config, Z, tracker, None, alternation=step)  # tagged by its parent
+    start = None if init_labels is None else torch.from_numpy(check_init_labels(init_labels, len(Z)))
     run_epochs(search, fault_before_next(search, fault), tracker,
                EpochLabelScores.for_labels(Z, labels, seed=config.seed), init_labels=start,
                progress=epoch_bar if progress else None)

@@ -16,7 +16,6 @@ import os
 from pathlib import Path
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.data import check_features
 from deepdpm_core.errors import ConfigError
 from deepdpm_core.progress_bars import epoch_bar
 from deepdpm_core.training import Search
@@ -76,23 +75,21 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
                           fingerprint=request.resumable and not request.resume)
     if table.fingerprint is not None:
         request = request.with_(input_fingerprint=table.fingerprint)
-    table.X = check_features(table.X, min_rows=config.init.rows_needed)
     out = Path(request.output)
-    state = None
-    if request.resumable:
-        if request.resume:
-            state = checkpoints.latest_state(out, request.fit_id)  # None: stopped before its first checkpoint
-        else:
+    # None: a fresh fit, or one stopped before its first checkpoint
+    state = checkpoints.latest_state(out, request.fit_id) if request.resumable and request.resume else None
+    # MLflow starts once the outputs are published, or live after TRACK_LIVE_AFTER_S
+    tracker = request.tracker(hold_s=track_live_after_s())
+    with tracker:
+        # checks the rows first: rows that cannot be fitted leave the output folder as it was
+        search = runner.start_job(config, table.X, tracker, request.input, state=state)
+        if request.resumable and not request.resume:
             if request.overwrite:  # a later --resume must not restore the earlier fit's
                 checkpoints.remove_checkpoints(out)
             out.mkdir(parents=True, exist_ok=True)
             request.save()
-    # nmi/ari/acc on <= 10k labelled rows every epoch
-    scores = EpochLabelScores.for_labels(table.X, table.labels, seed=config.seed)
-    # MLflow starts once the outputs are published, or live after TRACK_LIVE_AFTER_S
-    tracker = request.tracker(hold_s=track_live_after_s())
-    with tracker:
-        search = runner.start_job(config, table.X, tracker, request.input, state=state)
+        # nmi/ari/acc on <= 10k labelled rows every epoch
+        scores = EpochLabelScores.for_labels(table.X, table.labels, seed=config.seed)
         try:
             with stop_between_epochs(lambda: search.epoch + 1) as stop:
                 checkpoint = runner.every(search, request.checkpoint_every if request.resumable else 0,

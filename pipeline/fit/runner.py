@@ -42,9 +42,9 @@ def start_job(config: Config, rows: np.ndarray, tracker: Any, source: str | Path
               state: dict[str, Any] | None = None, comm: Communicator | None = None,
               wrap: Callable[[nn.Module], nn.Module] | None = None, command: str = "fit",
               **params: Any) -> Search:
-    """Start a fit of ``rows`` (this rank's, checked) as every fit mode and the demo does:
-    the search, fresh or resuming ``state`` (:func:`~deepdpm_core.training.start_fit`, with
-    ``comm`` and ``wrap``), and the run's params and tags
+    """Start a fit of ``rows`` (this rank's) as every fit mode and the demo does: the
+    search, fresh or resuming ``state`` (:func:`~deepdpm_core.training.start_fit`, with
+    ``comm`` and ``wrap``; it checks a single process's rows), and the run's params and tags
     (:func:`~pipeline.tracking.fit_runs.log_fit_start`, with ``source``, ``num_workers``,
     ``command``, ``params`` and ``shape``, all ranks' rows, by default ``rows.shape``).
 
