@@ -1,8 +1,9 @@
 """Typed, frozen run configuration: pydantic models whose fields carry their bounds.
 
-Every hyperparameter of the method lives here, as a field of a frozen model.
-``cluster_configs/default.yaml`` documents each key; a test keeps the YAML and these
-defaults identical. Unknown keys, values of the wrong type and values out of bounds raise
+Every hyperparameter of the method lives here, as a field of a frozen model whose
+``description`` is the one description of the key (README's table of knobs is tested
+against it); ``cluster_configs/default.yaml`` lists every key at its default (a test keeps
+the YAML and these defaults identical). Unknown keys, values of the wrong type and values out of bounds raise
 :class:`ConfigError` naming the dotted key (:func:`~deepdpm_core.config.schema.from_dict`),
 so a typo never silently falls back to a default. YAML files and ``--set`` overrides are
 read by :mod:`deepdpm_core.config.loading`.
@@ -41,8 +42,10 @@ class Config(Section):
     plus ``seed`` (all randomness of a fit derives from it) and ``device``.
     """
 
-    seed: Annotated[int, AfterValidator(seed_in_range)] = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: Annotated[int, AfterValidator(seed_in_range)] = Field(
+        0, description="all randomness of a fit (k-means sample, nets, Hastings coins)")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto | cpu | cuda (auto: CUDA when present)")
     data: DataConfig = Field(default_factory=DataConfig)
     prior: PriorConfig = Field(default_factory=PriorConfig)
     init: InitConfig = Field(default_factory=InitConfig)

@@ -53,7 +53,8 @@ class DataConfig(Section):
     features' standard deviations span more than 30×.
     """
 
-    transform: Literal["auto", "none", "normalize", "standard", "min_max"] = "auto"
+    transform: Literal["auto", "none", "normalize", "standard", "min_max"] = Field(
+        "auto", description="`standard` when the features are in different units, else as given")
 
 
 class PriorConfig(Section):
@@ -100,22 +101,33 @@ class PriorConfig(Section):
     fit stays at K = 1 (digits PCA-10).
     """
 
-    alpha: Positive = 10.0
-    kappa: Positive | Literal["auto"] = "auto"
-    nu: Positive | Literal["auto"] | None = "auto"
-    sigma_scale: Positive | Literal["auto", "evidence"] = "auto"
-    psi: Literal["fitted", "identity", "data_std"] = "fitted"
-    covariance_type: Literal["full", "diag", "auto"] = "full"
-    coarsening: Positive | None = 500.0
+    alpha: Positive = Field(
+        10.0, description="DP concentration: ln α per split; higher favours more clusters (weakly when α << N)")
+    kappa: Positive | Literal["auto"] = Field(
+        "auto", description="κ0 = s / (mean per-feature variance): the prior spread of the means is the data's")
+    nu: Positive | Literal["auto"] | None = Field(
+        "auto", description="ν0 fitted given s, at least the paper's D + 2 (logged as `prior_nu`)")
+    sigma_scale: Positive | Literal["auto", "evidence"] = Field(
+        "auto", description="s, refitted at every M-step by empirical Bayes to the clusters' variances (logged as `prior_scale`)")
+    psi: Literal["fitted", "identity", "data_std"] = Field(
+        "fitted", description="Ψ0 = s·diag(p), each feature's scale p_d fitted to its own spread within the clusters")
+    covariance_type: Literal["full", "diag", "auto"] = Field(
+        "full", description="one full covariance per cluster")
+    coarsening: Positive | None = Field(
+        500.0, description="moves judged with the likelihood raised to c/(c + n) (coarsened posterior), so K does not grow with N on clusters that are not Gaussian")
 
 
 class InitConfig(Section):
     """k-means initialisation of clusters and subclusters."""
 
-    n_clusters: PositiveInt | Literal["auto"] = "auto"
-    max_points: PositiveInt = 200_000
-    points_per_cluster: PositiveInt = 40
-    kmeans_iters: PositiveInt = 25
+    n_clusters: PositiveInt | Literal["auto"] = Field(
+        "auto", description="start from 10 k-means clusters (fewer below 100 rows; max(10, N / 1,000) above `small_data.max_rows`): splits and growth add missing ones, merges remove extras")
+    max_points: PositiveInt = Field(
+        200_000, description="k-means sees at most this many sampled rows, 4·10⁷ / K of them (all 200,000 up to K = 200), or `init.points_per_cluster` a cluster where that is more")
+    points_per_cluster: PositiveInt = Field(
+        40, description="the initial k-means sees 4·10⁷ / K sampled rows (all of `init.max_points` = 200,000 up to K = 200), or this many a cluster where that is more; every row then goes to its nearest centre: the start's cost is bounded by K, not N")
+    kmeans_iters: PositiveInt = Field(
+        25, description="k-means iterations")
 
     @property
     def rows_needed(self) -> int:
@@ -128,18 +140,25 @@ class ModelConfig(Section):
     batched subclustering nets have one hidden layer of 50
     (:data:`deepdpm_core.training.fit_context.SUB_HIDDEN`)."""
 
-    hidden: PositiveInt = 50
-    precision: Literal["auto", "float32", "tf32", "bf16"] = "auto"
+    hidden: PositiveInt = Field(
+        50, description="hidden units of the clustering net (paper: 50)")
+    precision: Literal["auto", "float32", "tf32", "bf16"] = Field(
+        "auto", description="the nets' matmuls: float32 | tf32 (CUDA) | bf16 | auto (tf32 on CUDA, else float32)")
 
 
 class OptimConfig(Section):
     """Adam optimisers of the two nets and the minibatch schedule."""
 
-    lr_cluster: Positive = 5.0e-4
-    lr_subcluster: Positive = 5.0e-3
-    batch_size: PositiveInt | Literal["auto"] = "auto"
-    min_steps_per_epoch: PositiveInt = 64
-    lr_scaling: Literal["none", "sqrt", "linear"] = "sqrt"
+    lr_cluster: Positive = Field(
+        5.0e-4, description="clustering-net learning rate at batch 128 (paper: 5e-4 at 128)")
+    lr_subcluster: Positive = Field(
+        5.0e-3, description="subclustering-net learning rate at batch 128 (paper: 5e-3)")
+    batch_size: PositiveInt | Literal["auto"] = Field(
+        "auto", description="minibatch size per rank, or auto: ceil(N / 64) within [128, 4096]")
+    min_steps_per_epoch: PositiveInt = Field(
+        64, description="small data get extra re-drawn training batches up to this many steps")
+    lr_scaling: Literal["none", "sqrt", "linear"] = Field(
+        "sqrt", description="none | sqrt | linear: lr *= (global batch / 128)^(0, 1/2, 1)")
 
 
 class ScheduleConfig(Section):
@@ -147,9 +166,12 @@ class ScheduleConfig(Section):
     after an accepted move and the rules that tell K has settled are constants of
     :mod:`deepdpm_core.moves.schedule`."""
 
-    max_epochs: PositiveInt = 200
-    warmup_epochs: NonNegativeInt = 5
-    move_every: PositiveInt = 4
+    max_epochs: PositiveInt = Field(
+        200, description="hard stop; most fits stop earlier, once K has settled (deepdpm_core/moves/schedule.py)")
+    warmup_epochs: NonNegativeInt = Field(
+        5, description="epochs with k-means parameters frozen while the nets learn them")
+    move_every: PositiveInt = Field(
+        4, description="epochs between split/merge rounds (splits and merges alternate)")
 
 
 class SmallDataConfig(Section):
@@ -167,8 +189,10 @@ class SmallDataConfig(Section):
     (:func:`deepdpm_core.training.settling.grow`; None: never).
     """
 
-    max_rows: NonNegativeInt = 100_000
-    growth_gain: Positive | None = 1.0
+    max_rows: NonNegativeInt = Field(
+        100_000, description="up to this many rows the search is exact EM and the net is fitted to its result")
+    growth_gain: Positive | None = Field(
+        1.0, description="a settled exact-EM search restarts from k-means of 2K, 4K, ... clusters when that scores this many coarsened nats a row higher (one that collapsed to one cluster, or hides groups that density valleys part: 0.05 exact nats a row)")
 
 
 class MovesConfig(Section):
@@ -183,8 +207,10 @@ class MovesConfig(Section):
     the parts of a birth (:data:`~deepdpm_core.moves.births.BIRTH_PARTS`).
     """
 
-    split: bool = True
-    merge: bool = True
+    split: bool = Field(
+        True, description="propose splits")
+    merge: bool = Field(
+        True, description="propose merges")
 
 
 class EStepConfig(Section):
@@ -200,8 +226,10 @@ class EStepConfig(Section):
     s supported clusters per point (about 1.1–1.4) instead of O(N·K·D²).
     """
 
-    top_m: PositiveInt = 8
-    dense_max_k: NonNegativeInt = 32
+    top_m: PositiveInt = Field(
+        8, description="most clusters in a point's E-step support when K > `estep.dense_max_k` (memory N × top_m)")
+    dense_max_k: NonNegativeInt = Field(
+        32, description="while K <= this a point's support may hold every cluster (exact to float32; memory N × K)")
 
 
 class AEConfig(Section):
@@ -214,16 +242,26 @@ class AEConfig(Section):
     ratio matters to Adam. ImageNet-50 on MoCo features used 0.05 and 0.01.
     """
 
-    latent_dim: PositiveInt = 10
-    hidden: Annotated[tuple[PositiveInt, ...], Field(min_length=1, strict=False)] = (500, 500, 2000)
-    lr: Positive = 0.002
-    batch_size: PositiveInt = 256
-    pretrain_epochs: NonNegativeInt = 200
-    epochs: NonNegativeInt = 50
-    recon_weight: Positive = 0.005
-    beta: Positive = 1.0
-    alternations: NonNegativeInt = 3
-    stop_when_k_stable: bool = True
+    latent_dim: PositiveInt = Field(
+        10, description="d of the D-500-500-2000-d autoencoder (embedding the clusters live in)")
+    hidden: Annotated[tuple[PositiveInt, ...], Field(min_length=1, strict=False)] = Field(
+        (500, 500, 2000), description="encoder hidden sizes; the decoder mirrors them")
+    lr: Positive = Field(
+        0.002, description="Adam learning rate (paper Table: 0.002)")
+    batch_size: PositiveInt = Field(
+        256, description="AE minibatch (n2d)")
+    pretrain_epochs: NonNegativeInt = Field(
+        200, description="reconstruction-only pretraining epochs (n2d used 1000; recipes set it)")
+    epochs: NonNegativeInt = Field(
+        50, description="AE epochs per alternation, clusters held fixed")
+    recon_weight: Positive = Field(
+        0.005, description="λ: per-sample loss = λ·||g(f(x)) - x||² + β/2·||f(x) - μ_z||²")
+    beta: Positive = Field(
+        1.0, description="β, the clustering term's weight (MNIST recipe; ImageNet-50 used λ 0.05, β 0.01)")
+    alternations: NonNegativeInt = Field(
+        3, description="max AE<->DeepDPM alternations (`deepdpm fit --alternate N` overrides)")
+    stop_when_k_stable: bool = Field(
+        True, description="stop early once K is unchanged between two clusterings (Supmat)")
 
 
 class EmbedConfig(Section):
@@ -231,6 +269,10 @@ class EmbedConfig(Section):
     ``n_neighbors=20, min_dist=0``; the metric is Euclidean,
     :data:`deepdpm_core.features.embedding.UMAP_METRIC`)."""
 
-    dim: PositiveInt = 10
-    n_neighbors: Annotated[int, Field(ge=2)] = 20
-    min_dist: Annotated[Number, Field(ge=0, le=1)] = 0.0  # UMAP needs min_dist <= spread (1)
+    dim: PositiveInt = Field(
+        10, description="output dimension for umap / ae-umap / pca (ae uses `ae.latent_dim`)")
+    n_neighbors: Annotated[int, Field(ge=2)] = Field(
+        20, description="UMAP n_neighbors (n2d: 20)")
+    # UMAP needs min_dist <= spread (1)
+    min_dist: Annotated[Number, Field(ge=0, le=1)] = Field(
+        0.0, description="UMAP min_dist (n2d: 0)")

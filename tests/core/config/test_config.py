@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from deepdpm_core.config import (
     FIXED_KEYS,
@@ -22,23 +23,36 @@ ROOT = Path(__file__).parents[3]
 CONFIGS = sorted((ROOT / "cluster_configs").glob("*.yaml"))
 
 
-def test_default_yaml_documents_every_key_of_the_schema_with_its_default():
+def _descriptions() -> dict[str, str]:
+    """Each key's description in the schema, by dotted key."""
+    out = {}
+    for name, field in Config.model_fields.items():
+        section = field.annotation
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            out |= {f"{name}.{key}": sub.description for key, sub in section.model_fields.items()}
+        else:
+            out[name] = field.description
+    return out
+
+
+def test_every_key_is_described_in_the_schema_and_default_yaml_lists_them_at_their_defaults():
+    assert set(_descriptions()) == set(Config().flat()) and all(_descriptions().values())
     path = CONFIGS[0].parent / "default.yaml"
     assert load_config(path) == Config()
-    # every key is written out (a missing one would load as its default too), with a comment
+    # every key is written out (a missing one would load as its default too), described
+    # nowhere but in the schema: the file's one comment points there
     text = yaml.safe_load(path.read_text())
     written = {f"{section}.{key}" for section, keys in text.items() if isinstance(keys, dict) for key in keys}
     written |= {key for key, value in text.items() if not isinstance(value, dict)}
     assert written == set(Config().flat())
-    values = [line for line in path.read_text().splitlines()
-              if not line.lstrip().startswith("#") and ":" in line and line.split(":", 1)[1].split("#")[0].strip()]
-    assert len(values) == len(written) and all("#" in line for line in values)
+    lines = path.read_text().splitlines()
+    assert "config/sections.py" in lines[0] and not any("#" in line for line in lines[1:])
 
 
 def test_the_readme_knob_table_names_schema_keys_with_their_defaults():
     """README's table of knobs documents no key of its own: each row's key is a schema key,
-    its default the schema's (read as ``--set`` would read it), and every key its text names
-    is one too."""
+    its default the schema's (read as ``--set`` would read it), what it does the schema's
+    description, and every key its text names is one too."""
     rows = [line for line in (ROOT / "README.md").read_text().splitlines()
             if re.match(r"\| `[a-z_]+\.[a-z_]+` \| ", line)]
     assert len(rows) >= 10  # the table of knobs that move K, found
@@ -46,6 +60,7 @@ def test_the_readme_knob_table_names_schema_keys_with_their_defaults():
     for row in rows:
         key, default = (cell.strip().strip("`") for cell in row.split("|")[1:3])
         assert key in defaults, row
+        assert row.split("|")[3].strip() == _descriptions()[key], row
         written = from_dict(parse_overrides([f"{key}={default}"])).flat()[key]
         assert written == defaults[key], f"README gives {key} = {default}, the schema {defaults[key]!r}"
         assert set(dotted.findall(row)) <= set(defaults), row
