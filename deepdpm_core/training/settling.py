@@ -238,10 +238,10 @@ def _hides_groups(ctx: FitContext, config: Config, prior_fit: PriorFit, k: int, 
     probe = min(PROBE_FACTOR * k, ctx.n_total // MIN_ROWS_PER_CLUSTER)
     init = config.init.model_copy(update={"n_clusters": probe})
     labels, n_groups = initial_clusters(ctx.x, init, ctx.n_total, ctx.rank_rows, ctx.comm, rng)
-    return valley_groups(ctx, config, prior_fit, labels, n_groups) >= HIDDEN_GROUPS * k
+    return valley_groups(ctx, prior_fit, labels, n_groups) >= HIDDEN_GROUPS * k
 
 
-def valley_groups(ctx: FitContext, config: Config, prior_fit: PriorFit, labels: Tensor, n_groups: int) -> int:
+def valley_groups(ctx: FitContext, prior_fit: PriorFit, labels: Tensor, n_groups: int) -> int:
     """How many groups the partition ``labels`` (this rank's rows, int64 in [0, n_groups))
     leaves once neighbours (each group's :data:`~deepdpm_core.moves.MERGE_NEIGHBOURS`
     nearest means) are joined where no density valley as deep as :data:`~deepdpm_core.moves.MERGE_VALLEY`

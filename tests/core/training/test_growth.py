@@ -150,11 +150,11 @@ def test_valley_groups_count_what_density_valleys_part():
     """36 grid blobs stay 36 groups; 16 k-means pieces of one Gaussian join into one."""
     x, y = _grid_blobs(6, 150)
     search = _trainer_at(x, y)
-    assert valley_groups(search.ctx, search.config, search.prior_fit, torch.as_tensor(y), 36) == 36
+    assert valley_groups(search.ctx, search.prior_fit, torch.as_tensor(y), 36) == 36
     one = np.random.default_rng(1).standard_normal((3000, 2))
     pieces = KMeans(16, n_init=1, random_state=0).fit_predict(one)
     search = _trainer_at(one, pieces)
-    assert valley_groups(search.ctx, search.config, search.prior_fit, torch.as_tensor(pieces), 16) == 1
+    assert valley_groups(search.ctx, search.prior_fit, torch.as_tensor(pieces), 16) == 1
 
 
 @pytest.mark.slow
