@@ -335,7 +335,10 @@ def _torch_trainer(request: FitRequest, staging: Path, fault: FaultHook | None):
             storage_path=str(out),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             failure_config=FailureConfig(max_failures=request.max_failures),
-            logging_config=LoggingConfig(log_level="WARNING"),  # no per-report INFO lines
+            # no per-report INFO lines, nor the warnings Ray Train itself calls safe to
+            # ignore (a resource request to its autoscaling coordinator that timed out on a
+            # busy machine, with its traceback): those stay in the Ray session's log files
+            logging_config=LoggingConfig(log_level="ERROR"),
         ),
     )
 
