@@ -17,7 +17,8 @@ Growth: a search that settled far below the model's answer starts again from a k
 partition of several times as many clusters. When each initial cluster holds several true clusters of few points in many dimensions,
 the prior fitted to these wide, odd-shaped clusters keeps ν0 at its weakest (D + 2), no cut
 pays, and the fit settles far too low. Once K has settled, k-means partitions of 2K, 4K and
-8K clusters (at most N/10; doubled on past 8K while the score still rises) are each scored
+8K clusters (at most N/10, and in more than 16 features N/⌈(D + 3)/2⌉: :func:`most_clusters`;
+doubled on past 8K while the score still rises) are each scored
 by the coarsened joint the moves climb: ln p(X, z) with the likelihood raised to
 ζ = c/(c + N) (:func:`~deepdpm_core.moves.proposals.coarsened`, c of the fit's moves) and the prior
 fitted to the partition. The best one that scores ``small_data.growth_gain`` (1) nats a row
@@ -142,7 +143,9 @@ GROWTH_PRIOR_RTOL = 1e-2
 #: clusters of one common shape (blobs in 16–512-D, the sphere family), where scoring 2K–8K
 #: clusters would cost 10 s in 512-D
 WEAK_NU = 10.0
-#: a partition tried has at least this many rows a cluster on average
+#: a partition tried has at least this many rows a cluster on average, and in more than 16
+#: dimensions at least as many numbers (rows × D) as a cluster's free parameters
+#: (:func:`most_clusters`)
 MIN_ROWS_PER_CLUSTER = 10
 #: the gain in nats a row of the exact joint that grows a search that collapsed to one
 #: cluster or hides groups: 128 k-means clusters of 100 grid blobs gain 0.27 over one
@@ -162,6 +165,27 @@ PROBE_FACTOR = 8
 #: Student-t clusters 1.1–1.3, digits 0.1–1), and in more dimensions up to 8 times (n2d,
 #: sphere), where the exact joint's gain then decides (none of them gains)
 HIDDEN_GROUPS = 4.0
+
+
+def most_clusters(n_rows: int, dim: int, diagonal: bool) -> int:
+    """The most clusters a partition of ``n_rows`` rows in ``dim`` features that growth
+    tries may have: each cluster holds, on average, :data:`MIN_ROWS_PER_CLUSTER` rows and
+    at least as many numbers (rows × D) as its free parameters P (D + D(D + 1)/2, or 2D
+    when ``diagonal``), i.e. ⌈P/D⌉ = ⌈(D + 3)/2⌉ rows (2 when diagonal).
+
+    Below that a cluster's scatter is of rank under D/2: its score says more about the
+    prior than about its rows, and k-means of thousands of clusters in many features costs
+    more than the fit. On 1,000 classes of 50 rows in 128-D (``bench/k_vs_n.py``'s
+    ``sphere-1000``, 50,000 rows, seed 0) a search settled at 10 clusters, and N/10 let growth
+    try 20 to 2,560 k-means clusters: k-means of 1,280 took 207 s on one thread and 2,560 did
+    not end within the 15 minutes given to the fit. The coarsened joint the moves climb peaks
+    at 200 k-means clusters (250 rows each; −101.97 nats a row, the true classes −103.34)
+    and the exact joint at 1,000–1,280 (−170.6 nats a row; 1,600 clusters of 31 rows
+    −171.6), so no score needs clusters of fewer rows; here the cap is 757 clusters, with
+    ⌈(D + 3)/2⌉ = 66 rows each. At 16 features and fewer the cap stays N/10.
+    """
+    params = 2 * dim if diagonal else dim + dim * (dim + 1) // 2
+    return n_rows // max(MIN_ROWS_PER_CLUSTER, math.ceil(params / dim))
 
 
 def coarsened_score(ctx: FitContext, config: Config, prior_fit: PriorFit, labels: Tensor, n_groups: int
@@ -210,14 +234,15 @@ def grow(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Tensor, 
 def _best_size(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Tensor, k: int,
                score_of: Callable[..., float], gain: float, falls_to_stop: int, rng: np.random.Generator
                ) -> tuple[int | None, dict[int, Tensor]]:
-    """k-means partitions of 2K, 4K, ... clusters (K = ``k``; at most N /
-    :data:`MIN_ROWS_PER_CLUSTER`; past :data:`GROWTH_FACTORS_TRIED`·K until
+    """k-means partitions of 2K, 4K, ... clusters (K = ``k``; at most
+    :func:`most_clusters`; past :data:`GROWTH_FACTORS_TRIED`·K until
     ``falls_to_stop`` sizes in a row score no higher than the one before), each scored by
     ``score_of``: the size of the best one that scores ``gain`` nats a row above the settled
     partition ``anchors`` (None if none does), and every partition tried by size."""
     best, best_size, tried = score_of(ctx, config, prior_fit, anchors, k) + gain * ctx.n_total, None, {}
     size, last, falls = k, -math.inf, 0
-    while size * 2 <= ctx.n_total // MIN_ROWS_PER_CLUSTER:
+    most = most_clusters(ctx.n_total, prior_fit.prior.dim, prior_fit.prior.diagonal)
+    while size * 2 <= most:
         size *= 2
         init = config.init.model_copy(update={"n_clusters": size})
         labels, n_groups = initial_clusters(ctx.x, init, ctx.n_total, ctx.rank_rows, ctx.comm, rng)
@@ -233,9 +258,9 @@ def _best_size(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Te
 
 
 def _hides_groups(ctx: FitContext, config: Config, prior_fit: PriorFit, k: int, rng: np.random.Generator) -> bool:
-    """Whether a k-means partition of :data:`PROBE_FACTOR`·K clusters (at most N /
-    :data:`MIN_ROWS_PER_CLUSTER`) leaves :data:`HIDDEN_GROUPS`·K groups apart by valleys."""
-    probe = min(PROBE_FACTOR * k, ctx.n_total // MIN_ROWS_PER_CLUSTER)
+    """Whether a k-means partition of :data:`PROBE_FACTOR`·K clusters (at most
+    :func:`most_clusters`) leaves :data:`HIDDEN_GROUPS`·K groups apart by valleys."""
+    probe = min(PROBE_FACTOR * k, most_clusters(ctx.n_total, prior_fit.prior.dim, prior_fit.prior.diagonal))
     init = config.init.model_copy(update={"n_clusters": probe})
     labels, n_groups = initial_clusters(ctx.x, init, ctx.n_total, ctx.rank_rows, ctx.comm, rng)
     return valley_groups(ctx, prior_fit, labels, n_groups) >= HIDDEN_GROUPS * k

@@ -1,6 +1,8 @@
 """Growth: a settled small-data search against k-means partitions of 2K, 4K, ... clusters,
 each scored by the coarsened ln p(X, z) with the prior fitted to it."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -19,7 +21,15 @@ from deepdpm_core.data import clustering_scores
 from deepdpm_core.moves import MoveSchedule, coarsening_constant
 from deepdpm_core.training import Search, start_fit
 from deepdpm_core.training.fit_context import partition_stats
-from deepdpm_core.training.settling import coarsened_score, grow, partition_score, valley_groups
+from deepdpm_core.training.settling import (
+    EXACT_FALLS,
+    EXACT_GAIN,
+    _best_size,
+    coarsened_score,
+    grow,
+    partition_score,
+    valley_groups,
+)
 from tests.support.blobs import many_blobs
 
 
@@ -167,3 +177,16 @@ def test_a_curve_of_blobs_started_from_three_clusters_is_found():
     assert abs(fit.n_clusters_ - 60) <= 6
     assert clustering_scores(y, fit.labels_)["nmi"] >= 0.9
     assert [r["grown"] for r in fit.history_ if "grown" in r]
+
+
+def test_growth_tries_no_partition_of_fewer_rows_a_cluster_than_its_parameters_per_feature():
+    """40 blobs of 75 points in 64-D collapsed to one cluster: the exact joint rises up to
+    the 40 blobs, and doubling goes on past 8 clusters until it falls, but never to
+    clusters of fewer rows than a full covariance's parameters per feature, ⌈(D + 3)/2⌉ =
+    34 (N/10 = 300 let it try 128 and 256 clusters of 23 and 12 rows)."""
+    x, y = many_blobs()
+    search = _trainer_at(x, np.zeros(len(y), dtype=np.int64))
+    _, tried = _best_size(search.ctx, search.config, search.prior_fit, search.anchors, 1, partition_score,
+                          EXACT_GAIN, EXACT_FALLS, search.rng)
+    assert 32 in tried
+    assert max(tried) * math.ceil((x.shape[1] + 3) / 2) <= len(x)
