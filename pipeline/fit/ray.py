@@ -243,8 +243,8 @@ def _shut_down_ray(fit: _StoppableFit | None) -> None:
     (the fit's, left to Ray Train's winding down by a Ctrl-C) then crashes the process with
     SIGSEGV (ray-project/ray#31145). So a fit still running is shut down by a thread that
     waits for it, and Ray's own exit handler, which would free the core worker under it at
-    the interpreter's exit, is dropped: the command then leaves by ``os._exit`` and the
-    cluster's guard ends the cluster (:mod:`pipeline.ray_cluster.guard`).
+    the interpreter's exit, is dropped until then: the command leaves by ``os._exit`` first
+    and the cluster's guard ends the cluster (:mod:`pipeline.ray_cluster.guard`).
     """
     global _winding_down
     import atexit
@@ -259,6 +259,7 @@ def _shut_down_ray(fit: _StoppableFit | None) -> None:
     def shut_down_once_done() -> None:
         fit.wait()
         ray.shutdown()
+        atexit.register(ray.shutdown)  # back, for a Ray session this process starts later
 
     _winding_down = threading.Thread(target=shut_down_once_done, name="deepdpm-ray-shutdown",
                                      daemon=True)
