@@ -286,11 +286,11 @@ def principal_split(means: Tensor, covariances: Tensor) -> tuple[Tensor, Tensor,
 
 
 def initial_clusters(x: Tensor, config: InitConfig, n_total: int, rank_rows: list[int], comm: Communicator,
-                     rng: np.random.Generator, init_labels: Tensor | None = None, exact_rows: int = 0
-                     ) -> tuple[Tensor, int]:
+                     rng: np.random.Generator, init_labels: Tensor | None = None) -> tuple[Tensor, int]:
     """Each local row's initial cluster: k-means (rank 0, on a sample gathered from all
-    ranks, :func:`kmeans_sample_size` rows) with ``config.n_clusters`` clusters, then every
-    row to its nearest centre; or the given warm-start labels.
+    ranks, :func:`kmeans_sample_size` rows) with ``config.n_clusters`` clusters (a number:
+    :func:`initial_cluster_count` resolves ``auto``), then every row to its nearest centre;
+    or the given warm-start labels.
 
     Parameters
     ----------
@@ -307,9 +307,6 @@ def initial_clusters(x: Tensor, config: InitConfig, n_total: int, rank_rows: lis
     init_labels : Tensor of shape (N_local,), int64, optional
         Warm start from these hard clusters (the AE alternation re-clusters from the
         previous clusters).
-    exact_rows : int
-        ``small_data.max_rows`` (:func:`initial_cluster_count`), where ``config.n_clusters``
-        is ``auto``.
 
     Returns
     -------
@@ -323,7 +320,7 @@ def initial_clusters(x: Tensor, config: InitConfig, n_total: int, rank_rows: lis
         local_max = torch.zeros(comm.world_size, dtype=torch.float64, device=device)
         local_max[comm.rank] = float(z.max()) if len(z) else 0.0
         return z, int(comm.all_reduce(local_max).max()) + 1
-    n_clusters = initial_cluster_count(config.n_clusters, n_total, exact_rows)
+    n_clusters = int(config.n_clusters)
     if n_clusters == 1:  # one centre: every point is assigned to it anyway
         centers = torch.zeros(1, x.shape[1], device=device)
     else:

@@ -21,7 +21,7 @@ from deepdpm_core.config import Config
 from deepdpm_core.data import FeatureCoordinates, fit_coordinates
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.estep import MixtureState, log_weights_from_counts
-from deepdpm_core.moves import Nets, initial_clusters, reset_subclusters
+from deepdpm_core.moves import Nets, initial_cluster_count, initial_clusters, reset_subclusters
 from deepdpm_core.nets import ClusterNet, SubclusterNets, new_row_of
 from deepdpm_core.runtime import Communicator, resolve_device, resolve_precision
 from deepdpm_core.training.batching import adam, auto_batch_size, epoch_steps, scaled_lr
@@ -132,8 +132,9 @@ def start_model(ctx: FitContext, config: Config, prior_fit: PriorFit, rng: np.ra
     parameters under ``prior_fit`` fitted to them (``prior_fit`` refitted), fresh nets (the
     subclustering nets only if ``subnets``) and principal-axis subclusters; and each row's
     cluster, the anchors."""
-    z, n_init = initial_clusters(ctx.x, config.init, ctx.n_total, ctx.rank_rows, ctx.comm, rng, init_labels,
-                                 config.small_data.max_rows)
+    k = initial_cluster_count(config.init.n_clusters, ctx.n_total, config.small_data.max_rows)
+    init = config.init.model_copy(update={"n_clusters": k})
+    z, n_init = initial_clusters(ctx.x, init, ctx.n_total, ctx.rank_rows, ctx.comm, rng, init_labels)
     stats, keep = partition_stats(ctx, z, n_init)
     anchors = new_row_of(keep, n_init)[z]
     prior_fit.fit(stats)
