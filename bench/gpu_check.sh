@@ -10,7 +10,7 @@
 #      a small N either): the whole fit (K, NMI, seconds, epochs; FAISS k-means given K after it,
 #      while time is left),
 # each under its share of the time, and writes one JSON after each step (bench/results/gpu_check.json,
-# and a copy in $OUT when the device runner sets it) and a short summary with the issue's targets:
+# and a copy in $OUT when the device runner sets it) and a short summary with the targets:
 # fit < 60 s, K 950-1,050, NMI >= 0.90, epoch <= 0.4 s.
 #
 #   bash bench/gpu_check.sh                                   # on the GPU machine
@@ -51,7 +51,7 @@ from pathlib import Path
 
 path, n, k, d, family, device = sys.argv[1:]
 work = Path(os.environ["GPU_CHECK_WORK"])
-out = {"issue": 47, "n": int(n), "k": int(k), "d": int(d), "family": family, "device_asked": device}
+out = {"n": int(n), "k": int(k), "d": int(d), "family": family, "device_asked": device}
 try:
     import torch
     out["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
