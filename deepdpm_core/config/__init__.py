@@ -14,9 +14,10 @@ from deepdpm_core.config.schema import (
     from_dict,
     from_stored,
 )
+from deepdpm_core.config.sections import check_row_count
 from deepdpm_core.errors import ConfigError
 
 __all__ = [
-    "FIXED_KEYS", "Config", "config_sections", "ConfigError", "DataConfig", "EStepConfig", "from_dict", "from_stored", "InitConfig", "load_config",
+    "FIXED_KEYS", "check_row_count", "Config", "config_sections", "ConfigError", "DataConfig", "EStepConfig", "from_dict", "from_stored", "InitConfig", "load_config",
     "MovesConfig", "parse_overrides", "PriorConfig", "ScheduleConfig"
 ]

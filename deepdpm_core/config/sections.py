@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from deepdpm_core.errors import DataError
+
 
 def _yaml_number(value: Any) -> Any:
     # YAML 1.1 reads "5e-4" (no dot) as a string; accept it as the number it is
@@ -133,6 +135,18 @@ class InitConfig(Section):
     def rows_needed(self) -> int:
         """The fewest rows a fit accepts: 2, or ``n_clusters`` when it is a number."""
         return 2 if self.n_clusters == "auto" else max(2, int(self.n_clusters))
+
+
+def check_row_count(n: int, need: int, what: str = "X") -> None:
+    """Refuse a fit of ``n`` rows that needs ``need`` (:attr:`InitConfig.rows_needed`).
+
+    Raises
+    ------
+    DataError
+        ``n < need``, naming ``what`` (X, or the input file).
+    """
+    if n < need:
+        raise DataError(f"{what} has {n} rows, fewer than the {need} needed (initial clusters)")
 
 
 class ModelConfig(Section):

@@ -8,6 +8,7 @@ import numpy as np
 import scipy.sparse
 import torch
 
+from deepdpm_core.config import check_row_count
 from deepdpm_core.errors import DataError
 
 
@@ -64,8 +65,7 @@ def check_features(X: object, *, min_rows: int = 1, n_features: int | None = Non
         what = ("values beyond float32's range (|x| > 3.4e38)" if np.isfinite(source[bad]).all()
                 else "NaN or inf values")
         raise DataError(f"X has {len(bad)} row(s) with {what} (rows {head})")
-    if n < min_rows:
-        raise DataError(f"X has {n} rows, fewer than the {min_rows} needed (initial clusters)")
+    check_row_count(n, min_rows)
     return arr
 
 

@@ -219,7 +219,9 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         self._set_model(search)
         self.model_.freeze()
         del self._names
-        self.labels_ = self.model_.predict_assignments(self._rows(X))[0].numpy()
+        # the search's rows are X checked and transformed: X is not read a second time
+        labels, _ = self.model_.assigner().predict_assignments(search.x, transformed=True)
+        self.labels_ = labels.numpy()
         return self
 
     def _set_model(self, search: Search) -> None:

@@ -146,12 +146,15 @@ class ClusterAssigner:
             raise CheckpointError(f"{path} is {exc}") from exc
 
     @torch.no_grad()
-    def log_proba_batches(self, x: Tensor, batch_size: int = 65536) -> Iterator[Tensor]:
-        """ln r = log_softmax(f_cl(x̃)) for raw rows x (N, D), one (B, K) CPU batch at a time."""
+    def log_proba_batches(self, x: Tensor, batch_size: int = 65536, *,
+                          transformed: bool = False) -> Iterator[Tensor]:
+        """ln r = log_softmax(f_cl(x̃)) for raw rows x (N, D), or for rows already in x̃
+        when ``transformed``, one (B, K) CPU batch at a time."""
         precision = resolve_precision(self.config.model.precision, self.device)
         self.cluster_net.eval()  # no train-only layers; a search sets its own mode per epoch
         for s in range(0, x.shape[0], batch_size):
-            xb = self.coords.apply(x[s : s + batch_size].to(self.device)).float()
+            xb = x[s : s + batch_size].to(self.device)
+            xb = (xb if transformed else self.coords.apply(xb)).float()
             with net_precision(precision, self.device):
                 logits = self.cluster_net(xb)
             yield F.log_softmax(logits.float(), dim=1).cpu()
@@ -161,9 +164,11 @@ class ClusterAssigner:
         out = list(self.log_proba_batches(x, batch_size))
         return torch.cat(out) if out else torch.zeros(0, self.n_clusters)
 
-    def predict_assignments(self, x: Tensor, batch_size: int = 65536) -> tuple[Tensor, Tensor]:
-        """Hard cluster and its responsibility max_k r_ik of raw rows, batch by batch
-        (never the (N, K) array: 5 GB at 1.28M rows and K = 1000).
+    def predict_assignments(self, x: Tensor, batch_size: int = 65536, *,
+                            transformed: bool = False) -> tuple[Tensor, Tensor]:
+        """Hard cluster and its responsibility max_k r_ik of raw rows (in x̃ when
+        ``transformed``), batch by batch (never the (N, K) array: 5 GB at 1.28M rows and
+        K = 1000).
 
         Returns
         -------
@@ -171,7 +176,7 @@ class ClusterAssigner:
         confidence : Tensor of shape (N,), float32
         """
         labels, confidence = [], []
-        for lp in self.log_proba_batches(x, batch_size):
+        for lp in self.log_proba_batches(x, batch_size, transformed=transformed):
             best, arg = lp.max(1)
             labels.append(arg)
             confidence.append(best.exp())

@@ -144,6 +144,7 @@ def check_input(request: FitRequest) -> None:
     ------
     DataError
     """
+    from deepdpm_core.config import check_row_count
     from deepdpm_core.errors import DataError
     from pipeline.io.feature_rows import feature_shape
     from pipeline.io.row_checks import check_fit_rows
@@ -160,9 +161,7 @@ def check_input(request: FitRequest) -> None:
 
         check_fit_rows(table, request.input)
         config = request.fit_config()
-        if len(table.X) < config.init.rows_needed:
-            raise DataError(f"{request.input} has {len(table.X)} row(s), fewer than the "
-                            f"{config.init.rows_needed} a fit needs (one per initial cluster, at least 2)")
+        check_row_count(len(table.X), config.init.rows_needed, str(request.input))
         check_fit_memory(config, *table.X.shape, request.input)
     if table.feature_names and request.table_columns.features is None:
         _warn_of_class_codes(table)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+
 from deepdpm_core import DeepDPM
 from deepdpm_core.errors import ConfigError
 from deepdpm_core.progress_bars import epoch_bar
@@ -83,6 +85,9 @@ def run_local_fit(request: FitRequest, *, fault: FaultHook | None = None) -> out
     with tracker:
         # checks the rows first: rows that cannot be fitted leave the output folder as it was
         search = runner.start_job(config, table.X, tracker, request.input, state=state)
+        # checked, the rows are float32 numbers as they are: a float64 table is not kept
+        # beside the search through the fit
+        table.X = table.X.astype(np.float32, copy=False)
         if request.resumable and not request.resume:
             if request.overwrite:  # a later --resume must not restore the earlier fit's
                 checkpoints.remove_checkpoints(out)

@@ -33,7 +33,8 @@ from typing import Any
 
 from deepdpm_core import errors
 from deepdpm_core.atomic_files import write_json_atomic
-from deepdpm_core.errors import ConfigError, DataError, DeepDPMError
+from deepdpm_core.config import check_row_count
+from deepdpm_core.errors import ConfigError, DeepDPMError
 from pipeline.fit.checkpoints import (
     TRAIN_DIR,
     has_ray_checkpoints,
@@ -97,10 +98,8 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
         raise ConfigError(f"{out} holds checkpoints of an earlier fit: continue it with "
                           f"--resume {out}, start afresh with --overwrite, or choose another "
                           "--output")
-    n, _ = feature_shape(request.input, request.table_columns)
-    need = config.init.rows_needed
-    if n < need:
-        raise DataError(f"{request.input} has {n} rows, fewer than the {need} needed (initial clusters)")
+    check_row_count(feature_shape(request.input, request.table_columns)[0], config.init.rows_needed,
+                    str(request.input))
     if request.overwrite and not request.resume:
         remove_checkpoints(out)  # a new TorchTrainer would restore them
 

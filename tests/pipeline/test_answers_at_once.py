@@ -76,7 +76,7 @@ def test_import_deepdpm_core_loads_neither_torch_nor_its_config():
      "--output {root}/notes.txt already exists"),
     (["report", "{root}/fit", "--max-clusters", "0"], "--max-clusters and --per-cluster must be >= 1"),
     (["fit", "--input", "{root}/x.npy", "--output", "{root}/o", "--set", "init.n_clusters=2000"],
-     "{root}/x.npy has 1000 row(s), fewer than the 2000 a fit needs"),
+     "{root}/x.npy has 1000 rows, fewer than the 2000 needed (initial clusters)"),
 ])
 def test_errors_are_answered_before_torch_in_one_line(files, argv, message):
     argv = [a.format(root=files) for a in argv]

@@ -50,6 +50,27 @@ def test_fit_attributes_and_history(fitted, data):
     np.testing.assert_allclose(confidence, m.predict_proba(X).max(1), rtol=1e-6)
 
 
+class _CountedReads:
+    """Rows that count how often they are read as an array."""
+
+    def __init__(self, X):
+        self.X, self.reads = X, 0
+
+    def __array__(self, dtype=None, copy=None):
+        self.reads += 1
+        return self.X
+
+    def __len__(self):
+        return len(self.X)
+
+
+def test_fit_reads_and_checks_X_once(data):
+    rows = _CountedReads(data[0])
+    m = DeepDPM(random_state=0, schedule__max_epochs=3).fit(rows)
+    assert rows.reads == 1  # the labels come from the fit's own copy of the rows
+    np.testing.assert_array_equal(m.labels_, m.predict(data[0]))
+
+
 def test_same_random_state_same_result(fitted, data):
     again = DeepDPM(random_state=0, **FAST).fit(data[0])
     np.testing.assert_array_equal(again.labels_, fitted.labels_)
