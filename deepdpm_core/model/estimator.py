@@ -220,7 +220,7 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         self.model_.freeze()
         del self._names
         # the search's rows are X checked and transformed: X is not read a second time
-        labels, _ = self.model_.assigner().predict_assignments(search.x, transformed=True)
+        labels, _ = self.model_.predict_assignments(search.x, transformed=True)
         self.labels_ = labels.numpy()
         return self
 
@@ -305,7 +305,7 @@ class DeepDPM(ClusterMixin, BaseEstimator):
             ``predict_proba(X).max(1)``, computed batch by batch.
         """
         model = self._fitted()
-        return model.assigner().predict_confidence(self._by_name(X, model), batch_size)
+        return model.predict_confidence(self._by_name(X, model), batch_size)
 
     @property
     def n_features_in_(self) -> int:

@@ -216,17 +216,12 @@ def _copied(value: Any) -> Any:
 
 
 @dataclass(eq=False)
-class FittedModel:
-    """A fitted DeepDPM: clustering net, input transform and mixture parameters.
+class FittedModel(ClusterAssigner):
+    """A fitted DeepDPM: the assigner (its config, input transform and clustering net, in
+    whose coordinates x̃ the mixture lives) and the mixture parameters.
 
     Attributes
     ----------
-    config : Config
-        The config it was fitted with.
-    coords : FeatureCoordinates
-        Raw rows -> the fit's coordinates x̃, in which the net and the mixture live.
-    cluster_net : ClusterNet
-        f_cl: x̃ (B, D) -> logits (B, K).
     means : Tensor of shape (K, D), float64
         Cluster means in x̃.
     covariances : Tensor of shape (K, D, D), float64
@@ -242,30 +237,12 @@ class FittedModel:
         when the features had none (an array).
     """
 
-    config: Config
-    coords: FeatureCoordinates
-    cluster_net: ClusterNet
     means: Tensor
     covariances: Tensor
     log_weights: Tensor
     history: list[dict[str, Any]]
     n_total: int
     feature_names: list[str] | None = None
-
-    @property
-    def dim(self) -> int:
-        """D, the number of features."""
-        return self.coords.n_features
-
-    @property
-    def n_clusters(self) -> int:
-        """K."""
-        return int(self.means.shape[0])
-
-    @property
-    def device(self) -> torch.device:
-        """Where the net runs (that of the fit; the CPU for a loaded model)."""
-        return self.means.device
 
     # ------------------------------------------------------------- building
     @classmethod
@@ -355,25 +332,6 @@ class FittedModel:
     def assigner(self) -> ClusterAssigner:
         """The part of the model that assigns rows (the net and the transform, shared)."""
         return ClusterAssigner(self.config, self.coords, self.cluster_net)
-
-    def log_proba_batches(self, x: Tensor, batch_size: int = 65536) -> Iterator[Tensor]:
-        """ln r = log_softmax(f_cl(x̃)) for raw rows x (N, D), one (B, K) CPU batch at a time."""
-        return self.assigner().log_proba_batches(x, batch_size)
-
-    def predict_log_proba(self, x: Tensor, batch_size: int = 65536) -> Tensor:
-        """ln r for raw rows; shape (N, K)."""
-        return self.assigner().predict_log_proba(x, batch_size)
-
-    def predict_assignments(self, x: Tensor, batch_size: int = 65536) -> tuple[Tensor, Tensor]:
-        """Hard cluster and its responsibility max_k r_ik of raw rows, batch by batch
-        (:meth:`ClusterAssigner.predict_assignments`).
-
-        Returns
-        -------
-        labels : Tensor of shape (N,), int64
-        confidence : Tensor of shape (N,), float32
-        """
-        return self.assigner().predict_assignments(x, batch_size)
 
     # ------------------------------------------------------- in the features
     def feature_means(self) -> Tensor:

@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from deepdpm_core.errors import DataError
-from pipeline.predict.model_header import data_pickle
 
 #: the model file format read here (``deepdpm_core.model.fitted_model.FORMAT``)
 FORMAT = "deepdpm-model/1"
@@ -140,16 +139,24 @@ def _materialised(archive: zipfile.ZipFile, prefix: str, order: str, value: Any)
     return value
 
 
-def read_assigner_state(path: str | Path) -> dict[str, Any] | None:
-    """The assigner's part of a model file (:data:`ASSIGNER_KEYS`, tensors as NumPy arrays),
-    read without torch; None where the file is not a torch zip archive this reader knows, or
-    its pickle references a global other than a tensor's, a storage's (float32, float64,
-    int64) or ``OrderedDict`` (nothing in it has run).
+def data_pickle(archive: zipfile.ZipFile) -> str | None:
+    """The name of a torch zip archive's one ``data.pkl`` member; None: not one."""
+    pickles = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+    return pickles[0] if len(pickles) == 1 else None
+
+
+def read_model_state(path: str | Path, keys: tuple[str, ...] = ASSIGNER_KEYS) -> dict[str, Any] | None:
+    """The ``keys`` of a model file's dict (by default the assigner's, :data:`ASSIGNER_KEYS`;
+    tensors as NumPy arrays), read without torch; None where the file is not a torch zip
+    archive this reader knows, or its pickle references a global other than a tensor's, a
+    storage's (float32, float64, int64) or ``OrderedDict`` (nothing in it has run).
 
     Parameters
     ----------
     path : path
         A ``model.pt`` written by ``deepdpm fit`` or :meth:`DeepDPM.save`.
+    keys : tuple of str
+        Only their tensors are read from disk.
     """
     try:
         with zipfile.ZipFile(path) as archive:
@@ -167,7 +174,7 @@ def read_assigner_state(path: str | Path) -> dict[str, Any] | None:
             if not isinstance(state, dict):
                 return None
             return _materialised(archive, prefix, "<" if order == "little" else ">",
-                                 {k: state[k] for k in ASSIGNER_KEYS if k in state})
+                                 {k: state[k] for k in keys if k in state})
     except (OSError, zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError,
             TypeError, AttributeError, IndexError, KeyError, UnicodeDecodeError):
         return None
@@ -213,7 +220,7 @@ class NumpyAssigner:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> NumpyAssigner | None:
-        """The assigner of :func:`read_assigner_state`'s dict; None where it is not a
+        """The assigner of :func:`read_model_state`'s dict; None where it is not a
         ``deepdpm-model/1`` model this class computes as torch does (a ``bf16`` forward,
         a malformed state: torch's loader then names what is wrong)."""
         try:
@@ -306,8 +313,8 @@ def read_numpy_assigner(path: str | Path) -> NumpyAssigner | None:
     """The :class:`NumpyAssigner` of a model file, or None where it cannot be read so
     (another format, a ``bf16`` forward, a damaged or unsafe file: the torch loader then
     reads it or names what is wrong)."""
-    state = read_assigner_state(path)
+    state = read_model_state(path)
     return None if state is None else NumpyAssigner.from_state(state)
 
 
-__all__ = ["NumpyAssigner", "read_assigner_state", "read_numpy_assigner"]
+__all__ = ["NumpyAssigner", "read_model_state", "read_numpy_assigner"]

@@ -23,7 +23,7 @@ from sklearn.datasets import load_digits
 
 from deepdpm_core import DeepDPM
 from pipeline.cli import main
-from pipeline.predict.numpy_assigner import read_assigner_state, read_numpy_assigner
+from pipeline.predict.numpy_assigner import read_model_state, read_numpy_assigner
 
 #: rows per forward pass: the 1,797 digits in four uneven batches
 BATCH = 500
@@ -70,7 +70,7 @@ def test_the_numpy_assigner_gives_torchs_labels_and_confidences(digits, tmp_path
 def test_a_bf16_model_is_left_to_torch_and_predicts_as_torch_does(digits, tmp_path):
     path = tmp_path / "model.pt"
     _fit(digits, path, model__precision="bf16")
-    assert read_assigner_state(path) is not None  # readable, but its forward is autocast's
+    assert read_model_state(path) is not None  # readable, but its forward is autocast's
     assert read_numpy_assigner(path) is None
     rows, out = tmp_path / "rows.npy", tmp_path / "out.parquet"
     np.save(rows, digits[:1000])
@@ -125,7 +125,7 @@ def test_a_pickle_with_a_foreign_global_is_refused_without_running_it(digits, tm
             if name.endswith("/data.pkl"):
                 data = pickle.dumps({"format": "deepdpm-model/1", "hook": _RunsCode(marker)})
             out.writestr(name, data)
-    assert read_assigner_state(bad) is None
+    assert read_model_state(bad) is None
     assert read_numpy_assigner(bad) is None
     assert not marker.exists()
     rows = tmp_path / "rows.npy"
