@@ -41,67 +41,20 @@ class Section(BaseModel):
 
 
 class DataConfig(Section):
-    """Input transform applied to every row before the fit and at prediction time.
-
-    ``none``: the features as given (the fit is invariant to their common unit: see
-    ``docs/design.md``, section Invariances); ``normalize``: each row divided by its L2
-    norm (the reference code's default, scikit-learn ``Normalizer``); ``standard``: each
-    feature centred and divided by its standard deviation; ``min_max``: each feature
-    mapped to [0, 1]. The last two are fitted on the training data and stored with the
-    model. ``auto`` (default) is ``standard`` for features in different units, else
-    ``none`` (:func:`deepdpm_core.data.coordinates.resolve_transform`); the choice is stored
-    with the model: ``standard`` where the participation ratio (Σv)²/Σv² of the
-    per-feature variances v is below 3 (two or three features carry the variance) and the
-    features' standard deviations span more than 30×.
-    """
+    """Input transform applied to every row before the fit and at prediction time, fitted
+    on the training data and stored with the model (docs/design.md, "Coordinates")."""
 
     transform: Literal["auto", "none", "normalize", "standard", "min_max"] = Field(
         "auto", description="`standard` when the features are in different units, else as given")
 
 
 class PriorConfig(Section):
-    """Dirichlet-process and Normal-Inverse-Wishart prior (paper Supmat §NIW).
-
-    ``sigma_scale: auto`` (default) fits s of Ψ0 = s·P to the current clusters at every
-    M-step: the type-II maximum likelihood (:func:`deepdpm_core.bayes.empirical_bayes.empirical_bayes_scale`)
-    of the per-feature variances, i.e. of the diagonal model of the same clusters.
-    ``evidence`` maximises the evidence of the prior's own model instead (for full
-    covariances it is ruled by the clusters' smallest principal variances, and on UMAP
-    layouts, whose clusters have near-degenerate directions, it lets them split). A
-    number fixes s in the units of the features. ``psi: fitted`` (default) is
-    Ψ0 = s·diag(p) with p refitted at every M-step, one scale per feature, each the type-II
-    maximum likelihood of that feature's own model of the clusters
-    (:func:`deepdpm_core.bayes.empirical_bayes.empirical_bayes_shape`), of mean 1 in the
-    features' units: features whose clusters are all tight (blank pixels) get a small
-    scale instead of setting one small s for all. ``identity`` is Ψ0 = s·I, the paper's
-    (with ``sigma_scale: 0.005``, its fixed prior); ``data_std`` is s·diag(std). A fitted s
-    makes the fit independent of the features' units, a fitted p of each feature's.
-    ``kappa: auto`` is κ0 = s / v̄ with v̄ the data's mean per-feature variance: the prior
-    spread of cluster means, Σ/κ0, is then the data's own. ``nu: auto`` fits ν0 the same way, given s
-    (:func:`deepdpm_core.bayes.empirical_bayes.empirical_bayes_nu`), never below the paper's D + 2: clusters
-    of one common shape raise it, so that a full covariance costs little evidence even
-    with few points per dimension (10 clusters of 600 points in 128-D are found; at
-    ν0 = D + 2 the fit stays at K = 2–3); clusters of varied shapes keep it at D + 2.
-    ``nu: null`` is the paper's D + 2 (3 when diagonal).
-    Every value is known to a fraction of its feature's variance
-    (:data:`deepdpm_core.bayes.prior_fit.COVARIANCE_FLOOR`), so constant, duplicated, binary
-    or collinear features and clusters of a few rows keep a positive-definite posterior.
-    ``coarsening`` c judges each split or merge by the coarsened posterior (Miller &
-    Dunson 2019) with the likelihood raised to ζ = c / (c + n), n the points the move
-    touches (:func:`deepdpm_core.moves.proposals.coarsened`): clusters that are not quite Gaussian
-    (curved, heavy-tailed, as real embeddings are) are not split further as N grows.
-    ``null`` is the exact DP posterior of the paper, under which K grows with N on such
-    clusters. c rises to c_p·P for clusters with P > c/c_p free parameters (D + D(D + 1)/2,
-    or 2D diagonal; c_p :data:`deepdpm_core.moves.proposals.COARSENING_PER_PARAMETER`: above
-    10 features at the defaults), so that a split needs about the same gain per point in
-    every dimension (:func:`deepdpm_core.moves.coarsening_constant`).
-    ``covariance_type: diag`` uses diagonal covariances (one
-    Normal-Inverse-Gamma model per feature, as the reference code's NIG prior); ``auto``
-    takes, at every M-step, the one of full and diag whose evidence Σ_k ln f(X_k) given
-    the current clusters is larger. It is not the default: at K = 1 the evidence judges
-    one cluster, and on PCA scores (a diagonal global covariance) it picks diag and the
-    fit stays at K = 1 (digits PCA-10).
-    """
+    """Dirichlet-process and Normal-Inverse-Wishart prior (paper Supmat §NIW), fitted to the
+    current clusters by empirical Bayes at every M-step by default, and the coarsened
+    posterior that judges the moves (docs/design.md, "The prior", "Self-calibration" and
+    "Split and merge moves"). ``covariance_type: auto`` is not the default: at K = 1 the
+    evidence judges one cluster, and on PCA scores (a diagonal global covariance) it picks
+    diag and the fit stays at K = 1 (digits PCA-10)."""
 
     alpha: Positive = Field(
         10.0, description="DP concentration: ln α per split; higher favours more clusters (weakly when α << N)")
@@ -189,19 +142,8 @@ class ScheduleConfig(Section):
 
 
 class SmallDataConfig(Section):
-    """Fits of at most ``max_rows`` rows (over all ranks) search by exact EM.
-
-    Each epoch's M-step takes the E-step responsibilities r^E themselves (paper Eq. 5;
-    what the clustering net learns to output) and the subclusters are 2-means steps
-    within each cluster (the minimiser of the subclustering nets' loss, Eq. 7, for the
-    current means); the moves, the prior and the stop rule are the same. Without nets to wait
-    for, moves come every 2 epochs after one warm-up epoch, with no freeze
-    (:mod:`deepdpm_core.training.exact_em`). Once K has settled, the clustering net is
-    fitted to the final responsibilities (:func:`deepdpm_core.training.exact_em.distil`).
-    Before that, the search starts again from a k-means partition of 2K, 4K, ... clusters whose
-    coarsened ln p(X, z) is ``growth_gain`` nats a row above the settled partition's
-    (:func:`deepdpm_core.training.settling.grow`; None: never).
-    """
+    """Fits of at most ``max_rows`` rows (over all ranks) search by exact EM
+    (:mod:`deepdpm_core.training.exact_em`; docs/design.md, "Small data")."""
 
     max_rows: NonNegativeInt = Field(
         100_000, description="up to this many rows the search is exact EM and the net is fitted to its result")
@@ -210,16 +152,8 @@ class SmallDataConfig(Section):
 
 
 class MovesConfig(Section):
-    """Which split/merge rounds run (paper §3.2, Supmat 'Merge Proposals').
-
-    The rules of a round are constants of the modules that apply them: the smallest
-    subcluster a split may leave, below which clusters are pruned
-    (:data:`~deepdpm_core.moves.proposals.MIN_SUBCLUSTER_SIZE`), the density valleys a split
-    must cross and a merge must lack (:data:`~deepdpm_core.moves.density_valleys.SPLIT_VALLEY`,
-    :data:`~deepdpm_core.moves.density_valleys.MERGE_VALLEY`), the valleys across which a move
-    is judged by the exact posterior (:data:`~deepdpm_core.moves.proposals.EXACT_VALLEY`) and
-    the parts of a birth (:data:`~deepdpm_core.moves.births.BIRTH_PARTS`).
-    """
+    """Which split/merge rounds run (paper §3.2, Supmat 'Merge Proposals'); the rules of a
+    round are constants of :mod:`deepdpm_core.moves` (docs/design.md, "Split and merge moves")."""
 
     split: bool = Field(
         True, description="propose splits")
@@ -228,17 +162,8 @@ class MovesConfig(Section):
 
 
 class EStepConfig(Section):
-    """E-step targets and soft statistics.
-
-    The E-step (:class:`~deepdpm_core.estep.EStep`)
-    rules out, by a lower bound on each cluster's Mahalanobis distance, the clusters whose
-    responsibility is provably below float32 resolution, and computes exact log-densities
-    for the rest. While K <= ``dense_max_k`` a point may keep every cluster (the targets are
-    the dense E-step's to float32 resolution; memory O(N·K)); above it each point keeps at
-    most ``top_m``, its most likely ones (memory O(N·top_m)). The soft statistics take the
-    net's responsibilities on each point's support, so an epoch costs O(N·K·D + N·s·D²) for
-    s supported clusters per point (about 1.1–1.4) instead of O(N·K·D²).
-    """
+    """E-step targets and soft statistics (:class:`~deepdpm_core.estep.EStep`;
+    docs/design.md, "E-step")."""
 
     top_m: PositiveInt = Field(
         8, description="most clusters in a point's E-step support when K > `estep.dense_max_k` (memory N × top_m)")

@@ -2,12 +2,8 @@
 
 A fit that found its clusters says nothing. :func:`diagnose` reads a finished fit's epoch
 records and warns when K ended at 1 having fallen from more or with its split rounds
-idle (``collapsed``); a fit stopped by ``schedule.max_epochs`` says so where it says why it
-stopped (the progress bar, the report). Each warning says what happened, what it means for the result and the one
-thing to try: the default ``prior.sigma_scale`` where a fixed one was set, standardised
-features when one feature's variance dwarfs the others' (:data:`UNITS_RATIO`), else a
-learned feature space (for groups that overlap as Gaussians in these features, no prior
-setting helps: two overlapping Gaussians stay at K = 1 under every knob). The CLI
+idle, saying what it means and the one thing to try (:func:`remedy`; for groups that
+overlap as Gaussians in these features no prior setting helps). The CLI
 (:class:`DiagnosticsMonitor`), ``DeepDPM.fit`` and the report all judge the fit's final
 records, so they say the same.
 
@@ -67,14 +63,9 @@ def move_kinds(history: Sequence[Mapping[str, Any]]) -> list[str | None]:
 
 
 def stop_reason(history: Sequence[Mapping[str, Any]]) -> str | None:
-    """Why a finished fit stopped, as its progress bar said: ``"K settled after 33 epochs
-    (3 move rounds in a row accepted nothing)"`` or ``"max_epochs (200) reached"``.
-
-    The last record's ``stop_reason``, which the fit's
-    :class:`~deepdpm_core.moves.schedule.MoveSchedule` gave; None when the records do not
-    end the fit (e.g. records of an interrupted fit). Records written before they carried
-    it read as a fit that has not stopped: no reason is given and nothing is judged.
-    """
+    """Why a finished fit stopped, as its last record says (``"max_epochs (200) reached"``);
+    None when the records do not end the fit (an interrupted fit's, or records written
+    before they carried it: nothing is judged)."""
     return history[-1].get("stop_reason") if history else None
 
 
@@ -196,11 +187,6 @@ def diagnose(history: Sequence[Mapping[str, Any]], config: Any = None,
     return out
 
 
-def finished(history: Sequence[Mapping[str, Any]]) -> bool:
-    """The records end where the fit stops: K settled, or ``schedule.max_epochs`` done."""
-    return stop_reason(history) is not None
-
-
 class DiagnosticsMonitor:
     """Per-epoch callback that runs :func:`diagnose` once the fit stops and reports its
     warnings, so a fit's warnings are those its report shows.
@@ -223,7 +209,7 @@ class DiagnosticsMonitor:
 
     def __call__(self, record: Mapping[str, Any]) -> None:
         self.history.append(dict(record))
-        if not finished(self.history):
+        if stop_reason(self.history) is None:  # the fit goes on
             return
         seen = {d.kind for d in self.reported}
         for diagnostic in diagnose(self.history, self.config, self.variance_ratio):
@@ -234,6 +220,6 @@ class DiagnosticsMonitor:
 
 __all__ = [
     "COLLAPSED_K", "STUCK_SPLIT_ROUNDS", "TINY_ROWS", "TINY_SHARE", "UNITS_RATIO", "Diagnostic",
-    "DiagnosticsMonitor", "diagnose", "finished", "move_kinds", "remedy", "stop_reason",
+    "DiagnosticsMonitor", "diagnose", "move_kinds", "remedy", "stop_reason",
     "tiny_cluster_rows", "tiny_clusters", "variance_summary",
 ]

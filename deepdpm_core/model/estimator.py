@@ -184,16 +184,9 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         Warns
         -----
         UserWarning
-            A column of a DataFrame X looks like a class code (named ``target``, ``class``,
-            ``label`` or ``y``, or a few whole numbers beside fractional features:
-            :func:`deepdpm_core.class_codes.class_code_columns`).
-        UserWarning
-            Something is wrong with K (:func:`deepdpm_core.model.diagnostics.diagnose`,
-            the warnings the CLI prints): the fit ended with one cluster, fallen from
-            more or with its split rounds idle. The message says what it means and the
-            one thing to try.
-            A fit that found its clusters, by splits or by merging the initial k-means
-            ones, does not warn.
+            A column of a DataFrame X looks like a class code
+            (:func:`deepdpm_core.class_codes.class_code_columns`), or the fit ended with one
+            cluster (:func:`deepdpm_core.model.diagnostics.diagnose`, as the CLI warns).
         """
         config = self.get_config()
         names = _get_feature_names(X)  # scikit-learn's rule: a DataFrame's string column names
@@ -234,15 +227,14 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         return self.model_
 
     def _rows(self, X: Any) -> Any:
-        """X checked against the fitted D, as a tensor view (a DataFrame's columns in the
-        order of the fit's, :meth:`_by_name`)."""
+        """X checked against the fitted D, as a tensor view, its columns by name."""
         model = self._fitted()
         return readonly_tensor(check_features(self._by_name(X, model), n_features=model.dim))
 
     def _by_name(self, X: Any, model: FittedModel) -> Any:
-        """X with its columns in the order of ``feature_names_in_``, as scikit-learn's
-        ``_check_feature_names`` checks them, except that a DataFrame whose columns are the
-        fit's in another order is reordered rather than refused.
+        """X with its columns in the order of ``feature_names_in_`` (scikit-learn's
+        ``_check_feature_names``, but a DataFrame of the fit's columns in another order is
+        reordered, not refused).
 
         Warns
         -----
@@ -300,9 +292,8 @@ class DeepDPM(ClusterMixin, BaseEstimator):
         Returns
         -------
         labels : ndarray, shape (N,), int64
-            Same as :meth:`predict`.
         confidence : ndarray, shape (N,), float32
-            ``predict_proba(X).max(1)``, computed batch by batch.
+            ``predict_proba(X).max(1)``.
         """
         model = self._fitted()
         return model.predict_confidence(self._by_name(X, model), batch_size)
@@ -324,15 +315,17 @@ class DeepDPM(ClusterMixin, BaseEstimator):
 
     @property
     def means_(self) -> np.ndarray:
-        return self._fitted().feature_means().numpy()
+        model = self._fitted()  # in the (transformed) features' space, as the covariances
+        return model.coords.means_to_features(model.means).cpu().numpy()
 
     @property
     def covariances_(self) -> np.ndarray:
-        return self._fitted().feature_covariances().numpy()
+        model = self._fitted()
+        return model.coords.covariances_to_features(model.covariances).cpu().numpy()
 
     @property
     def weights_(self) -> np.ndarray:
-        return self._fitted().weights().numpy()
+        return self._fitted().log_weights.exp().cpu().numpy()
 
     @property
     def cluster_sizes_(self) -> np.ndarray:
@@ -371,6 +364,5 @@ class DeepDPM(ClusterMixin, BaseEstimator):
 
     @classmethod
     def from_search(cls, search: Search) -> DeepDPM:
-        """A fitted estimator around a finished search's model (e.g. one rank of a
-        distributed fit); the search itself is not kept."""
+        """A fitted estimator around a finished search's model (the search is not kept)."""
         return cls.from_model(FittedModel.from_search(search).freeze())

@@ -1,13 +1,10 @@
 """The fitted model: what predicting needs, and nothing of the training.
 
-A fitted model is the clustering net, the input transform, the cluster means, covariances
-and weights, the config and the epoch history; the search's copy of the data, its
-subclustering nets and its Adam state stay with the search. :class:`ClusterAssigner` is the
-net and the transform alone: :meth:`ClusterAssigner.load` reads just those from a model file
-(at K = 1000, D = 128 the covariances are 131 MB of the file's 132 MB). Model files
-(``model.pt``, format ``deepdpm-model/1``; a full search state carries the same keys) are
-read through :func:`deepdpm_core.model.files.safe_load` (docs/design.md, "Fitted model and
-file formats").
+:class:`ClusterAssigner` is the net and the input transform alone (:meth:`ClusterAssigner.load`
+reads just those from a model file: at K = 1000, D = 128 the covariances are 131 MB of the
+file's 132 MB); :class:`FittedModel` adds the mixture, the config and the epoch history.
+Model files (``model.pt``) are read through :func:`deepdpm_core.model.files.safe_load`
+(docs/design.md, "Fitted model and file formats").
 """
 
 from __future__ import annotations
@@ -123,12 +120,9 @@ class ClusterAssigner:
 
     @classmethod
     def load(cls, path: str | Path) -> ClusterAssigner:
-        """Read the assigner of a model file (or of a file of its :meth:`state_dict`), on the CPU.
-
-        The file is memory-mapped (:func:`~deepdpm_core.model.files.safe_load` with
-        ``mmap=True``) and only the tensors of :data:`_ASSIGNER_KEYS` are copied out of
-        it, so the mixture parameters are never read from disk and the mapping is let go
-        on return.
+        """Read the assigner of a model file (or of a file of its :meth:`state_dict`), on the
+        CPU: the file is memory-mapped and only the tensors of :data:`_ASSIGNER_KEYS` are
+        copied out of it (the mixture is never read from disk).
 
         Raises
         ------
@@ -247,13 +241,9 @@ class FittedModel(ClusterAssigner):
     # ------------------------------------------------------------- building
     @classmethod
     def from_search(cls, search: Search) -> FittedModel:
-        """The search's model at the end of its last epoch.
-
-        The net and tensors are the search's own (no copy, so a view taken between
-        epochs costs nothing); the training data, the subclustering nets and the
-        optimisers are not referenced. A net taken from a finished search should not be
-        trained further: :meth:`freeze` it.
-        """
+        """The search's model at the end of its last epoch: its own net and tensors (no
+        copy, so a view between epochs costs nothing; :meth:`freeze` it once the search is
+        done), not its data, subclustering nets or optimisers."""
         state = search.state
         return cls(search.config, search.coords, search.nets.cluster, state.means, state.covariances,
                    state.log_weights, list(search.history), int(search.n_total))
@@ -327,21 +317,3 @@ class FittedModel(ClusterAssigner):
             return cls.from_state(state)
         except CheckpointError as exc:
             raise CheckpointError(f"{path} is {exc}") from exc
-
-    # ------------------------------------------------------------ inference
-    def assigner(self) -> ClusterAssigner:
-        """The part of the model that assigns rows (the net and the transform, shared)."""
-        return ClusterAssigner(self.config, self.coords, self.cluster_net)
-
-    # ------------------------------------------------------- in the features
-    def feature_means(self) -> Tensor:
-        """Cluster means in the (transformed) features' space; (K, D), float64, CPU."""
-        return self.coords.means_to_features(self.means).cpu()
-
-    def feature_covariances(self) -> Tensor:
-        """Cluster covariances in the (transformed) features' space; (K, D, D), float64, CPU."""
-        return self.coords.covariances_to_features(self.covariances).cpu()
-
-    def weights(self) -> Tensor:
-        """Mixture weights; (K,), CPU."""
-        return self.log_weights.exp().cpu()
