@@ -469,3 +469,13 @@ def test_a_local_ray_cluster_starts_without_token_auth_announcements(tmp_path):
     assert token.stat().st_size > 0 and plain_token.stat().st_size > 0  # with a token Ray made,
     assert "Token authentication is enabled" not in ours.stderr, ours.stderr  # not announced
     assert "authentication token" not in ours.stderr, ours.stderr
+
+
+def test_too_few_rows_are_refused_in_the_same_words_in_this_process_and_on_ray(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(10, 3)).astype(np.float32))
+    errors = []
+    for flags in ([], ["--num-workers", "2"]):  # refused before any Ray cluster starts
+        assert main(["fit", "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "out"),
+                     "--no-tracking", "--set", "init.n_clusters=20", *flags]) == 2
+        errors.append(capsys.readouterr().err.strip().splitlines()[-1].split("error: ", 1)[1])
+    assert errors[0] == errors[1] == f"{tmp_path / 'x.npy'} has 10 rows, fewer than the 20 needed (initial clusters)"
