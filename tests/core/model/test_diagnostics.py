@@ -15,7 +15,6 @@ from deepdpm_core.model.diagnostics import (
     UNITS_RATIO,
     DiagnosticsMonitor,
     diagnose,
-    finished,
     move_kinds,
     remedy,
     stop_reason,
@@ -123,7 +122,7 @@ def test_monitor_warns_once_when_the_fit_stops():
     messages: list[str] = []
     monitor = DiagnosticsMonitor(Config(), messages.append)
     records = named_rounds([_record(e, 1) for e in range(60)])
-    stop = next(i for i in range(1, 61) if finished(records[:i]))
+    stop = next(i for i in range(1, 61) if stop_reason(records[:i]) is not None)
     for record in records[:stop - 1]:
         monitor(record)
     assert messages == []  # nothing while the fit goes on: its end decides
@@ -141,13 +140,13 @@ def test_the_records_say_why_the_fit_stopped():
     *going, last = DeepDPM(random_state=0).fit(X).history_
     assert all(r["stop_reason"] is None and r["converged"] is False for r in going)
     assert last["converged"] is True and last["stop_reason"].startswith(f"K settled after {len(going) + 1} epochs")
-    assert stop_reason([*going, last]) == last["stop_reason"] and finished([*going, last])
+    assert stop_reason([*going, last]) == last["stop_reason"] and stop_reason([*going, last]) is not None
     *going, last = DeepDPM(random_state=0, schedule__max_epochs=3).fit(X).history_
     assert (last["stop_reason"], last["converged"]) == ("max_epochs (3) reached", False)
     assert stop_reason([*going, last]) == "max_epochs (3) reached"
     # records written before they carried it read as a fit that goes on: nothing judged
     old = [{k: v for k, v in r.items() if k not in ("stop_reason", "converged")} for r in (*going, last)]
-    assert stop_reason(old) is None and not finished(old) and stop_reason([]) is None
+    assert stop_reason(old) is None and stop_reason([]) is None
 
 
 def test_tiny_clusters():
