@@ -1,16 +1,6 @@
-"""``deepdpm fit`` in every mode: one request, one epoch runner, one set of outputs.
-
-- :mod:`pipeline.fit.request`: :class:`~pipeline.fit.request.FitRequest` (stored for ``--resume``);
-- :mod:`pipeline.fit.runner`: one fit started (:func:`~pipeline.fit.runner.start_job`: the
-  search, fresh or resumed, and its tracked run) and its epochs run with every fit's
-  per-epoch callbacks and what the mode adds (:func:`~pipeline.fit.runner.run_epochs`), in
-  every mode and the demo;
-- :mod:`pipeline.fit.local`, :mod:`pipeline.fit.ray` (workers: :mod:`pipeline.fit.ray_worker`),
-  :mod:`pipeline.fit.alternating`: the three modes, each a thin driver of a fit job;
-- :mod:`pipeline.fit.outputs`: what every fit leaves on disk;
-- :mod:`pipeline.fit.checkpoints`: the checkpoint and autoencoder files.
-
-Submodules are imported on use: the Ray mode pulls in Ray, the others do not.
+"""``deepdpm fit`` in every mode: one request, one epoch runner, one set of outputs
+(docs/design.md, "Package map" and "Fit modes"). Submodules are imported on use: the Ray
+mode pulls in Ray, the others do not.
 """
 
 from __future__ import annotations

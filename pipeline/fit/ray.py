@@ -1,21 +1,12 @@
 """A fit on Ray Train: a ``TorchTrainer`` of W data-parallel (DDP) workers.
 
-Each worker reads only its slice of the rows (:func:`pipeline.fit.distributed.load_rank_rows`)
-and runs the common epoch loop (:func:`pipeline.fit.runner.run_epochs`) with a
-``torch.distributed`` communicator. The run lives in ``OUT/fit_request.json`` and
-``OUT/ray_train/`` (Ray Train's storage: checkpoints in the model file format,
-:mod:`pipeline.fit.checkpoints`); a worker failure or ``--resume`` restores the latest
-checkpoint. Only rank 0 scores, logs to MLflow and draws progress; at the end it predicts
-every row into a staging folder, which the driver publishes once Ray Train is done with
-``OUT/ray_train`` (:mod:`pipeline.io.run_folder`). Ctrl-C writes ``OUT/stop_requested``
-(:data:`STOP_FILE`) and every worker stops at the same epoch's end, resumably; a second
-Ctrl-C stops the driver at once and keeps the latest checkpoint. Ray's routine messages
-are kept off stderr (:data:`RAY_TRAIN_SETTINGS`, :mod:`pipeline.ray_cluster.bars`).
+Each worker reads its slice of the rows (:func:`pipeline.fit.distributed.load_rank_rows`)
+and runs the common epoch loop (:func:`pipeline.fit.runner.run_epochs`); checkpoints live in
+``OUT/ray_train/`` (:mod:`pipeline.fit.checkpoints`). Rank 0 scores, logs and writes the
+outputs into a staging folder that the driver publishes (:mod:`pipeline.io.run_folder`).
+Ctrl-C writes :data:`STOP_FILE` and every worker stops at the same epoch's end, resumably.
 Details: docs/distributed.md, "Distributed training (Ray Train + DDP)"; docs/reliability.md,
 "A Ray fit stops at an epoch's end on Ctrl-C and resumes".
-
-Tests inject crashes with ``run_ray_fit(request, fault=...)``: the callable travels to
-every worker in the ``train_loop_config`` and is called before each epoch.
 """
 
 from __future__ import annotations

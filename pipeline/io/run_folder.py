@@ -1,17 +1,11 @@
 """Publishing a run folder in one step: a fit's outputs appear together or not at all.
 
-A fit writes its outputs into a staging folder beside ``OUT`` (:func:`staging_folder`);
-:func:`publish_run` carries the entries of ``OUT`` that are not run outputs (checkpoints,
-the user's files) into it as hard links and exchanges the two folders in one
-``renameat2(RENAME_EXCHANGE)``, so ``OUT`` is at every instant either the earlier run or
-the new one, never a mix. Where the exchange is not supported it falls back to two
-renames, and :func:`remove_leftovers` (run by the next writer, under the output's lock)
-puts back an earlier run that a kill between them left aside and removes staging folders
-and temporary files of killed writers. An output folder that is a mount point (a
-container volume), or that holds one, cannot be swapped without crossing the mount: its
-staging folder is made inside it and its outputs are moved in one by one, ``summary.json``
-(which says a fit is finished) last (:func:`publishes_in_place`). Details:
-docs/reliability.md, "A run folder is never a mix of two runs" and "Clean up after failures".
+A fit writes into a staging folder beside ``OUT`` (:func:`staging_folder`); :func:`publish_run`
+hard-links the entries of ``OUT`` that are not run outputs into it and exchanges the two
+folders in one ``renameat2(RENAME_EXCHANGE)`` (two renames where unsupported, mended by
+:func:`remove_leftovers`; a mount point is filled in place, ``summary.json`` last:
+:func:`publishes_in_place`). Details: docs/reliability.md, "A run folder is never a mix of
+two runs" and "Clean up after failures".
 """
 
 from __future__ import annotations

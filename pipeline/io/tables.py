@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from deepdpm_core.errors import DataError
 from pipeline.io.columns import ChosenColumns, TableColumns, choose_columns
@@ -33,6 +32,7 @@ from pipeline.io.wide_tables import (
     label_values,
     read_any_table,
     read_parquet,
+    read_parquet_schema,
     rows_of,
 )
 
@@ -233,10 +233,7 @@ def input_columns(path: str | Path, columns: TableColumns | Mapping[str, Any] | 
     if first is None or kind not in ("parquet", "csv", "arrow"):
         return None
     if kind == "parquet":
-        try:
-            schema = pq.read_schema(first)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise DataError(f"cannot read Parquet {first}: {exc}") from exc
+        schema = read_parquet_schema(first)
     else:
         schema = read_any_table(first, kind, columns.header).schema
     if is_embedding_layout(schema.names, columns):
@@ -248,12 +245,7 @@ def _read_table_file(path: Path, kind: str, columns: TableColumns, data: bytes |
                      ) -> _Part:
     """The rows of one table file (parsed from ``data``, its bytes, where given)."""
     if kind == "parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            schema = pq.read_schema(path if data is None else pa.BufferReader(data))
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise DataError(f"cannot read Parquet {path}: {exc}") from exc
+        schema = read_parquet_schema(path, data)
         if is_embedding_layout(schema.names, columns):
             return _embedding_part(read_parquet(path, data=data), path)
         chosen = choose_columns(schema, columns, path)

@@ -144,6 +144,22 @@ def read_arrow(path: str | Path, data: bytes | None = None) -> pa.Table:
         raise DataError(f"cannot read Arrow {path}: {exc}") from exc
 
 
+def read_parquet_schema(path: str | Path, data: bytes | None = None) -> pa.Schema:
+    """A Parquet file's schema (from ``data``, the file's bytes, where given).
+
+    Raises
+    ------
+    DataError
+        Not a readable Parquet file.
+    """
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_schema(_source(Path(path), data))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"cannot read Parquet {path}: {exc}") from exc
+
+
 def read_parquet(path: str | Path, columns: list[str] | None = None, data: bytes | None = None
                  ) -> pa.Table:
     """One Parquet file (the ``columns`` asked for, or all) as a table (from ``data``, the

@@ -1,22 +1,11 @@
 """``deepdpm predict`` over a folder of Parquet files: Ray Data with the model in an actor pool.
 
-One Ray Data pipeline covers every input file that has no finished output yet::
-
-    from_items((file, row group) of every file)   one work item per Parquet row group
-      -> PredictRowGroups (ActorPoolStrategy)     the model's assigner loaded once per
-                                                  actor; reads its row group batch by batch
-      -> driver                                   collects a file's row groups, writes it
-
-Each input file ``IN/a/b.parquet`` gets ``OUT/a/b.parquet`` with the columns of the
-single-file path (:func:`pipeline.io.table_writing.assignments_table`). Every output row carries
-its (file index, row group index), so nothing depends on the order in which Ray Data hands
-results back. A file is written once all its row groups are in, under a temporary name
-and renamed (:func:`deepdpm_core.atomic_files.atomic_path`: never a partial ``b.parquet``);
-its metadata records the row count and the model's SHA-256, and a rerun skips the files
-whose output has both. Neither an actor nor the driver (which imports no torch) ever holds
-the whole table or N x K values; the assigner reaches the actors as bytes in the object
-store, so a model file local to the driver works on every node. Details:
-docs/distributed.md, "Batch predict over a folder".
+One work item per Parquet row group of every input file without a finished output; each
+actor (:class:`PredictRowGroups`) loads the model's assigner once, and the driver (which
+imports no torch) collects a file's row groups by their (file, row group) index and writes
+``IN/a/b.parquet``'s ``OUT/a/b.parquet`` atomically, its metadata naming the row count and
+the model's SHA-256 so that a rerun skips it. Nothing holds the whole table or N x K
+values. Details: docs/distributed.md, "Batch predict over a folder".
 """
 
 from __future__ import annotations

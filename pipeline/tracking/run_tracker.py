@@ -1,31 +1,18 @@
 """MLflow run tracking that can never break a training run.
 
 :class:`RunTracker` is what ``deepdpm fit`` (one process or Ray rank 0) and
-``deepdpm extract`` (metrics: ``ExtractReport.metrics()``) log through. Every MLflow
-call runs on one background thread fed by a bounded queue, so a slow or dead tracking
-server never stalls an epoch. The first failure of any call (server down at start,
-server killed mid-run, queue overflow, a close that does not finish in time) prints ONE
-warning and switches tracking off for the rest of the run; training and its local
-outputs are unaffected.
+``deepdpm extract`` log through. Every MLflow call runs on one background thread fed by a
+bounded queue, so a slow or dead tracking server never stalls an epoch, and its client
+gives up on a dead server within seconds (:mod:`pipeline.tracking.client_settings`). The
+first failure of any call prints ONE warning and switches tracking off for the rest of
+the run; training and its local outputs are unaffected.
 
-Typical use::
-
-    with RunTracker(args.tracking_uri, args.experiment, enabled=not args.no_tracking) as t:
-        t.log_params({**config.flat(), "data.n_samples": N, "data.n_features": D})
-        t.set_tags(environment_tags(input_path))
-        model.fit(X, callbacks=[t.log_epoch])
-        t.log_artifacts([out / "config.yaml", out / "summary.json", ...])
-
-A tracked run's MLflow client gives up on a dead server within seconds
-(:mod:`pipeline.tracking.client_settings`).
-
-Every run ends in a final state (FINISHED, FAILED or KILLED) with the tag
-``deepdpm.end_reason`` saying why, and names its local outputs in ``deepdpm.output``. A
-run whose tracking failed ends FAILED. When the server does not answer at the end
-(killed, frozen), :meth:`RunTracker.close` waits at most
-:data:`~pipeline.tracking.pending_closes.CLOSE_GRACE_S` plus one health probe (2 s) before
-it gives up, and records the run in :mod:`pipeline.tracking.pending_closes`; the next
-tracked command to that server ends it.
+Every run ends FINISHED, FAILED (also when its tracking failed) or KILLED, tagged
+``deepdpm.end_reason`` (why) and ``deepdpm.output`` (its local outputs). When the server
+does not answer at the end, :meth:`RunTracker.close` waits at most
+:data:`~pipeline.tracking.pending_closes.CLOSE_GRACE_S` plus one health probe (2 s) and
+records the run in :mod:`pipeline.tracking.pending_closes`; the next tracked command to
+that server ends it.
 """
 
 from __future__ import annotations
