@@ -145,13 +145,8 @@ def read_arrow(path: str | Path, data: bytes | None = None) -> pa.Table:
 
 
 def read_parquet_schema(path: str | Path, data: bytes | None = None) -> pa.Schema:
-    """A Parquet file's schema (from ``data``, the file's bytes, where given).
-
-    Raises
-    ------
-    DataError
-        Not a readable Parquet file.
-    """
+    """A Parquet file's schema (from ``data``, the file's bytes, where given), read as
+    :func:`read_parquet` reads its rows."""
     import pyarrow.parquet as pq
 
     try:
