@@ -1,14 +1,12 @@
-"""Every file a fit keeps to resume or to reuse, read through the one safe loader.
+"""Every file a fit keeps to resume or to reuse, written atomically and read through the one
+safe loader (:mod:`deepdpm_core.model.files`, which refuses a pickle that would run code).
 
-All are written atomically by :func:`deepdpm_core.model.files.save_checkpoint` and read by
-:func:`deepdpm_core.model.files.safe_load`, which refuses a pickle that would run code:
 ``OUT/checkpoints/epoch_EEEEEE.pt`` (a fit in this process, the newest
-:data:`CHECKPOINTS_KEPT` kept), ``OUT/ray_train/checkpoint_*/model.pt`` (a Ray fit, kept by
-Ray Train; :func:`prune_checkpoints` removes orphans); ``OUT/autoencoder.pt`` is written by
-:mod:`deepdpm_core.features.autoencoder_files`. Checkpoints hold a search's state in the
-model file format, so a resumed fit runs its remaining epochs exactly as the uninterrupted fit would have
-(docs/design.md, "Fitted model and file formats"). Torch is imported on use, so
-``deepdpm fit`` can look for checkpoints while it checks its arguments.
+:data:`CHECKPOINTS_KEPT` kept) and ``OUT/ray_train/checkpoint_*/model.pt`` (a Ray fit;
+:func:`prune_checkpoints` removes orphans) hold a search's state in the model file format,
+so a resumed fit runs its remaining epochs exactly as the uninterrupted fit would have.
+Torch is imported on use, so ``deepdpm fit`` can look for checkpoints while it checks its
+arguments.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """NMI/ARI/ACC after every epoch of a fit on labelled data, at a fixed small cost.
 
 :class:`EpochLabelScores` adds ``nmi``, ``ari`` and ``acc`` of the fit's current hard
-assignment (each row's most likely cluster under the mixture,
-:class:`pipeline.fit.runner.SearchPredictor`) on a fixed random subsample of at most ``max_rows`` labelled rows (a few
-milliseconds for 10 000 rows, independent of N) to the epoch record itself, so when it runs
-before the tracker's callback the scores reach MLflow, ``history_``, ``summary.json`` and the
-report. It draws no random numbers and leaves the nets' mode to the next epoch, so a scored
-fit trains exactly like an unscored one (docs/tracking.md, "Tracking runs in MLflow"). Bind it
-to the model being trained before ``fit`` (``scores.bind(model)``; every pipeline fit does,
-:mod:`pipeline.fit.runner`).
+assignment (:class:`pipeline.fit.runner.SearchPredictor`) on a fixed subsample of at most
+``max_rows`` labelled rows (milliseconds, independent of N) to the epoch record, so that,
+run before the tracker's callback, they reach MLflow, ``history_``, ``summary.json`` and the
+report. It draws no random numbers and leaves the nets' mode alone, so a scored fit trains
+exactly like an unscored one (docs/tracking.md, "Tracking runs in MLflow").
 """
 
 from __future__ import annotations

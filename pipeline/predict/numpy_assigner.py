@@ -1,21 +1,16 @@
-"""A model file's assigner in NumPy: ``deepdpm predict`` on the CPU without torch.
+"""A model file read without torch, and its assigner in NumPy: ``deepdpm predict`` on the CPU.
 
-Assigning rows is the input transform and the clustering net's forward pass (a hidden
-Linear, ReLU, an out Linear, log-softmax): a few small float32 GEMMs, while importing torch
-alone takes about 2 s. :func:`read_numpy_assigner` reads those tensors straight from the
-model file's torch zip archive: its ``data.pkl`` references each tensor's storage by a
-persistent id, ``('storage', <storage type>, key, location, numel)``, whose raw bytes are
-the archive's member ``data/<key>``, and rebuilds the tensor with
-``torch._utils._rebuild_tensor_v2(storage, offset, size, stride, ...)``. The unpickler maps
-exactly those globals (and ``collections.OrderedDict``) to NumPy builders and refuses every
-other, so no code in the file runs (what ``torch.load(weights_only=True)`` allows, less).
-Only the tensors of the transform and the net are read from disk; the mixture parameters
-never are.
+Assigning rows is the input transform and the clustering net's forward pass: a few small
+float32 GEMMs, while importing torch alone takes about 2 s. :func:`read_model_state` reads
+a model file's torch zip archive: its ``data.pkl`` references each tensor's storage, the
+member ``data/<key>``, by a persistent id and rebuilds the tensor with
+``torch._utils._rebuild_tensor_v2``; the unpickler maps exactly those globals (and
+``collections.OrderedDict``) to NumPy builders and refuses every other, so no code in the
+file runs. Only the tensors asked for are read from disk.
 
 :class:`NumpyAssigner` computes what :class:`~deepdpm_core.model.fitted_model.ClusterAssigner`
-computes on the CPU, in the same dtypes: the rows as float32, the transform in float64, the
-net and the log-softmax in float32. The labels agree and the confidences agree to float32
-round-off (the GEMMs' summation order is BLAS's, not torch's).
+computes on the CPU, in the same dtypes; the labels agree and the confidences agree to
+float32 round-off (BLAS's summation order, not torch's).
 """
 
 from __future__ import annotations

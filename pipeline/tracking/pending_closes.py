@@ -1,16 +1,12 @@
 """MLflow runs that could not be ended because their tracking server did not answer.
 
-When :class:`~pipeline.tracking.run_tracker.RunTracker` cannot end its run (the server was
-killed, frozen or unreachable), it records the run here: one JSON file per run in a
-per-user state folder (:func:`pending_dir`) with the server, the run, the final status,
-the reason and the end time. A run it starts is recorded at once as KILLED, owned by the
-command's process, and forgotten when the run ends: should the command be killed
-(SIGKILL), the record outlives it. The next tracked command to that server ends these runs
-first (:func:`close_pending`), those of live owners excepted, so every run reaches
-FINISHED, FAILED or KILLED once the server answers again (docs/reliability.md, "Every
-tracked run ends"). A record that cannot be read as one (not a small regular file, not
-JSON of the expected fields) is set aside as ``NAME.bad`` with one warning and blocks
-nothing; a state folder that cannot be written never fails the command.
+A run :class:`~pipeline.tracking.run_tracker.RunTracker` starts is recorded here at once (one
+JSON file in a per-user state folder, :func:`pending_dir`) as KILLED, owned by the command's
+process, and forgotten when it ends; a run it cannot end is recorded with its final status
+and reason. The next tracked command to that server ends these runs first
+(:func:`close_pending`), those of live owners excepted (docs/reliability.md, "Every tracked
+run ends"). An unreadable record is set aside as ``NAME.bad`` with one warning; a state
+folder that cannot be written never fails the command.
 """
 
 from __future__ import annotations
