@@ -315,12 +315,9 @@ FIT_ENTRIES = (*EARLIER_FIT_FILES, "config.yaml", "*.png", "autoencoder.pt", "em
 def _refuse_an_earlier_fit(out: Path) -> None:
     """A fit never silently replaces another: ConfigError when ``out`` holds one."""
     from deepdpm_core.errors import ConfigError
-    from pipeline.fit.checkpoints import has_local_checkpoints, has_ray_checkpoints
+    from pipeline.fit.checkpoints import refuse_earlier_checkpoints
 
-    if has_ray_checkpoints(out) or has_local_checkpoints(out):
-        raise ConfigError(f"{out} holds checkpoints of an earlier fit: continue it with "
-                          f"--resume {out}, start afresh with --overwrite, or choose another "
-                          "--output")
+    refuse_earlier_checkpoints(out)
     held = [name for name in EARLIER_FIT_FILES if (out / name).exists()]
     if held:
         raise ConfigError(f"--output {out} already holds a fit ({', '.join(held)}): pass "

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deepdpm_core.errors import CheckpointError
+from deepdpm_core.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from deepdpm_core.training import Search
@@ -125,6 +125,15 @@ def write_checkpoint(search: Search, out: str | Path, fit_id: str | None) -> Pat
 def has_ray_checkpoints(out: str | Path) -> bool:
     """True when ``out`` holds the Ray Train checkpoints of a distributed fit."""
     return (Path(out) / TRAIN_DIR / "checkpoint_manager_snapshot.json").exists()
+
+
+def refuse_earlier_checkpoints(out: str | Path) -> None:
+    """A fresh fit never resumes another's checkpoints silently: ConfigError when ``out``
+    holds those of a fit in this process or on Ray."""
+    if has_ray_checkpoints(out) or has_local_checkpoints(out):
+        raise ConfigError(f"{out} holds checkpoints of an earlier fit: continue it with "
+                          f"--resume {out}, start afresh with --overwrite, or choose another "
+                          "--output")
 
 
 def load_ray_checkpoint(checkpoint: Any, fit_id: str | None = None) -> dict[str, Any]:

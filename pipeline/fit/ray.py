@@ -28,9 +28,9 @@ from deepdpm_core.config import check_row_count
 from deepdpm_core.errors import ConfigError, DeepDPMError
 from pipeline.fit.checkpoints import (
     TRAIN_DIR,
-    has_ray_checkpoints,
     latest_ray_epoch,
     prune_checkpoints,
+    refuse_earlier_checkpoints,
     remove_checkpoints,
 )
 from pipeline.fit.interrupts import FitInterrupted, stop_between_epochs
@@ -85,10 +85,8 @@ def run_ray_fit(request: FitRequest, *, fault: FaultHook | None = None) -> FitRe
     """
     out = Path(request.output)
     config = request.fit_config()
-    if not request.resume and not request.overwrite and has_ray_checkpoints(out):
-        raise ConfigError(f"{out} holds checkpoints of an earlier fit: continue it with "
-                          f"--resume {out}, start afresh with --overwrite, or choose another "
-                          "--output")
+    if not request.resume and not request.overwrite:
+        refuse_earlier_checkpoints(out)
     check_row_count(feature_shape(request.input, request.table_columns)[0], config.init.rows_needed,
                     str(request.input))
     if request.overwrite and not request.resume:
