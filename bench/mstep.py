@@ -9,7 +9,8 @@ labels as the soft statistics and of a random halving of each cluster as the sub
 statistics (every subcluster non-empty, so no restart). Then, best of ``--reps``, what an
 epoch's ``seconds_mstep`` counts: :meth:`Search.m_step` and the refresh of the mixture's
 Cholesky factors (CPU seconds of this process on the CPU, wall seconds on a GPU); and its parts: the prior's refit (``prior_fit``), the MAP parameters of
-the clusters and the subclusters' means (``map``; their covariances are computed where read) and the mixture's factors
+the clusters and the subclusters' means (``map``, written over the last M-step's covariances, as the
+M-step writes them; the subclusters' covariances are computed where read) and the mixture's factors
 (``factors``, written over the last M-step's, as the M-step writes them).
 """
 
@@ -77,7 +78,7 @@ def time_mstep(n: int, d: int, k: int, reps: int, device: str, seed: int = 0,
         "mstep_seconds": best_of(mstep, reps, dev),
         "parts_seconds": {
             "prior_fit": best_of(lambda: search.prior_fit.fit(soft), reps, dev),
-            "map": best_of(lambda: (map_estimate(search.prior_fit.prior, soft),
+            "map": best_of(lambda: (map_estimate(search.prior_fit.prior, soft, out=search.mixture.covariances),
                                     posterior_mean(search.prior_fit.prior, sub)), reps, dev),
             "factors": best_of(factors, reps, dev),
         },

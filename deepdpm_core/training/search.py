@@ -231,7 +231,9 @@ class Search:
         """Bayesian M-step from the responsibilities (paper §3.1) and subclusters."""
         self.prior_fit.fit(soft)
         prior, k, d = self.prior_fit.prior, self.n_clusters, self.dim
-        means, covs = map_estimate(prior, soft)
+        # nothing reads the last M-step's mixture once this one is made (below): its
+        # covariances' memory is reused where it fits
+        means, covs = map_estimate(prior, soft, out=self.mixture.covariances)
         sub_n = sub.n.view(k, 2)
         # the subclusters' covariances are computed where they are read (SubclusterMAP)
         self.state = MixtureState(means, covs, log_weights_from_counts(soft.n),

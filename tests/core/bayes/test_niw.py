@@ -99,6 +99,29 @@ def test_map_is_posterior_mode_formula():
     np.testing.assert_allclose(c[0].numpy(), np.cov(big.T, bias=True), rtol=2e-3, atol=2e-3)
 
 
+def test_map_covariances_in_blocks_are_the_formula_and_the_whole_batch_bits():
+    # 33 rows of 24-D: blocks of 16 leave one row at the end, which must not be a block of
+    # its own (a single (D, 1) x (1, D) product rounds differently from a batch of them)
+    rng = np.random.default_rng(5)
+    r, d = 33, 24
+    x = torch.tensor(rng.normal(size=(3000, d)) * 2 + 3)
+    stats = sparse_stats(x, torch.tensor(rng.integers(0, r, size=3000)), torch.tensor(rng.random(3000)), r)
+    prior = NIWPrior.from_shape(torch.zeros(d, dtype=torch.float64), torch.ones(d), 0.5, None, 1.3,
+                                floor=torch.full((d,), 1e-3, dtype=torch.float64))
+    out = torch.full((r, d, d), math.nan, dtype=torch.float64)
+    mean, cov = map_estimate(prior, stats, out=out)
+    assert cov.data_ptr() == out.data_ptr()  # written over the memory given
+    fresh = map_estimate(prior, stats)[1]
+    kn, nun = prior.kappa + stats.n, prior.nu + stats.n
+    whole = niw._posterior_scale(prior, stats, kn, mean).div_((nun + d + 2.0)[:, None, None])
+    assert torch.equal(cov, whole) and torch.equal(fresh, whole)
+    for k in (0, 15, 16, 32):  # the brute-force formula, row by row
+        n, s1, s2 = (float(stats.n[k]), stats.s1[k].numpy(), stats.s2[k].numpy())
+        mn = s1 / (prior.kappa + n)
+        lam = prior.scale.numpy() + n * np.diag(prior.floor.numpy()) + s2 - (prior.kappa + n) * np.outer(mn, mn)
+        np.testing.assert_allclose(cov[k].numpy(), lam / (prior.nu + n + d + 2), rtol=1e-10, atol=1e-12)
+
+
 def test_grouped_statistics_and_map_covariances_are_exactly_symmetric():
     # the posterior has no symmetrising pass: symmetric statistics must give exactly
     # symmetric covariances (the float32 GEMM's scatter block is symmetrised at the source)
