@@ -15,6 +15,7 @@ from deepdpm_core.bayes.niw import (
     log_marginal_likelihood,
     log_merge_hastings,
     log_split_hastings,
+    map_covariance_writer,
     map_estimate,
     posterior,
     posterior_mean,
@@ -33,7 +34,7 @@ __all__ = [
     "blocks", "cholesky_jittered", "empirical_bayes_nu", "empirical_bayes_scale",
     "elbow_level", "empirical_bayes_shape", "fitted_log_joint",
     "gather_chunk_rows", "grouped_stats", "log_crp", "log_marginal_likelihood",
-    "log_merge_hastings", "log_split_hastings", "map_estimate", "merge_levels", "MergeLevels", "NIWPrior",
+    "log_merge_hastings", "log_split_hastings", "map_covariance_writer", "map_estimate", "merge_levels", "MergeLevels", "NIWPrior",
     "partition_evidence",
     "posterior", "posterior_mean", "precision_cholesky", "PriorFit", "sparse_stats", "SuffStats",
     "symmetric_eigh", "TripleBuffer"

@@ -8,6 +8,7 @@ single-threaded LAPACK (0.16 s with the copies to and from the GPU), to 3e-15.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -48,6 +49,21 @@ def symmetric_eigh(matrices: Tensor) -> tuple[Tensor, Tensor]:
     return values.to(matrices.device), vectors.to(matrices.device)
 
 
+def row_blocks(n_rows: int, step: int) -> list[tuple[int, int]]:
+    """Consecutive [start, stop) blocks of ``step`` rows covering ``n_rows``, none of one
+    row unless ``n_rows`` is 1: a last single row joins the block before it.
+
+    A batched product of one (D, 1) x (1, D) pair can round differently from the same
+    pair in a batch of several (for D ≥ 20 a batch of one takes another kernel), so blocks
+    of one row would not give the bits of the whole batch (the MAP covariances of
+    :func:`~deepdpm_core.bayes.map_covariance_writer`).
+    """
+    starts = list(range(0, n_rows, step))
+    if len(starts) > 1 and n_rows - starts[-1] == 1:
+        starts.pop()
+    return list(zip(starts, [*starts[1:], n_rows][: len(starts)], strict=True))
+
+
 def cholesky_jittered(mat: Tensor) -> Tensor:
     """Cholesky factor with a tiny relative jitter retry for numerically singular input."""
     chol, info = torch.linalg.cholesky_ex(mat)
@@ -60,7 +76,8 @@ def cholesky_jittered(mat: Tensor) -> Tensor:
 
 
 def precision_cholesky(covariances: Tensor, work_dtype: torch.dtype = torch.float32, chunk: int = 16,
-                       out: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                       out: tuple[Tensor, Tensor] | None = None,
+                       fill: Callable[[int, int], None] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """P = L⁻ᵀ, with Σ = L Lᵀ (so Σ⁻¹ = P Pᵀ), its copy in ``work_dtype`` and ln|Σ| of a
     batch of covariances.
 
@@ -83,6 +100,10 @@ def precision_cholesky(covariances: Tensor, work_dtype: torch.dtype = torch.floa
         On the CPU, memory that P and its copy overwrite where it fits (contiguous, of
         their shapes and dtypes) instead of fresh memory: at K = 1,000, D = 128 the first
         writes to 200 MB of new pages cost about as much as the triangular solves.
+    fill : callable (start, stop), optional
+        Writes rows [start, stop) of ``covariances``, which are not computed yet (e.g.
+        :func:`~deepdpm_core.bayes.map_covariance_writer`): on the CPU each chunk just
+        before it is factored, so it is read from cache; a range is one row only when K is 1.
 
     Returns
     -------
@@ -100,22 +121,29 @@ def precision_cholesky(covariances: Tensor, work_dtype: torch.dtype = torch.floa
             out = torch.empty(k, d, d, dtype=covariances.dtype), torch.empty(k, d, d, dtype=work_dtype)
         solved, work = out[0].mT, out[1]  # solved is column-major: its transpose is P
         log_det = torch.empty(k, dtype=covariances.dtype)
-        buffer = torch.empty(min(chunk, k), d, d, dtype=covariances.dtype).mT
-        info = torch.empty(min(chunk, k), dtype=torch.int32)
+        buffer = torch.empty(min(chunk + 1, k), d, d, dtype=covariances.dtype).mT
+        info = torch.empty(min(chunk + 1, k), dtype=torch.int32)
         eye = torch.eye(d, dtype=covariances.dtype)
-        for s in range(0, k, chunk):
-            n = min(chunk, k - s)
-            chol, x = buffer[:n], solved[s : s + n]
-            chol.copy_(covariances[s : s + n])
+        e = 0
+        for s, e in row_blocks(k, chunk):
+            n = e - s
+            chol, x = buffer[:n], solved[s:e]
+            if fill is not None:
+                fill(s, e)
+            chol.copy_(covariances[s:e])
             torch.linalg.cholesky_ex(chol, out=(chol, info[:n]))
             if bool((info[:n] > 0).any()):
                 break  # numerically singular: cholesky_jittered's retry, over the whole batch
             x.mT.copy_(eye)  # (the identity is its own transpose: a contiguous write)
             torch.linalg.solve_triangular(chol, x, upper=False, out=x)
-            work[s : s + n].copy_(x.mT)
-            log_det[s : s + n] = 2.0 * torch.log(chol.diagonal(dim1=-2, dim2=-1)).sum(-1)
+            work[s:e].copy_(x.mT)
+            log_det[s:e] = 2.0 * torch.log(chol.diagonal(dim1=-2, dim2=-1)).sum(-1)
         else:
             return solved.mT, work, log_det
+        if fill is not None and e < k:  # the rows after the one that failed
+            fill(e, k)
+    elif fill is not None:
+        fill(0, k)
     chol = cholesky_jittered(covariances)
     eye = torch.eye(d, dtype=chol.dtype, device=chol.device).expand_as(chol)
     prec_chol = torch.linalg.solve_triangular(chol, eye, upper=False).transpose(-1, -2)

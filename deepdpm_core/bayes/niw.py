@@ -20,11 +20,12 @@ float64; log-determinants come from Cholesky factors.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from deepdpm_core.bayes.linalg import cholesky_jittered
+from deepdpm_core.bayes.linalg import cholesky_jittered, row_blocks
 from deepdpm_core.bayes.stats import SuffStats
 from deepdpm_core.errors import ConfigError
 
@@ -229,26 +230,11 @@ def log_marginal_likelihood(prior: NIWPrior, stats: SuffStats) -> Tensor:
 MAP_BLOCK_ROWS = 16
 
 
-def row_blocks(n_rows: int, step: int) -> list[tuple[int, int]]:
-    """Consecutive [start, stop) blocks of ``step`` rows covering ``n_rows``, none of one
-    row unless ``n_rows`` is 1: a last single row joins the block before it.
-
-    A batched product of one (D, 1) x (1, D) pair rounds differently from the same pair
-    in a batch of several (for D ≥ 20 the single one goes through a matrix product that
-    fuses the multiply and add), so blocks of one row would not give the bits of the
-    whole batch.
-    """
-    starts = list(range(0, n_rows, step))
-    if len(starts) > 1 and n_rows - starts[-1] == 1:
-        starts.pop()
-    return list(zip(starts, [*starts[1:], n_rows][: len(starts)], strict=True))
-
-
 def map_estimate(prior: NIWPrior, stats: SuffStats, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Posterior mode (μ̂, Σ̂) = (mn, Λn / (νn + D + 2)) for every row.
 
     On the CPU the covariances are built :data:`MAP_BLOCK_ROWS` rows at a time, to the bits
-    of the whole batch.
+    of the whole batch (:func:`map_covariance_writer`).
 
     Parameters
     ----------
@@ -264,14 +250,36 @@ def map_estimate(prior: NIWPrior, stats: SuffStats, out: Tensor | None = None) -
     covariances : Tensor of shape (R, D, D)
         ``out`` when it was used.
     """
+    covs, write = map_covariance_writer(prior, stats, out)
+    if write is not None:
+        write(0, stats.n_rows)
+    return posterior_mean(prior, stats), covs
+
+
+def map_covariance_writer(prior: NIWPrior, stats: SuffStats, out: Tensor | None = None
+                          ) -> tuple[Tensor, Callable[[int, int], None] | None]:
+    """The MAP covariances of :func:`map_estimate` and, on the CPU with full covariances,
+    not computed yet: their memory (``out`` where it fits, as there) and the function that
+    writes rows [start, stop) of it, block by block. A caller that reads each block right
+    after it is written reads it from cache (the mixture's factors,
+    :func:`~deepdpm_core.bayes.linalg.precision_cholesky`'s ``fill``).
+
+    Returns
+    -------
+    covariances : Tensor of shape (R, D, D)
+        Written by the function, or already (the function is then None).
+    write : callable (start, stop) or None
+        Writes rows [start, stop); a range of one row only when R is 1, else it does
+        not give the bits of the whole batch (:func:`row_blocks`).
+    """
     kn, nun = prior.kappa + stats.n, prior.nu + stats.n
     mn = posterior_mean(prior, stats)
     if prior.diagonal:  # per feature: λn / (νn + 1 + 2)
-        return mn, torch.diag_embed(_posterior_scale_diagonal(prior, stats, kn, mn) / (nun + 3.0)[:, None])
+        return torch.diag_embed(_posterior_scale_diagonal(prior, stats, kn, mn) / (nun + 3.0)[:, None]), None
     divisor = (nun + prior.dim + 2.0)[:, None, None]
     s2 = stats.s2
     if s2.device.type != "cpu":
-        return mn, _posterior_scale(prior, stats, kn, mn).div_(divisor)
+        return _posterior_scale(prior, stats, kn, mn).div_(divisor), None
     if not (out is not None and out.device.type == "cpu" and out.shape == s2.shape and out.dtype == s2.dtype
             and out.is_contiguous() and out.untyped_storage().data_ptr() != s2.untyped_storage().data_ptr()):
         out = torch.empty_like(s2, memory_format=torch.contiguous_format)
@@ -280,12 +288,16 @@ def map_estimate(prior: NIWPrior, stats: SuffStats, out: Tensor | None = None) -
     constant = prior.scale.to(s2) + prior.kappa * torch.outer(m0, m0)
     floor = None if prior.floor is None else stats.n[:, None] * prior.floor.to(s2)[None, :]
     a = kn.sqrt()[:, None] * mn
-    for s, e in row_blocks(stats.n_rows, MAP_BLOCK_ROWS):
-        block = torch.add(s2[s:e], constant, out=out[s:e])
-        if floor is not None:
-            block.diagonal(dim1=-2, dim2=-1).add_(floor[s:e])
-        block.baddbmm_(a[s:e, :, None], a[s:e, None, :], alpha=-1.0).div_(divisor[s:e])
-    return mn, out
+
+    def write(start: int, stop: int) -> None:
+        for s, e in row_blocks(stop - start, MAP_BLOCK_ROWS):
+            s, e = start + s, start + e
+            block = torch.add(s2[s:e], constant, out=out[s:e])
+            if floor is not None:
+                block.diagonal(dim1=-2, dim2=-1).add_(floor[s:e])
+            block.baddbmm_(a[s:e, :, None], a[s:e, None, :], alpha=-1.0).div_(divisor[s:e])
+
+    return out, write
 
 
 def log_split_hastings(

@@ -10,6 +10,7 @@ works through the per-pair evaluation and the cached factors here.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
 
 import torch
@@ -47,6 +48,9 @@ class GaussianMixture:
         A mixture no longer read, whose factors' memory this one's overwrite where they fit
         (:func:`~deepdpm_core.bayes.precision_cholesky`'s ``out``); it loses its factors
         (reading them raises AttributeError).
+    fill : callable (start, stop), optional
+        Writes rows [start, stop) of ``covariances``, not computed yet, as the factors
+        are computed (:func:`~deepdpm_core.bayes.precision_cholesky`'s ``fill``).
     """
 
     means: Tensor
@@ -62,13 +66,14 @@ class GaussianMixture:
     _dense: tuple[Tensor, Tensor] | None = field(init=False, repr=False)
     _proxy: tuple[Tensor, Tensor, Tensor] = field(init=False, repr=False)
     recycled: InitVar[GaussianMixture | None] = None
+    fill: InitVar[Callable[[int, int], None] | None] = None
 
-    def __post_init__(self, recycled: GaussianMixture | None) -> None:
+    def __post_init__(self, recycled: GaussianMixture | None, fill: Callable[[int, int], None] | None) -> None:
         out = None
         if recycled is not None and hasattr(recycled, "prec_chol"):
             out = recycled.prec_chol, recycled.prec_chol_work
             del recycled.prec_chol, recycled.prec_chol_work
-        self.refresh(out)
+        self.refresh(out, fill)
 
     @property
     def n_components(self) -> int:
@@ -78,13 +83,14 @@ class GaussianMixture:
     def dim(self) -> int:
         return self.means.shape[1]
 
-    def refresh(self, out: tuple[Tensor, Tensor] | None = None) -> None:
+    def refresh(self, out: tuple[Tensor, Tensor] | None = None, fill: Callable[[int, int], None] | None = None) -> None:
         """Recompute the cached factors (call after changing the parameters), into ``out``
-        (P and its ``work_dtype`` copy, :func:`~deepdpm_core.bayes.precision_cholesky`) when given."""
+        (P and its ``work_dtype`` copy, :func:`~deepdpm_core.bayes.precision_cholesky`) when
+        given, with the covariances written by ``fill`` as they are read when given."""
         # P = L^{-T} of Σ = L Lᵀ: Σ^{-1} = P Pᵀ and ||(x − μ)ᵀ P||² is the Mahalanobis distance
         # per-component factors for the grouped top-m path, (K, D) and (K, D, D), in the
         # dtype of the data (float32: its GEMMs are ~8x faster than float64 on CPU)
-        factors = precision_cholesky(self.covariances, self.work_dtype, out=out)
+        factors = precision_cholesky(self.covariances, self.work_dtype, out=out, fill=fill)
         self.prec_chol, self.prec_chol_work, log_det = factors
         self.log_norm = (
             self.log_weights - 0.5 * (self.dim * math.log(2 * math.pi) + log_det)

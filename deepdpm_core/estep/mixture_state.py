@@ -12,6 +12,7 @@ K = 1,000 in 128-D their 2K MAP matrices take about 0.15 s of one CPU thread.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,11 +170,13 @@ class MixtureState:
         """The state on ``device``."""
         return MixtureState(*(t.to(device) for t in self.tensors()))
 
-    def mixture(self, recycled: GaussianMixture | None = None) -> GaussianMixture:
+    def mixture(self, recycled: GaussianMixture | None = None,
+                fill: Callable[[int, int], None] | None = None) -> GaussianMixture:
         """The Gaussian mixture of the clusters (what the E-step evaluates); its factors
-        overwrite those of ``recycled``, a mixture no longer read, where they fit
+        overwrite those of ``recycled``, a mixture no longer read, where they fit, and
+        ``fill`` writes the covariances, not computed yet, as they are factored
         (:class:`~deepdpm_core.estep.gmm.GaussianMixture`)."""
-        return GaussianMixture(self.means, self.covariances, self.log_weights, recycled=recycled)
+        return GaussianMixture(self.means, self.covariances, self.log_weights, recycled=recycled, fill=fill)
 
     def state_dict(self) -> dict[str, Tensor]:
         """The six tensors on the CPU, keyed by field name."""

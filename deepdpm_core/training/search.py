@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from deepdpm_core.bayes import PriorFit, SuffStats, map_estimate, posterior_mean
+from deepdpm_core.bayes import PriorFit, SuffStats, map_covariance_writer, posterior_mean
 from deepdpm_core.config import Config
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.estep import EStep, MixtureState, SubclusterMAP, log_weights_from_counts
@@ -231,19 +231,19 @@ class Search:
         """Bayesian M-step from the responsibilities (paper §3.1) and subclusters."""
         self.prior_fit.fit(soft)
         prior, k, d = self.prior_fit.prior, self.n_clusters, self.dim
-        # nothing reads the last M-step's mixture once this one is made (below): its
-        # covariances' memory is reused where it fits
-        means, covs = map_estimate(prior, soft, out=self.mixture.covariances)
+        # nothing reads the last M-step's mixture once this one is made: the memory of its
+        # covariances and factors is reused where it fits, and the covariances are written
+        # block by block as they are factored, while they are in cache
+        covs, write = map_covariance_writer(prior, soft, out=self.mixture.covariances)
         sub_n = sub.n.view(k, 2)
         # the subclusters' covariances are computed where they are read (SubclusterMAP)
-        self.state = MixtureState(means, covs, log_weights_from_counts(soft.n),
+        self.state = MixtureState(posterior_mean(prior, soft), covs, log_weights_from_counts(soft.n),
                                   posterior_mean(prior, sub).view(k, 2, d),
                                   SubclusterMAP(prior, sub), log_weights_from_counts(sub_n))
+        self.mixture = self.state.mixture(recycled=self.mixture, fill=write)
         # a subcluster that lost all its points cannot propose a split: restart it
         dead = torch.nonzero(sub_n.min(1).values < 1).squeeze(1)
         reset_subclusters(self.state, self.nets, dead, self.torch_gen)
-        # nothing reads the last M-step's mixture once this one is made: its memory is reused
-        self.mixture = self.state.mixture(recycled=self.mixture)
 
     def move(self, kind: str, soft: SuffStats, sub: SuffStats) -> dict[str, int]:
         """A ``kind`` ("split" or "merge") round (collective); returns the record's counts

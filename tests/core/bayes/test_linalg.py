@@ -67,3 +67,23 @@ def test_precision_cholesky_writes_over_memory_that_fits():
     unfit = torch.empty_like(prec), torch.empty_like(prec)
     fresh = precision_cholesky(covs, chunk=4, out=unfit)
     assert fresh[1].data_ptr() != unfit[1].data_ptr() and torch.equal(fresh[1], work)
+
+
+def test_precision_cholesky_reads_covariances_written_chunk_by_chunk():
+    a = torch.randn(7, 24, 30, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    covs = a @ a.transpose(1, 2) / 30
+    covs[3] = 1.0  # rank one: the chunk that holds it fails, and the rest goes the jittered way
+    for source in (covs, covs[:5]):
+        k, ranges = len(source), []
+        target = torch.full_like(source, float("nan"))
+
+        def fill(start, stop, source=source, target=target, ranges=ranges):
+            ranges.append((start, stop))
+            target[start:stop] = source[start:stop]
+
+        got = precision_cholesky(target, chunk=2, fill=fill)
+        ref = precision_cholesky(source, chunk=2)
+        assert all(torch.equal(g, r) for g, r in zip(got, ref, strict=True)) and torch.equal(target, source)
+        # every row written once, in order, never one row alone (MAP blocks of one row round otherwise)
+        assert [r for span in ranges for r in range(*span)] == list(range(k))
+        assert all(stop - start > 1 for start, stop in ranges)
