@@ -172,10 +172,14 @@ def empirical_bayes_shape(prior: NIWPrior, stats: SuffStats, shape: Tensor) -> T
     ref = beta.mean(0)
     ref = torch.where(ref > 0, ref, torch.ones_like(ref))
     lo, hi = ref.log() + math.log(1e-12), ref.log() + 40.0  # the bracket of empirical_bayes_scale
+    # the (K, D) terms of every step in two buffers, not four new arrays a step
+    terms, scratch = torch.empty_like(beta), torch.empty_like(beta)
     while float((hi - lo).max()) > SEARCH_TOL:
         mid = 0.5 * (lo + hi)
         t = mid.exp()
-        rising = (nu0 - nun * t / (t + beta)).sum(0) > 0
+        # ν0 − νn·t / (t + β): (−x) + ν0 is ν0 − x to the bit
+        torch.mul(nun, t, out=terms).div_(torch.add(t, beta, out=scratch)).neg_().add_(nu0)
+        rising = terms.sum(0) > 0
         lo, hi = torch.where(rising, mid, lo), torch.where(rising, hi, mid)
     base = shape.cpu().to(torch.float64)
     fitted = (0.5 * (lo + hi)).exp() * base
