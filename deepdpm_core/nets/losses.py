@@ -24,26 +24,50 @@ Tensor = torch.Tensor
 EXP_FLOOR = -87.0
 
 
+def kl_forward(logits: Tensor, slots: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """KL(r^E ‖ softmax(logits)) and what its gradient needs (:func:`slot_kl`'s arguments).
+
+    Returns
+    -------
+    kl, z, log_r : as :func:`slot_kl`
+    exp : Tensor of shape (B, K), float32
+        exp(logits − the row's largest), floored at :data:`EXP_FLOOR`.
+    total : Tensor of shape (B,), float32
+        The rows' sums of ``exp``.
+    """
+    if logits.dtype != torch.float32:  # bf16 logits (autocast) summed in float32
+        logits = logits.float()
+    top, z = logits.max(1)
+    exp = torch.sub(logits, top.unsqueeze(1)).clamp_min_(EXP_FLOOR).exp_()  # softmax up to the row sums
+    total = exp.sum(1)
+    log_r = logits.gather(1, slots).sub_((top + total.log()).unsqueeze(1))
+    kl = (torch.special.xlogy(target, target) - target * log_r).sum()
+    return kl, z, log_r, exp, total
+
+
+def kl_grad(exp: Tensor, total: Tensor, slots: Tensor, target: Tensor, grad_kl: Tensor) -> Tensor:
+    """The gradient of :func:`kl_forward`'s ``kl`` times ``grad_kl`` with respect to the
+    logits, (B, K): softmax(logits)·Σ_c p_c − p scattered onto the slots."""
+    # out of place: a graph kept for a second backward (retain_graph) still needs exp
+    grad = exp * (target.sum(1) / total).unsqueeze(1)
+    grad.scatter_add_(1, slots, -target)
+    return grad.mul_(grad_kl)
+
+
 class _SlotKL(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, slots: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        logits = logits.float()  # a no-op for float32; bf16 logits (autocast) summed in float32
-        top, z = logits.max(1)
-        exp = torch.sub(logits, top[:, None]).clamp_min_(EXP_FLOOR).exp_()  # softmax up to the row sums
-        total = exp.sum(1)
-        log_r = logits.gather(1, slots) - (top + total.log())[:, None]
-        kl = (torch.special.xlogy(target, target) - target * log_r).sum()
+        kl, z, log_r, exp, total = kl_forward(logits, slots, target)
         ctx.save_for_backward(exp, total, slots, target)
         ctx.mark_non_differentiable(z, log_r)
+        ctx.set_materialize_grads(False)  # no zeros made for z's and ln r's (absent) gradients
         return kl, z, log_r
 
     @staticmethod
-    def backward(ctx, grad_kl: Tensor, _grad_z: Tensor, _grad_log_r: Tensor) -> tuple[Tensor, None, None]:
-        exp, total, slots, target = ctx.saved_tensors
-        # out of place: a graph kept for a second backward (retain_graph) still needs exp
-        grad = exp * (target.sum(1) / total)[:, None]
-        grad.scatter_add_(1, slots, -target)
-        return grad.mul_(grad_kl), None, None
+    def backward(ctx, grad_kl: Tensor | None, _grad_z: None, _grad_log_r: None) -> tuple[Tensor | None, None, None]:
+        if grad_kl is None:  # nothing flows back from the loss
+            return None, None, None
+        return kl_grad(*ctx.saved_tensors, grad_kl), None, None
 
 
 def slot_kl(logits: Tensor, slots: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:

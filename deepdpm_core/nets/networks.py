@@ -14,6 +14,8 @@ import math
 import torch
 from torch import nn
 
+from deepdpm_core.nets.losses import kl_forward, kl_grad, slot_kl
+
 Tensor = torch.Tensor
 
 class ClusterNet(nn.Module):
@@ -37,8 +39,50 @@ class ClusterNet(nn.Module):
     def n_clusters(self) -> int:
         return self.out.weight.shape[0]
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.out(torch.relu(self.hidden(x)))
+    def forward(self, x: Tensor, slots: Tensor | None = None, target: Tensor | None = None
+                ) -> Tensor | tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The logits (B, K); given a batch's E-step ``slots`` and ``target`` (B, m), the
+        clustering loss instead: ``(kl, z, log_r, logits)`` as :func:`~deepdpm_core.nets.slot_kl`
+        gives them, ``logits`` not differentiable.
+
+        The loss runs the net and the loss as one autograd node whose backward is the
+        operators autograd would run, without their per-operator bookkeeping (a step of
+        small nets costs its operator count); under autocast (bf16) it is the net's
+        layers and :func:`~deepdpm_core.nets.slot_kl` as autograd records them.
+        """
+        if slots is None:
+            return self.out(torch.relu(self.hidden(x)))
+        if torch.is_autocast_enabled(x.device.type):
+            logits = self.out(torch.relu(self.hidden(x)))
+            return (*slot_kl(logits, slots, target), logits.detach())
+        return _ClusterKL.apply(x, slots, target, self.hidden.weight, self.hidden.bias,
+                                self.out.weight, self.out.bias)
+
+
+class _ClusterKL(torch.autograd.Function):
+    """linear → relu → linear → KL(r^E ‖ r), both passes; the backward computes each
+    gradient with the products, in the orientation, autograd's linear and relu backward use
+    (the same bits)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, slots: Tensor, target: Tensor, w1: Tensor, b1: Tensor,
+                w2: Tensor, b2: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        h = torch.addmm(b1, x, w1.t()).relu_()
+        logits = torch.addmm(b2, h, w2.t())
+        kl, z, log_r, exp, total = kl_forward(logits, slots, target)
+        ctx.save_for_backward(x, h, w2, exp, total, slots, target)
+        ctx.mark_non_differentiable(z, log_r, logits)
+        ctx.set_materialize_grads(False)  # no zeros made for the outputs without a gradient
+        return kl, z, log_r, logits
+
+    @staticmethod
+    def backward(ctx, grad_kl: Tensor | None, *_: None) -> tuple[Tensor | None, ...]:
+        if grad_kl is None:  # nothing flows back from the loss
+            return (None,) * 7
+        x, h, w2, exp, total, slots, target = ctx.saved_tensors
+        g = kl_grad(exp, total, slots, target, grad_kl)
+        dh = torch.ops.aten.threshold_backward(g.mm(w2), h, 0)
+        return None, None, None, dh.t().mm(x), dh.sum(0), g.t().mm(h), g.sum(0)
 
 
 class SubclusterNets(nn.Module):
@@ -68,76 +112,94 @@ class SubclusterNets(nn.Module):
 
         return u((n, d, h), a1), u((n, h), a1), u((n, h, 2), a2), u((n, 2), a2)
 
-    def forward(self, x: Tensor, z: Tensor) -> Tensor:
-        """Subcluster logits of each point under the net of its cluster.
+    def forward(self, x: Tensor, z: Tensor, dist2: Tensor) -> tuple[Tensor, Tensor]:
+        """The subclustering loss (paper Eq. 7) of each point under the net of its cluster.
 
         Parameters
         ----------
         x : Tensor of shape (B, D)
         z : Tensor of shape (B,), int64 — hard cluster of each point.
+        dist2 : Tensor of shape (B, 2), float32
+            Squared distance of each point to its cluster's two subcluster means.
 
         Returns
         -------
-        Tensor of shape (B, 2)
+        loss : Tensor, scalar
+            Σ_i Σ_j softmax(logits_i)_j · dist2_ij, float32.
+        logits : Tensor of shape (B, 2)
+            Not differentiable.
         """
         # on a GPU a layout sized by the data makes the host wait for the device every step;
         # on the CPU that wait costs nothing, and the fixed size's unused blocks cost
         # 15-35 % more in both passes (one CPU core, K = 200 and 1000)
         fixed = z.device.type != "cpu"
-        block, slot, overflow, cap = cluster_blocks(z, self.n_clusters, fixed_shape=fixed)
-        return _BlockMLP.apply(x, block, slot, overflow, cap, self.w1, self.b1, self.w2, self.b2)
+        cells, block_cluster, cap = cluster_blocks(z, self.n_clusters, fixed_shape=fixed)
+        return _BlockLoss.apply(x, cells, block_cluster, cap, dist2, self.w1, self.b1, self.w2, self.b2)
 
 
-class _BlockMLP(torch.autograd.Function):
-    """The K one-hidden-layer nets over the :func:`cluster_blocks` layout, both passes.
+class _BlockLoss(torch.autograd.Function):
+    """The K one-hidden-layer nets over the :func:`cluster_blocks` layout and their loss,
+    both passes, each product one batched GEMM over all blocks.
 
-    Only the overflow blocks read gathered copies of the weights; the backward writes the
-    primary blocks' gradients straight into (K, ...) tensors and adds the overflow blocks'.
-    A copy per block (autograd through ``index_select``) costs up to 2x the weights per
-    step, over glibc's 32 MB mmap limit at K = 1000, D = 128, B = 4096 (fresh pages every
-    step): in the epochs of a fit at 320k x 128 x 1000 (one CPU core) the subnets' forward
-    took 0.95 s that way and 0.51 s this way, the backward of both nets 1.9-2.3 s and 1.4 s.
+    Each block reads its cluster's weights gathered into one (n_blocks, ...) tensor per
+    parameter; the backward writes the primary blocks' gradients in place of the (K, ...)
+    gradients and adds the overflow blocks'. Splitting the products into primary blocks
+    (the weights as they are) and overflow blocks (gathered ones) saves the gather of the
+    K primary blocks' weights but doubles the operators of both passes, which is what a
+    step of these small nets costs on a GPU.
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, block: Tensor, slot: Tensor, overflow: Tensor, cap: int,
-                w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
-        k = w1.shape[0]
-        padded = x.new_zeros(k + overflow.shape[0], cap, x.shape[1]).index_put_((block, slot), x)
-        ow1, ow2 = w1.index_select(0, overflow), w2.index_select(0, overflow)
-        h = torch.cat([torch.baddbmm(b1[:, None, :], padded[:k], w1),
-                       torch.baddbmm(b1.index_select(0, overflow)[:, None, :], padded[k:], ow1)]).relu_()
-        out = torch.cat([torch.baddbmm(b2[:, None, :], h[:k], w2),
-                         torch.baddbmm(b2.index_select(0, overflow)[:, None, :], h[k:], ow2)])
-        ctx.save_for_backward(padded, h, block, slot, overflow, w2, ow2)
-        return out[block, slot]
+    def forward(ctx, x: Tensor, cells: Tensor, block_cluster: Tensor, cap: int, dist2: Tensor,
+                w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> tuple[Tensor, Tensor]:
+        n_blocks = block_cluster.shape[0]
+        padded = x.new_zeros(n_blocks * cap, x.shape[1]).index_copy_(0, cells, x).view(n_blocks, cap, -1)
+        bw2 = w2.index_select(0, block_cluster)
+        h = torch.baddbmm(b1.index_select(0, block_cluster).unsqueeze(1), padded,
+                          w1.index_select(0, block_cluster)).relu_()
+        logits = torch.baddbmm(b2.index_select(0, block_cluster).unsqueeze(1), h, bw2).view(-1, 2).index_select(0, cells)
+        sub_r = torch.softmax(logits, dim=1)
+        loss = (sub_r * dist2).sum()
+        ctx.cap, ctx.k = cap, w1.shape[0]
+        ctx.save_for_backward(padded, h, cells, block_cluster, bw2, sub_r, dist2)
+        ctx.mark_non_differentiable(logits)
+        ctx.set_materialize_grads(False)  # no zeros made for the logits' (absent) gradient
+        return loss, logits
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        padded, h, block, slot, overflow, w2, ow2 = ctx.saved_tensors
-        k, dtype = w2.shape[0], h.dtype  # the forward's compute dtype (bf16 under autocast)
-        padded = padded.to(dtype)
-        g = grad_out.new_zeros(*h.shape[:2], 2, dtype=dtype).index_put_((block, slot), grad_out.to(dtype))
-        dh = torch.cat([torch.bmm(g[:k], w2.to(dtype).transpose(1, 2)),
-                        torch.bmm(g[k:], ow2.to(dtype).transpose(1, 2))]).mul_(h > 0)
+    def backward(ctx, grad_loss: Tensor | None, _grad_logits: None) -> tuple[Tensor | None, ...]:
+        if grad_loss is None:  # nothing flows back from the loss
+            return (None,) * 9
+        padded, h, cells, block_cluster, bw2, sub_r, dist2 = ctx.saved_tensors
+        k, dtype = ctx.k, h.dtype  # the forward's compute dtype (bf16 under autocast)
+        grad_r = dist2 * grad_loss
+        if grad_r.dtype != sub_r.dtype:  # autocast's softmax in bf16 (CPU): its gradient too
+            grad_r = grad_r.to(sub_r.dtype)
+        grad_logits = torch._softmax_backward_data(grad_r, sub_r, 1, sub_r.dtype)
+        w2_block = bw2
+        if dtype != bw2.dtype:
+            padded, w2_block, grad_logits = padded.to(dtype), bw2.to(dtype), grad_logits.to(dtype)
+        g = grad_logits.new_zeros(h.shape[0] * ctx.cap, 2).index_copy_(0, cells, grad_logits).view(*h.shape[:2], 2)
+        dh = torch.ops.aten.threshold_backward(torch.bmm(g, w2_block.mT), h, 0)
+        overflow = block_cluster[k:]
 
-        def per_cluster(primary: Tensor, over: Tensor) -> Tensor:  # (K, ...) + overflow blocks
-            return primary.to(w2.dtype).index_add_(0, overflow, over.to(w2.dtype))
+        def per_cluster(blocks: Tensor) -> Tensor:  # (K, ...) primary blocks + the overflow blocks
+            if blocks.dtype != bw2.dtype:
+                blocks = blocks.to(bw2.dtype)
+            return blocks[:k].index_add_(0, overflow, blocks[k:])
 
-        dw1 = per_cluster(torch.bmm(padded[:k].transpose(1, 2), dh[:k]), torch.bmm(padded[k:].transpose(1, 2), dh[k:]))
-        dw2 = per_cluster(torch.bmm(h[:k].transpose(1, 2), g[:k]), torch.bmm(h[k:].transpose(1, 2), g[k:]))
-        db1, db2 = dh.sum(1, dtype=w2.dtype), g.sum(1, dtype=w2.dtype)
-        return (None, None, None, None, None, dw1, per_cluster(db1[:k], db1[k:]),
-                dw2, per_cluster(db2[:k], db2[k:]))
+        return (None, None, None, None, None, per_cluster(torch.bmm(padded.mT, dh)),
+                per_cluster(dh.sum(1, dtype=bw2.dtype)), per_cluster(torch.bmm(h.mT, g)),
+                per_cluster(g.sum(1, dtype=bw2.dtype)))
 
 
-def cluster_blocks(z: Tensor, n_clusters: int, fixed_shape: bool = False) -> tuple[Tensor, Tensor, Tensor, int]:
+def cluster_blocks(z: Tensor, n_clusters: int, fixed_shape: bool = False) -> tuple[Tensor, Tensor, int]:
     """Lay rows out in blocks of same-cluster rows, for batched per-cluster GEMMs.
 
     Blocks hold c = ceil(B / K) zero-padded rows. Block k < K is cluster k's first c rows
-    (the *primary* blocks, multiplied by the (K, ...) weights without a gather); a cluster
-    with more rows continues in *overflow* blocks after them: K·c ≤ B + K primary and at
-    most B overflow padded rows, so at most 2B + K however imbalanced the clusters.
+    (the *primary* blocks); a cluster with more rows continues in *overflow* blocks after
+    them, in cluster order: K·c ≤ B + K primary and at most B overflow padded rows, so at
+    most 2B + K however imbalanced the clusters.
 
     Parameters
     ----------
@@ -151,33 +213,36 @@ def cluster_blocks(z: Tensor, n_clusters: int, fixed_shape: bool = False) -> tup
 
     Returns
     -------
-    block : Tensor of shape (B,), int64 — block of each row.
-    slot : Tensor of shape (B,), int64 — position of each row in its block.
-    overflow : Tensor of shape (n_blocks − K,), int64 — cluster of each overflow block.
-    cap : int — rows per block.
+    cells : Tensor of shape (B,), int64
+        Padded row of each row: its block times c plus its place in the block.
+    block_cluster : Tensor of shape (n_blocks,), int64
+        Cluster of each block: 0 … K − 1, then the overflow blocks'.
+    cap : int
+        c, rows per block.
     """
-    b, dev = z.shape[0], z.device
-    # not bincount: its output size is read off the data (a host sync on a GPU)
-    counts = torch.zeros(n_clusters, dtype=torch.long, device=dev).index_add_(0, z, torch.ones_like(z))
+    b, dev, k = z.shape[0], z.device, n_clusters
     # an empty batch still has the K primary blocks, so its graph reaches every weight
     # (a DDP rank whose rows ran out takes part in the gradient all-reduce)
-    cap = max(1, -(-b // n_clusters))
-    extra = (-(-counts // cap) - 1).clamp_min(0)  # overflow blocks per cluster
+    cap = max(1, -(-b // k))
     order = torch.argsort(z)
-    z_sorted = z[order]
-    pos = torch.arange(b, device=dev) - (torch.cumsum(counts, 0) - counts)[z_sorted]
-    q = torch.div(pos, cap, rounding_mode="floor")  # 0: primary block, q ≥ 1: overflow block q
-    overflow_block = n_clusters - 1 + (torch.cumsum(extra, 0) - extra)[z_sorted] + q
-    block, slot = torch.empty_like(order), torch.empty_like(order)
-    block[order] = torch.where(q == 0, z_sorted, overflow_block)
-    slot[order] = pos - q * cap
+    z_sorted = z.take(order)
+    clusters = torch.arange(k, device=dev)
+    first = torch.searchsorted(z_sorted, clusters)  # not bincount: its size is read off the data
+    extra = torch.searchsorted(z_sorted, clusters, right=True).sub_(first).sub_(1).div_(cap, rounding_mode="floor").clamp_min_(0)
+    ends = extra.cumsum(0)  # overflow blocks up to each cluster's last
+    # a sorted row at place p of cluster k's rows goes to cell k·c + p while p < c (its
+    # primary block), else (K − 1 + k's first overflow block)·c + p: per cluster, its
+    # two offsets less its first row, looked up by (p ≥ c, k)
+    offsets = torch.stack([clusters, (ends - extra).add_(k - 1)]).mul_(cap).sub_(first).view(-1)
+    pos = torch.arange(b, device=dev)
+    over = (pos - first.take(z_sorted)).ge_(cap)
+    cells = torch.empty_like(order).index_put_((order,), offsets.take(torch.add(z_sorted, over, alpha=k)).add_(pos))
     if fixed_shape:  # block j's cluster: the clusters whose overflow ends at or before it
-        ends = torch.cumsum(extra, 0)
         blocks = torch.arange(max(0, -(-b // cap) - 1), device=dev)
-        overflow = torch.searchsorted(ends, blocks, right=True).clamp_max_(n_clusters - 1)
+        overflow = torch.searchsorted(ends, blocks, right=True).clamp_max_(k - 1)
     else:
-        overflow = torch.repeat_interleave(torch.arange(n_clusters, device=dev), extra)
-    return block, slot, overflow, cap
+        overflow = torch.searchsorted(ends, torch.arange(int(ends[-1]), device=dev), right=True)
+    return cells, torch.cat([clusters, overflow]), cap
 
 
 def axis_aligned_subnets(

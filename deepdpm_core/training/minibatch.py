@@ -10,7 +10,6 @@ import torch
 
 from deepdpm_core.bayes import SuffStats
 from deepdpm_core.estep import EpochStats, slot_targets
-from deepdpm_core.nets import slot_kl
 from deepdpm_core.runtime import device_clock, net_precision
 from deepdpm_core.training.batching import global_batch
 from deepdpm_core.training.search import Search
@@ -41,6 +40,7 @@ class MinibatchSearch(Search):
         sub_model.train()
         pass_rows = min(n_local, one_pass * bsz)
         stats = EpochStats(k, ctx.dim, pass_rows, m, ctx.device)
+        scales: dict[float, Tensor] = {}
         for step in range(n_steps):
             if step < one_pass:
                 idx = perm[step * bsz : min((step + 1) * bsz, pass_rows)]
@@ -51,24 +51,23 @@ class MinibatchSearch(Search):
             slots, target = slot_targets(candidates, resp, idx)
             with torch.enable_grad(), net_precision(ctx.precision, ctx.device):  # whatever the caller's mode
                 # KL(r^E || r) also yields the hard clusters z and ln r on the slots
-                logits = cluster_model(x)
-                sum_cl, z, log_r_slots = slot_kl(logits, slots, target)
-                sub_logits = sub_model(x, z)
-                sub_r = torch.softmax(sub_logits, dim=1)
+                sum_cl, z, log_r_slots, logits = cluster_model(x, slots, target)
                 # in place on the gathered means (no gradient flows here): m − x squares to
                 # the same bits as x − m, 4-5 x faster than the broadcast subtraction and pow
-                dist2 = sub_means32.index_select(0, z).sub_(x[:, None, :]).square_().sum(-1)
-                # both losses summed over the local batch, divided by G/W (G the step's points
-                # over all ranks): after DDP's averaging, the per-point mean over the global
-                # batch; a rank out of rows runs an empty batch, so every rank takes the same
-                # steps (docs/design.md, "One epoch")
-                sum_sub = (sub_r * dist2).sum()
-                per_rank = max(global_batch(step, one_pass, bsz, ctx.rank_rows), 1) / ctx.comm.world_size
-                loss_cl, loss_sub = sum_cl / per_rank, sum_sub / per_rank
+                dist2 = sub_means32.index_select(0, z).sub_(x.unsqueeze(1)).square_().sum(-1)
+                sum_sub, sub_logits = sub_model(x, z, dist2)
+            # both losses summed over the local batch, divided by G/W (G the step's points
+            # over all ranks): after DDP's averaging, the per-point mean over the global
+            # batch; a rank out of rows runs an empty batch, so every rank takes the same
+            # steps (docs/design.md, "One epoch"). The gradient of each sum is 1 / (G/W),
+            # made once per batch size as the division's backward makes it
+            per_rank = max(global_batch(step, one_pass, bsz, ctx.rank_rows), 1) / ctx.comm.world_size
+            if per_rank not in scales:
+                scales[per_rank] = torch.ones((), device=ctx.device) / per_rank
             nets.opt_cluster.zero_grad(set_to_none=True)
             nets.opt_sub.zero_grad(set_to_none=True)
             with net_precision(ctx.precision, ctx.device, backward=True):
-                (loss_cl + loss_sub).backward()
+                torch.autograd.backward((sum_cl, sum_sub), (scales[per_rank], scales[per_rank]))
             nets.opt_cluster.step()
             nets.opt_sub.step()
             if step < one_pass:

@@ -19,26 +19,34 @@ from deepdpm_core.training import start_fit
 from deepdpm_core.training.batching import adam
 
 
+def _subnet_loss(net, x, z, dist2):
+    """The subclustering loss of each point under its cluster's net, one point at a time."""
+    logits = torch.stack([torch.relu(x[i] @ net.w1[z[i]] + net.b1[z[i]]) @ net.w2[z[i]] + net.b2[z[i]]
+                          for i in range(len(z))])
+    return (torch.softmax(logits, 1) * dist2).sum(), logits
+
+
 def test_batched_subnets_equal_per_cluster_mlps():
     g = torch.Generator().manual_seed(0)
     net = SubclusterNets(5, 7, 30, g)
     x = torch.randn(200, 5, generator=g)
+    dist2 = torch.rand(200, 2, generator=g)
     # spread over many clusters; one cluster holding most rows (several blocks); one row
     for z in (torch.randint(0, 30, (200,), generator=g),
               torch.cat([torch.full((150,), 7), torch.arange(50) % 30]), torch.tensor([3])):
-        xb = x[: len(z)]
-        ref = torch.stack([torch.relu(xb[i] @ net.w1[z[i]] + net.b1[z[i]]) @ net.w2[z[i]] + net.b2[z[i]]
-                           for i in range(len(z))])
-        got = net(xb, z)
+        xb, db = x[: len(z)], dist2[: len(z)]
+        ref, ref_logits = _subnet_loss(net, xb, z, db)
+        got, logits = net(xb, z, db)
         torch.testing.assert_close(got, ref)
-        grads = torch.autograd.grad(got.square().sum(), list(net.parameters()))
-        grads_ref = torch.autograd.grad(ref.square().sum(), list(net.parameters()))
+        torch.testing.assert_close(logits, ref_logits.detach())
+        grads = torch.autograd.grad(got, list(net.parameters()))
+        grads_ref = torch.autograd.grad(ref, list(net.parameters()))
         for a, b in zip(grads, grads_ref, strict=True):
             torch.testing.assert_close(a, b)
-    empty = net(x[:0], torch.zeros(0, dtype=torch.long))
-    assert empty.shape == (0, 2)
+    empty, logits = net(x[:0], torch.zeros(0, dtype=torch.long), dist2[:0])
+    assert logits.shape == (0, 2)
     # a DDP rank whose rows ran out must still produce (zero) gradients for every weight
-    for grad in torch.autograd.grad(empty.sum(), list(net.parameters())):
+    for grad in torch.autograd.grad(empty, list(net.parameters())):
         assert not grad.any()
 
 
@@ -90,14 +98,20 @@ def test_restarted_subnets_are_drawn_at_once_with_the_values_of_one_at_a_time():
 def test_cluster_blocks_hold_one_cluster_each_and_at_most_twice_the_rows():
     g = torch.Generator().manual_seed(1)
     z = torch.cat([torch.full((500,), 2), torch.randint(0, 50, (300,), generator=g)])
-    block, slot, overflow, cap = nets.cluster_blocks(z, 60)
-    block_cluster = torch.cat([torch.arange(60), overflow])  # primary blocks first, in cluster order
-    assert torch.equal(block_cluster[block], z)  # every row sits in a block of its cluster
-    cells = block * cap + slot
-    assert cells.unique().numel() == len(z) and int(slot.max()) < cap  # no two rows share a cell
+    cells, block_cluster, cap = nets.cluster_blocks(z, 60)
+    assert torch.equal(block_cluster[:60], torch.arange(60))  # primary blocks first, in cluster order
+    assert torch.equal(block_cluster[cells // cap], z)  # every row sits in a block of its cluster
+    assert cells.unique().numel() == len(z)  # no two rows share a cell
     assert block_cluster.numel() * cap <= 2 * len(z) + 60  # K·c ≤ B + K primary, ≤ B overflow
     # a cluster's first cap rows fill its primary block; only the rest overflow
+    overflow = block_cluster[60:]
     assert torch.equal(torch.bincount(overflow, minlength=60), (-(-torch.bincount(z, minlength=60) // cap) - 1).clamp_min(0))
+    assert torch.equal(torch.sort(overflow).values, overflow)  # a cluster's overflow blocks in a row
+    # a cluster's rows fill its primary block, then its overflow blocks, each from its start
+    for k in (2, 7):
+        rows = torch.sort(cells[z == k]).values
+        assert torch.equal(rows[:cap], k * cap + torch.arange(min(cap, len(rows))))
+        assert torch.equal(rows[cap:], rows[cap:1 + cap].sum() + torch.arange(max(0, len(rows) - cap)))
 
 
 #: operators whose output size is read off the data, or that read a tensor on the host: on a
@@ -114,11 +128,12 @@ def test_fixed_shape_blocks_read_nothing_off_the_data_and_give_the_same_nets():
     with torch.profiler.profile() as prof:
         fixed = nets.cluster_blocks(z, 30, fixed_shape=True)
     assert not HOST_SYNCS & {e.name for e in prof.events()}
+    dist2 = torch.rand(200, 2, generator=g)
     outs = []
     for layout in (nets.cluster_blocks(z, 30), fixed):
-        out = nets._BlockMLP.apply(x, *layout, net.w1, net.b1, net.w2, net.b2)
-        outs.append((out, *torch.autograd.grad(out.square().sum(), list(net.parameters()))))
-    assert len(fixed[2]) > len(nets.cluster_blocks(z, 30)[2])  # the fixed layout has unused blocks
+        loss, logits = nets._BlockLoss.apply(x, *layout, dist2, net.w1, net.b1, net.w2, net.b2)
+        outs.append((loss, logits, *torch.autograd.grad(loss, list(net.parameters()))))
+    assert len(fixed[1]) > len(nets.cluster_blocks(z, 30)[1])  # the fixed layout has unused blocks
     for a, b in zip(*outs, strict=True):
         assert torch.equal(a, b)
 

@@ -22,8 +22,8 @@ def _fit(x, precision):
     dtypes = set()
 
     def record(module, inputs, out):  # global hook: splits rebuild the net
-        if isinstance(module, ClusterNet):
-            dtypes.add(out.dtype)
+        if isinstance(module, ClusterNet):  # the logits, alone or last after the loss
+            dtypes.add((out[-1] if isinstance(out, tuple) else out).dtype)
 
     hook = register_module_forward_hook(record)
     try:
