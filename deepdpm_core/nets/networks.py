@@ -153,7 +153,7 @@ class _BlockLoss(torch.autograd.Function):
     def forward(ctx, x: Tensor, cells: Tensor, block_cluster: Tensor, cap: int, dist2: Tensor,
                 w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> tuple[Tensor, Tensor]:
         n_blocks = block_cluster.shape[0]
-        padded = x.new_zeros(n_blocks * cap, x.shape[1]).index_copy_(0, cells, x).view(n_blocks, cap, -1)
+        padded = x.new_zeros(n_blocks * cap, x.shape[1]).index_put_((cells,), x).view(n_blocks, cap, -1)
         bw2 = w2.index_select(0, block_cluster)
         h = torch.baddbmm(b1.index_select(0, block_cluster).unsqueeze(1), padded,
                           w1.index_select(0, block_cluster)).relu_()
@@ -179,7 +179,7 @@ class _BlockLoss(torch.autograd.Function):
         w2_block = bw2
         if dtype != bw2.dtype:
             padded, w2_block, grad_logits = padded.to(dtype), bw2.to(dtype), grad_logits.to(dtype)
-        g = grad_logits.new_zeros(h.shape[0] * ctx.cap, 2).index_copy_(0, cells, grad_logits).view(*h.shape[:2], 2)
+        g = grad_logits.new_zeros(h.shape[0] * ctx.cap, 2).index_put_((cells,), grad_logits).view(*h.shape[:2], 2)
         dh = torch.ops.aten.threshold_backward(torch.bmm(g, w2_block.mT), h, 0)
         overflow = block_cluster[k:]
 
@@ -230,13 +230,12 @@ def cluster_blocks(z: Tensor, n_clusters: int, fixed_shape: bool = False) -> tup
     first = torch.searchsorted(z_sorted, clusters)  # not bincount: its size is read off the data
     extra = torch.searchsorted(z_sorted, clusters, right=True).sub_(first).sub_(1).div_(cap, rounding_mode="floor").clamp_min_(0)
     ends = extra.cumsum(0)  # overflow blocks up to each cluster's last
-    # a sorted row at place p of cluster k's rows goes to cell k·c + p while p < c (its
-    # primary block), else (K − 1 + k's first overflow block)·c + p: per cluster, its
-    # two offsets less its first row, looked up by (p ≥ c, k)
-    offsets = torch.stack([clusters, (ends - extra).add_(k - 1)]).mul_(cap).sub_(first).view(-1)
-    pos = torch.arange(b, device=dev)
-    over = (pos - first.take(z_sorted)).ge_(cap)
-    cells = torch.empty_like(order).index_put_((order,), offsets.take(torch.add(z_sorted, over, alpha=k)).add_(pos))
+    # the sorted row at place p of cluster k's rows goes to cell k·c + p while p < c (its
+    # primary block), else to (K − 1 + k's overflow blocks before)·c + p: the first cell
+    # of the two looked up by (p ≥ c, k)
+    place = torch.arange(b, device=dev).sub_(first.take(z_sorted))
+    base = torch.cat([clusters, (ends - extra).add_(k - 1)]).mul_(cap)
+    cells = torch.empty_like(order).index_put_((order,), base.take(torch.add(z_sorted, place >= cap, alpha=k)).add_(place))
     if fixed_shape:  # block j's cluster: the clusters whose overflow ends at or before it
         blocks = torch.arange(max(0, -(-b // cap) - 1), device=dev)
         overflow = torch.searchsorted(ends, blocks, right=True).clamp_max_(k - 1)
