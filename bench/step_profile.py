@@ -19,7 +19,7 @@ first and the last marker are those of all steps but the last; per step they are
   per call of it. On the CPU, fused Adam's ``.item()`` of its step counts is reported apart
   (``cpu_only_syncs_per_step``): its CUDA kernel does not synchronise. On the CPU the
   subclustering nets size their overflow blocks by the data (``cluster_blocks``: one
-  ``repeat_interleave`` a step, a wait that costs nothing there); off the CPU they take the
+  ``.item()`` a step, a wait that costs nothing there); off the CPU they take the
   fixed size, with no sync.
 """
 

@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from deepdpm_core.nets import slot_kl
+from deepdpm_core.nets import ClusterNet, slot_kl
 
 
 def _case(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -75,3 +75,21 @@ def test_logits_far_below_the_row_maximum_cost_no_more_and_change_nothing():
         return best
 
     assert seconds(far) < 3 * seconds(near)
+
+
+def test_the_net_and_its_loss_in_one_node_give_the_bits_of_autograd():
+    """The clustering net given a batch's slots: loss, z, ln r, logits and every gradient
+    exactly as autograd of the net's layers followed by :func:`slot_kl` gives them."""
+    g = torch.Generator().manual_seed(3)
+    net = ClusterNet(7, 11, 5, g)
+    x = torch.randn(6, 7, generator=g) * 3  # some hidden units dead on some rows
+    _, slots, target = _case(3)
+    kl, z, log_r, logits = net(x, slots, target)
+    grads = torch.autograd.grad(kl * 0.37, list(net.parameters()))
+    ref_logits = net(x)
+    ref_kl, ref_z, ref_log_r = slot_kl(ref_logits, slots, target)
+    ref_grads = torch.autograd.grad(ref_kl * 0.37, list(net.parameters()))
+    assert not logits.requires_grad
+    for a, b in zip((kl, z, log_r, logits, *grads), (ref_kl, ref_z, ref_log_r, ref_logits.detach(), *ref_grads),
+                    strict=True):
+        assert torch.equal(a, b)
