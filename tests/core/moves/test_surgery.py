@@ -33,7 +33,7 @@ def _setup(seed: int = 0):
     reset_subclusters(state, nets, torch.arange(4), gen)
     # one optimiser step, so that every parameter has Adam moments to move
     xf = x.float()
-    loss = cluster(xf).logsumexp(1).sum() + sub(xf, z).square().sum()
+    loss = cluster(xf).logsumexp(1).sum() + sub(xf, z, xf[:, :2].square())[0]
     loss.backward()
     nets.opt_cluster.step()
     nets.opt_sub.step()
