@@ -79,11 +79,14 @@ def test_subclustering_nets_on_cuda_equal_the_cpu_ones():
     net = SubclusterNets(24, 16, 50, g)
     x = torch.randn(3000, 24, generator=g)
     z = torch.cat([torch.full((1500,), 7), torch.randint(0, 50, (1500,), generator=g)])
-    ref = net(x, z)
-    grads_ref = torch.autograd.grad(ref.square().sum(), list(net.parameters()))
+    dist2 = torch.rand(3000, 2, generator=g)
+    ref, ref_logits = net(x, z, dist2)
+    grads_ref = torch.autograd.grad(ref, list(net.parameters()))
     gnet = net.to(CUDA)
-    got = gnet(x.to(CUDA), z.to(CUDA))  # float32 matmuls: TF32 is scoped to the search
-    grads = torch.autograd.grad(got.square().sum(), list(gnet.parameters()))
+    # float32 matmuls: TF32 is scoped to the search
+    got, logits = gnet(x.to(CUDA), z.to(CUDA), dist2.to(CUDA))
+    grads = torch.autograd.grad(got, list(gnet.parameters()))
+    torch.testing.assert_close(logits.cpu(), ref_logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got.cpu(), ref, rtol=1e-4, atol=1e-4)
     for a, b in zip(grads, grads_ref, strict=True):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-3)
