@@ -259,6 +259,33 @@ def test_a_pair_without_a_valley_is_merged_whatever_its_ratio():
     assert propose_merges(*few, {(0, 1): 0.95}, 0.9, MIN_POINTS) == []
 
 
+def _worms(n: int, seed: int, k: int = 12) -> tuple[np.ndarray, np.ndarray]:
+    """``k`` curved worms in 2-D, 16 apart on a 4 x 3 grid: quadratic Bezier arcs of chord 10
+    bent by up to 5, points uniform in the curve's parameter, 0.3 thick."""
+    rng = np.random.default_rng(seed)
+    centres = 16.0 * np.stack(np.meshgrid(np.arange(4), np.arange(3)), -1).reshape(-1, 2)[:k]
+    y = rng.permutation(np.arange(n) % k)
+    angle = rng.uniform(0, 2 * np.pi, k)
+    along = np.stack([np.cos(angle), np.sin(angle)], 1)
+    across = np.stack([-np.sin(angle), np.cos(angle)], 1)
+    bend = rng.uniform(-5, 5, k)[:, None]
+    t = rng.uniform(size=n)[:, None]
+    curve = (1 - t) ** 2 * -5 * along[y] + 2 * (1 - t) * t * bend[y] * across[y] + t**2 * 5 * along[y]
+    return (centres[y] + curve + rng.normal(0, 0.3, (n, 2))).astype(np.float32), y
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_curved_clusters_cut_by_the_start_are_joined_again(seed):
+    """From 3 x K k-means clusters the pieces of a worm, whose shallow dips along it are no
+    valley a split could have cut, are merged back: K 12 or 13 from 36 clusters, as 12 from
+    10 (with a merge threshold of 0.9: 14 and 15 from 36)."""
+    x, y = _worms(6000, seed)
+    fit = DeepDPM(random_state=0, init__n_clusters=36).fit(x)
+    assert 11 <= fit.n_clusters_ <= 13
+    assert clustering_scores(y, fit.labels_)["nmi"] > 0.98
+
+
 def _bananas(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Four curved clusters in 6-D (a Gaussian bent along a random plane) 9 apart."""
     rng = np.random.default_rng(seed)
