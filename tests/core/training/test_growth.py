@@ -24,9 +24,12 @@ from deepdpm_core.training.fit_context import partition_stats
 from deepdpm_core.training.settling import (
     EXACT_FALLS,
     EXACT_GAIN,
+    HIDDEN_GROUPS,
     _best_size,
+    _hides_groups,
     coarsened_score,
     grow,
+    most_clusters,
     partition_score,
     valley_groups,
 )
@@ -154,6 +157,18 @@ def _curve_blobs(k: int, per_blob: int, seed: int = 0) -> tuple[np.ndarray, np.n
     s = 6.0 * np.arange(k)
     y = np.repeat(np.arange(k), per_blob)
     return np.column_stack([s, 30.0 * np.sin(2 * np.pi * s / 200.0)])[y] + rng.standard_normal((len(y), 2)), y
+
+
+def test_no_probe_for_hidden_groups_where_the_cap_allows_too_few_clusters():
+    """40 blobs of 75 rows in 64-D: growth's partitions hold at most 88 clusters, fewer than
+    the HIDDEN_GROUPS x 40 groups the probe would have to find, so its k-means is not run
+    (it would draw its seeds from the fit's generator)."""
+    x, y = many_blobs()
+    search = _trainer_at(x, y)
+    assert most_clusters(len(x), x.shape[1], False) < HIDDEN_GROUPS * search.n_clusters
+    before = search.rng.bit_generator.state
+    assert not _hides_groups(search.ctx, search.config, search.prior_fit, search.n_clusters, search.rng)
+    assert search.rng.bit_generator.state == before
 
 
 def test_valley_groups_count_what_density_valleys_part():
