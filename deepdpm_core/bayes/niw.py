@@ -125,14 +125,14 @@ def posterior(prior: NIWPrior, stats: SuffStats) -> NIWPosterior:
     return NIWPosterior(kn, mn, prior.nu + stats.n, _posterior_scale(prior, stats, kn, mn))
 
 
-def _posterior_scale(prior: NIWPrior, stats: SuffStats, kn: Tensor, mn: Tensor) -> Tensor:
-    """Λn of every row (module docstring, update 4), (R, D, D): one new buffer (at R =
-    3000, D = 128 it is 0.4 GB), which :func:`map_estimate` divides in place on a GPU (on
-    the CPU it repeats this arithmetic block by block)."""
+def _posterior_scale(prior: NIWPrior, stats: SuffStats, kn: Tensor, mn: Tensor, out: Tensor | None = None) -> Tensor:
+    """Λn of every row (module docstring, update 4), (R, D, D), in ``out`` when given, else
+    in one new buffer (at R = 3000, D = 128 it is 0.4 GB), which :func:`map_estimate`
+    divides in place."""
     m0 = prior.m0.to(stats.s1)
     # symmetric when s2 is: the outer product is a_i a_j with a = √κn mn on both sides, so
     # no symmetrising pass
-    scale = stats.s2 + (prior.scale.to(stats.s2) + prior.kappa * torch.outer(m0, m0))
+    scale = torch.add(stats.s2, prior.scale.to(stats.s2) + prior.kappa * torch.outer(m0, m0), out=out)
     if prior.floor is not None:  # + n·diag(δ)
         scale.diagonal(dim1=-2, dim2=-1).add_(stats.n[:, None] * prior.floor.to(stats.s2)[None, :])
     a = kn.sqrt()[:, None] * mn
@@ -283,19 +283,12 @@ def map_covariance_writer(prior: NIWPrior, stats: SuffStats, out: Tensor | None 
     if not (out is not None and out.device.type == "cpu" and out.shape == s2.shape and out.dtype == s2.dtype
             and out.is_contiguous() and out.untyped_storage().data_ptr() != s2.untyped_storage().data_ptr()):
         out = torch.empty_like(s2, memory_format=torch.contiguous_format)
-    # the arithmetic of _posterior_scale, block by block
-    m0 = prior.m0.to(stats.s1)
-    constant = prior.scale.to(s2) + prior.kappa * torch.outer(m0, m0)
-    floor = None if prior.floor is None else stats.n[:, None] * prior.floor.to(s2)[None, :]
-    a = kn.sqrt()[:, None] * mn
 
     def write(start: int, stop: int) -> None:
         for s, e in row_blocks(stop - start, MAP_BLOCK_ROWS):
             s, e = start + s, start + e
-            block = torch.add(s2[s:e], constant, out=out[s:e])
-            if floor is not None:
-                block.diagonal(dim1=-2, dim2=-1).add_(floor[s:e])
-            block.baddbmm_(a[s:e, :, None], a[s:e, None, :], alpha=-1.0).div_(divisor[s:e])
+            block = SuffStats(stats.n[s:e], stats.s1[s:e], s2[s:e])
+            _posterior_scale(prior, block, kn[s:e], mn[s:e], out=out[s:e]).div_(divisor[s:e])
 
     return out, write
 
