@@ -1,4 +1,5 @@
-"""Exceptions that name what the user got wrong (the CLI prints them as one line)."""
+"""Exceptions that name what the user got wrong (the CLI prints them as one line), and how
+they list names."""
 
 
 class DeepDPMError(Exception):
@@ -15,3 +16,9 @@ class DataError(DeepDPMError, ValueError):
 
 class CheckpointError(DeepDPMError, ValueError):
     """A checkpoint cannot be read or does not match what is expected."""
+
+
+def listed(names: list[str], at_most: int = 8) -> str:
+    """``'a', 'b', ... (12 in all)``: names (columns, keys) for a one-line message."""
+    shown = ", ".join(repr(n) for n in names[:at_most])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > at_most else "")

@@ -25,7 +25,7 @@ from sklearn.utils.validation import _get_feature_names, check_is_fitted
 from deepdpm_core.class_codes import class_code_columns
 from deepdpm_core.config import Config
 from deepdpm_core.data import check_features, check_init_labels, readonly_tensor
-from deepdpm_core.errors import ConfigError, DataError
+from deepdpm_core.errors import ConfigError, DataError, listed
 from deepdpm_core.model.diagnostics import (
     diagnose,
     tiny_cluster_rows,
@@ -40,12 +40,6 @@ from deepdpm_core.training import Search, start_fit
 __all__ = ["FORMAT", "DeepDPM"]
 
 _NOT_FITTED = "This %(name)s instance is not fitted yet: call fit() or DeepDPM.load() first"
-
-
-def _listed(names: list[str], at_most: int = 8) -> str:
-    """``'a', 'b', ... (12 in all)``: column names for a one-line message."""
-    shown = ", ".join(repr(n) for n in names[:at_most])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > at_most else "")
 
 
 class DeepDPM(ClusterMixin, BaseEstimator):
@@ -267,8 +261,8 @@ class DeepDPM(ClusterMixin, BaseEstimator):
             raise DataError(
                 "The feature names should match those that were passed during fit: "
                 + "; ".join(part for part in (
-                    f"unseen at fit time: {_listed(unseen)}" if unseen else "",
-                    f"seen at fit time, yet now missing: {_listed(missing)}" if missing else "")
+                    f"unseen at fit time: {listed(unseen)}" if unseen else "",
+                    f"seen at fit time, yet now missing: {listed(missing)}" if missing else "")
                     if part))
         return X[fitted]
 

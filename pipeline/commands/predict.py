@@ -115,7 +115,7 @@ def matched_columns(args: argparse.Namespace, header: ModelHeader | None) -> Tab
         The table's feature columns are not the model's (the extra and the missing ones
         named).
     """
-    from deepdpm_core.errors import DataError
+    from deepdpm_core.errors import DataError, listed
     from pipeline.io.columns import TableColumns, columns_from_args
     from pipeline.io.tables import input_columns
 
@@ -136,8 +136,8 @@ def matched_columns(args: argparse.Namespace, header: ModelHeader | None) -> Tab
     extra = [n for n in chosen.features if n not in fitted]
     missing = [n for n in names if n not in given]
     if extra or missing:
-        parts = ([f"{_listed(extra)} {'is' if len(extra) == 1 else 'are'} not among them"]
-                 if extra else []) + ([f"{_listed(missing)} missing"] if missing else [])
+        parts = ([f"{listed(extra)} {'is' if len(extra) == 1 else 'are'} not among them"]
+                 if extra else []) + ([f"{listed(missing)} missing"] if missing else [])
         raise DataError(f"{args.input} does not hold the {len(names)} feature columns the model "
                         f"was fitted on ({'; '.join(parts)}): name the label column with "
                         "--label NAME, the row ids with --key NAME, or the features with "
@@ -160,12 +160,6 @@ def check_width(args: argparse.Namespace, header: ModelHeader | None, dim: int) 
         raise DataError(f"{args.input} has {dim} feature columns but the model takes "
                         f"{header.dim}: name a label column with --label NAME, a row-id "
                         "column with --key NAME, or the features with --features")
-
-
-def _listed(names: list[str], at_most: int = 6) -> str:
-    """``'a', 'b', ... (12 in all)``: column names for a one-line message."""
-    shown = ", ".join(repr(n) for n in names[:at_most])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > at_most else "")
 
 
 def _warn(message: str) -> None:
