@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deepdpm_core.errors import CheckpointError, ConfigError
+from pipeline.fit.request import REQUEST_FILE
 
 if TYPE_CHECKING:
     from deepdpm_core.training import Search
@@ -69,15 +70,9 @@ def check_fit_id(state: dict[str, Any], fit_id: str | None, path: str | Path) ->
     """
     if state.get("fit_id") != fit_id:
         raise CheckpointError(
-            f"checkpoint {path} belongs to another fit than the {_request_file()} beside it: "
+            f"checkpoint {path} belongs to another fit than the {REQUEST_FILE} beside it: "
             "resuming would mix two fits; start afresh with --overwrite")
     return state
-
-
-def _request_file() -> str:
-    from pipeline.fit.request import REQUEST_FILE
-
-    return REQUEST_FILE
 
 
 # ----------------------------------------------------------- a fit in this process

@@ -4,7 +4,6 @@ is complete already, and writing one output atomically with its metadata."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -69,13 +68,9 @@ def input_files(folder: str | Path) -> list[str]:
     return files
 
 
-def model_digest(data: bytes) -> str:
-    """SHA-256 of a model file's bytes: which model an output was predicted with."""
-    return hashlib.sha256(data).hexdigest()
-
-
 def model_file_digest(path: str | Path) -> str:
-    """:func:`model_digest` of the file ``path``, read 1 MiB at a time (never whole)."""
+    """SHA-256 of the model file ``path`` (which model an output was predicted with), read
+    1 MiB at a time (never whole)."""
     return file_sha256(path)
 
 
@@ -213,5 +208,5 @@ def _feature_rows(chunk: pa.Table, offset: int, labelled: bool) -> FeatureTable:
     return FeatureTable(X=np.zeros((n, 0), np.float32), labels=labels, keys=keys)
 
 
-__all__ = ["METADATA_KEY", "InputFile", "input_files", "inspect_input", "is_complete", "model_digest",
+__all__ = ["METADATA_KEY", "InputFile", "input_files", "inspect_input", "is_complete",
            "model_file_digest", "read_assigner", "shared_columns", "write_output"]
