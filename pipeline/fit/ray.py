@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ from pipeline.fit.runner import FaultHook
 from pipeline.io.feature_rows import feature_shape
 from pipeline.io.run_folder import publish_run, staging_folder
 from pipeline.ray_cluster.bars import plain_log_prefix, plain_ray_bars
-from pipeline.ray_cluster.local import connect_ray
+from pipeline.ray_cluster.local import connect_ray, missing_resources
 
 #: Ray Train settings of every Ray fit, passed on to its controller and workers (a value
 #: set in the environment wins): a worker's ``print`` stays Python's own (Ray Train's
@@ -290,22 +289,14 @@ def check_resources(num_workers: int, use_gpu: bool, wait_s: float = 0.0) -> Non
     ConfigError
         Too few CPUs or GPUs once ``wait_s`` has passed.
     """
-    import ray
-
     need_cpu, need_gpu = max(num_workers, 1), (max(num_workers, 1) if use_gpu else 0)
-    deadline = time.monotonic() + wait_s
-    while True:
-        have = ray.cluster_resources()
-        cpu, gpu = have.get("CPU", 0.0), have.get("GPU", 0.0)
-        if cpu >= need_cpu and gpu >= need_gpu:
-            return
-        if time.monotonic() >= deadline:
-            what = f"{need_cpu} CPUs" + (f" and {need_gpu} GPUs" if need_gpu else "")
-            raise ConfigError(
-                f"--num-workers {num_workers}{' --use-gpu' if use_gpu else ''} needs {what}, but "
-                f"the Ray cluster has {cpu:g} CPUs and {gpu:g} GPUs; lower --num-workers or add nodes"
-            )
-        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+    have = missing_resources({"CPU": need_cpu, "GPU": need_gpu}, wait_s)
+    if have is not None:
+        what = f"{need_cpu} CPUs" + (f" and {need_gpu} GPUs" if need_gpu else "")
+        raise ConfigError(
+            f"--num-workers {num_workers}{' --use-gpu' if use_gpu else ''} needs {what}, but the Ray "
+            f"cluster has {have.get('CPU', 0.0):g} CPUs and {have.get('GPU', 0.0):g} GPUs; lower "
+            "--num-workers or add nodes")
 
 
 def _torch_trainer(request: FitRequest, staging: Path, fault: FaultHook | None):

@@ -88,11 +88,11 @@ def read_assigner(model_file: str | Path) -> tuple[int, int, bytes]:
         Not a PyTorch checkpoint, not safe to read, or not a DeepDPM model.
     """
     from pipeline.predict.model_assigner import BAD_MODEL, assigner_state
+    from pipeline.ray_cluster.local import tree_pythonpath
 
     if "torch" in sys.modules:
         return assigner_state(model_file)
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    env = {**os.environ, "PYTHONPATH": tree_pythonpath()}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "assigner.pt"
         done = subprocess.run([sys.executable, "-m", "pipeline.predict.model_assigner", str(model_file), str(out)],

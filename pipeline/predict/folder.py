@@ -36,7 +36,7 @@ from pipeline.predict.files import (
     shared_columns,
     write_output,
 )
-from pipeline.ray_cluster.local import connect_ray
+from pipeline.ray_cluster.local import connect_ray, missing_resources
 
 #: seconds an existing cluster may take to offer the actors' resources (nodes joining)
 WAIT_FOR_RESOURCES_S = 120.0
@@ -216,19 +216,12 @@ def predict_folder(
 def _check_resources(num_workers: int, cpus_per_worker: float, wait_s: float) -> None:
     """Fail fast when the cluster cannot host the actors and one read task besides
     (Ray Data would wait forever), waiting up to ``wait_s`` for joining nodes."""
-    import ray
-
     need = num_workers * cpus_per_worker + 1.0
-    deadline = time.monotonic() + wait_s
-    while True:
-        have = ray.cluster_resources().get("CPU", 0.0)
-        if have >= need:
-            return
-        if time.monotonic() >= deadline:
-            raise ConfigError(f"{num_workers} model actors of {cpus_per_worker:g} CPUs and a read "
-                              f"task need {need:g} CPUs, but the Ray cluster has {have:g}; lower "
-                              "--num-workers or --cpus-per-worker, or add nodes")
-        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+    have = missing_resources({"CPU": need}, wait_s)
+    if have is not None:
+        raise ConfigError(f"{num_workers} model actors of {cpus_per_worker:g} CPUs and a read "
+                          f"task need {need:g} CPUs, but the Ray cluster has {have.get('CPU', 0.0):g}; "
+                          "lower --num-workers or --cpus-per-worker, or add nodes")
 
 
 def _predicted_row_groups(files: list[InputFile], columns: list[str], model_ref, batch_size: int,

@@ -16,6 +16,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,11 @@ AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 #: the guard of the cluster this process started and the write end of its pipe (see
 #: :func:`_guard_cluster`), which the kernel closes when this process ends
 _guard: tuple[subprocess.Popen, int] | None = None
+
+
+def tree_pythonpath() -> str:
+    """``$PYTHONPATH`` with this tree first, so a child process imports this package from it."""
+    return os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p)
 
 
 def init_local_ray(**kwargs: Any) -> None:
@@ -76,6 +82,21 @@ def _own_cluster_address_hook() -> Any:
     return find_own_cluster
 
 
+def missing_resources(need: dict[str, float], wait_s: float) -> dict[str, float] | None:
+    """None once the Ray cluster holds ``need`` (``{"CPU": 4.0}``) in all, waiting up to
+    ``wait_s`` seconds for nodes that are still joining; else what it holds then."""
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        have = ray.cluster_resources()
+        if all(have.get(name, 0.0) >= amount for name, amount in need.items()):
+            return None
+        if time.monotonic() >= deadline:
+            return have
+        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+
+
 def connect_ray(address: str | None, **local_kwargs: Any) -> str | None:
     """Connect this driver to Ray: ``address``, else ``$RAY_ADDRESS``, else a new local
     cluster (:func:`init_local_ray` with ``local_kwargs``) whose workers import this
@@ -92,9 +113,7 @@ def connect_ray(address: str | None, **local_kwargs: Any) -> str | None:
         return None
     address = address or os.environ.get("RAY_ADDRESS") or "local"
     if address == "local":
-        root = str(Path(__file__).resolve().parents[1])
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-        init_local_ray(runtime_env={"env_vars": {"PYTHONPATH": path}}, **local_kwargs)
+        init_local_ray(runtime_env={"env_vars": {"PYTHONPATH": tree_pythonpath()}}, **local_kwargs)
         return "local"
     ray.init(address=address)
     return "remote"
@@ -112,9 +131,7 @@ def _guard_cluster() -> None:
             for infos in processes.values() for info in infos
             if start_time(info.process.pid) is not None]
     read_end, write_end = os.pipe()  # not inherited by what this process starts later
-    root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    env = {**os.environ, "PYTHONPATH": tree_pythonpath()}
     guard = subprocess.Popen([sys.executable, "-m", "pipeline.ray_cluster.guard", *head],
                              stdin=read_end, env=env, start_new_session=True)
     os.close(read_end)
@@ -124,4 +141,4 @@ def _guard_cluster() -> None:
     _guard = (guard, write_end)
 
 
-__all__ = ["AUTH_LOGGER", "connect_ray", "init_local_ray"]
+__all__ = ["AUTH_LOGGER", "connect_ray", "init_local_ray", "missing_resources", "tree_pythonpath"]
