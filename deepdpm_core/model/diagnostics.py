@@ -53,10 +53,6 @@ def _get(section: Any, key: str, default: Any = None) -> Any:
     return getattr(section, key, default)
 
 
-def _section(config: Any, name: str) -> Any:
-    return _get(config, name, {}) if config is not None else {}
-
-
 def move_kinds(history: Sequence[Mapping[str, Any]]) -> list[str | None]:
     """The move each epoch ended with, as its record names it: ``"split"``, ``"merge"`` or None."""
     return [record.get("move") for record in history]
@@ -159,7 +155,7 @@ def diagnose(history: Sequence[Mapping[str, Any]], config: Any = None,
     """
     if not history:
         return []
-    prior = _section(config, "prior")
+    prior = _get(config, "prior", {})
     k_now = int(history[-1]["n_clusters"])
     out: list[Diagnostic] = []
 

@@ -58,11 +58,6 @@ def net_precision(precision: str, device: torch.device, backward: bool = False) 
     return contextlib.nullcontext()
 
 
-def _flushing_denormals() -> bool:
-    """Whether the CPU flushes subnormal floats to zero (a subnormal times 1 gives 0)."""
-    return bool((torch.tensor([1e-39]) * 1.0)[0] == 0)
-
-
 @contextlib.contextmanager
 def flush_denormals() -> Iterator[None]:
     """Subnormal floats (|x| < 1.2e-38 in float32) flushed to zero on the CPU inside the
@@ -72,7 +67,7 @@ def flush_denormals() -> Iterator[None]:
     subnormal range, where x86 arithmetic is many times slower (docs/benchmarks.md,
     "Scale"); values that small are far below Adam's eps (1e-8). No effect on GPUs.
     """
-    before = _flushing_denormals()
+    before = bool((torch.tensor([1e-39]) * 1.0)[0] == 0)  # the mode now: a subnormal times 1 gives 0
     torch.set_flush_denormal(True)
     try:
         yield

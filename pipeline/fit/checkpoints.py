@@ -85,11 +85,6 @@ def checkpoint_paths(out: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def has_local_checkpoints(out: str | Path) -> bool:
-    """True when ``out`` holds checkpoints of a fit in this process."""
-    return bool(checkpoint_paths(out))
-
-
 def remove_checkpoints(out: str | Path) -> None:
     """Drop the checkpoints of an earlier fit, of either mode (``--overwrite``)."""
     shutil.rmtree(Path(out) / CHECKPOINT_DIR, ignore_errors=True)
@@ -125,7 +120,7 @@ def has_ray_checkpoints(out: str | Path) -> bool:
 def refuse_earlier_checkpoints(out: str | Path) -> None:
     """A fresh fit never resumes another's checkpoints silently: ConfigError when ``out``
     holds those of a fit in this process or on Ray."""
-    if has_ray_checkpoints(out) or has_local_checkpoints(out):
+    if has_ray_checkpoints(out) or checkpoint_paths(out):
         raise ConfigError(f"{out} holds checkpoints of an earlier fit: continue it with "
                           f"--resume {out}, start afresh with --overwrite, or choose another "
                           "--output")
@@ -196,7 +191,6 @@ def prune_checkpoints(out: str | Path) -> list[Path]:
 
 
 __all__ = ["CHECKPOINTS_KEPT", "CHECKPOINT_DIR", "CHECKPOINT_FILE", "TRAIN_DIR",
-           "check_fit_id", "checkpoint_dir_names", "checkpoint_paths", "has_local_checkpoints",
-           "has_ray_checkpoints", "latest_ray_epoch", "latest_state",
-           "load_ray_checkpoint", "prune_checkpoints", "remove_checkpoints",
-           "read_search_state", "write_checkpoint", "write_search_state"]
+           "check_fit_id", "checkpoint_dir_names", "checkpoint_paths", "has_ray_checkpoints",
+           "latest_ray_epoch", "latest_state", "load_ray_checkpoint", "prune_checkpoints",
+           "remove_checkpoints", "read_search_state", "write_checkpoint", "write_search_state"]

@@ -17,12 +17,8 @@ from pipeline.report.clusters import ClusterRow, KCount
 from pipeline.report.sample_images import find_images, image_strip, sample_keys
 
 
-def _data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
 def _img(png: bytes, alt: str) -> str:
-    return f'<img src="{_data_uri(png)}" alt="{html.escape(alt)}">'
+    return f'<img src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" alt="{html.escape(alt)}">'
 
 
 def _fmt(value: Any) -> str:
