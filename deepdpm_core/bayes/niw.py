@@ -180,10 +180,8 @@ def _posterior_logdet(prior: NIWPrior, stats: SuffStats, kn: Tensor, mn: Tensor)
     r, d = stats.n.shape[0], stats.dim
     if stats.s2.device.type != "cpu" or r * d * d <= LOGDET_BLOCK_ELEMS:
         return logdet_spd(_posterior_scale(prior, stats, kn, mn))
-    step = max(1, LOGDET_BLOCK_ELEMS // (d * d))
     out = torch.empty(r, dtype=stats.s2.dtype)
-    for s in range(0, r, step):
-        e = min(s + step, r)
+    for s, e in row_blocks(r, max(1, LOGDET_BLOCK_ELEMS // (d * d))):
         block = SuffStats(stats.n[s:e], stats.s1[s:e], stats.s2[s:e])
         chol, info = torch.linalg.cholesky_ex(_posterior_scale(prior, block, kn[s:e], mn[s:e]))
         if bool((info > 0).any()):

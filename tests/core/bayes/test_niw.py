@@ -425,3 +425,23 @@ def test_nu_fitted_to_evenly_spaced_clusters_is_near_the_optimum_over_all_of_the
 
     assert some != every  # it read fewer clusters
     assert total(every) >= total(some) >= total(every) - 0.1 * k
+
+
+
+@pytest.mark.parametrize("step", [2, 3])
+def test_marginal_likelihoods_in_blocks_never_factor_one_row_alone(monkeypatch, step):
+    """Blocks of 2 or 3 rows over 2·step + 1 clusters in 24-D: the last row joins the block
+    before it (for D ≥ 20 a batch of one matrix takes other kernels and rounds otherwise),
+    so ln|Λn| is the whole batch's to the bit, for every seed."""
+    d = 24
+    monkeypatch.setattr(niw, "LOGDET_BLOCK_ELEMS", step * d * d, raising=False)
+    prior = NIWPrior.from_shape(torch.full((d,), 0.3), torch.linspace(0.5, 2.0, d), 0.03, None, 0.7,
+                                floor=torch.full((d,), 1e-3, dtype=torch.float64))
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        sizes = rng.integers(d + 5, 200, size=2 * step + 1)
+        stats = _clusters(seed, d, list(sizes), list(rng.uniform(0.3, 2.0, size=len(sizes))))
+        kn = prior.kappa + stats.n
+        mn = (prior.kappa * prior.m0 + stats.s1) / kn[:, None]
+        whole = niw.logdet_spd(niw._posterior_scale(prior, stats, kn, mn))
+        assert torch.equal(niw._posterior_logdet(prior, stats, kn, mn), whole), seed
