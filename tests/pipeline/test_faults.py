@@ -233,32 +233,6 @@ def test_extract_killed_mid_shard_leaves_no_cluster_and_its_rerun_loses_and_repe
     assert not list(out.glob(".*.tmp")) and not list(tmp_path.glob(".features.*"))
 
 
-def test_a_ray_fit_keeps_its_checkpoints_through_the_publish_and_prunes_unlisted_ones(tmp_path):
-    """A Ray fit (2 workers, a checkpoint every epoch) publishes its outputs with
-    ``ray_train/`` and ``fit_request.json`` kept, at most the 2 checkpoints Ray Train
-    lists, nothing left beside the folder; a checkpoint folder the snapshot does not list
-    (what a driver killed right after a worker's upload leaves) is removed."""
-    from pipeline.fit.checkpoints import TRAIN_DIR, checkpoint_dir_names, prune_checkpoints
-
-    out = tmp_path / "run"
-    fit = _deepdpm("fit", "--input", str(_blobs(tmp_path / "a.npz", 240, 0)), "--output",
-                   str(out), "--num-workers", "2", "--checkpoint-every", "1", "--set",
-                   "schedule.max_epochs=4", *QUICK_FIT)
-    assert fit.returncode == 0, fit.stderr
-    train = out / TRAIN_DIR
-    snapshot = json.loads((train / "checkpoint_manager_snapshot.json").read_text())
-    listed = set(checkpoint_dir_names(snapshot))
-    on_disk = {p.name for p in train.glob("checkpoint_*") if p.is_dir()}
-    assert on_disk == listed and 1 <= len(listed) <= 2
-    assert (out / "fit_request.json").exists() and (out / "summary.json").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npz", "run"]
-
-    orphan = train / "checkpoint_2000-01-01_00-00-00.000000"
-    shutil.copytree(train / sorted(listed)[0], orphan)
-    assert prune_checkpoints(out) == [orphan]
-    assert {p.name for p in train.glob("checkpoint_*") if p.is_dir()} == listed
-
-
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -512,37 +486,84 @@ def _seconds_after_outputs(fit: subprocess.Popen, out: Path) -> float:
     return ended - (out / "summary.json").stat().st_mtime
 
 
+@pytest.fixture(scope="module")
+def tracking_server(tmp_path_factory):
+    """One real MLflow server on 127.0.0.1 for the tracked-run tests below (a start takes
+    10-25 s on 2 cores); the outage test, the last of them, kills, restarts and freezes it."""
+    from tests.support.mlflow_server import MlflowServer
+
+    server = MlflowServer(tmp_path_factory.mktemp("tracking-server")).start()
+    yield server
+    server.kill()
+
+
+def test_a_run_whose_command_is_killed_ends_killed_by_the_next_command_and_live_runs_are_left_alone(
+        tracking_server, tmp_path):
+    """A tracked fit killed by SIGKILL (nothing of it left to end its run) has its run
+    ended KILLED, saying so, by the next tracked command to the same real MLflow server on
+    127.0.0.1; a command that ends while another one's run is live leaves that run
+    RUNNING."""
+    from pipeline.tracking.pending_closes import END_REASON_TAG
+
+    server = tracking_server
+    data = tmp_path / "c.npy"
+    rng = np.random.default_rng(3)
+    np.save(data, np.concatenate([c + rng.normal(size=(1000, 4)) for c in rng.normal(size=(3, 4)) * 10])
+            .astype(np.float32))
+    state = tmp_path / "state"
+    fit = _outage_fit(server, data, tmp_path / "sigkilled", state, "sigkilled", epochs=100_000)
+    try:
+        _wait_for(lambda: _logged(server, "sigkilled") >= 5 or fit.poll() is not None,
+                  what="5 epochs logged")
+        assert fit.poll() is None, "the fit ended before the kill"
+        beside = _outage_fit(server, data, tmp_path / "beside", state, "beside", epochs=3)
+        _seconds_after_outputs(beside, tmp_path / "beside")
+        assert _runs(server)["sigkilled"]["status"] == "RUNNING"  # its command still runs
+    finally:
+        fit.kill()
+        fit.wait()
+    after = _outage_fit(server, data, tmp_path / "after", state, "after", epochs=3)
+    _seconds_after_outputs(after, tmp_path / "after")
+    runs = _runs(server)
+    killed = runs["sigkilled"]
+    assert killed["status"] == "KILLED" and killed["end_time"], killed
+    assert killed[END_REASON_TAG].startswith(f"the command (pid {fit.pid}) was killed before it "
+                                             "ended its run"), killed
+    assert str(tmp_path / "sigkilled") in killed[END_REASON_TAG]
+    assert runs["beside"]["status"] == runs["after"]["status"] == "FINISHED"
+    assert not list((state / "deepdpm" / "pending_closes").glob("*.json"))
+
+
 def test_a_tracked_run_ends_in_a_final_state_saying_why_also_when_its_server_was_killed_or_frozen(
-        tmp_path):
+        tracking_server, tmp_path):
     """A real MLflow server on 127.0.0.1 is killed (SIGKILL to its process
-    group) during a tracked fit, another one frozen (SIGSTOP) near its end: each fit
+    group) during a tracked fit, and frozen (SIGSTOP) near the end of another: each fit
     finishes with its outputs, exits within 15 s of writing them, and its run, left
     RUNNING, is ended FAILED (with the reason and the output folder) by the next tracked
     command once the server answers again. A run that ends normally is FINISHED, one
-    stopped by Ctrl-C KILLED, each with its reason."""
+    stopped by Ctrl-C KILLED, each with its reason. The one server serves them all in
+    turn: restarted on its store after the kill, resumed (SIGCONT) after the freeze."""
     from pipeline.tracking.pending_closes import END_REASON_TAG, OUTPUT_TAG
-    from tests.support.mlflow_server import MlflowServer
 
     data = tmp_path / "c.npy"
     rng = np.random.default_rng(2)
     np.save(data, np.concatenate([c + rng.normal(size=(1000, 4)) for c in rng.normal(size=(3, 4)) * 10])
             .astype(np.float32))
     state = tmp_path / "state"
-    for how in ("killed", "frozen"):
-        server = MlflowServer(tmp_path / f"server-{how}").start()
-        try:
+    server = tracking_server
+    try:
+        # killed: after 20 of 300 epochs reached the server; frozen: 40 epochs before the end
+        for how, epochs, at in (("killed", 300, 20), ("frozen", 100, 60)):
             out = tmp_path / how
-            fit = _outage_fit(server, data, out, state, how, epochs=300)
-            # killed: after 20 epochs reached the server; frozen: 40 epochs before the end
-            at = 20 if how == "killed" else 260
-            _wait_for(lambda s=server, h=how, n=at, f=fit: _logged(s, h) >= n or f.poll() is not None,
+            fit = _outage_fit(server, data, out, state, how, epochs=epochs)
+            _wait_for(lambda h=how, n=at, f=fit: _logged(server, h) >= n or f.poll() is not None,
                       timeout=300, what=f"{at} epochs logged")
             assert fit.poll() is None, "the fit ended before the outage"
             os.killpg(server.proc.pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
             waited = _seconds_after_outputs(fit, out)
             print(f"{how} server: the fit exited {waited:.1f} s after writing its outputs")
             assert waited < 15, f"{how}: {waited:.1f} s after the outputs"
-            assert json.loads((out / "summary.json").read_text())["epochs"] == 300
+            assert json.loads((out / "summary.json").read_text())["epochs"] == epochs
             if how == "killed":
                 server.proc.wait()
                 server.start()  # the same store, port and artifacts
@@ -561,11 +582,7 @@ def test_a_tracked_run_ends_in_a_final_state_saying_why_also_when_its_server_was
             assert finished["status"] == "FINISHED", finished
             assert finished[END_REASON_TAG] == f"finished; outputs in {tmp_path / f'{how}-after'}"
             assert not list((state / "deepdpm" / "pending_closes").glob("*.json"))
-        finally:
-            server.kill()
 
-    server = MlflowServer(tmp_path / "server-ctrl-c").start()
-    try:
         fit = _outage_fit(server, data, tmp_path / "stopped", state, "stopped", epochs=300)
         _wait_for(lambda: _logged(server, "stopped") >= 5, what="5 epochs logged")
         fit.send_signal(signal.SIGINT)
@@ -573,47 +590,6 @@ def test_a_tracked_run_ends_in_a_final_state_saying_why_also_when_its_server_was
         run = _runs(server)["stopped"]
         assert run["status"] == "KILLED" and run[END_REASON_TAG].startswith("interrupted after epoch")
         assert run[OUTPUT_TAG] == str(tmp_path / "stopped")
-    finally:
-        server.kill()
-
-
-def test_a_run_whose_command_is_killed_ends_killed_by_the_next_command_and_live_runs_are_left_alone(
-        tmp_path):
-    """A tracked fit killed by SIGKILL (nothing of it left to end its run) has its run
-    ended KILLED, saying so, by the next tracked command to the same real MLflow server on
-    127.0.0.1; a command that ends while another one's run is live leaves that run
-    RUNNING."""
-    from pipeline.tracking.pending_closes import END_REASON_TAG
-    from tests.support.mlflow_server import MlflowServer
-
-    data = tmp_path / "c.npy"
-    rng = np.random.default_rng(3)
-    np.save(data, np.concatenate([c + rng.normal(size=(1000, 4)) for c in rng.normal(size=(3, 4)) * 10])
-            .astype(np.float32))
-    state = tmp_path / "state"
-    server = MlflowServer(tmp_path / "server").start()
-    try:
-        fit = _outage_fit(server, data, tmp_path / "killed", state, "killed", epochs=100_000)
-        try:
-            _wait_for(lambda: _logged(server, "killed") >= 5 or fit.poll() is not None,
-                      what="5 epochs logged")
-            assert fit.poll() is None, "the fit ended before the kill"
-            beside = _outage_fit(server, data, tmp_path / "beside", state, "beside", epochs=3)
-            _seconds_after_outputs(beside, tmp_path / "beside")
-            assert _runs(server)["killed"]["status"] == "RUNNING"  # its command still runs
-        finally:
-            fit.kill()
-            fit.wait()
-        after = _outage_fit(server, data, tmp_path / "after", state, "after", epochs=3)
-        _seconds_after_outputs(after, tmp_path / "after")
-        runs = _runs(server)
-        killed = runs["killed"]
-        assert killed["status"] == "KILLED" and killed["end_time"], killed
-        assert killed[END_REASON_TAG].startswith(f"the command (pid {fit.pid}) was killed before it "
-                                                 "ended its run"), killed
-        assert str(tmp_path / "killed") in killed[END_REASON_TAG]
-        assert runs["beside"]["status"] == runs["after"]["status"] == "FINISHED"
-        assert not list((state / "deepdpm" / "pending_closes").glob("*.json"))
     finally:
         server.kill()
 
@@ -980,3 +956,30 @@ def test_a_data_error_on_ray_ends_the_run_without_retries(ray_session, degenerat
     # one attempt (rank 0 tracks each attempt as an MLflow run), marked failed
     with sqlite3.connect(db) as con:
         assert con.execute("select status from runs").fetchall() == [("FAILED",)], seconds
+
+
+# ------------------------- a Ray fit's publish keeps its checkpoints (clean up after failures)
+def test_a_ray_fit_keeps_its_checkpoints_through_the_publish_and_prunes_unlisted_ones(
+        ray_session, tmp_path):
+    """A Ray fit (2 workers, a checkpoint every epoch) publishes its outputs with
+    ``ray_train/`` and ``fit_request.json`` kept, at most the 2 checkpoints Ray Train
+    lists, nothing left beside the folder; a checkpoint folder the snapshot does not list
+    (what a driver killed right after a worker's upload leaves) is removed."""
+    from pipeline.fit.checkpoints import TRAIN_DIR, checkpoint_dir_names, prune_checkpoints
+
+    out = tmp_path / "run"
+    assert main(["fit", "--input", str(_blobs(tmp_path / "a.npz", 240, 0)), "--output", str(out),
+                 "--num-workers", "2", "--checkpoint-every", "1", "--set", "schedule.max_epochs=4",
+                 *QUICK_FIT]) == 0
+    train = out / TRAIN_DIR
+    snapshot = json.loads((train / "checkpoint_manager_snapshot.json").read_text())
+    listed = set(checkpoint_dir_names(snapshot))
+    on_disk = {p.name for p in train.glob("checkpoint_*") if p.is_dir()}
+    assert on_disk == listed and 1 <= len(listed) <= 2
+    assert (out / "fit_request.json").exists() and (out / "summary.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npz", "run"]
+
+    orphan = train / "checkpoint_2000-01-01_00-00-00.000000"
+    shutil.copytree(train / sorted(listed)[0], orphan)
+    assert prune_checkpoints(out) == [orphan]
+    assert {p.name for p in train.glob("checkpoint_*") if p.is_dir()} == listed
