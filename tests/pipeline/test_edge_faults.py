@@ -100,31 +100,31 @@ def _tmpfs(folder: Path, root: Path) -> Iterator[Path]:
 
 # -- publishing never crosses a mount ----------------------------------------------------
 
-def test_overwrite_never_empties_a_volume_mounted_inside_the_output_folder(tmp_path):
+def test_overwrite_never_empties_a_volume_mounted_inside_the_output_folder(tmp_path, capsys):
     a, b = _csv(tmp_path / "A.csv", 0), _csv(tmp_path / "B.csv", 1)
     out = tmp_path / "o"
-    assert _deepdpm("fit", "--input", str(a), "--output", str(out), *QUICK_FIT).returncode == 0
+    assert _cli(["fit", "--input", str(a), "--output", str(out), *QUICK_FIT], capsys)[0] == 0
     with _tmpfs(out / "data", tmp_path) as volume:
         (volume / "f").write_text("keep")
-        refit = _deepdpm("fit", "--input", str(b), "--output", str(out), *QUICK_FIT, "--overwrite")
-        assert (volume / "f").read_text() == "keep", refit.stderr
+        code, err = _cli(["fit", "--input", str(b), "--output", str(out), *QUICK_FIT, "--overwrite"], capsys)
+        assert (volume / "f").read_text() == "keep", err
         assert os.path.ismount(volume)
-        assert refit.returncode == 0, refit.stderr
+        assert code == 0, err
         assert json.loads((out / "summary.json").read_text())["input"] == str(b)
-        assert "mount point" in refit.stderr  # said before the fit
+        assert "mount point" in err  # said before the fit
         assert sorted(p.name for p in tmp_path.iterdir()) == ["A.csv", "B.csv", "o"]
         assert not list(out.glob(".staging-*"))
 
 
-def test_an_output_folder_that_is_a_mount_point_publishes_and_keeps_its_other_files(tmp_path):
+def test_an_output_folder_that_is_a_mount_point_publishes_and_keeps_its_other_files(tmp_path, capsys):
     a, b = _csv(tmp_path / "A.csv", 0), _csv(tmp_path / "B.csv", 1)
     with _tmpfs(tmp_path / "out", tmp_path) as out:
-        first = _deepdpm("fit", "--input", str(a), "--output", str(out), *QUICK_FIT)
-        assert first.returncode == 0, first.stderr
+        code, err = _cli(["fit", "--input", str(a), "--output", str(out), *QUICK_FIT], capsys)
+        assert code == 0, err
         assert json.loads((out / "summary.json").read_text())["input"] == str(a)
         (out / "notes.txt").write_text("mine")
-        second = _deepdpm("fit", "--input", str(b), "--output", str(out), *QUICK_FIT, "--overwrite")
-        assert second.returncode == 0, second.stderr
+        code, err = _cli(["fit", "--input", str(b), "--output", str(out), *QUICK_FIT, "--overwrite"], capsys)
+        assert code == 0, err
         assert json.loads((out / "summary.json").read_text())["input"] == str(b)
         assert (out / "notes.txt").read_text() == "mine"
         assert sorted(p.name for p in tmp_path.iterdir()) == ["A.csv", "B.csv", "out"]

@@ -80,9 +80,8 @@ def earlier_run(tmp_path_factory) -> Path:
     """A finished fit, plus an entry that no run writes (``notes/keep.txt``)."""
     root = tmp_path_factory.mktemp("earlier")
     out = root / "run"
-    first = _deepdpm("fit", "--input", str(_blobs(root / "a.npz", 240, 0)), "--output",
-                     str(out), "--set", "schedule.max_epochs=3", *QUICK_FIT)
-    assert first.returncode == 0, first.stderr
+    assert main(["fit", "--input", str(_blobs(root / "a.npz", 240, 0)), "--output", str(out),
+                 "--set", "schedule.max_epochs=3", *QUICK_FIT]) == 0
     (out / "notes").mkdir()
     (out / "notes" / "keep.txt").write_text("mine")
     return out
@@ -120,8 +119,7 @@ def test_fit_killed_at_every_write_step_leaves_exactly_one_run(tmp_path, earlier
         middle = [step for step in steps if not (step / "run").exists()]
         worst = tmp_path / "worst"
         shutil.copytree(middle[0], worst, symlinks=True)
-        rerun = _deepdpm("fit", *[str(worst / "run") if a == str(out) else a for a in refit])
-        assert rerun.returncode == 0, rerun.stderr
+        assert main(["fit", *[str(worst / "run") if a == str(out) else a for a in refit]]) == 0
         again = _files(worst / "run")
         assert again.keys() == new.keys() and again["notes/keep.txt"] == b"mine"
         assert sorted(e.name for e in worst.iterdir()) == ["run"]
@@ -181,9 +179,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_never_
         first.send_signal(signal.SIGKILL)
         first.wait()
     assert lock.exists()  # left by the killed run, held by no one
-    rerun = _deepdpm(*[a if a != "schedule.max_epochs=100000" else "schedule.max_epochs=3"
-                       for a in long_fit])
-    assert rerun.returncode == 0, rerun.stderr
+    assert main([a if a != "schedule.max_epochs=100000" else "schedule.max_epochs=3" for a in long_fit]) == 0
     assert (out / "summary.json").exists() and not lock.exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".run")) == []
 
@@ -465,14 +461,28 @@ def _logged(server, name: str) -> int:
     return _runs(server).get(name, {}).get("epochs", 0)
 
 
-def _outage_fit(server, data: Path, out: Path, state: Path, name: str, epochs: int) -> subprocess.Popen:
-    argv = ["fit", "--input", str(data), "--output", str(out), "--config",
+def _outage_argv(server, data: Path, out: Path, name: str, epochs: int) -> list[str]:
+    return ["fit", "--input", str(data), "--output", str(out), "--config",
             str(REPO / "cluster_configs" / "local.yaml"), "--seed", "0", "--quiet",
             "--set", f"schedule.max_epochs={epochs}", "--set", "moves.split=false", "--set", "moves.merge=false",
             "--tracking-uri", server.uri, "--experiment", "outage", "--run-name", name]
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *argv], cwd=REPO,
-                            env={**_env(), "XDG_STATE_HOME": str(state)},
+
+
+def _outage_fit(server, data: Path, out: Path, state: Path, name: str, epochs: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *_outage_argv(server, data, out, name, epochs)],
+                            cwd=REPO, env={**_env(), "XDG_STATE_HOME": str(state)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _next_command(server, data: Path, out: Path, state: Path, name: str, monkeypatch) -> None:
+    """A tracked fit of 3 epochs in this process (no start-up of a new one to wait for): the
+    next command to ``server``, with ``state`` as its ``$XDG_STATE_HOME``."""
+    from pipeline.tracking.client_settings import HTTP_ENV_DEFAULTS, QUIET_ENV_DEFAULTS
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    for key, value in {**HTTP_ENV_DEFAULTS, **QUIET_ENV_DEFAULTS}.items():
+        monkeypatch.setenv(key, value)  # what the command sets, undone after the test
+    assert main(_outage_argv(server, data, out, name, epochs=3)) == 0
 
 
 def _seconds_after_outputs(fit: subprocess.Popen, out: Path) -> float:
@@ -498,7 +508,7 @@ def tracking_server(tmp_path_factory):
 
 
 def test_a_run_whose_command_is_killed_ends_killed_by_the_next_command_and_live_runs_are_left_alone(
-        tracking_server, tmp_path):
+        tracking_server, tmp_path, monkeypatch):
     """A tracked fit killed by SIGKILL (nothing of it left to end its run) has its run
     ended KILLED, saying so, by the next tracked command to the same real MLflow server on
     127.0.0.1; a command that ends while another one's run is live leaves that run
@@ -516,14 +526,12 @@ def test_a_run_whose_command_is_killed_ends_killed_by_the_next_command_and_live_
         _wait_for(lambda: _logged(server, "sigkilled") >= 5 or fit.poll() is not None,
                   what="5 epochs logged")
         assert fit.poll() is None, "the fit ended before the kill"
-        beside = _outage_fit(server, data, tmp_path / "beside", state, "beside", epochs=3)
-        _seconds_after_outputs(beside, tmp_path / "beside")
+        _next_command(server, data, tmp_path / "beside", state, "beside", monkeypatch)
         assert _runs(server)["sigkilled"]["status"] == "RUNNING"  # its command still runs
     finally:
         fit.kill()
         fit.wait()
-    after = _outage_fit(server, data, tmp_path / "after", state, "after", epochs=3)
-    _seconds_after_outputs(after, tmp_path / "after")
+    _next_command(server, data, tmp_path / "after", state, "after", monkeypatch)
     runs = _runs(server)
     killed = runs["sigkilled"]
     assert killed["status"] == "KILLED" and killed["end_time"], killed
@@ -535,7 +543,7 @@ def test_a_run_whose_command_is_killed_ends_killed_by_the_next_command_and_live_
 
 
 def test_a_tracked_run_ends_in_a_final_state_saying_why_also_when_its_server_was_killed_or_frozen(
-        tracking_server, tmp_path):
+        tracking_server, tmp_path, monkeypatch):
     """A real MLflow server on 127.0.0.1 is killed (SIGKILL to its process
     group) during a tracked fit, and frozen (SIGSTOP) near the end of another: each fit
     finishes with its outputs, exits within 15 s of writing them, and its run, left
@@ -571,8 +579,7 @@ def test_a_tracked_run_ends_in_a_final_state_saying_why_also_when_its_server_was
                 os.killpg(server.proc.pid, signal.SIGCONT)
             _wait_for(server.healthy, timeout=120, what="the server to answer again")
             # the next tracked command to this server ends the run
-            after = _outage_fit(server, data, tmp_path / f"{how}-after", state, f"{how}-after", epochs=3)
-            _seconds_after_outputs(after, tmp_path / f"{how}-after")
+            _next_command(server, data, tmp_path / f"{how}-after", state, f"{how}-after", monkeypatch)
             runs = _runs(server)
             run = runs[how]
             assert run["status"] == "FAILED" and run["end_time"], run

@@ -32,7 +32,7 @@ from deepdpm_core.model.diagnostics import move_kinds
 from pipeline.cli import main
 from pipeline.tracking.client_settings import HTTP_ENV_DEFAULTS
 from pipeline.tracking.epoch_metrics import EPOCH_METRICS as TRACKING_EPOCH_METRICS
-from tests.support.mlflow_server import MlflowServer, mlflow_server  # noqa: F401
+from tests.support.mlflow_server import mlflow_server  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCH_METRICS = {"n_clusters", "loss_cluster", "loss_subcluster", "splits_accepted",
@@ -240,10 +240,58 @@ def test_report_of_the_real_fit(fit_run, mlflow_server, tmp_path, source):  # no
     assert f"{summary['metrics']['nmi']:.4g}" in text
 
 
-def test_fit_survives_its_tracking_server_being_killed(mixture, tmp_path):
+@pytest.fixture
+def ray_session():
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.ray
+def test_extract_run_is_tracked(ray_session, mlflow_server, tracking_env, tmp_path):  # noqa: F811
+    from pipeline.extract.shards import write_shards
+    from tests.support.image_data import generated_image_folder, write_raw_shard
+
+    shards = tmp_path / "shards"
+    write_shards(generated_image_folder(tmp_path / "images", 2, 3), shards, shard_size=4,
+                 progress=False)  # 4 + 2 images  # fmt: skip
+    write_raw_shard(shards / "bad.tar", [{"__key__": "bad/garbage", "png": b"not a png"}])
+    out = tmp_path / "features"
+    code = main([
+        "extract", "--shards", str(shards), "--output", str(out), "--encoder", "pixels",
+        "--pixel-size", "4", "--batch-size", "4", "--num-workers", "1", "--no-progress",
+        "--tracking-uri", mlflow_server.uri, "--experiment", "extract-e2e",
+    ])  # fmt: skip
+    assert code == 0
+
+    client = MlflowClient(mlflow_server.uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("extract-e2e").experiment_id])
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    assert (params["encoder"], params["batch_size"], params["num_workers"]) == ("pixels", "4", "1")
+    assert params["pixel_size"] == "4" and params["embedding_dim"] == "16"  # 4 x 4 grey
+    assert params["weights"] == "null" and params["output"] == str(out)
+    metrics = run.data.metrics
+    assert (metrics["images_read"], metrics["images_embedded"], metrics["images_skipped"]) == (
+        7.0, 6.0, 1.0,
+    )  # fmt: skip
+    assert metrics["shards_done"] == 3 and metrics["shards_failed"] == 0
+    assert metrics["images_per_s"] == pytest.approx(7 / metrics["seconds"], rel=1e-6)
+    assert run.data.tags["input"] == str(shards) and run.data.tags["deepdpm.command"] == "extract"
+    (artifact,) = client.list_artifacts(run.info.run_id)
+    manifest = json.loads(
+        Path(client.download_artifacts(run.info.run_id, artifact.path, str(tmp_path))).read_text()
+    )
+    assert manifest == json.loads((out / "_manifest.json").read_text())
+
+
+def test_fit_survives_its_tracking_server_being_killed(mlflow_server, mixture, tmp_path):  # noqa: F811
     """SIGKILL the server once the fit has logged a few epochs: the fit finishes, exits 0,
-    writes every local output and warns once."""
-    server = MlflowServer(tmp_path / "server").start()
+    writes every local output and warns once. The module's server: the last test of the
+    module to use it."""
+    server = mlflow_server
     out = tmp_path / "out"
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO), "DEEPDPM_TRACK_LIVE_AFTER_S": "0"}  # fmt: skip
@@ -294,50 +342,3 @@ def test_fit_survives_its_tracking_server_being_killed(mixture, tmp_path):
     assert run.info.status == "RUNNING"
     assert 3 <= len(store.get_metric_history(run.info.run_id, "n_clusters")) < epochs
     print(f"fit finished {after_kill:.1f} s after the server was killed")
-
-
-@pytest.fixture
-def ray_session():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.mark.ray
-def test_extract_run_is_tracked(ray_session, mlflow_server, tracking_env, tmp_path):  # noqa: F811
-    from pipeline.extract.shards import write_shards
-    from tests.support.image_data import generated_image_folder, write_raw_shard
-
-    shards = tmp_path / "shards"
-    write_shards(generated_image_folder(tmp_path / "images", 2, 3), shards, shard_size=4,
-                 progress=False)  # 4 + 2 images  # fmt: skip
-    write_raw_shard(shards / "bad.tar", [{"__key__": "bad/garbage", "png": b"not a png"}])
-    out = tmp_path / "features"
-    code = main([
-        "extract", "--shards", str(shards), "--output", str(out), "--encoder", "pixels",
-        "--pixel-size", "4", "--batch-size", "4", "--num-workers", "1", "--no-progress",
-        "--tracking-uri", mlflow_server.uri, "--experiment", "extract-e2e",
-    ])  # fmt: skip
-    assert code == 0
-
-    client = MlflowClient(mlflow_server.uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("extract-e2e").experiment_id])
-    assert run.info.status == "FINISHED"
-    params = run.data.params
-    assert (params["encoder"], params["batch_size"], params["num_workers"]) == ("pixels", "4", "1")
-    assert params["pixel_size"] == "4" and params["embedding_dim"] == "16"  # 4 x 4 grey
-    assert params["weights"] == "null" and params["output"] == str(out)
-    metrics = run.data.metrics
-    assert (metrics["images_read"], metrics["images_embedded"], metrics["images_skipped"]) == (
-        7.0, 6.0, 1.0,
-    )  # fmt: skip
-    assert metrics["shards_done"] == 3 and metrics["shards_failed"] == 0
-    assert metrics["images_per_s"] == pytest.approx(7 / metrics["seconds"], rel=1e-6)
-    assert run.data.tags["input"] == str(shards) and run.data.tags["deepdpm.command"] == "extract"
-    (artifact,) = client.list_artifacts(run.info.run_id)
-    manifest = json.loads(
-        Path(client.download_artifacts(run.info.run_id, artifact.path, str(tmp_path))).read_text()
-    )
-    assert manifest == json.loads((out / "_manifest.json").read_text())

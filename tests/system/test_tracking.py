@@ -31,7 +31,7 @@ from pipeline.tracking.fit_runs import (
 from pipeline.tracking.options import add_tracking_arguments
 from pipeline.tracking.run_tracker import RunTracker
 from tests.support.histories import named_rounds
-from tests.support.mlflow_server import MlflowServer, mlflow_env, mlflow_server  # noqa: F401
+from tests.support.mlflow_server import mlflow_env, mlflow_server  # noqa: F401
 
 
 def _records(n: int, with_labels: bool = True) -> list[dict]:
@@ -228,29 +228,6 @@ def test_hung_server_does_not_stall_training(mlflow_env, capsys):  # noqa: F811
     assert len(_warning_lines(capsys.readouterr().err)) == 1
 
 
-def test_server_killed_mid_run(tmp_path, mlflow_env, capsys):  # noqa: F811
-    server = MlflowServer(tmp_path / "server").start()
-    try:
-        client = MlflowClient(server.uri)
-        history = _records(10)
-        with RunTracker(server.uri, "killed", close_timeout=60) as tracker:
-            for record in history[:4]:
-                tracker.log_epoch(record)
-            run_id = tracker.run_id
-            _wait_for(lambda: len(client.get_metric_history(run_id, "n_clusters")) == 4)
-            server.kill()
-            for record in history[4:]:
-                t0 = time.monotonic()
-                tracker.log_epoch(record)
-                assert time.monotonic() - t0 < 0.5
-            start_close = time.monotonic()
-        assert time.monotonic() - start_close < 45
-        assert tracker.failed
-        assert len(_warning_lines(capsys.readouterr().err)) == 1
-    finally:
-        server.stop()
-
-
 def test_fit_output_directory_and_diagnostics_logged(
     mlflow_server,  # noqa: F811
     mlflow_env,  # noqa: F811
@@ -300,6 +277,27 @@ def test_fit_output_directory_and_diagnostics_logged(
         client.download_artifacts(tracker.run_id, "warnings.txt", str(tmp_path))
     ).read_text()
     assert len(text.strip().splitlines()) == 1  # the one warning the fit printed
+
+
+def test_server_killed_mid_run(mlflow_server, mlflow_env, capsys):  # noqa: F811
+    """The module's server (the last test of the module to use it) is killed mid-run."""
+    server = mlflow_server
+    client = MlflowClient(server.uri)
+    history = _records(10)
+    with RunTracker(server.uri, "killed", close_timeout=60) as tracker:
+        for record in history[:4]:
+            tracker.log_epoch(record)
+        run_id = tracker.run_id
+        _wait_for(lambda: len(client.get_metric_history(run_id, "n_clusters")) == 4)
+        server.kill()
+        for record in history[4:]:
+            t0 = time.monotonic()
+            tracker.log_epoch(record)
+            assert time.monotonic() - t0 < 0.5
+        start_close = time.monotonic()
+    assert time.monotonic() - start_close < 45
+    assert tracker.failed
+    assert len(_warning_lines(capsys.readouterr().err)) == 1
 
 
 def build_args(argv: list[str]):
