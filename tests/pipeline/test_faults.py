@@ -755,63 +755,6 @@ def test_a_refused_checkpoint_names_the_global_that_caused_it_not_the_tensors_be
     assert not marker.exists() and not (tmp_path / "predicted.parquet").exists()
 
 
-# --------------------------------------- existing outputs are replaced only on --overwrite
-def test_predict_embed_report_and_extract_refuse_an_existing_output_unless_overwrite(
-        earlier_run, mixture, tmp_path, capsys):
-    """An output that exists (a text file; a file that ``extract`` did not
-    write) is refused in one line, exit 2, and left as it was; with ``--overwrite`` it is
-    replaced by the new output in one rename."""
-    from tests.support.image_data import encode_png, write_raw_shard
-
-    def in_process(argv: list[str]) -> tuple[int, str]:
-        code = main(argv)
-        return code, capsys.readouterr().err
-
-    def in_a_process(argv: list[str]) -> tuple[int, str]:  # extract: Ray stays out of pytest
-        done = _deepdpm(*argv)
-        return done.returncode, done.stderr
-
-    def refused_then_replaced(argv: list[str], existing: Path, run=in_process) -> None:
-        before = _files(existing) if existing.is_dir() else existing.read_bytes()
-        code, err = run(argv)
-        assert code == 2
-        assert _one_refusal(err, "already exists: pass --overwrite to replace it"
-                            if existing.is_file() else "was not written by deepdpm extract: pass "
-                            "--overwrite"), err
-        assert (_files(existing) if existing.is_dir() else existing.read_bytes()) == before
-        code, err = run([*argv, "--overwrite"])
-        assert code == 0, err
-        assert not list(existing.parent.glob(f".{existing.name}.*.tmp"))
-
-    notes = tmp_path / "notes.txt"
-    notes.write_text("mine\n")
-    refused_then_replaced(["predict", "--model", str(earlier_run / "model.pt"), "--input", str(mixture),
-                           "--output", str(notes)], notes)
-    assert pq.read_table(notes).num_rows == 800  # the text file became the predictions
-
-    table = tmp_path / "embedded.parquet"
-    table.write_text("mine\n")
-    refused_then_replaced(["embed", "--input", str(mixture), "--output", str(table), "--method", "pca",
-                           "--dim", "2", "--quiet"], table)
-    assert pq.read_table(table).num_rows == 800
-
-    page = tmp_path / "report.html"
-    page.write_text("mine\n")
-    refused_then_replaced(["report", str(earlier_run), "--output", str(page)], page)
-    assert page.read_text().startswith("<!DOCTYPE html>")
-
-    shards, features = tmp_path / "shards", tmp_path / "features"
-    shards.mkdir()
-    write_raw_shard(shards / "s-000000.tar", [
-        {"__key__": f"k{i}", "png": encode_png(np.full((8, 8, 3), 30 * i, np.uint8)), "cls": b"0"}
-        for i in range(3)])
-    features.mkdir()
-    (features / "s-000000.parquet").write_text("mine\n")
-    refused_then_replaced(["extract", "--shards", str(shards), "--output", str(features), "--encoder",
-                           "pixels", "--no-tracking", "--no-progress"], features, run=in_a_process)
-    assert pq.read_table(features / "s-000000.parquet").num_rows == 3
-
-
 def test_an_output_folder_the_user_may_not_write_is_refused_whatever_its_parent_allows(
         mixture, earlier_run, tmp_path, capsys):
     """``--output`` naming a folder of mode 555 in a writable folder is
@@ -844,51 +787,6 @@ def test_an_output_folder_the_user_may_not_write_is_refused_whatever_its_parent_
         page.chmod(0o644)
 
 
-def test_extract_counts_and_lists_every_sample_it_skips_links_included(tmp_path):
-    """Samples whose image is a hard link or a symbolic link member are
-    counted as read and listed as skipped with the reason; a missing image too."""
-    import io
-    import tarfile
-
-    from pipeline.io.tables import read_features
-    from tests.support.image_data import encode_png
-
-    shards, features = tmp_path / "shards", tmp_path / "features"
-    shards.mkdir()
-    png = encode_png(np.full((8, 8, 3), 90, np.uint8))
-
-    def regular(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-
-    def link(tar: tarfile.TarFile, name: str, target: str, kind: bytes) -> None:
-        info = tarfile.TarInfo(name)
-        info.type, info.linkname = kind, target
-        tar.addfile(info)
-
-    with tarfile.open(shards / "s-000000.tar", "w") as tar:
-        regular(tar, "a.png", png)
-        regular(tar, "a.cls", b"0")
-        link(tar, "b.png", "a.png", tarfile.LNKTYPE)       # a hard link alone
-        link(tar, "c.png", "a.png", tarfile.SYMTYPE)       # a symbolic link alone
-        link(tar, "d.png", "a.png", tarfile.LNKTYPE)       # a hard link beside a regular label
-        regular(tar, "d.cls", b"1")
-        regular(tar, "e.png", png)
-    done = _deepdpm("extract", "--shards", str(shards), "--output", str(features), "--encoder", "pixels",
-                    "--no-tracking", "--no-progress", "--json")
-    assert done.returncode == 0, done.stderr
-    manifest = json.loads((features / "_manifest.json").read_text())
-    assert manifest["totals"] == {"shards": 1, "read": 5, "embedded": 2, "skipped": 3}
-    skipped = {s["key"]: s["reason"] for s in manifest["shards"][0]["skipped_keys"]}
-    assert sorted(skipped) == ["b", "c", "d"]
-    assert "b.png is a hard link to a.png" in skipped["b"]
-    assert "c.png is a symbolic link to a.png" in skipped["c"]
-    assert skipped["d"]  # its label arrived, its image (a link) did not
-    assert sorted(read_features(features).keys) == ["a", "e"]
-    assert json.loads(done.stdout)["images_skipped"] == 3
-
-
 # ------------------------------------------------------ data errors are errors, not retries
 #: local.yaml's fixed prior Ψ = 0.005·I (in the features' units) and a short schedule
 LOCAL_SHORT = [
@@ -913,8 +811,9 @@ def degenerate(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ray_session():
-    """One local Ray cluster (2 CPUs) for the tests of this module that need one."""
-    with local_ray():
+    """One local Ray cluster (2 CPUs) for the tests of this module that need one (the last
+    ones): its workers' output stays out of the commands' stdout and stderr they check."""
+    with local_ray(log_to_driver=False):
         yield
 
 
@@ -990,3 +889,102 @@ def test_a_ray_fit_keeps_its_checkpoints_through_the_publish_and_prunes_unlisted
     shutil.copytree(train / sorted(listed)[0], orphan)
     assert prune_checkpoints(out) == [orphan]
     assert {p.name for p in train.glob("checkpoint_*") if p.is_dir()} == listed
+
+
+# --------------------------------------- existing outputs are replaced only on --overwrite
+def test_predict_embed_report_and_extract_refuse_an_existing_output_unless_overwrite(
+        ray_session, earlier_run, mixture, tmp_path, capsys):
+    """An output that exists (a text file; a file that ``extract`` did not
+    write) is refused in one line, exit 2, and left as it was; with ``--overwrite`` it is
+    replaced by the new output in one rename."""
+    from tests.support.image_data import encode_png, write_raw_shard
+
+    def run(argv: list[str]) -> tuple[int, str]:
+        code = main(argv)
+        return code, capsys.readouterr().err
+
+    def refused_then_replaced(argv: list[str], existing: Path) -> None:
+        before = _files(existing) if existing.is_dir() else existing.read_bytes()
+        code, err = run(argv)
+        assert code == 2
+        assert _one_refusal(err, "already exists: pass --overwrite to replace it"
+                            if existing.is_file() else "was not written by deepdpm extract: pass "
+                            "--overwrite"), err
+        assert (_files(existing) if existing.is_dir() else existing.read_bytes()) == before
+        code, err = run([*argv, "--overwrite"])
+        assert code == 0, err
+        assert not list(existing.parent.glob(f".{existing.name}.*.tmp"))
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    refused_then_replaced(["predict", "--model", str(earlier_run / "model.pt"), "--input", str(mixture),
+                           "--output", str(notes)], notes)
+    assert pq.read_table(notes).num_rows == 800  # the text file became the predictions
+
+    table = tmp_path / "embedded.parquet"
+    table.write_text("mine\n")
+    refused_then_replaced(["embed", "--input", str(mixture), "--output", str(table), "--method", "pca",
+                           "--dim", "2", "--quiet"], table)
+    assert pq.read_table(table).num_rows == 800
+
+    page = tmp_path / "report.html"
+    page.write_text("mine\n")
+    refused_then_replaced(["report", str(earlier_run), "--output", str(page)], page)
+    assert page.read_text().startswith("<!DOCTYPE html>")
+
+    shards, features = tmp_path / "shards", tmp_path / "features"
+    shards.mkdir()
+    write_raw_shard(shards / "s-000000.tar", [
+        {"__key__": f"k{i}", "png": encode_png(np.full((8, 8, 3), 30 * i, np.uint8)), "cls": b"0"}
+        for i in range(3)])
+    features.mkdir()
+    (features / "s-000000.parquet").write_text("mine\n")
+    refused_then_replaced(["extract", "--shards", str(shards), "--output", str(features), "--encoder",
+                           "pixels", "--no-tracking", "--no-progress"], features)
+    assert pq.read_table(features / "s-000000.parquet").num_rows == 3
+
+
+# ------------------------------------------------------ extract counts every sample it skips
+def test_extract_counts_and_lists_every_sample_it_skips_links_included(ray_session, tmp_path, capsys):
+    """Samples whose image is a hard link or a symbolic link member are
+    counted as read and listed as skipped with the reason; a missing image too."""
+    import io
+    import tarfile
+
+    from pipeline.io.tables import read_features
+    from tests.support.image_data import encode_png
+
+    shards, features = tmp_path / "shards", tmp_path / "features"
+    shards.mkdir()
+    png = encode_png(np.full((8, 8, 3), 90, np.uint8))
+
+    def regular(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+    def link(tar: tarfile.TarFile, name: str, target: str, kind: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = kind, target
+        tar.addfile(info)
+
+    with tarfile.open(shards / "s-000000.tar", "w") as tar:
+        regular(tar, "a.png", png)
+        regular(tar, "a.cls", b"0")
+        link(tar, "b.png", "a.png", tarfile.LNKTYPE)       # a hard link alone
+        link(tar, "c.png", "a.png", tarfile.SYMTYPE)       # a symbolic link alone
+        link(tar, "d.png", "a.png", tarfile.LNKTYPE)       # a hard link beside a regular label
+        regular(tar, "d.cls", b"1")
+        regular(tar, "e.png", png)
+    assert main(["extract", "--shards", str(shards), "--output", str(features), "--encoder", "pixels",
+                 "--no-tracking", "--no-progress", "--json"]) == 0
+    out = capsys.readouterr().out
+    manifest = json.loads((features / "_manifest.json").read_text())
+    assert manifest["totals"] == {"shards": 1, "read": 5, "embedded": 2, "skipped": 3}
+    skipped = {s["key"]: s["reason"] for s in manifest["shards"][0]["skipped_keys"]}
+    assert sorted(skipped) == ["b", "c", "d"]
+    assert "b.png is a hard link to a.png" in skipped["b"]
+    assert "c.png is a symbolic link to a.png" in skipped["c"]
+    assert skipped["d"]  # its label arrived, its image (a link) did not
+    assert sorted(read_features(features).keys) == ["a", "e"]
+    assert json.loads(out)["images_skipped"] == 3
