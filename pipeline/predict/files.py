@@ -18,7 +18,6 @@ import pyarrow.parquet as pq
 
 from deepdpm_core.atomic_files import atomic_path
 from deepdpm_core.errors import CheckpointError, ConfigError, DataError
-from pipeline.io.input_fingerprint import file_sha256
 from pipeline.io.parquet_batches import open_parquet, parquet_labelled
 from pipeline.io.table_writing import assignments_table
 from pipeline.io.tables import FeatureTable
@@ -66,12 +65,6 @@ def input_files(folder: str | Path) -> list[str]:
     if not files:
         raise DataError(f"{folder} is a folder without .parquet files")
     return files
-
-
-def model_file_digest(path: str | Path) -> str:
-    """SHA-256 of the model file ``path`` (which model an output was predicted with), read
-    1 MiB at a time (never whole)."""
-    return file_sha256(path)
 
 
 def read_assigner(model_file: str | Path) -> tuple[int, int, bytes]:
@@ -209,4 +202,4 @@ def _feature_rows(chunk: pa.Table, offset: int, labelled: bool) -> FeatureTable:
 
 
 __all__ = ["METADATA_KEY", "InputFile", "input_files", "inspect_input", "is_complete",
-           "model_file_digest", "read_assigner", "shared_columns", "write_output"]
+           "read_assigner", "shared_columns", "write_output"]

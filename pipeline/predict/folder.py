@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from deepdpm_core.errors import ConfigError, DeepDPMError
+from pipeline.io.input_fingerprint import file_sha256
 from pipeline.io.parquet_batches import open_parquet
 from pipeline.io.row_checks import check_finite_rows
 from pipeline.io.tables import embedding_matrix
@@ -31,7 +32,6 @@ from pipeline.predict.files import (
     input_files,
     inspect_input,
     is_complete,
-    model_file_digest,
     read_assigner,
     shared_columns,
     write_output,
@@ -170,7 +170,7 @@ def predict_folder(
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"--output {output_dir} is a file; a folder --input needs a folder --output")
     paths = input_files(input_dir)
-    digest = model_file_digest(model_file)
+    digest = file_sha256(model_file)  # which model each output was predicted with
     dim, n_clusters, assigner = read_assigner(model_file)  # fails here, once, on a bad model file
     files = [inspect_input(p, output_dir / Path(p).relative_to(input_dir), dim) for p in paths]
     columns = shared_columns(paths)

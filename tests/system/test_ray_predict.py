@@ -35,8 +35,9 @@ import yaml  # noqa: E402
 from deepdpm_core import DeepDPM  # noqa: E402
 from deepdpm_core.errors import ConfigError  # noqa: E402
 from pipeline.cli import build_parser, main  # noqa: E402
+from pipeline.io.input_fingerprint import file_sha256  # noqa: E402
 from pipeline.io.table_writing import features_table  # noqa: E402
-from pipeline.predict.files import is_complete, model_file_digest  # noqa: E402
+from pipeline.predict.files import is_complete  # noqa: E402
 from tests.support.ray_cluster import local_ray  # noqa: E402
 
 ray = pytest.importorskip("ray")
@@ -187,7 +188,7 @@ def test_a_rerun_redoes_only_the_deleted_file_and_ignores_a_killed_runs_temp_fil
 
 def test_only_a_whole_output_of_the_same_model_counts_as_done(predicted, model, tmp_path):
     predicted, _ = predicted
-    digest = model_file_digest(model)
+    digest = file_sha256(model)
     done = predicted / "a.parquet"
     assert is_complete(done, 400, digest)
     assert not is_complete(done, 401, digest)  # the input grew
