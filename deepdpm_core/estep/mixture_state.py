@@ -179,10 +179,13 @@ class MixtureState:
         return GaussianMixture(self.means, self.covariances, self.log_weights, recycled=recycled, fill=fill)
 
     def state_dict(self) -> dict[str, Tensor]:
-        """The six tensors on the CPU, keyed by field name."""
-        return {name: getattr(self, name).cpu() for name in FIELDS}
+        """Copies of the six tensors on the CPU, keyed by field name: a snapshot, as the
+        next M-step writes its covariances into the memory of the last ones."""
+        return {name: getattr(self, name).to("cpu", copy=True) for name in FIELDS}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], device: torch.device | str = "cpu") -> MixtureState:
-        """The state saved by :meth:`state_dict` (other keys of ``state`` are ignored)."""
-        return cls(*(state[name].to(device) for name in FIELDS))
+        """The state saved by :meth:`state_dict` (other keys of ``state`` are ignored),
+        copied: the fit writes into its tensors, and ``state`` may be read again (a second
+        resume, or ranks that share its memory)."""
+        return cls(*(state[name].to(device, copy=True) for name in FIELDS))
