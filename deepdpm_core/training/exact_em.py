@@ -20,7 +20,7 @@ from torch import nn
 
 from deepdpm_core.bayes import SuffStats, grouped_stats
 from deepdpm_core.estep import R_FLOOR, MixtureState
-from deepdpm_core.nets import slot_kl
+from deepdpm_core.nets import discriminant_start, slot_kl
 from deepdpm_core.runtime import Communicator, device_clock, net_precision
 from deepdpm_core.training.move_round import births
 from deepdpm_core.training.search import Search
@@ -30,11 +30,14 @@ Tensor = torch.Tensor
 #: rounds of :func:`distil` between agreement checks, and checks without a gain before it stops
 CHECK_EVERY, PATIENCE = 25, 4
 #: Adam's learning rate in :func:`distil`: full-batch steps (no minibatch noise) on a net
-#: that followed the clusters through the search, so it starts near the answer
+#: that starts at the mixture's linear discriminant, near the answer
 DISTIL_LR = 0.02
 #: :func:`distil` stops once the net's argmax agrees with the E-step's on this share of the
-#: rows: the rest lie on boundaries between overlapping clusters
-DISTIL_AGREEMENT = 0.99
+#: rows: the rest lie on boundaries between overlapping clusters. The rows a net places
+#: elsewhere are those a partition is least sure of, so each one costs NMI against the
+#: classes: at 99 % the net's labels of a 70,000-row UMAP layout score 0.940, the mixture's
+#: own 0.949; at 99.9 % the net's 0.947 (425 steps, 3 s more)
+DISTIL_AGREEMENT = 0.999
 #: ... or after this many steps: a bound on the time of a net that keeps gaining slowly
 DISTIL_MAX_STEPS = 1000
 #: :func:`distil` fits the net to a uniform sample of at most this many rows ...
@@ -94,7 +97,8 @@ class ExactEM(Search):
         """The model's best partition of K or K − 1 (:func:`~deepdpm_core.training.settling.polish`),
         then either a search again from a grown partition
         (:func:`~deepdpm_core.training.settling.grow`; only before ``max_epochs``) or the
-        clustering net fitted to the result (:func:`distil`) and the clusters that own no
+        clustering net fitted to the result (:func:`distil`, from the mixture's linear
+        discriminant, :func:`~deepdpm_core.nets.discriminant_start`) and the clusters that own no
         point dropped (:meth:`Search.settle`). Either way the anchors end as each row's
         best cluster under the final mixture."""
         ctx, config = self.ctx, self.config
@@ -112,6 +116,8 @@ class ExactEM(Search):
                 return {**record, "grown": self.n_clusters}
         candidates, resp = self.estep_targets()
         rows, n_rows = distil_sample(ctx.rank_rows, ctx.comm.rank, self.n_clusters, self.torch_gen)
+        state = self.state
+        discriminant_start(self.nets.cluster, state.means, state.covariances, state.log_weights)
         with net_precision(ctx.precision, ctx.device):
             steps, agreement = distil(self.cluster_model, ctx.x[rows], candidates[rows], resp[rows], n_rows, ctx.comm,
                                       DISTIL_LR, DISTIL_AGREEMENT, DISTIL_MAX_STEPS)
