@@ -116,14 +116,28 @@ class ExactEM(Search):
                 return {**record, "grown": self.n_clusters}
         candidates, resp = self.estep_targets()
         rows, n_rows = distil_sample(ctx.rank_rows, ctx.comm.rank, self.n_clusters, self.torch_gen)
-        state = self.state
-        discriminant_start(self.nets.cluster, state.means, state.covariances, state.log_weights)
         with net_precision(ctx.precision, ctx.device):
+            self._start_distillation(ctx.x[rows], self.anchors[rows], n_rows)
             steps, agreement = distil(self.cluster_model, ctx.x[rows], candidates[rows], resp[rows], n_rows, ctx.comm,
                                       DISTIL_LR, DISTIL_AGREEMENT, DISTIL_MAX_STEPS)
             if n_rows < ctx.n_total:  # the agreement over every row, not the sample's
                 agreement = net_agreement(self.cluster_model, ctx.x, self.anchors, ctx.n_total, ctx.comm)
         return {**record, "distil_steps": steps, "distil_agreement": agreement, **super().settle(epoch)}
+
+
+    def _start_distillation(self, x: Tensor, best: Tensor, n_total: int) -> None:
+        """Set the clustering net to the mixture's linear discriminant
+        (:func:`~deepdpm_core.nets.discriminant_start`) unless the net that followed the
+        search agrees with the rows' best clusters ``best`` on more of the rows ``x`` (over
+        all ranks; collective): the discriminant's pooled covariance places rows far from
+        every cluster by a linear function, where the search's net may have learnt the
+        clusters' own spreads."""
+        net, state, comm = self.nets.cluster, self.state, self.ctx.comm
+        followed = net_agreement(self.cluster_model, x, best, n_total, comm)
+        kept = {name: value.clone() for name, value in net.state_dict().items()}
+        discriminant_start(net, state.means, state.covariances, state.log_weights)
+        if net_agreement(self.cluster_model, x, best, n_total, comm) < followed:
+            net.load_state_dict(kept)
 
 
 def exact_statistics(x: Tensor, state: MixtureState, candidates: Tensor, resp: Tensor,

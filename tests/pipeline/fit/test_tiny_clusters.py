@@ -13,7 +13,8 @@ from pipeline.cli import main
 
 @pytest.fixture(scope="module")
 def blobs_and_outliers(tmp_path_factory):
-    """Three blobs of 300 rows and two far rows: K = 4, one cluster of 2 rows."""
+    """Three blobs of 300 rows and five far rows, three at (40, 40) and two at (-40, -40): K = 4,
+    the mixture's fourth cluster the five far rows."""
     X, _ = make_blobs(n_samples=900, centers=3, n_features=2, random_state=1, cluster_std=0.6)
     far = np.array([[40, 40], [40.5, 40.2], [39.8, 40.4], [-40, -40], [-40.3, -40.1]])
     path = tmp_path_factory.mktemp("tiny") / "x.npy"
@@ -26,21 +27,21 @@ def test_tiny_clusters_are_named_everywhere(blobs_and_outliers, tmp_path, capsys
     model = DeepDPM(random_state=0).fit(X)
     assert model.n_clusters_ == 4 and model.tiny_cluster_rows_ == 12
     (tiny,) = model.tiny_clusters_
-    assert model.cluster_sizes_[tiny] == 2 and model.cluster_sizes_.sum() == len(X)
+    assert model.cluster_sizes_[tiny] == 5 and model.cluster_sizes_.sum() == len(X)
 
     out = tmp_path / "fit"
     assert main(["fit", "--input", str(blobs_and_outliers), "--output", str(out), "--quiet",
                  "--no-tracking", "--seed", "0"]) == 0
     line = capsys.readouterr().out
-    assert line.startswith("K=4 (1 tiny: 2 rows) "), line
+    assert line.startswith("K=4 (1 tiny: 5 rows) "), line
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tiny_cluster_rows"] == 12 and len(summary["tiny_clusters"]) == 1
-    assert summary["cluster_sizes"][summary["tiny_clusters"][0]] == 2
+    assert summary["cluster_sizes"][summary["tiny_clusters"][0]] == 5
 
     assert main(["report", str(out)]) == 0  # beside the fit
     text = (out / "report.html").read_text()
     assert "<h1>DeepDPM report: K = 4 (3 clusters + 1 tiny)</h1>" in text
-    assert "4: 3 clusters + 1 tiny (a tiny cluster holds fewer than 12 rows; these hold 2)" in text
+    assert "4: 3 clusters + 1 tiny (a tiny cluster holds fewer than 12 rows; these hold 5)" in text
     assert "<h2>Tiny clusters: 1 (of K = 4; the other 3 are above)</h2>" in text
     assert "<h2>Clusters: 3 (of K = 4; the tiny one is below)</h2>" in text
     assert 'alt="The rows in 2-D"' in text and "Sample rows per cluster" in text
