@@ -220,57 +220,68 @@ def grow(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Tensor, 
     weakest = 3.0 if prior.diagonal else prior.dim + 2.0
     if gain is None or growths >= MAX_GROWTHS:
         return None
+    tried: dict[int, tuple[Tensor, int]] = {}  # one k-means partition a size, whichever score reads it
     if k == 1:  # the prior fitted to one cluster is its shape: the coarsened joint keeps it
-        best, tried = _best_size(ctx, config, prior_fit, anchors, k, partition_score, EXACT_GAIN, EXACT_FALLS, rng)
-        return None if best is None else tried[best]
+        best = _best_size(ctx, config, prior_fit, anchors, k, partition_score, EXACT_GAIN, EXACT_FALLS, rng, tried)
+        return None if best is None else tried[best][0]
     if prior.nu <= WEAK_NU * weakest:  # above, the clusters agree on one shape: none holds several
-        best, tried = _best_size(ctx, config, prior_fit, anchors, k, coarsened_score, gain, 1, rng)
+        best = _best_size(ctx, config, prior_fit, anchors, k, coarsened_score, gain, 1, rng, tried)
         if best is not None:
-            return tried[best]
-    if not _hides_groups(ctx, config, prior_fit, k, rng):
+            return tried[best][0]
+    if not _hides_groups(ctx, config, prior_fit, k, rng, tried):
         return None
-    best, tried = _best_size(ctx, config, prior_fit, anchors, k, partition_score, EXACT_GAIN, EXACT_FALLS, rng)
+    best = _best_size(ctx, config, prior_fit, anchors, k, partition_score, EXACT_GAIN, EXACT_FALLS, rng, tried)
     # twice the best size: k-means at the best size still joins some groups and cuts others,
     # and merges, guided by the valleys, repair a partition of too many clusters
-    return None if best is None else tried.get(2 * best, tried[best])
+    return None if best is None else tried.get(2 * best, tried[best])[0]
 
 
 def _best_size(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Tensor, k: int,
-               score_of: Callable[..., float], gain: float, falls_to_stop: int, rng: np.random.Generator
-               ) -> tuple[int | None, dict[int, Tensor]]:
+               score_of: Callable[..., float], gain: float, falls_to_stop: int, rng: np.random.Generator,
+               tried: dict[int, tuple[Tensor, int]]) -> int | None:
     """k-means partitions of 2K, 4K, ... clusters (K = ``k``; at most
     :func:`most_clusters`; past :data:`GROWTH_FACTORS_TRIED`·K until
     ``falls_to_stop`` sizes in a row score no higher than the one before), each scored by
     ``score_of``: the size of the best one that scores ``gain`` nats a row above the settled
-    partition ``anchors`` (None if none does), and every partition tried by size."""
-    best, best_size, tried = score_of(ctx, config, prior_fit, anchors, k) + gain * ctx.n_total, None, {}
+    partition ``anchors`` (None if none does). ``tried`` holds the partitions by size: those
+    already in it are scored again, the others added (:func:`_partition_of_size`)."""
+    best, best_size = score_of(ctx, config, prior_fit, anchors, k) + gain * ctx.n_total, None
     size, last, falls = k, -math.inf, 0
     most = most_clusters(ctx.n_total, prior_fit.prior.dim, prior_fit.prior.diagonal)
     while size * 2 <= most:
         size *= 2
-        init = config.init.model_copy(update={"n_clusters": size})
-        labels, n_groups = initial_clusters(ctx.x, init, ctx.n_total, ctx.rank_rows, ctx.comm, rng)
+        labels, n_groups = _partition_of_size(ctx, config, size, rng, tried)
         score = score_of(ctx, config, prior_fit, labels, n_groups)
-        tried[size] = labels
         if score > best:
             best, best_size = score, size
         falls = falls + 1 if score <= last else 0
         if size >= GROWTH_FACTORS_TRIED * k and falls >= falls_to_stop:
             break  # past the sizes always tried, and no longer rising
         last = score
-    return best_size, tried
+    return best_size
 
 
-def _hides_groups(ctx: FitContext, config: Config, prior_fit: PriorFit, k: int, rng: np.random.Generator) -> bool:
+def _partition_of_size(ctx: FitContext, config: Config, size: int, rng: np.random.Generator,
+                       tried: dict[int, tuple[Tensor, int]]) -> tuple[Tensor, int]:
+    """The k-means partition of ``size`` clusters in ``tried`` (this rank's rows' labels
+    and their number of groups), made and added there if it is not (collective; seeds from
+    ``rng``)."""
+    if size not in tried:
+        init = config.init.model_copy(update={"n_clusters": size})
+        tried[size] = initial_clusters(ctx.x, init, ctx.n_total, ctx.rank_rows, ctx.comm, rng)
+    return tried[size]
+
+
+def _hides_groups(ctx: FitContext, config: Config, prior_fit: PriorFit, k: int, rng: np.random.Generator,
+                  tried: dict[int, tuple[Tensor, int]]) -> bool:
     """Whether a k-means partition of :data:`PROBE_FACTOR`·K clusters (at most
-    :func:`most_clusters`) leaves :data:`HIDDEN_GROUPS`·K groups apart by valleys; no
-    k-means is run where the cap allows fewer clusters than that (1,000 classes of 50 rows in
-    128-D at K 843: 25 s for an answer known before it)."""
+    :func:`most_clusters`; taken from or added to ``tried``) leaves :data:`HIDDEN_GROUPS`·K
+    groups apart by valleys; no k-means is run where the cap allows fewer clusters than
+    that (1,000 classes of 50 rows in 128-D at K 843: 25 s for an answer known before it)."""
     probe = min(PROBE_FACTOR * k, most_clusters(ctx.n_total, prior_fit.prior.dim, prior_fit.prior.diagonal))
     if probe < HIDDEN_GROUPS * k:
         return False
-    init = config.init.model_copy(update={"n_clusters": probe})
-    labels, n_groups = initial_clusters(ctx.x, init, ctx.n_total, ctx.rank_rows, ctx.comm, rng)
+    labels, n_groups = _partition_of_size(ctx, config, probe, rng, tried)
     return valley_groups(ctx, prior_fit, labels, n_groups) >= HIDDEN_GROUPS * k
 
 

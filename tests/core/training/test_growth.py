@@ -19,6 +19,7 @@ from deepdpm_core.bayes import (
 from deepdpm_core.config import Config
 from deepdpm_core.data import clustering_scores
 from deepdpm_core.moves import MoveSchedule, coarsening_constant
+from deepdpm_core.moves import initial as settling_kmeans
 from deepdpm_core.training import Search, start_fit
 from deepdpm_core.training.fit_context import partition_stats
 from deepdpm_core.training.settling import (
@@ -167,7 +168,7 @@ def test_no_probe_for_hidden_groups_where_the_cap_allows_too_few_clusters():
     search = _trainer_at(x, y)
     assert most_clusters(len(x), x.shape[1], False) < HIDDEN_GROUPS * search.n_clusters
     before = search.rng.bit_generator.state
-    assert not _hides_groups(search.ctx, search.config, search.prior_fit, search.n_clusters, search.rng)
+    assert not _hides_groups(search.ctx, search.config, search.prior_fit, search.n_clusters, search.rng, {})
     assert search.rng.bit_generator.state == before
 
 
@@ -180,6 +181,23 @@ def test_valley_groups_count_what_density_valleys_part():
     pieces = KMeans(16, n_init=1, random_state=0).fit_predict(one)
     search = _trainer_at(one, pieces)
     assert valley_groups(search.ctx, search.prior_fit, torch.as_tensor(pieces), 16) == 1
+
+
+def test_growth_makes_one_k_means_partition_a_size(monkeypatch):
+    """The coarsened joint's sizes (2K, 4K, 8K) and the probe for hidden groups (8K) read
+    the same k-means partitions: each size is clustered once."""
+    x, y = _curve_blobs(60, 150)
+    search = _trainer_at(x, y)
+    sizes = []
+
+    def counted(x, init, *args):
+        sizes.append(init.n_clusters)
+        return settling_kmeans.initial_clusters(x, init, *args)
+
+    monkeypatch.setattr("deepdpm_core.training.settling.initial_clusters", counted)
+    _grow(search)
+    assert sizes[:3] == [120, 240, 480]  # the coarsened joint's sizes, then the probe's 480 read again
+    assert len(sizes) == len(set(sizes))
 
 
 @pytest.mark.slow
@@ -201,7 +219,8 @@ def test_growth_tries_no_partition_of_fewer_rows_a_cluster_than_its_parameters_p
     34 (N/10 = 300 let it try 128 and 256 clusters of 23 and 12 rows)."""
     x, y = many_blobs()
     search = _trainer_at(x, np.zeros(len(y), dtype=np.int64))
-    _, tried = _best_size(search.ctx, search.config, search.prior_fit, search.anchors, 1, partition_score,
-                          EXACT_GAIN, EXACT_FALLS, search.rng)
+    tried = {}
+    _best_size(search.ctx, search.config, search.prior_fit, search.anchors, 1, partition_score, EXACT_GAIN,
+               EXACT_FALLS, search.rng, tried)
     assert 32 in tried
     assert max(tried) * math.ceil((x.shape[1] + 3) / 2) <= len(x)
