@@ -16,6 +16,7 @@ from deepdpm_core.estep import GaussianMixture, MixtureState
 from deepdpm_core.moves.initial import principal_split
 from deepdpm_core.moves.proposals import MovePlan
 from deepdpm_core.nets import (
+    Adam,
     ClusterNet,
     SubclusterNets,
     axis_aligned_subnets,
@@ -39,8 +40,8 @@ class Nets:
 
     cluster: ClusterNet
     sub: SubclusterNets | None
-    opt_cluster: torch.optim.Optimizer
-    opt_sub: torch.optim.Optimizer | None
+    opt_cluster: Adam
+    opt_sub: Adam | None
 
     def parameters(self) -> list[Tensor]:
         """The nets' parameters (clustering net first)."""

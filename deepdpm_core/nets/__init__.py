@@ -1,5 +1,6 @@
 """The clustering net, the batched subclustering nets and their loss (paper Eqs. 5-6)."""
 
+from deepdpm_core.nets.adam import Adam
 from deepdpm_core.nets.linear_discriminant import discriminant_start
 from deepdpm_core.nets.losses import slot_kl
 from deepdpm_core.nets.networks import (
@@ -12,6 +13,6 @@ from deepdpm_core.nets.networks import (
 )
 
 __all__ = [
-    "axis_aligned_subnets", "cluster_row_map", "ClusterNet", "discriminant_start", "new_row_of", "reindex_rows",
+    "Adam", "axis_aligned_subnets", "cluster_row_map", "ClusterNet", "discriminant_start", "new_row_of", "reindex_rows",
     "slot_kl", "SubclusterNets"
 ]

@@ -14,6 +14,7 @@ import math
 import torch
 from torch import nn
 
+from deepdpm_core.nets.adam import Adam
 from deepdpm_core.nets.losses import kl_forward, kl_grad, slot_kl
 
 Tensor = torch.Tensor
@@ -293,7 +294,7 @@ def reindex_rows(
     name: str,
     src: Tensor,
     fresh: Tensor | None,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Adam,
 ) -> None:
     """Replace parameter ``module.<name>`` by ``old[src]`` along its first axis.
 
@@ -306,7 +307,7 @@ def reindex_rows(
         Source row of each new row; −1 marks a fresh row.
     fresh : Tensor of shape (n_fresh, ...) or None
         Values of the fresh rows, in order.
-    optimizer : Optimizer
+    optimizer : Adam
         Its state for the parameter (Adam moments) is moved along the same map; fresh
         rows start with zero moments.
     """

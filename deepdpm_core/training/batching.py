@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
+from deepdpm_core.nets import Adam
 from deepdpm_core.runtime import Communicator
 
 #: the batch the paper tuned its learning rates at (5e-4 and 5e-3): small data keep it, and
@@ -42,10 +43,10 @@ def scaled_lr(base_lr: float, batch_size: int, rule: str) -> float:
     return base_lr
 
 
-def adam(params: Iterable[torch.Tensor], lr: float) -> torch.optim.Adam:
+def adam(params: Iterable[torch.Tensor], lr: float) -> Adam:
     """Adam as one fused kernel per step (CPU and CUDA): with small nets the per-tensor
     update loop, not the arithmetic, is what a step costs."""
-    return torch.optim.Adam(params, lr=lr, fused=True)
+    return Adam(params, lr, fused=True)
 
 
 def epoch_steps(n_local: int, batch_size: int, min_steps: int, comm: Communicator,

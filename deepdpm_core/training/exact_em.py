@@ -20,7 +20,7 @@ from torch import nn
 
 from deepdpm_core.bayes import SuffStats, grouped_stats
 from deepdpm_core.estep import R_FLOOR, MixtureState
-from deepdpm_core.nets import discriminant_start, slot_kl
+from deepdpm_core.nets import Adam, discriminant_start, slot_kl
 from deepdpm_core.runtime import Communicator, device_clock, net_precision
 from deepdpm_core.training.move_round import births
 from deepdpm_core.training.search import Search
@@ -251,7 +251,7 @@ def distil(model: nn.Module, x: Tensor, candidates: Tensor, resp: Tensor, n_tota
         The fraction of rows whose net argmax is their most responsible cluster.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=lr)
+    opt = Adam(params, lr)
     target_z = candidates.gather(1, resp.argmax(1, keepdim=True)).squeeze(1)
     per_rank = max(n_total, 1) / comm.world_size  # DDP averages the ranks' gradients
     model.train(True)
