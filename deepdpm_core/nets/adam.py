@@ -49,15 +49,10 @@ class Adam:
         self.param_groups: list[dict[str, Any]] = [{"params": list(params), "lr": lr, **DEFAULTS, "fused": fused}]
         self.state: dict[Tensor, dict[str, Tensor]] = {}
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop (or zero) every parameter's gradient."""
+    def zero_grad(self) -> None:
+        """Drop every parameter's gradient (``torch.optim.Adam.zero_grad()``'s default)."""
         for p in self.param_groups[0]["params"]:
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                p.grad.detach_().zero_()
+            p.grad = None
 
     @torch.no_grad()
     def step(self) -> None:
@@ -65,14 +60,14 @@ class Adam:
         group = self.param_groups[0]
         fused = group["fused"]
         params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            return
         for p in params:
             if p not in self.state:  # as torch.optim.Adam starts a parameter's moments
                 step = (torch.zeros((), dtype=torch.float32, device=p.device) if fused
                         else torch.tensor(0.0, dtype=_scalar_dtype()))
                 self.state[p] = {"step": step, "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
                                  "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
-        if not params:
-            return
         states = [self.state[p] for p in params]
         beta1, beta2 = group["betas"]
         adam_update(params, [p.grad for p in params], [s["exp_avg"] for s in states],
@@ -84,7 +79,7 @@ class Adam:
         """``torch.optim.Adam``'s layout: moments by the parameter's place in the group."""
         group = self.param_groups[0]
         index = {id(p): i for i, p in enumerate(group["params"])}
-        return {"state": {index[id(p)]: dict(s) for p, s in self.state.items() if id(p) in index},
+        return {"state": {index[id(p)]: dict(s) for p, s in self.state.items()},
                 "param_groups": [{**{k: v for k, v in group.items() if k != "params"},
                                   "params": list(range(len(group["params"])))}]}
 

@@ -70,7 +70,7 @@ class ExactEM(Search):
         self.cluster_model.train()
         with torch.enable_grad(), net_precision(ctx.precision, ctx.device):  # whatever the caller's mode
             sum_cl, _, _ = slot_kl(self.cluster_model(ctx.x), candidates, resp)
-        nets.opt_cluster.zero_grad(set_to_none=True)
+        nets.opt_cluster.zero_grad()
         with net_precision(ctx.precision, ctx.device, backward=True):
             (sum_cl / (max(ctx.n_total, 1) / ctx.comm.world_size)).backward()
         nets.opt_cluster.step()
@@ -123,7 +123,6 @@ class ExactEM(Search):
             if n_rows < ctx.n_total:  # the agreement over every row, not the sample's
                 agreement = net_agreement(self.cluster_model, ctx.x, self.anchors, ctx.n_total, ctx.comm)
         return {**record, "distil_steps": steps, "distil_agreement": agreement, **super().settle(epoch)}
-
 
     def _start_distillation(self, x: Tensor, best: Tensor, n_total: int) -> None:
         """Set the clustering net to the mixture's linear discriminant
@@ -259,7 +258,7 @@ def distil(model: nn.Module, x: Tensor, candidates: Tensor, resp: Tensor, n_tota
     while step < max_steps:
         logits = model(x)
         kl, z, _ = slot_kl(logits, candidates, resp)
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         (kl / per_rank).backward()
         opt.step()
         step += 1

@@ -66,8 +66,8 @@ class MinibatchSearch(Search):
             per_rank = max(global_batch(step, one_pass, bsz, ctx.rank_rows), 1) / ctx.comm.world_size
             if per_rank not in scales:
                 scales[per_rank] = torch.ones((), device=ctx.device) / per_rank
-            nets.opt_cluster.zero_grad(set_to_none=True)
-            nets.opt_sub.zero_grad(set_to_none=True)
+            nets.opt_cluster.zero_grad()
+            nets.opt_sub.zero_grad()
             with net_precision(ctx.precision, ctx.device, backward=True):
                 torch.autograd.backward((sum_cl, sum_sub), (scales[per_rank], scales[per_rank]))
             nets.opt_cluster.step()

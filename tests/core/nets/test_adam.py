@@ -19,7 +19,7 @@ def _params(seed: int) -> list[torch.nn.Parameter]:
 def _steps(opt, params, seed: int, n: int, skip_second: bool = False) -> None:
     g = torch.Generator().manual_seed(seed)
     for i in range(n):
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         for j, p in enumerate(params):
             if not (skip_second and j == 1 and i % 2):  # a parameter without a gradient is not stepped
                 p.grad = torch.randn(p.shape, generator=g)
