@@ -13,7 +13,12 @@ import numpy as np
 import torch
 
 from deepdpm_core.bayes import NIWPrior, SuffStats, log_merge_hastings, log_split_hastings
-from deepdpm_core.moves.density_valleys import MERGE_VALLEY, SPLIT_VALLEY, VALLEY_MIN_POINTS
+from deepdpm_core.moves.density_valleys import (
+    APART_POINTS_PER_FEATURE,
+    MERGE_VALLEY,
+    SPLIT_VALLEY,
+    VALLEY_MIN_POINTS,
+)
 
 Tensor = torch.Tensor
 
@@ -265,7 +270,9 @@ def propose_merges(
         Fewest points a side for the valley rule to judge (:data:`~deepdpm_core.moves.density_valleys.VALLEY_MIN_POINTS`).
     exact_valley : float, optional
         Pairs with a valley at most this deep between them are judged uncoarsened
-        (:func:`exact_across_deep_valleys`), as their split would be.
+        (:func:`exact_across_deep_valleys`), as their split would be, and are not merged
+        where both clusters hold :data:`~deepdpm_core.moves.density_valleys.APART_POINTS_PER_FEATURE`
+        points a feature: a valley that deep parts two modes.
 
     Returns
     -------
@@ -292,6 +299,10 @@ def propose_merges(
     coins = _accept(log_h, rng)
     if valleys is not None and max_valley is not None:
         coins = coins | (judged & np.array([valleys.get(p, 0.0) > max_valley for p in pairs], dtype=bool))
+    if valleys is not None:  # two modes stay apart: no merge across a deep valley judged by enough points
+        firm = np.array([min(n[a], n[b]) >= max(valley_min_points, APART_POINTS_PER_FEATURE * cluster_stats.dim)
+                         for a, b in pairs], dtype=bool)
+        coins = coins & ~(firm & (np.array([valleys.get(p, 1.0) for p in pairs]) <= exact_valley))
     used: set[int] = set()
     accepted = []
     for (a, b), ok in zip(pairs, coins, strict=True):

@@ -9,10 +9,11 @@ import torch
 from torch import Tensor
 
 from deepdpm_core import DeepDPM
-from deepdpm_core.bayes import NIWPrior, grouped_stats
+from deepdpm_core.bayes import NIWPrior, SuffStats, grouped_stats
 from deepdpm_core.data import clustering_scores, make_mixture
 from deepdpm_core.estep import MixtureState
 from deepdpm_core.moves.density_valleys import (
+    APART_POINTS_PER_FEATURE,
     BINS,
     MEANS_WITHIN,
     MERGE_VALLEY,
@@ -27,7 +28,7 @@ from deepdpm_core.moves.density_valleys import (
     split_axes,
     valley_ratios,
 )
-from deepdpm_core.moves.proposals import propose_merges, propose_splits
+from deepdpm_core.moves.proposals import EXACT_VALLEY, propose_merges, propose_splits
 
 BANDWIDTH, MIN_POINTS = VALLEY_BANDWIDTH, VALLEY_MIN_POINTS
 
@@ -257,6 +258,31 @@ def test_a_pair_without_a_valley_is_merged_whatever_its_ratio():
     few = (_prior(2), 10.0, stats.scaled(torch.full((2,), (MIN_POINTS - 1) / 200, dtype=torch.float64)), means,
            np.random.default_rng(0), 3, None)
     assert propose_merges(*few, {(0, 1): 0.95}, 0.9, MIN_POINTS) == []
+
+
+def test_a_pair_across_a_deep_valley_is_not_merged_where_each_side_has_points_to_judge_it():
+    """A prior as wide as the pair (fitted while clusters still held several blobs) merges
+    two whole blobs by the Hastings ratio; a valley at most EXACT_VALLEY deep between them
+    keeps them apart where each holds APART_POINTS_PER_FEATURE points a feature, and below
+    that (Fisher's axis fitted to few points shows such valleys in one Gaussian) leaves
+    the pair to its ratio."""
+    d = 8
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.normal(0, 1, (100, d)), rng.normal(0, 1, (100, d)) + 4.0 / np.sqrt(d)])
+    z = torch.as_tensor(np.repeat([0, 1], 100))
+    stats = grouped_stats(torch.as_tensor(x), torch.arange(200), z, torch.ones(200, dtype=torch.float64), 2)
+    means = torch.as_tensor(np.stack([x[z.numpy() == c].mean(0) for c in (0, 1)]))
+    wide = NIWPrior.from_shape(torch.zeros(d), torch.ones(d), 0.05, d + 40.0, 9.0)
+    assert 100 >= APART_POINTS_PER_FEATURE * d > 50 >= MIN_POINTS
+
+    def merged(s: SuffStats, valley: float) -> list[tuple[int, int]]:
+        return propose_merges(wide, 10.0, s, means, np.random.default_rng(0), 3, None, {(0, 1): valley}, 0.85,
+                              MIN_POINTS, EXACT_VALLEY)
+
+    assert merged(stats, 0.5) == [(0, 1)]  # the ratio merges them
+    assert merged(stats, EXACT_VALLEY) == []
+    half = stats.scaled(torch.full((2,), 0.5, dtype=torch.float64))  # 50 a side: 6 a feature
+    assert merged(half, 0.5) == [(0, 1)] and merged(half, EXACT_VALLEY) == [(0, 1)]
 
 
 def _worms(n: int, seed: int, k: int = 12) -> tuple[np.ndarray, np.ndarray]:
