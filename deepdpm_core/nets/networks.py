@@ -149,22 +149,32 @@ class _BlockLoss(torch.autograd.Function):
     K primary blocks' weights but doubles the operators of both passes, which is what a
     step of these small nets costs on a GPU (a whole step, both nets: 5.2 ms with the
     products split and a node per layer, 3.7 ms with this node and the clustering net's,
-    one H200, K = 1,000, D = 128, B = 4,096); on one CPU core the gather adds about 2 ms to
-    these two passes' 31 ms there.
+    one H200, K = 1,000, D = 128, B = 4,096). On the CPU (float32) memory traffic is the
+    cost instead: the first layer's weights, (K, D, H), are most of what a pass reads, and
+    a gathered copy of them (up to 2K blocks) is fresh memory the kernel faults in page by
+    page, in both passes. There the first layer's products are split: its forward and
+    its weights' gradient 62 → 22 ms at that size on one core.
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, cells: Tensor, block_cluster: Tensor, cap: int, dist2: Tensor,
                 w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> tuple[Tensor, Tensor]:
-        n_blocks = block_cluster.shape[0]
+        n_blocks, k = block_cluster.shape[0], w1.shape[0]
         padded = x.new_zeros(n_blocks * cap, x.shape[1]).index_put_((cells,), x).view(n_blocks, cap, -1)
         bw2 = w2.index_select(0, block_cluster)
-        h = torch.baddbmm(b1.index_select(0, block_cluster).unsqueeze(1), padded,
-                          w1.index_select(0, block_cluster)).relu_()
+        bb1 = b1.index_select(0, block_cluster).unsqueeze(1)
+        ctx.in_place = _first_layer_in_place(x)
+        if ctx.in_place:
+            h = padded.new_empty(n_blocks, cap, w1.shape[2])
+            torch.baddbmm(bb1[:k], padded[:k], w1, out=h[:k])
+            torch.baddbmm(bb1[k:], padded[k:], w1.index_select(0, block_cluster[k:]), out=h[k:])
+            h.relu_()
+        else:
+            h = torch.baddbmm(bb1, padded, w1.index_select(0, block_cluster)).relu_()
         logits = torch.baddbmm(b2.index_select(0, block_cluster).unsqueeze(1), h, bw2).view(-1, 2).index_select(0, cells)
         sub_r = torch.softmax(logits, dim=1)
         loss = (sub_r * dist2).sum()
-        ctx.cap, ctx.k = cap, w1.shape[0]
+        ctx.cap, ctx.k = cap, k
         ctx.save_for_backward(padded, h, cells, block_cluster, bw2, sub_r, dist2)
         ctx.mark_non_differentiable(logits)
         ctx.set_materialize_grads(False)  # no zeros made for the logits' (absent) gradient
@@ -192,9 +202,20 @@ class _BlockLoss(torch.autograd.Function):
                 blocks = blocks.to(bw2.dtype)
             return blocks[:k].index_add_(0, overflow, blocks[k:])
 
-        return (None, None, None, None, None, per_cluster(torch.bmm(padded.mT, dh)),
+        if ctx.in_place:
+            grad_w1 = torch.bmm(padded[:k].mT, dh[:k]).index_add_(0, overflow, torch.bmm(padded[k:].mT, dh[k:]))
+        else:
+            grad_w1 = per_cluster(torch.bmm(padded.mT, dh))
+        return (None, None, None, None, None, grad_w1,
                 per_cluster(dh.sum(1, dtype=bw2.dtype)), per_cluster(torch.bmm(h.mT, g)),
                 per_cluster(g.sum(1, dtype=bw2.dtype)))
+
+
+def _first_layer_in_place(x: Tensor) -> bool:
+    """Whether the K primary blocks read the first layer's weights where they are
+    (:class:`_BlockLoss`): on the CPU in float32, where memory traffic, not operators, is
+    what a step costs."""
+    return x.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
 
 
 def cluster_blocks(z: Tensor, n_clusters: int, fixed_shape: bool = False) -> tuple[Tensor, Tensor, int]:

@@ -138,6 +138,25 @@ def test_fixed_shape_blocks_read_nothing_off_the_data_and_give_the_same_nets():
         assert torch.equal(a, b)
 
 
+def test_first_layer_read_in_place_gives_the_bits_of_the_gathered_weights(monkeypatch):
+    """The CPU's layout (primary blocks' first layer read in place, its products split)
+    and the one the GPU runs (every block's weights gathered, one product) agree to the
+    bit, forward and backward, with overflow blocks and without."""
+    g = torch.Generator().manual_seed(3)
+    net = SubclusterNets(6, 9, 40, g)
+    x = torch.randn(300, 6, generator=g)
+    dist2 = torch.rand(300, 2, generator=g)
+    for z in (torch.cat([torch.full((200,), 11), torch.randint(0, 40, (100,), generator=g)]),
+              torch.arange(300) % 40):  # no overflow block
+        outs = []
+        for in_place in (True, False):
+            monkeypatch.setattr(nets, "_first_layer_in_place", lambda _x, v=in_place: v)
+            loss, logits = net(x, z, dist2)
+            outs.append((loss, logits, *torch.autograd.grad(loss, list(net.parameters()))))
+        for a, b in zip(*outs, strict=True):
+            assert torch.equal(a, b)
+
+
 @pytest.fixture
 def search():
     X, _ = make_mixture(1500, 3, 4, random_state=0)
