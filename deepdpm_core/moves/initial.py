@@ -112,6 +112,13 @@ def kmeans_pp_seeds(x: np.ndarray, n_clusters: int, rng: np.random.Generator) ->
     return x[chosen].astype(np.float32, copy=False)
 
 
+#: FAISS k-means runs on rows of at least this many features, zero columns appended: the
+#: same squared distances, but its search below 8 features takes a path about 5 times
+#: slower (20,000 rows in 2-D, 280 clusters, 25 iterations, one thread: 0.36 s in 2, 3 or 4
+#: features, 0.07 s in 8; FAISS 1.15)
+FAISS_MIN_DIM = 8
+
+
 def kmeans_centers(
     x: np.ndarray, n_clusters: int, n_iter: int, max_points: int, rng: np.random.Generator,
     seeding: str = "kmeans++",
@@ -136,14 +143,25 @@ def kmeans_centers(
     if n > max_points:
         x = x[np.sort(rng.choice(n, size=max_points, replace=False))]
     x = np.ascontiguousarray(x, dtype=np.float32)
+    width = max(d, FAISS_MIN_DIM)
     km = faiss.Kmeans(
-        d, n_clusters, niter=n_iter, seed=int(rng.integers(1, 2**31 - 1)),
+        width, n_clusters, niter=n_iter, seed=int(rng.integers(1, 2**31 - 1)),
         max_points_per_centroid=max(1, len(x) // n_clusters + 1), verbose=False,
         # FAISS only warns below 39 points per centroid; small data are a normal input here
         min_points_per_centroid=1,
     )
-    km.train(x, init_centroids=kmeans_pp_seeds(x, n_clusters, rng) if seeding == "kmeans++" else None)
-    return np.asarray(km.centroids, dtype=np.float32)
+    seeds = kmeans_pp_seeds(x, n_clusters, rng) if seeding == "kmeans++" else None
+    km.train(_zero_padded(x, width), init_centroids=None if seeds is None else _zero_padded(seeds, width))
+    return np.ascontiguousarray(km.centroids[:, :d], dtype=np.float32)
+
+
+def _zero_padded(x: np.ndarray, width: int) -> np.ndarray:
+    """``x`` (n, D) with zero columns appended up to ``width`` (the same distances)."""
+    if x.shape[1] >= width:
+        return x
+    out = np.zeros((x.shape[0], width), dtype=np.float32)
+    out[:, : x.shape[1]] = x
+    return out
 
 
 def nearest_center(x: Tensor, centers: Tensor, chunk: int = 65536) -> Tensor:

@@ -64,6 +64,21 @@ def test_kmeans_pp_covers_more_true_clusters_of_an_imbalanced_mixture(seed):
     assert pp >= 43 and pp >= uniform + 4, (pp, uniform)
 
 
+@pytest.mark.parametrize("seeding", ["kmeans++", "random"])
+def test_kmeans_in_few_features_runs_on_zero_padded_rows_with_the_same_centres(seeding):
+    """Rows of fewer than FAISS_MIN_DIM features are padded with zero columns for FAISS (a
+    faster search, the same distances): the centres are those of FAISS on the rows as they
+    are, from the same seeds."""
+    x = make_blobs(3000, n_features=2, centers=40, random_state=0)[0].astype(np.float32)
+    got = kmeans_centers(x, 60, 25, 200_000, np.random.default_rng(4), seeding)
+    rng = np.random.default_rng(4)
+    km = faiss.Kmeans(2, 60, niter=25, seed=int(rng.integers(1, 2**31 - 1)), max_points_per_centroid=51,
+                      min_points_per_centroid=1, verbose=False)
+    km.train(x, init_centroids=kmeans_pp_seeds(x, 60, rng) if seeding == "kmeans++" else None)
+    assert got.shape == (60, 2) and got.flags.c_contiguous
+    np.testing.assert_allclose(got, km.centroids, rtol=1e-5, atol=1e-5)
+
+
 def test_auto_initial_k_is_ten_clusters_of_ten_rows_at_least_and_one_per_thousand_rows_past_exact_em():
     exact = 100_000  # small_data.max_rows: exact EM, whose growth adds what 10 clusters hold together
     assert [initial_cluster_count("auto", n, exact) for n in (1, 9, 20, 99, 100, 10_999)] == [1, 1, 2, 9, 10, 10]
