@@ -152,8 +152,8 @@ class _BlockLoss(torch.autograd.Function):
     one H200, K = 1,000, D = 128, B = 4,096). On the CPU (float32) memory traffic is the
     cost instead: the first layer's weights, (K, D, H), are most of what a pass reads, and
     a gathered copy of them (up to 2K blocks) is fresh memory the kernel faults in page by
-    page, in both passes. There the first layer's products are split: its forward and
-    its weights' gradient 62 → 22 ms at that size on one core.
+    page, in both passes. There the first layer's products are split: the two passes
+    62 → 22 ms at that size on one core.
     """
 
     @staticmethod
