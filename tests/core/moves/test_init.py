@@ -104,14 +104,16 @@ def test_more_dimensions_than_points_per_cluster_are_not_one_cluster():
 
 def _init_recording_kmeans(monkeypatch, n: int, k: int) -> tuple[list[int], list[np.ndarray], np.ndarray, np.ndarray]:
     """initial_clusters (defaults, seed 0) on n standard normal rows in 2-D with k clusters:
-    the rows FAISS's k-means saw and its centres, each time it ran; the data; the labels."""
+    the rows FAISS's k-means saw and its centres in the rows' 2 features (FAISS sees them
+    with zero columns appended, which stay zero), each time it ran; the data; the labels."""
     rows, centers = [], []
     train = faiss.Kmeans.train
 
     def recording(self, x, *args, **kwargs):
         rows.append(len(x))
         out = train(self, x, *args, **kwargs)
-        centers.append(self.centroids.copy())
+        assert not self.centroids[:, 2:].any()
+        centers.append(self.centroids[:, :2].copy())
         return out
 
     monkeypatch.setattr(faiss.Kmeans, "train", recording)
