@@ -286,10 +286,11 @@ def propose_merges(
     b_idx = [b for _, b in pairs]
     union_n = cluster_stats.n[a_idx] + cluster_stats.n[b_idx]
     n = cluster_stats.n.cpu().numpy()
-    judged = np.array([min(n[a], n[b]) >= valley_min_points for a, b in pairs], dtype=bool)
+    smaller = np.minimum(n[a_idx], n[b_idx])
+    judged = smaller >= valley_min_points
     if valleys is not None:
-        union_n = exact_across_deep_valleys(union_n, np.array([valleys.get(p, 1.0) for p in pairs]), judged,
-                                            exact_valley)
+        depth = np.array([valleys.get(p, 1.0) for p in pairs])
+        union_n = exact_across_deep_valleys(union_n, depth, judged, exact_valley)
 
     def chunk(s: int, e: int) -> np.ndarray:  # pairs [s, e), scaled a chunk at a time (memory)
         return log_merge_hastings(prior, alpha, coarsened(cluster_stats.rows(a_idx[s:e]), union_n[s:e], coarsening),
@@ -300,9 +301,8 @@ def propose_merges(
     if valleys is not None and max_valley is not None:
         coins = coins | (judged & np.array([valleys.get(p, 0.0) > max_valley for p in pairs], dtype=bool))
     if valleys is not None:  # two modes stay apart: no merge across a deep valley judged by enough points
-        firm = np.array([min(n[a], n[b]) >= max(valley_min_points, APART_POINTS_PER_FEATURE * cluster_stats.dim)
-                         for a, b in pairs], dtype=bool)
-        coins = coins & ~(firm & (np.array([valleys.get(p, 1.0) for p in pairs]) <= exact_valley))
+        firm = smaller >= max(valley_min_points, APART_POINTS_PER_FEATURE * cluster_stats.dim)
+        coins = coins & ~(firm & (depth <= exact_valley))
     used: set[int] = set()
     accepted = []
     for (a, b), ok in zip(pairs, coins, strict=True):
