@@ -109,10 +109,17 @@ class SparseEStep:
         for k, count in enumerate(torch.bincount(comps, minlength=self.mixture.n_components).tolist()):
             if count:
                 sel = order[start : start + count]
-                w = (self.mixture.means[anchors[sel]] - self.mixture.means[k]) @ self.mixture.prec_chol[k]  # rows P_kᵀΔ
-                norm = w.norm(dim=1)
+                delta = self.mixture.means[anchors[sel]] - self.mixture.means[k]
+                prec = self.mixture.prec_chol[k]
+                if count >= self.mixture.dim:  # Σ_k⁻¹ = P_k P_kᵀ once (D³), then one GEMM a pair, not two
+                    v = delta @ (prec @ prec.T)
+                    norm = (v * delta).sum(1).clamp_min(0).sqrt()
+                else:
+                    w = delta @ prec  # rows P_kᵀΔ
+                    norm = w.norm(dim=1)
+                    v = w @ prec.T
                 a[sel] = norm
-                u[sel] = (w @ self.mixture.prec_chol[k].T) * torch.where(norm > 0, 1.0 / norm, 0.0)[:, None]
+                u[sel] = v * torch.where(norm > 0, 1.0 / norm, 0.0)[:, None]
             start += count
         return u, a
 
@@ -165,10 +172,10 @@ class SparseEStep:
             pair_radius.append(rad[j, 0])
         pair_anchor, pair_comp, room, rad = (torch.cat(t) for t in (pair_anchor, pair_comp, pair_room, pair_radius))
         u, a = self.pair_directions(pair_anchor, pair_comp, batched)
-        keep = (a - u.norm(dim=1) * rad).clamp_min(0).square() <= room
-        order = torch.argsort(pair_anchor[keep].to(torch.int32), stable=True)
-        return (pair_anchor[keep][order], pair_comp[keep][order],
-                u[keep][order].to(self.mixture.work_dtype), a[keep][order].to(self.mixture.work_dtype))
+        kept = torch.nonzero((a - u.norm(dim=1) * rad).clamp_min(0).square() <= room).squeeze(1)
+        kept = kept[torch.argsort(pair_anchor[kept].to(torch.int32), stable=True)]  # one gather of (P, D)
+        return (pair_anchor[kept], pair_comp[kept],
+                u[kept].to(self.mixture.work_dtype), a[kept].to(self.mixture.work_dtype))
 
     def _bound_survivors(self, delta: Tensor, lp_anchor: Tensor, j: int, comps: Tensor, u: Tensor,
                          a: Tensor, cap: int) -> tuple[Tensor, Tensor]:

@@ -93,6 +93,12 @@ def test_pair_bound_never_exceeds_the_mahalanobis_distance(thin):
     gmm, means = _mixture(k=10, d=6, thin=thin)
     anchors, comps = torch.arange(10).repeat_interleave(10), torch.arange(10).repeat(10)
     u, a = SparseEStep(gmm).pair_directions(anchors, comps)
+    # a component with fewer pairs than features takes them through P_k twice, with more
+    # through Σ_k⁻¹ once: both give the same vectors
+    few = comps < 5
+    for got, ref in zip(SparseEStep(gmm).pair_directions(anchors[few][::3], comps[few][::3]),
+                        (u[few][::3], a[few][::3]), strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
     mu, cov = gmm.means, gmm.covariances
     # u_jk is a unit vector in Σ_k's metric and a_jk the Mahalanobis distance of μ_j under k
     off = anchors != comps
