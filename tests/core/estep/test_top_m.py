@@ -112,9 +112,17 @@ def test_pair_bound_never_exceeds_the_mahalanobis_distance(thin):
     x = torch.tensor(means).repeat_interleave(40, 0) + torch.randn(400, 6, dtype=torch.float64, generator=_gen()) * 2
     u, a = u.view(10, 10, 6), a.view(10, 10)
     anchor = torch.arange(10).repeat_interleave(40)
-    bound = (a[anchor] + torch.einsum("nkd,nd->nk", u[anchor], x - mu[anchor])).square()
+    along = torch.einsum("nkd,nd->nk", u[anchor], x - mu[anchor])
+    bound = (a[anchor] + along).square()
     exact = -2 * (gmm.weighted_log_prob(x) - gmm.log_norm)  # Maha_k(x), (N, K)
     assert (bound <= exact * (1 + 1e-9) + 1e-9).all()
+    # and with level 3's lower bound on the rest of Maha_k(x), ‖P_kᵀδ‖² − (u_jkᵀδ)²
+    estep = SparseEStep(gmm)
+    lam = torch.linalg.eigvalsh(cov)[:, -1]
+    rest = estep._off_axis(along, 1.0, 0.0, (x - mu[anchor]).norm(dim=1, keepdim=True),
+                           mu[anchor].norm(dim=1, keepdim=True), lam)
+    assert (bound + rest <= exact * (1 + 1e-9) + 1e-9).all()
+    assert (rest > 0).float().mean() > 0.25  # it adds to z² (the points are not on the axes)
 
 
 @pytest.mark.parametrize(("thin", "offset", "spread"), [(False, 0.0, 0.5), (True, 0.0, 0.5),
