@@ -56,6 +56,21 @@ def test_init_start_bench_times_the_start_on_a_sample_sized_by_k():
     assert out["cpu_seconds"] > 0 and out["objective"] > 0 and 0.5 < out["nmi"] <= 1.0
     assert 900 <= out["nonempty"] <= 1000
 
+def test_estep_work_bench_counts_the_e_steps_work_on_close_and_on_separated_clusters(tmp_path):
+    out_file = tmp_path / "estep.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "bench/estep_work.py", "--n", "20000", "--reps", "1", "--json",
+                           str(out_file)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    close, separated = json.loads(out_file.read_text())["results"]
+    for r in (close, separated):
+        assert 900 <= r["k"] <= 1000 and r["d"] == 128 and r["n"] == 20000 and r["seconds"] > 0
+        assert 1.0 <= r["support_per_row"] <= 8.0 and r["exact_per_row"] >= 0
+    # on the sphere the per-anchor bounds keep pairs and rows are scored against several
+    # clusters; separated Gaussians need neither
+    assert close["anchor_pairs"] > separated["anchor_pairs"] and close["exact_per_row"] > separated["exact_per_row"]
+
+
 def test_vs_bgm_bench_reports_both_methods_on_the_same_data():
     out = _run_json("vs_bgm.py", "--n", "4000")
     assert set(out) == {"DeepDPM", "BayesianGaussianMixture(30, DP, full)"}
