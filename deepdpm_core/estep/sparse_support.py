@@ -6,12 +6,13 @@ isotropic proxy) is evaluated exactly; any other component k is ruled out when a
 bound on its log-density, L_k − ½ Maha_k(x) with L_k = ln π_k − ½ ln|2πΣ_k|, falls
 :data:`~deepdpm_core.estep.support_bounds.SUPPORT_LOG_GAP` below the anchor's (its
 responsibility then provably below float32's resolution of 1). The lower bounds on the
-Mahalanobis distance come in three levels, each applied only to what the previous one kept:
+Mahalanobis distance come in three levels, each applied only to what the previous one kept
+(levels 1 and 2: :class:`~deepdpm_core.estep.pair_bounds.PairBounds`):
 
 1. per anchor j, for all its points (‖x − μ_j‖ ≤ ρ_j):
    Maha_k(x) ≥ (‖μ_j − μ_k‖ − ρ_j)² / λ_max(Σ_k), a K x K table of distances between means;
 2. per pair (j, k), Cauchy–Schwarz along v = Σ_k⁻¹(μ_j − μ_k):
-   Maha_k(x) ≥ (a_jk + u_jkᵀ(x − μ_j))² (:meth:`SparseEStep.pair_directions`), hence
+   Maha_k(x) ≥ (a_jk + u_jkᵀ(x − μ_j))² (:meth:`~deepdpm_core.estep.pair_bounds.PairBounds.pair_directions`), hence
    ≥ (a_jk − ‖u_jk‖ ρ_j)² for every point of the anchor;
 3. per point, the same bound with its own x: one (n_j, D) x (D, C_j) GEMM, plus a lower
    bound on the rest of Maha_k(x), ‖x − μ_j‖²/λ_max(Σ_k) − (u_jkᵀ(x − μ_j))²
@@ -31,10 +32,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepdpm_core.bayes import blocks, gather_chunk_rows
+from deepdpm_core.estep.pair_bounds import PairBounds
 from deepdpm_core.estep.support_bounds import (
     BOUND_MARGIN,
     SUPPORT_LOG_GAP,
     largest_eigenvalue_bound,
+    rounding,
 )
 
 if TYPE_CHECKING:
@@ -47,8 +50,7 @@ class SparseEStep:
     """The sparse E-step of one :class:`~deepdpm_core.estep.gmm.GaussianMixture`.
 
     Composed with the mixture, whose parameters, cached factors, block layout and exact
-    per-pair evaluation it reads. Build one per mixture: it caches the level-1 bound's
-    λ_max of each covariance.
+    per-pair evaluation it reads.
 
     Parameters
     ----------
@@ -62,122 +64,13 @@ class SparseEStep:
                  eigen_bound: Callable[[Tensor], Tensor] = largest_eigenvalue_bound) -> None:
         self.mixture = mixture
         self.eigen_bound = eigen_bound
-        self._lam_max: Tensor | None = None
 
     def _survival_limit(self, lp_anchor: Tensor, j: int | Tensor, rho: float | Tensor) -> Tensor:
         """Level 3's threshold on ẑ²/(1 + ρ) − 2 L_k (:meth:`_bound_survivors`), (n,) in
         ``work_dtype``: 2 (gap − lp_low) + ρ, lp_low the anchor's log-density lowered by its
         own float32 rounding allowance. j: the anchor, or one per row; ρ likewise."""
-        lp_low = lp_anchor - self._rounding(self.mixture.work_dtype) * (self.mixture.log_norm[j] - lp_anchor).clamp_min(0)
+        lp_low = lp_anchor - rounding(self.mixture.dim, self.mixture.work_dtype) * (self.mixture.log_norm[j] - lp_anchor).clamp_min(0)
         return (2.0 * (SUPPORT_LOG_GAP + BOUND_MARGIN - lp_low) + rho).to(self.mixture.work_dtype)
-
-    def _rounding(self, dtype: torch.dtype) -> float:
-        """Relative rounding allowance of a length-D dot product in ``dtype``, (D + 2)·ε."""
-        return (self.mixture.dim + 2) * torch.finfo(dtype).eps
-
-    def pair_directions(self, anchors: Tensor, comps: Tensor, batched: bool | None = None) -> tuple[Tensor, Tensor]:
-        """The Cauchy–Schwarz bound's vectors for pairs (anchor j, component k).
-
-        a_jk = ‖P_kᵀ(μ_j − μ_k)‖ (the Mahalanobis distance of μ_j under component k) and
-        u_jk = Σ_k⁻¹(μ_j − μ_k) / a_jk = P_k P_kᵀ(μ_j − μ_k) / a_jk, so u_jkᵀΣ_k u_jk = 1 and,
-        for any x, Maha_k(x) ≥ (u_jkᵀ(x − μ_k))² = (a_jk + u_jkᵀ(x − μ_j))². Float64, two
-        (n_k, D) x (D, D) GEMMs per component; u = 0 where μ_j = μ_k (no bound).
-
-        Parameters
-        ----------
-        anchors, comps : Tensor of shape (P,), int64
-        batched : bool, optional
-            Batched GEMMs with P_k gathered per pair (default: on a GPU).
-
-        Returns
-        -------
-        u : Tensor of shape (P, D), float64
-        a : Tensor of shape (P,), float64
-        """
-        u = torch.empty(len(comps), self.mixture.dim, dtype=torch.float64, device=self.mixture.means.device)
-        a = torch.empty(len(comps), dtype=torch.float64, device=self.mixture.means.device)
-        if blocks.use_blocks(self.mixture.means, batched):  # P_k gathered per pair, in chunks
-            step = max(1, self.mixture.layout.chunk_elems // self.mixture.dim**2)
-            for s in range(0, len(comps), step):
-                j, k = anchors[s : s + step], comps[s : s + step]
-                prec = self.mixture.prec_chol[k]
-                w = torch.bmm((self.mixture.means[j] - self.mixture.means[k])[:, None], prec)  # (c, 1, D): rows P_kᵀΔ
-                norm = w.norm(dim=2, keepdim=True)
-                a[s : s + step] = norm[:, 0, 0]
-                u[s : s + step] = (torch.bmm(w, prec.transpose(1, 2)) * torch.where(norm > 0, 1.0 / norm, 0.0))[:, 0]
-            return u, a
-        order = torch.argsort(comps.to(torch.int32), stable=True)
-        start = 0
-        for k, count in enumerate(torch.bincount(comps, minlength=self.mixture.n_components).tolist()):
-            if count:
-                sel = order[start : start + count]
-                delta = self.mixture.means[anchors[sel]] - self.mixture.means[k]
-                prec = self.mixture.prec_chol[k]
-                if count >= self.mixture.dim:  # Σ_k⁻¹ = P_k P_kᵀ once (D³), then one GEMM a pair, not two
-                    v = delta @ (prec @ prec.T)
-                    norm = (v * delta).sum(1).clamp_min(0).sqrt()
-                else:
-                    w = delta @ prec  # rows P_kᵀΔ
-                    norm = w.norm(dim=1)
-                    v = w @ prec.T
-                a[sel] = norm
-                u[sel] = v * torch.where(norm > 0, 1.0 / norm, 0.0)[:, None]
-            start += count
-        return u, a
-
-    def _reachable_pairs(self, anchors: Tensor, radius: Tensor, floor: Tensor, block_elems: int = 1 << 22,
-                         batched: bool | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(anchor, component) pairs that bound levels 1 and 2 (module docstring) keep.
-
-        A pair is dropped when for every point of the anchor, ‖x − μ_j‖ ≤ ``radius`` and
-        log-density ≥ ``floor``, the Mahalanobis bound exceeds 2 (L_k − floor + gap).
-
-        Parameters
-        ----------
-        anchors : Tensor of shape (J,), int64
-        radius, floor : Tensor of shape (J,), float64
-            Each anchor's largest offset and lowest anchor log-density over its points,
-            already widened for float32 rounding.
-        block_elems : int
-            Bound on the J·K elements of the level-1 tables built at once.
-        batched : bool, optional
-            Passed to :meth:`pair_directions`.
-
-        Returns
-        -------
-        anchor, comp : Tensor of shape (P,), int64 — sorted by anchor
-        u : Tensor of shape (P, D), ``work_dtype``
-        a : Tensor of shape (P,), ``work_dtype``
-        """
-        if self._lam_max is None:
-            self._lam_max = self.eigen_bound(self.mixture.covariances)
-        gap = SUPPORT_LOG_GAP + BOUND_MARGIN
-        log_norm = self.mixture.log_norm.to(torch.float64)
-        sq_norms = self.mixture.means.square().sum(1)
-        rounding = self._rounding(torch.float64)
-        pair_anchor, pair_comp, pair_room, pair_radius = [], [], [], []
-        rows = max(1, block_elems // max(1, self.mixture.n_components))
-        for s in range(0, len(anchors), rows):
-            anc, rad = anchors[s : s + rows], radius[s : s + rows, None]
-            room = 2.0 * (log_norm - floor[s : s + rows, None] + gap)  # (J, K): bound on 2(L_k − lp + gap)
-            # squared distances between means as ‖μ_j‖² + ‖μ_k‖² − 2 μ_j·μ_k, less a bound on
-            # that formula's rounding: a lower bound even for nearly equal means
-            both = sq_norms[anc, None] + sq_norms
-            dist2 = torch.addmm(both, self.mixture.means[anc], self.mixture.means.T, alpha=-2.0) - rounding * both
-            dist = dist2.clamp_min(0).sqrt()
-            ok = (room >= 0) & ((dist - rad).clamp_min(0).square() <= self._lam_max * room)
-            ok[torch.arange(len(anc), device=ok.device), anc] = False
-            j, k = ok.nonzero(as_tuple=True)
-            pair_anchor.append(anc[j])
-            pair_comp.append(k)
-            pair_room.append(room[j, k])
-            pair_radius.append(rad[j, 0])
-        pair_anchor, pair_comp, room, rad = (torch.cat(t) for t in (pair_anchor, pair_comp, pair_room, pair_radius))
-        u, a = self.pair_directions(pair_anchor, pair_comp, batched)
-        kept = torch.nonzero((a - u.norm(dim=1) * rad).clamp_min(0).square() <= room).squeeze(1)
-        kept = kept[torch.argsort(pair_anchor[kept].to(torch.int32), stable=True)]  # one gather of (P, D)
-        return (pair_anchor[kept], pair_comp[kept],
-                u[kept].to(self.mixture.work_dtype), a[kept].to(self.mixture.work_dtype))
 
     def _off_axis(self, along: Tensor, scale: float | Tensor, rho: float | Tensor, length: Tensor,
                   mean_length: Tensor, lam: Tensor) -> Tensor:
@@ -200,14 +93,14 @@ class SparseEStep:
         lam : Tensor of shape (..., 1, C) or (C,)
             Upper bounds on λ_max(Σ_k) of the columns' components (level 1's).
         """
-        rounding = self._rounding(along.dtype)
-        low = (length - rounding * (length + mean_length)).clamp_min(0)
+        eps_dot = rounding(self.mixture.dim, along.dtype)
+        low = (length - eps_dot * (length + mean_length)).clamp_min(0)
         tiny = torch.finfo(along.dtype).tiny
-        return (low.square() / (lam.clamp_min(tiny) * (1.0 + rounding))
+        return (low.square() / (lam.clamp_min(tiny) * (1.0 + eps_dot))
                 - (along.abs() / scale + rho).square()).clamp_min(0)
 
     def _bound_survivors(self, delta: Tensor, lp_anchor: Tensor, j: int, comps: Tensor, u: Tensor,
-                         a: Tensor, cap: int) -> tuple[Tensor, Tensor]:
+                         a: Tensor, lam: Tensor, cap: int) -> tuple[Tensor, Tensor]:
         """Level 3 of the bound (module docstring) for the points of anchor j.
 
         The bound is L_k − ½ z² with z = a_jk + u_jkᵀ delta; it reaches the threshold iff
@@ -229,9 +122,11 @@ class SparseEStep:
             Their exact log-density under component j.
         j : int
         comps : Tensor of shape (C,), int64
-            Components left for anchor j by :meth:`_reachable_pairs`.
+            Components left for anchor j by :meth:`~deepdpm_core.estep.pair_bounds.PairBounds.reachable_pairs`.
         u, a : Tensor of shape (C, D) and (C,)
-            Their :meth:`pair_directions`.
+            Their :meth:`~deepdpm_core.estep.pair_bounds.PairBounds.pair_directions`.
+        lam : Tensor of shape (C,)
+            Upper bounds on their λ_max(Σ_k) (:attr:`~deepdpm_core.estep.pair_bounds.PairBounds.lam_max`).
         cap : int
             Most survivors per point (those with the highest bounds are kept): a bound on
             memory where many components overlap, set well above the support's cap.
@@ -241,13 +136,13 @@ class SparseEStep:
         row, comp : Tensor of shape (S,), int64
             Row of ``delta`` and component of each survivor.
         """
-        rounding, work = self._rounding(self.mixture.work_dtype), self.mixture.work_dtype
+        eps_dot, work = rounding(self.mixture.dim, self.mixture.work_dtype), self.mixture.work_dtype
         length, mean_length = delta.norm(dim=1), self.mixture.means_work[j].norm()
-        rho = rounding * float(u.norm(dim=1).max() * (length.max() + mean_length) + a.max())
+        rho = eps_dot * float(u.norm(dim=1).max() * (length.max() + mean_length) + a.max())
         scale = (1.0 + rho) ** -0.5
         along = delta @ (u.T * scale)  # t̂·s, (n, C)
         score = (along + a * scale).square_()  # ẑ²/(1 + ρ)
-        score += self._off_axis(along, scale, rho, length[:, None], mean_length, self._lam_max[comps].to(work))
+        score += self._off_axis(along, scale, rho, length[:, None], mean_length, lam.to(work))
         score -= 2.0 * self.mixture.log_norm[comps].to(work)
         limit = self._survival_limit(lp_anchor, j, rho)[:, None]
         reach = score <= limit
@@ -259,7 +154,8 @@ class SparseEStep:
         return row, comps[col]
 
     def _bound_survivors_blocked(self, x: Tensor, anchor: Tensor, lp_anchor: Tensor, offset: Tensor,
-                                 pairs: tuple[Tensor, Tensor, Tensor, Tensor], cap: int) -> tuple[Tensor, Tensor]:
+                                 pairs: tuple[Tensor, Tensor, Tensor, Tensor], lam_max: Tensor,
+                                 cap: int) -> tuple[Tensor, Tensor]:
         """:meth:`_bound_survivors` for every anchor at once: blocks of same-anchor points,
         each against its anchor's pairs (padded to the most any anchor has) in one batched
         GEMM per chunk. ρ uses each anchor's largest ‖u‖, a and point offset (at least the
@@ -273,7 +169,10 @@ class SparseEStep:
             Each point's exact log-density under its anchor.
         offset : Tensor of shape (K,), float64
             Each anchor's largest ‖x − μ_j‖ over its points (unwidened).
-        pairs : (anchor, comp, u, a) of :meth:`_reachable_pairs`, sorted by anchor
+        pairs : (anchor, comp, u, a) of :meth:`~deepdpm_core.estep.pair_bounds.PairBounds.reachable_pairs`,
+            sorted by anchor
+        lam_max : Tensor of shape (K,), float64
+            Upper bounds on each component's λ_max(Σ_k).
         cap : int
 
         Returns
@@ -288,16 +187,16 @@ class SparseEStep:
         at = (pair_anchor, torch.arange(len(pair_anchor), device=dev) - (torch.cumsum(per_anchor, 0) - per_anchor)[pair_anchor])
         comp_of = torch.zeros(k, width, dtype=torch.long, device=dev).index_put_(at, pair_comp)
         used = torch.zeros(k, width, dtype=torch.bool, device=dev).index_put_(at, torch.ones_like(pair_comp, dtype=torch.bool))
-        rounding = self._rounding(work)
+        eps_dot = rounding(self.mixture.dim, work)
         zeros = torch.zeros(k, dtype=torch.float64, device=dev)
-        rho = rounding * (zeros.scatter_reduce(0, pair_anchor, u.norm(dim=1).double(), "amax")
+        rho = eps_dot * (zeros.scatter_reduce(0, pair_anchor, u.norm(dim=1).double(), "amax")
                           * (offset + self.mixture.means_work.norm(dim=1).double())
                           + zeros.scatter_reduce(0, pair_anchor, a.double(), "amax"))
         scale = ((1.0 + rho) ** -0.5).to(work)
         u_of = torch.zeros(k, width, d, dtype=work, device=dev).index_put_(at, u * scale[pair_anchor, None])
         a_of = torch.zeros(k, width, dtype=work, device=dev).index_put_(at, a * scale[pair_anchor])
         log_norm_of = self.mixture.log_norm.to(work)[comp_of]
-        lam_of = self._lam_max.to(work)[comp_of]
+        lam_of = lam_max.to(work)[comp_of]
         mean_length = self.mixture.means_work.norm(dim=1)
         order = torch.argsort(anchor, stable=True)
         layout = self.mixture.layout
@@ -374,7 +273,7 @@ class SparseEStep:
                     yield rows, self.mixture.centre(x.index_select(0, rows), j)
 
         # the anchors, exactly; their points' largest offset and lowest log-density
-        slack = self._rounding(self.mixture.work_dtype)  # of delta and of the anchor's log-density
+        slack = rounding(self.mixture.dim, self.mixture.work_dtype)  # of delta and of the anchor's log-density
         if batched:
             lp[:, 0], offset = self.mixture.log_prob_blocked(x, torch.arange(n, device=x.device), anchor)
             init = torch.zeros(k, dtype=torch.float64, device=x.device)
@@ -395,9 +294,11 @@ class SparseEStep:
         widened = (radius + slack * (radius + self.mixture.means_work[present].norm(dim=1).double()),
                    floor - slack * (self.mixture.log_norm[present].double() - floor))
         if m > 1 and len(present):
-            pairs = self._reachable_pairs(present, *widened, batched=batched)
+            pair_bounds = PairBounds(self.mixture, self.eigen_bound)
+            pairs = pair_bounds.reachable_pairs(present, *widened, batched=batched)
             if batched:
-                points, comps = (self._bound_survivors_blocked(x, anchor, lp[:, 0], offset, pairs, 4 * (m - 1))
+                points, comps = (self._bound_survivors_blocked(x, anchor, lp[:, 0], offset, pairs, pair_bounds.lam_max,
+                                                               4 * (m - 1))
                                  if len(pairs[0]) else (anchor[:0], anchor[:0]))
             else:
                 pair_anchor, pair_comp, u, a = pairs
@@ -409,7 +310,8 @@ class SparseEStep:
                         continue
                     for rows, delta in anchor_chunks(j):
                         row, comp = self._bound_survivors(delta, lp[rows, 0], j, pair_comp[c0:c1],
-                                                          u[c0:c1], a[c0:c1], 4 * (m - 1))
+                                                          u[c0:c1], a[c0:c1], pair_bounds.lam_max[pair_comp[c0:c1]],
+                                                          4 * (m - 1))
                         found.append((rows[row], comp))
                 points, comps = (torch.cat(t) for t in zip(*found, strict=True))
             if len(points):

@@ -1,5 +1,5 @@
 """Cheap bounds and proxies of the sparse E-step (:mod:`deepdpm_core.estep.sparse_support`):
-the support's log-gap, upper bounds on each covariance's largest eigenvalue (bound level
+the support's log-gap, the rounding allowance of its float arithmetic, upper bounds on each covariance's largest eigenvalue (bound level
 1), and the isotropic proxy's top-m candidate search (torch, or FAISS on the CPU)."""
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ SUPPORT_LOG_GAP = -math.log(torch.finfo(torch.float32).eps)
 #: nats added to the gap when pruning by the bound: covers the float32 arithmetic of the
 #: bound test itself (the dot products' rounding is bounded separately)
 BOUND_MARGIN = 1.0
+
+
+def rounding(dim: int, dtype: torch.dtype) -> float:
+    """Relative rounding allowance of a length-``dim`` dot product in ``dtype``, (D + 2)·ε."""
+    return (dim + 2) * torch.finfo(dtype).eps
 
 
 def largest_eigenvalue_bound(covariances: Tensor) -> Tensor:

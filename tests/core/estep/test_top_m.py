@@ -11,6 +11,7 @@ from deepdpm_core.bayes.blocks import DEFAULT_LAYOUT, BlockLayout
 from deepdpm_core.config import Config
 from deepdpm_core.data import make_mixture, nmi
 from deepdpm_core.estep import GaussianMixture, SparseEStep
+from deepdpm_core.estep.pair_bounds import PairBounds
 from deepdpm_core.estep.support_bounds import (
     SUPPORT_LOG_GAP,
     faiss_proxy_keys,
@@ -92,11 +93,11 @@ def test_faiss_and_torch_rank_the_proxy_alike():
 def test_pair_bound_never_exceeds_the_mahalanobis_distance(thin):
     gmm, means = _mixture(k=10, d=6, thin=thin)
     anchors, comps = torch.arange(10).repeat_interleave(10), torch.arange(10).repeat(10)
-    u, a = SparseEStep(gmm).pair_directions(anchors, comps)
+    u, a = PairBounds(gmm).pair_directions(anchors, comps)
     # a component with fewer pairs than features takes them through P_k twice, with more
     # through Σ_k⁻¹ once: both give the same vectors
     few = comps < 5
-    for got, ref in zip(SparseEStep(gmm).pair_directions(anchors[few][::3], comps[few][::3]),
+    for got, ref in zip(PairBounds(gmm).pair_directions(anchors[few][::3], comps[few][::3]),
                         (u[few][::3], a[few][::3]), strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
     mu, cov = gmm.means, gmm.covariances
@@ -204,8 +205,8 @@ def test_batched_log_prob_pairs_and_pair_directions_equal_the_loops():
     got = gmm.weighted_log_prob_pairs(x, points, comps, batched=True)
     torch.testing.assert_close(got, gmm.weighted_log_prob_pairs(x, points, comps, batched=False), rtol=1e-6, atol=1e-5)
     anchors, comps = torch.arange(12).repeat_interleave(12), torch.arange(12).repeat(12)
-    for got, ref in zip(SparseEStep(gmm).pair_directions(anchors, comps, batched=True),
-                        SparseEStep(gmm).pair_directions(anchors, comps, batched=False), strict=True):
+    for got, ref in zip(PairBounds(gmm).pair_directions(anchors, comps, batched=True),
+                        PairBounds(gmm).pair_directions(anchors, comps, batched=False), strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
 
 
