@@ -12,6 +12,9 @@ Each family draws ``(n, seed) -> (X float32 [n, d], y [n])`` at its own Ns or ``
   (100k); ``worms35-64d``, each worm in a random 2-D plane of R^64 around centres >= 16 apart,
   plus N(0, 0.05^2) in all dims (100k); ``blobs200-32d``, 200 unit Gaussians in 32-D, centres
   uniform in the smallest box where all are >= 6 apart (20k); k_vs_n's ``sphere-1000`` (200k);
+* ``blobs15-2d-s{2,3,4}``: 15 Gaussians of random shapes in 2-D, 5,000 rows, centres >= 1.1
+  apart, geometric mean standard deviation 0.4, 0.55, 0.7: overlap growing as in the S2-S4
+  sets of Fränti & Virmajoki (2006);
 * ``overlap{10,30,50}-{2,16,128}d``: two unit Gaussians of N / 2 rows (N = 2048) whose
   densities share 10, 30 or 50 % of their area, means -2 Phi^-1(ovl / 2) = 3.29, 2.07, 1.35 apart;
 * tables, ``bench/k_suite.py``'s at their own N (``--n`` does not apply): ``wine-raw``,
@@ -219,6 +222,28 @@ def overlap(n: int, seed: int, share: float, dim: int) -> Data:
     return X.astype(np.float32), y
 
 
+def blobs15(n: int, seed: int, spread: float, k: int = 15, gap: float = 1.1, box: float = 8.0) -> Data:
+    """``k`` Gaussians in 2-D as in the S sets of Fränti & Virmajoki (2006): centres uniform in
+    [0, ``box``]^2 (the box widened by 5 % where a fresh draw finds no centres >= ``gap``
+    apart in 1,000 tries), each covariance A Aᵀ + 0.3 I (A standard normal, 2 x 2) scaled to
+    the geometric mean standard deviation ``spread``; sizes multinomial with equal shares."""
+    rng = np.random.default_rng(seed)
+    tries = 0
+    while _min_gap(centres := rng.uniform(0.0, box, size=(k, 2))) < gap:
+        tries += 1
+        if tries % 1000 == 0:
+            box *= 1.05
+    sizes = rng.multinomial(n, np.full(k, 1.0 / k))
+    parts = []
+    for centre, size in zip(centres, sizes, strict=True):
+        a = rng.normal(size=(2, 2))
+        cov = a @ a.T + 0.3 * np.eye(2)
+        cov *= spread**2 / np.sqrt(np.linalg.det(cov))
+        parts.append(rng.multivariate_normal(centre, cov, size))
+    y = np.repeat(np.arange(k), sizes)
+    return np.vstack(parts).astype(np.float32), y
+
+
 def table(name: str, n: int | None, seed: int) -> Data:
     """k_suite's set ``name`` at its own N (``n`` ignored)."""
     X, y, _ = make_datasets()[name](seed)
@@ -239,6 +264,8 @@ FAMILIES: dict[str, Family] = {
     "sphere-1000": Family(K_VS_N["sphere-1000"][0], (200_000,), "separated"),
     **{f"overlap{pct}-{dim}d": Family(partial(overlap, share=pct / 100, dim=dim), (2048,), "overlap")
        for pct in (10, 30, 50) for dim in (2, 16, 128)},
+    **{f"blobs15-2d-{name}": Family(partial(blobs15, spread=spread), (5000,), "separated")
+       for name, spread in (("s2", 0.4), ("s3", 0.55), ("s4", 0.7))},
     **{name: Family(partial(table, name), (None,), kind) for name, kind in TABLES.items()},
 }
 

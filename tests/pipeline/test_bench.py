@@ -8,6 +8,7 @@ times that add up, and results a correct run gives on easy data.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,6 +169,30 @@ def test_k_battery_fits_from_each_start_and_scores_each_partition(tmp_path):
     assert two["k"] == 2
     table = done.stdout[done.stdout.index("DeepDPM from each start"):]
     assert "| overlap10-2d | 2048 | 2 |" in table and "starts agree" in table
+
+
+def test_k_battery_draws_fifteen_overlapping_blobs_as_it_says():
+    """blobs15: 15 Gaussians in 2-D whose centres keep the gap, each of the stated geometric
+    mean spread, their sizes adding up to N; more spread, more overlap (k-means scores less)."""
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import normalized_mutual_info_score
+
+    sys.path.insert(0, str(ROOT / "bench"))  # k_battery imports its sibling benches
+    try:
+        battery = importlib.import_module("k_battery")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    scores = []
+    for name, spread in (("blobs15-2d-s2", 0.4), ("blobs15-2d-s4", 0.7)):
+        X, y = battery.FAMILIES[name].make(5000, 0)
+        assert X.shape == (5000, 2) and X.dtype == np.float32 and sorted(set(y)) == list(range(15))
+        centres = np.array([X[y == c].mean(0) for c in range(15)])
+        assert battery._min_gap(centres) > 1.1 - 0.2  # the drawn centres, up to sampling noise
+        spreads = [np.linalg.det(np.cov(X[y == c].T)) ** 0.25 for c in range(15)]
+        assert abs(np.exp(np.mean(np.log(spreads))) - spread) < 0.05 * spread
+        labels = KMeans(15, n_init=3, random_state=0).fit_predict(X)
+        scores.append(normalized_mutual_info_score(y, labels))
+    assert scores[0] > scores[1] + 0.05
 
 
 def test_k_levels_finds_the_truth_in_the_hierarchy_of_two_gaussians(tmp_path):
