@@ -39,7 +39,7 @@ class PairBounds:
     mixture : GaussianMixture
     eigen_bound : callable, optional
         Upper bounds (K,) on the largest eigenvalue of covariances (K, D, D), for level 1
-        (default :func:`~deepdpm_core.estep.support_bounds.largest_eigenvalue_bound`).
+        (None: :func:`~deepdpm_core.estep.support_bounds.largest_eigenvalue_bound`).
 
     Attributes
     ----------
@@ -47,10 +47,9 @@ class PairBounds:
         ``eigen_bound`` of the mixture's covariances, computed once (level 3 reads it too).
     """
 
-    def __init__(self, mixture: GaussianMixture,
-                 eigen_bound: Callable[[Tensor], Tensor] = largest_eigenvalue_bound) -> None:
+    def __init__(self, mixture: GaussianMixture, eigen_bound: Callable[[Tensor], Tensor] | None = None) -> None:
         self.mixture = mixture
-        self.lam_max = eigen_bound(mixture.covariances)
+        self.lam_max = (eigen_bound or largest_eigenvalue_bound)(mixture.covariances)
 
     def pair_directions(self, anchors: Tensor, comps: Tensor, batched: bool | None = None) -> tuple[Tensor, Tensor]:
         """The Cauchy–Schwarz bound's vectors for pairs (anchor j, component k).

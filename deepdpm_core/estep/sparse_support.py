@@ -33,12 +33,7 @@ import torch
 
 from deepdpm_core.bayes import blocks, gather_chunk_rows
 from deepdpm_core.estep.pair_bounds import PairBounds
-from deepdpm_core.estep.support_bounds import (
-    BOUND_MARGIN,
-    SUPPORT_LOG_GAP,
-    largest_eigenvalue_bound,
-    rounding,
-)
+from deepdpm_core.estep.support_bounds import BOUND_MARGIN, SUPPORT_LOG_GAP, rounding
 
 if TYPE_CHECKING:
     from deepdpm_core.estep.gmm import GaussianMixture
@@ -56,12 +51,11 @@ class SparseEStep:
     ----------
     mixture : GaussianMixture
     eigen_bound : callable, optional
-        Upper bounds (K,) on the largest eigenvalue of covariances (K, D, D), for level 1
-        (default :func:`~deepdpm_core.estep.support_bounds.largest_eigenvalue_bound`).
+        Level 1's bounds on the covariances' largest eigenvalues, passed to
+        :class:`~deepdpm_core.estep.pair_bounds.PairBounds` (None: its default).
     """
 
-    def __init__(self, mixture: GaussianMixture,
-                 eigen_bound: Callable[[Tensor], Tensor] = largest_eigenvalue_bound) -> None:
+    def __init__(self, mixture: GaussianMixture, eigen_bound: Callable[[Tensor], Tensor] | None = None) -> None:
         self.mixture = mixture
         self.eigen_bound = eigen_bound
 
