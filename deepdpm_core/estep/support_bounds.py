@@ -1,6 +1,7 @@
 """Cheap bounds and proxies of the sparse E-step (:mod:`deepdpm_core.estep.sparse_support`):
-the support's log-gap, the rounding allowance of its float arithmetic, upper bounds on each covariance's largest eigenvalue (bound level
-1), and the isotropic proxy's top-m candidate search (torch, or FAISS on the CPU)."""
+the support's log-gap, the rounding allowance of its float arithmetic, upper bounds on each
+covariance's largest eigenvalue (bound level 1), and the isotropic proxy's top-m candidate
+search (torch, or FAISS on the CPU)."""
 
 from __future__ import annotations
 
