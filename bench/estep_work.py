@@ -32,6 +32,7 @@ from k_vs_n import FAMILIES  # noqa: E402
 from deepdpm_core.config import Config  # noqa: E402
 from deepdpm_core.data import make_mixture  # noqa: E402
 from deepdpm_core.estep import GaussianMixture  # noqa: E402
+from deepdpm_core.estep.pair_bounds import PairBounds  # noqa: E402
 from deepdpm_core.estep.sparse_support import SparseEStep  # noqa: E402
 from deepdpm_core.training import start_fit  # noqa: E402
 
@@ -46,7 +47,7 @@ def measure(family: str, n: int, reps: int) -> dict:
     search.initialize(torch.from_numpy(y).long())
     counts = {}
     exact_pairs = GaussianMixture.weighted_log_prob_pairs
-    reachable = SparseEStep._reachable_pairs
+    reachable = PairBounds.reachable_pairs
 
     def counted_exact(self, x, points, comps, *args, **kwargs):
         counts["exact_per_row"] = len(points) / len(x)
@@ -57,7 +58,7 @@ def measure(family: str, n: int, reps: int) -> dict:
         counts["anchor_pairs"] = len(pairs[0])
         return pairs
 
-    GaussianMixture.weighted_log_prob_pairs, SparseEStep._reachable_pairs = counted_exact, counted_pairs
+    GaussianMixture.weighted_log_prob_pairs, PairBounds.reachable_pairs = counted_exact, counted_pairs
     times = []
     for _ in range(reps):
         t = time.perf_counter()
