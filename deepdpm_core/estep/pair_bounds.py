@@ -18,12 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepdpm_core.bayes import blocks
-from deepdpm_core.estep.support_bounds import (
-    BOUND_MARGIN,
-    SUPPORT_LOG_GAP,
-    largest_eigenvalue_bound,
-    rounding,
-)
+from deepdpm_core.estep.support_bounds import PRUNE_GAP, largest_eigenvalue_bound, rounding
 
 if TYPE_CHECKING:
     from deepdpm_core.estep.gmm import GaussianMixture
@@ -125,7 +120,6 @@ class PairBounds:
         u : Tensor of shape (P, D), ``work_dtype``
         a : Tensor of shape (P,), ``work_dtype``
         """
-        gap = SUPPORT_LOG_GAP + BOUND_MARGIN
         log_norm = self.mixture.log_norm.to(torch.float64)
         sq_norms = self.mixture.means.square().sum(1)
         eps_dot = rounding(self.mixture.dim, torch.float64)
@@ -133,7 +127,7 @@ class PairBounds:
         rows = max(1, block_elems // max(1, self.mixture.n_components))
         for s in range(0, len(anchors), rows):
             anc, rad = anchors[s : s + rows], radius[s : s + rows, None]
-            room = 2.0 * (log_norm - floor[s : s + rows, None] + gap)  # (J, K): bound on 2(L_k − lp + gap)
+            room = 2.0 * (log_norm - floor[s : s + rows, None] + PRUNE_GAP)  # (J, K): bound on 2(L_k − lp + gap)
             # squared distances between means as ‖μ_j‖² + ‖μ_k‖² − 2 μ_j·μ_k, less a bound on
             # that formula's rounding: a lower bound even for nearly equal means
             both = sq_norms[anc, None] + sq_norms

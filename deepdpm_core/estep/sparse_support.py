@@ -12,8 +12,8 @@ Mahalanobis distance come in three levels, each applied only to what the previou
 1. per anchor j, for all its points (‖x − μ_j‖ ≤ ρ_j):
    Maha_k(x) ≥ (‖μ_j − μ_k‖ − ρ_j)² / λ_max(Σ_k), a K x K table of distances between means;
 2. per pair (j, k), Cauchy–Schwarz along v = Σ_k⁻¹(μ_j − μ_k):
-   Maha_k(x) ≥ (a_jk + u_jkᵀ(x − μ_j))² (:meth:`~deepdpm_core.estep.pair_bounds.PairBounds.pair_directions`), hence
-   ≥ (a_jk − ‖u_jk‖ ρ_j)² for every point of the anchor;
+   Maha_k(x) ≥ (a_jk + u_jkᵀ(x − μ_j))², hence ≥ (a_jk − ‖u_jk‖ ρ_j)² for every point of
+   the anchor;
 3. per point, the same bound with its own x: one (n_j, D) x (D, C_j) GEMM, plus a lower
    bound on the rest of Maha_k(x), ‖x − μ_j‖²/λ_max(Σ_k) − (u_jkᵀ(x − μ_j))²
    (:meth:`SparseEStep._off_axis`).
@@ -33,7 +33,7 @@ import torch
 
 from deepdpm_core.bayes import blocks, gather_chunk_rows
 from deepdpm_core.estep.pair_bounds import PairBounds
-from deepdpm_core.estep.support_bounds import BOUND_MARGIN, SUPPORT_LOG_GAP, rounding
+from deepdpm_core.estep.support_bounds import PRUNE_GAP, SUPPORT_LOG_GAP, rounding
 
 if TYPE_CHECKING:
     from deepdpm_core.estep.gmm import GaussianMixture
@@ -64,7 +64,7 @@ class SparseEStep:
         ``work_dtype``: 2 (gap − lp_low) + ρ, lp_low the anchor's log-density lowered by its
         own float32 rounding allowance. j: the anchor, or one per row; ρ likewise."""
         lp_low = lp_anchor - rounding(self.mixture.dim, self.mixture.work_dtype) * (self.mixture.log_norm[j] - lp_anchor).clamp_min(0)
-        return (2.0 * (SUPPORT_LOG_GAP + BOUND_MARGIN - lp_low) + rho).to(self.mixture.work_dtype)
+        return (2.0 * (PRUNE_GAP - lp_low) + rho).to(self.mixture.work_dtype)
 
     def _off_axis(self, along: Tensor, scale: float | Tensor, rho: float | Tensor, length: Tensor,
                   mean_length: Tensor, lam: Tensor) -> Tensor:

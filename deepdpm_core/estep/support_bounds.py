@@ -15,9 +15,9 @@ Tensor = torch.Tensor
 #: a component whose log-density is this far below a point's best has a responsibility
 #: below float32's resolution of 1 (the point's total mass): it is left out of the support
 SUPPORT_LOG_GAP = -math.log(torch.finfo(torch.float32).eps)
-#: nats added to the gap when pruning by the bound: covers the float32 arithmetic of the
-#: bound test itself (the dot products' rounding is bounded separately)
-BOUND_MARGIN = 1.0
+#: the gap a bound must clear to prune: :data:`SUPPORT_LOG_GAP` plus a nat that covers the
+#: float32 arithmetic of the bound test itself (the dot products' rounding is bounded separately)
+PRUNE_GAP = SUPPORT_LOG_GAP + 1.0
 
 
 def rounding(dim: int, dtype: torch.dtype) -> float:
