@@ -76,7 +76,7 @@ class InitConfig(Section):
     """k-means initialisation of clusters and subclusters."""
 
     n_clusters: PositiveInt | Literal["auto"] = Field(
-        "auto", description="start from 10 k-means clusters (fewer below 100 rows; max(10, N / 1,000) above `small_data.max_rows`): splits and growth add missing ones, merges remove extras")
+        "auto", description="start from 10 k-means clusters (fewer below 100 rows; max(10, N / 1,000) above 100,000 rows or `small_data.max_rows`): splits and growth add missing ones, merges remove extras")
     max_points: PositiveInt = Field(
         200_000, description="k-means sees at most this many sampled rows, 4·10⁷ / K of them (all 200,000 up to K = 200), or `init.points_per_cluster` a cluster where that is more")
     points_per_cluster: PositiveInt = Field(
@@ -142,11 +142,11 @@ class ScheduleConfig(Section):
 
 
 class SmallDataConfig(Section):
-    """Fits of at most ``max_rows`` rows (over all ranks) search by exact EM
-    (:mod:`deepdpm_core.training.exact_em`; docs/design.md, "Small data")."""
+    """Fits of at most ``max_rows`` rows (over all ranks; every fit when null) search by
+    exact EM (:mod:`deepdpm_core.training.exact_em`; docs/design.md, "Exact EM")."""
 
-    max_rows: NonNegativeInt = Field(
-        100_000, description="up to this many rows the search is exact EM and the net is fitted to its result")
+    max_rows: NonNegativeInt | None = Field(
+        None, description="up to this many rows the search is exact EM and the net is fitted to its result; null: at every N")
     growth_gain: Positive | None = Field(
         1.0, description="a settled exact-EM search restarts from k-means of 2K, 4K, ... clusters when that scores this many coarsened nats a row higher (one that collapsed to one cluster, or hides groups that density valleys part: 0.05 exact nats a row)")
 

@@ -1,5 +1,5 @@
-"""The search a fit runs: its state and epoch loop (:class:`Search`), exact EM on small data
-and the nets' minibatch steps above, the moves and settling of the search, rank
+"""The search a fit runs: its state and epoch loop (:class:`Search`), exact EM (the default)
+and the nets' minibatch steps (above ``small_data.max_rows``), the moves and settling of the search, rank
 consistency and the resume format."""
 
 from deepdpm_core.training.batching import auto_batch_size

@@ -1,6 +1,7 @@
-"""Exact EM on small data (docs/design.md, "Small data").
+"""Exact EM, the search of every fit unless ``small_data.max_rows`` is set (docs/design.md,
+"Exact EM").
 
-Up to ``small_data.max_rows`` rows the search runs on the exact quantities the nets
+The search runs on the exact quantities the nets
 approximate: the soft cluster statistics take the E-step responsibilities r^E (paper
 Eq. 5), the target of the clustering net's KL loss (Eq. 6); each point's subcluster is the
 nearer of its cluster's two subcluster means, the minimiser of the subclustering nets' loss
@@ -40,6 +41,14 @@ DISTIL_LR = 0.02
 DISTIL_AGREEMENT = 0.999
 #: ... or after this many steps: a bound on the time of a net that keeps gaining slowly
 DISTIL_MAX_STEPS = 1000
+#: ... and at most this many rows times steps (:func:`distil_max_steps`): a step costs rows
+#: times K, and on 1,000 clusters of 200 rows in 128-D (``sphere-1000`` at 200,000 rows,
+#: steps of 1.5-4 s on a CPU thread) the agreement was still short of its mark after 25
+#: minutes; there 100 steps. Every sample of at most 20,000 rows (K ≤ 100) keeps its 1,000
+DISTIL_ROW_STEPS = 20_000_000
+#: rows a block of the clustering net's step in an EM epoch (:meth:`ExactEM.statistics`), as
+#: the E-step's chunks: a fit holds no (N, K) tensor
+STEP_ROWS = 65_536
 #: :func:`distil` fits the net to a uniform sample of at most this many rows ...
 DISTIL_ROWS = 20_000
 #: ... or this many a cluster where that is more: full-batch steps over all 100,000 rows of
@@ -49,7 +58,8 @@ DISTIL_ROWS_PER_CLUSTER = 200
 
 
 class ExactEM(Search):
-    """The search of data up to ``small_data.max_rows`` rows (module docstring)."""
+    """The search of every fit, or of those up to ``small_data.max_rows`` rows (module
+    docstring)."""
 
     #: without nets to wait for, one warm-up epoch before the first move round, and a move
     #: round (a split round, then a merge round) every 2 epochs
@@ -68,15 +78,21 @@ class ExactEM(Search):
         t_start = device_clock(ctx.device)
         k, n_local = self.n_clusters, ctx.x.shape[0]
         self.cluster_model.train()
-        with torch.enable_grad(), net_precision(ctx.precision, ctx.device):  # whatever the caller's mode
-            sum_cl, _, _ = slot_kl(self.cluster_model(ctx.x), candidates, resp)
         nets.opt_cluster.zero_grad()
-        with net_precision(ctx.precision, ctx.device, backward=True):
-            (sum_cl / (max(ctx.n_total, 1) / ctx.comm.world_size)).backward()
+        sum_cl = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        # the gradient over every row, block by block: the logits of all N rows at K = 1,000
+        # would take 4 KB a row; every rank runs as many blocks (a DDP all-reduce each)
+        for start in range(0, max(max(ctx.rank_rows), 1), STEP_ROWS):
+            block = slice(start, start + STEP_ROWS)
+            with torch.enable_grad(), net_precision(ctx.precision, ctx.device):  # whatever the caller's mode
+                part, _, _ = slot_kl(self.cluster_model(ctx.x[block]), candidates[block], resp[block])
+            with net_precision(ctx.precision, ctx.device, backward=True):
+                (part / (max(ctx.n_total, 1) / ctx.comm.world_size)).backward()
+            sum_cl += part.detach().double()
         nets.opt_cluster.step()
         t_train = device_clock(ctx.device)
         soft, sub, sum_sub = exact_statistics(ctx.x, self.state, candidates, resp, self.anchors)
-        sums = torch.stack([sum_cl.detach().double(), sum_sub,
+        sums = torch.stack([sum_cl, sum_sub,
                             torch.tensor(float(n_local), dtype=torch.float64, device=ctx.device)])
         flat = ctx.comm.all_reduce(torch.cat([soft.flat(), sub.flat(), sums]))
         a, b = SuffStats.numel(k, ctx.dim), SuffStats.numel(3 * k, ctx.dim)
@@ -119,7 +135,7 @@ class ExactEM(Search):
         with net_precision(ctx.precision, ctx.device):
             self._start_distillation(ctx.x[rows], self.anchors[rows], n_rows)
             steps, agreement = distil(self.cluster_model, ctx.x[rows], candidates[rows], resp[rows], n_rows, ctx.comm,
-                                      DISTIL_LR, DISTIL_AGREEMENT, DISTIL_MAX_STEPS)
+                                      DISTIL_LR, DISTIL_AGREEMENT, distil_max_steps(n_rows))
             if n_rows < ctx.n_total:  # the agreement over every row, not the sample's
                 agreement = net_agreement(self.cluster_model, ctx.x, self.anchors, ctx.n_total, ctx.comm)
         return {**record, "distil_steps": steps, "distil_agreement": agreement, **super().settle(epoch)}
@@ -207,6 +223,13 @@ def distil_sample(rank_rows: list[int], rank: int, n_clusters: int, generator: t
     shares = [r * cap // n_total for r in rank_rows]
     rows = torch.randperm(rank_rows[rank], generator=generator)[:shares[rank]].sort().values
     return rows, sum(shares)
+
+
+def distil_max_steps(n_rows: int) -> int:
+    """The most steps :func:`distil` takes on a sample of ``n_rows`` rows (all ranks):
+    :data:`DISTIL_MAX_STEPS`, fewer where the rows times the steps would pass
+    :data:`DISTIL_ROW_STEPS`."""
+    return max(1, min(DISTIL_MAX_STEPS, DISTIL_ROW_STEPS // max(n_rows, 1)))
 
 
 def net_agreement(model: nn.Module, x: Tensor, best: Tensor, n_total: int, comm: Communicator,

@@ -1,4 +1,4 @@
-"""The search of data above ``small_data.max_rows`` rows, the paper's: each epoch the nets'
+"""The paper's search, of data above ``small_data.max_rows`` rows where it is set: each epoch the nets'
 minibatch steps (paper §3; docs/design.md, "One epoch"): r =
 softmax(f_cl(x)) against the E-step targets r^E of the mixture frozen at the last M-step
 (Eq. 5), the cluster loss KL(r^E ‖ r) (Eq. 6) and the subcluster loss (Eq. 7), with the soft
@@ -18,7 +18,7 @@ Tensor = torch.Tensor
 
 
 class MinibatchSearch(Search):
-    """The search of data above ``small_data.max_rows`` rows: the nets' minibatch steps,
+    """The search of data above ``small_data.max_rows`` rows (where it is set): the nets' minibatch steps,
     the statistics of one pass accumulated on the way."""
 
     def statistics(self, candidates: Tensor, resp: Tensor) -> tuple[SuffStats, SuffStats, dict[str, float], float]:

@@ -8,7 +8,7 @@ split or merge round the :class:`~deepdpm_core.moves.schedule.MoveSchedule` call
 (:meth:`Search.move`) and, at the schedule's end, where the search settles
 (:meth:`Search.settle`). The two searches are subclasses that give the statistics and their
 own rules: :class:`~deepdpm_core.training.minibatch.MinibatchSearch` (the nets' minibatch
-steps) and :class:`~deepdpm_core.training.exact_em.ExactEM` (exact EM on small data).
+steps) and :class:`~deepdpm_core.training.exact_em.ExactEM` (exact EM, the default).
 
 Data live on the device as one (N_local, dim) float32 tensor in the fit's own coordinates
 (:mod:`~deepdpm_core.training.fit_context`).

@@ -24,7 +24,7 @@ def start_fit(config: Config, rows: np.ndarray, *, comm: Communicator | None = N
               state: dict[str, Any] | None = None) -> Search:
     """The search of a fit of ``rows``, fresh or resuming ``state``: exact EM
     (:class:`~deepdpm_core.training.exact_em.ExactEM`) up to ``small_data.max_rows`` rows
-    over all ranks, the nets' minibatch steps
+    over all ranks (at every N by default), the nets' minibatch steps
     (:class:`~deepdpm_core.training.minibatch.MinibatchSearch`) above.
 
     Parameters
@@ -56,7 +56,8 @@ def start_fit(config: Config, rows: np.ndarray, *, comm: Communicator | None = N
     if state is not None and x.shape[1] != state.get("dim", x.shape[1]):
         raise CheckpointError(f"the checkpoint was trained on {state['dim']}-D rows, these have {x.shape[1]}")
     ctx = fit_context(config, x, comm or LocalCommunicator(), wrap or (lambda m: m))
-    search = (ExactEM if ctx.n_total <= config.small_data.max_rows else MinibatchSearch)(config, ctx)
+    limit = config.small_data.max_rows
+    search = (ExactEM if limit is None or ctx.n_total <= limit else MinibatchSearch)(config, ctx)
     if state is not None:
         search.resume(state)
     return search

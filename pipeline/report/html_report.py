@@ -128,15 +128,15 @@ def render_report(
                              "Clusters split, merged and pruned in each epoch (top) and so far "
                              "(bottom). Move rounds take turns, splits then merges; the search "
                              "ends once rounds in a row change nothing."))
-        small_limit = _small_data(summary)
+        exact = _exact_em(summary)
         losses_caption = (
             "Mean loss per row of the clustering net (left axis) and of the sub-cluster "
             "split proposals (right axis). " + (
-                f"With at most {small_limit:,} rows the search is exact EM: the clustering "
+                "The search was exact EM: the clustering "
                 "net takes one step per epoch and is fitted to the clusters only after the "
                 "last one, so its loss here stays near ln K and drops when K does; it does "
                 "not measure the clusters. The sub-cluster loss jumps when a move changes "
-                "the sub-clusters." if small_limit is not None else
+                "the sub-clusters." if exact else
                 "Lower is better, and a level end means the nets have learned the mixture; "
                 "both jump after an accepted move, which changes what they learn."))
         parts.append(figure(plots.plot_losses(history, tmp_dir / "losses.png").read_bytes(),
@@ -161,7 +161,7 @@ def render_report(
                                      " The last epoch's split / merge round also ends the "
                                      "search: it checks k-means partitions and fits the "
                                      "clustering net to the clusters, hence its taller bar."
-                                     if small_limit is not None else "")))
+                                     if exact else "")))
     if config:
         parts.append("<h2>Config</h2><pre>")
         parts.append(html.escape(yaml.safe_dump(config, sort_keys=False)))
@@ -170,12 +170,12 @@ def render_report(
     return "\n".join(parts)
 
 
-def _small_data(summary: dict[str, Any]) -> int | None:
-    """``small_data.max_rows`` when the fit searched by exact EM (at most that many rows),
-    else None."""
-    limit = ((summary.get("config") or {}).get("small_data") or {}).get("max_rows", 100_000)
+def _exact_em(summary: dict[str, Any]) -> bool:
+    """Whether the fit searched by exact EM: ``small_data.max_rows`` null (every N) or at
+    least its rows."""
+    limit = ((summary.get("config") or {}).get("small_data") or {}).get("max_rows")
     n = summary.get("n_samples")
-    return int(limit) if n is not None and int(n) <= int(limit) else None
+    return limit is None or (n is not None and int(n) <= int(limit))
 
 
 def _of_k(count: KCount | None, apart: str | None) -> str:

@@ -11,7 +11,13 @@ from deepdpm_core.estep import GaussianMixture, MixtureState
 from deepdpm_core.nets import ClusterNet
 from deepdpm_core.runtime import LocalCommunicator
 from deepdpm_core.training import exact_em, start_fit
-from deepdpm_core.training.exact_em import ExactEM, distil, distil_sample, exact_statistics
+from deepdpm_core.training.exact_em import (
+    ExactEM,
+    distil,
+    distil_max_steps,
+    distil_sample,
+    exact_statistics,
+)
 from deepdpm_core.training.fit_context import build_nets, model_state
 
 
@@ -134,6 +140,11 @@ def test_the_net_is_distilled_on_a_sample_of_the_rows_sized_by_k():
     assert n_rows == 20_000 and rows.shape == (8_000,) and rows.unique().shape == (8_000,)
     assert int(rows.max()) < 40_000 and bool((rows[1:] > rows[:-1]).all())
     assert distil_sample([60_000, 40_000], 0, 400, gen)[1] == 80_000  # 200 rows a cluster
+
+
+def test_the_distillation_steps_are_bounded_by_rows_times_steps():
+    # up to 20,000 rows (K <= 100) the step bound; above it the rows times the steps
+    assert [distil_max_steps(n) for n in (400, 20_000, 40_000, 200_000, 10**9)] == [1000, 1000, 500, 100, 1]
 
 
 def test_a_net_distilled_on_a_sample_places_every_row(monkeypatch):
