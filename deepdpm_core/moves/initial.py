@@ -22,8 +22,8 @@ AUTO_INITIAL_CLUSTERS = 10
 AUTO_ROWS_PER_INITIAL_CLUSTER = 1_000
 #: up to this many rows exact EM's growth adds the clusters a start of 10 holds together;
 #: its bar (a nat a row) acts on fits of a few thousand rows, and from 10 clusters 1,000
-#: classes on a sphere in 200,000 rows merge down to one that no k-means partition of 2 to
-#: 16 clusters beats (docs/design.md, "Why the fit starts from 10 clusters")
+#: classes on a sphere in 200,000 rows merge down to one that none of growth's k-means
+#: partitions beats (docs/design.md, "Why the fit starts from 10 clusters")
 GROWTH_ROWS = 100_000
 #: ... or fewer, so that the initial clusters hold this many rows on average
 AUTO_ROWS_PER_CLUSTER = 10
