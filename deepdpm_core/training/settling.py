@@ -222,7 +222,8 @@ def grow(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Tensor, 
         return None
     tried: dict[int, tuple[Tensor, int]] = {}  # one k-means partition a size, whichever score reads it
     if k == 1:  # the prior fitted to one cluster is its shape: the coarsened joint keeps it
-        best = _best_size(ctx, config, prior_fit, anchors, k, partition_score, EXACT_GAIN, EXACT_FALLS, rng, tried)
+        best = _best_size(ctx, config, prior_fit, anchors, k, partition_score, EXACT_GAIN, EXACT_FALLS, rng, tried,
+                          climb_out=True)
         return None if best is None else tried[best][0]
     if prior.nu <= WEAK_NU * weakest:  # above, the clusters agree on one shape: none holds several
         best = _best_size(ctx, config, prior_fit, anchors, k, coarsened_score, gain, 1, rng, tried)
@@ -238,13 +239,18 @@ def grow(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Tensor, 
 
 def _best_size(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Tensor, k: int,
                score_of: Callable[..., float], gain: float, falls_to_stop: int, rng: np.random.Generator,
-               tried: dict[int, tuple[Tensor, int]]) -> int | None:
+               tried: dict[int, tuple[Tensor, int]], climb_out: bool = False) -> int | None:
     """k-means partitions of 2K, 4K, ... clusters (K = ``k``; at most
     :func:`most_clusters`; past :data:`GROWTH_FACTORS_TRIED`·K until
     ``falls_to_stop`` sizes in a row score no higher than the one before), each scored by
     ``score_of``: the size of the best one that scores ``gain`` nats a row above the settled
     partition ``anchors`` (None if none does). ``tried`` holds the partitions by size: those
-    already in it are scored again, the others added (:func:`_partition_of_size`)."""
+    already in it are scored again, the others added (:func:`_partition_of_size`).
+    With ``climb_out`` (a search that collapsed to one cluster) the falls stop the doubling
+    only once a size has scored ``gain`` above the settled partition: on 1,000 classes on a
+    sphere (``sphere-1000``, 200,000 rows in 128-D) the exact joint of 2 to 16 k-means
+    clusters dips below the one cluster's, by up to 0.28 nats a row, and climbs to 19.6
+    above it at 1,024."""
     best, best_size = score_of(ctx, config, prior_fit, anchors, k) + gain * ctx.n_total, None
     size, last, falls = k, -math.inf, 0
     most = most_clusters(ctx.n_total, prior_fit.prior.dim, prior_fit.prior.diagonal)
@@ -255,7 +261,7 @@ def _best_size(ctx: FitContext, config: Config, prior_fit: PriorFit, anchors: Te
         if score > best:
             best, best_size = score, size
         falls = falls + 1 if score <= last else 0
-        if size >= GROWTH_FACTORS_TRIED * k and falls >= falls_to_stop:
+        if size >= GROWTH_FACTORS_TRIED * k and falls >= falls_to_stop and (best_size is not None or not climb_out):
             break  # past the sizes always tried, and no longer rising
         last = score
     return best_size

@@ -224,3 +224,24 @@ def test_growth_tries_no_partition_of_fewer_rows_a_cluster_than_its_parameters_p
                EXACT_FALLS, search.rng, tried)
     assert 32 in tried
     assert max(tried) * math.ceil((x.shape[1] + 3) / 2) <= len(x)
+
+
+@pytest.mark.parametrize("climb_out", [False, True])
+def test_after_a_collapse_doubling_climbs_out_of_a_dip_before_the_falls_count(climb_out):
+    """A score that dips below the one cluster from 2 to 16 clusters and rises above it at 32
+    (the shape of 1,000 classes on a sphere, where the dip lasts to 16 and the peak is at
+    1,024): past 8 clusters two falls in a row stop an ordinary doubling at 8, before the
+    rise; after a collapse (``climb_out``) the falls count only once a size has beaten it."""
+    x, _ = many_blobs()
+    search = _trainer_at(x, np.zeros(len(x), dtype=np.int64))
+    dip = {1: 0.0, 2: -1.0, 4: -2.0, 8: -3.0, 16: -2.5, 32: 1.0, 64: 0.5}
+
+    def score(ctx, config, prior_fit, labels, n_groups):  # nats a row of each size's partition
+        return dip[n_groups] * ctx.n_total
+
+    tried = {}
+    best = _best_size(search.ctx, search.config, search.prior_fit, search.anchors, 1, score, EXACT_GAIN,
+                      EXACT_FALLS, search.rng, tried, climb_out=climb_out)
+    assert best == (32 if climb_out else None)
+    # 64: the most clusters of ⌈(D + 3)/2⌉ = 34 rows in these 3,000 rows (most_clusters)
+    assert max(tried) == (64 if climb_out else 8)
