@@ -76,7 +76,7 @@ class InitConfig(Section):
     """k-means initialisation of clusters and subclusters."""
 
     n_clusters: PositiveInt | Literal["auto"] = Field(
-        "auto", description="start from 10 k-means clusters (fewer below 100 rows; max(10, N / 1,000) above 100,000 rows or `small_data.max_rows`): splits and growth add missing ones, merges remove extras")
+        "auto", description="start from 10 k-means clusters (fewer below 100 rows; max(10, N / 1,000) in the net search above `small_data.max_rows`): splits and growth add missing ones, merges remove extras")
     max_points: PositiveInt = Field(
         200_000, description="k-means sees at most this many sampled rows, 4·10⁷ / K of them (all 200,000 up to K = 200), or `init.points_per_cluster` a cluster where that is more")
     points_per_cluster: PositiveInt = Field(

@@ -16,15 +16,10 @@ Tensor = torch.Tensor
 
 #: ``init.n_clusters: auto`` starts from this many k-means clusters ...
 AUTO_INITIAL_CLUSTERS = 10
-#: ... or, above :data:`GROWTH_ROWS` rows or in the minibatch search, one per this many rows
-#: where that is more: a cluster that holds a block of several classes has no two-way cut
-#: that pays, while merges join a surplus back
+#: ... or, in the minibatch search (above ``small_data.max_rows`` rows), one per this many rows
+#: where that is more: that search has no growth, and a cluster that holds a block of
+#: several classes has no two-way cut that pays
 AUTO_ROWS_PER_INITIAL_CLUSTER = 1_000
-#: up to this many rows exact EM's growth adds the clusters a start of 10 holds together;
-#: its bar (a nat a row) acts on fits of a few thousand rows, and from 10 clusters 1,000
-#: classes on a sphere in 200,000 rows merge down to one that none of growth's k-means
-#: partitions beats (docs/design.md, "Why the fit starts from 10 clusters")
-GROWTH_ROWS = 100_000
 #: ... or fewer, so that the initial clusters hold this many rows on average
 AUTO_ROWS_PER_CLUSTER = 10
 #: rows x clusters of the k-means sample where ``init.points_per_cluster`` asks for fewer rows:
@@ -37,8 +32,9 @@ def initial_cluster_count(setting: int | str, n_rows: int, exact_rows: int | Non
     """The initial K of a fit: ``init.n_clusters`` itself, or (``auto``) 10 clusters, fewer
     when the data have under 100 rows. Not K = 1: a prior fitted to one cluster of all the
     data takes the spread between the clusters for their own and no split pays. Above
-    :data:`GROWTH_ROWS` rows, or ``exact_rows`` (the minibatch search, which has no growth),
-    max(10, N/1,000) (docs/design.md, "Why the fit starts from 10 clusters").
+    ``exact_rows`` (the minibatch search, which has no growth) max(10, N/1,000): a cluster
+    that holds a block of several classes has no two-way cut that pays, while merges join a
+    surplus back (docs/design.md, "Why the fit starts from 10 clusters").
 
     Parameters
     ----------
@@ -51,7 +47,7 @@ def initial_cluster_count(setting: int | str, n_rows: int, exact_rows: int | Non
     if setting != "auto":
         return int(setting)
     wanted = AUTO_INITIAL_CLUSTERS
-    if n_rows > min(GROWTH_ROWS, n_rows if exact_rows is None else exact_rows):
+    if exact_rows is not None and n_rows > exact_rows:
         wanted = max(wanted, n_rows // AUTO_ROWS_PER_INITIAL_CLUSTER)
     return max(1, min(wanted, n_rows // AUTO_ROWS_PER_CLUSTER))
 

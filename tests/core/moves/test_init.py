@@ -86,8 +86,8 @@ def test_auto_initial_k_is_ten_clusters_of_ten_rows_at_least_and_one_per_thousan
     # the minibatch search has no growth: one cluster per 1,000 rows
     assert [initial_cluster_count("auto", n, exact) for n in (100_001, 1_281_167)] == [100, 1281]
     assert [initial_cluster_count("auto", n, 0) for n in (99, 19_999, 70_000)] == [9, 19, 70]
-    # exact EM at every N (the default): growth up to GROWTH_ROWS rows, one per 1,000 above
-    assert [initial_cluster_count("auto", n, None) for n in (70_000, 100_000, 200_000)] == [10, 10, 200]
+    # exact EM at every N (the default): 10 clusters, growth adds what they hold together
+    assert [initial_cluster_count("auto", n, None) for n in (70_000, 200_000, 1_281_167)] == [10, 10, 10]
     assert initial_cluster_count(3, 10**6, exact) == 3 and initial_cluster_count(1, 5, exact) == 1
     assert [InitConfig(n_clusters=k).rows_needed for k in ("auto", 30, 1)] == [2, 30, 2]
 
