@@ -10,9 +10,10 @@ from deepdpm_core.nets.networks import (
     cluster_row_map,
     new_row_of,
     reindex_rows,
+    widen_hidden,
 )
 
 __all__ = [
     "Adam", "axis_aligned_subnets", "cluster_row_map", "ClusterNet", "discriminant_start", "new_row_of", "reindex_rows",
-    "slot_kl", "SubclusterNets"
+    "slot_kl", "SubclusterNets", "widen_hidden"
 ]

@@ -316,8 +316,9 @@ def reindex_rows(
     src: Tensor,
     fresh: Tensor | None,
     optimizer: Adam,
+    axis: int = 0,
 ) -> None:
-    """Replace parameter ``module.<name>`` by ``old[src]`` along its first axis.
+    """Replace parameter ``module.<name>`` by ``old[src]`` along ``axis`` (its rows by default).
 
     Parameters
     ----------
@@ -327,17 +328,19 @@ def reindex_rows(
     src : Tensor of shape (K_new,), int64
         Source row of each new row; −1 marks a fresh row.
     fresh : Tensor of shape (n_fresh, ...) or None
-        Values of the fresh rows, in order.
+        Values of the fresh rows, in order (``axis`` first).
     optimizer : Adam
         Its state for the parameter (Adam moments) is moved along the same map; fresh
         rows start with zero moments.
+    axis : int
+        The axis the rows lie along.
     """
     old: nn.Parameter = getattr(module, name)
     keep = src.clamp_min(0)
     is_fresh = src < 0
-    data = old.detach()[keep].clone()
+    data = old.detach().index_select(axis, keep)
     if bool(is_fresh.any()):
-        data[is_fresh] = fresh.to(data)
+        data.movedim(axis, 0)[is_fresh] = fresh.to(data)
     new = nn.Parameter(data, requires_grad=old.requires_grad)
     setattr(module, name, new)
     for group in optimizer.param_groups:
@@ -347,10 +350,29 @@ def reindex_rows(
         moved = {}
         for key, value in state.items():
             if torch.is_tensor(value) and value.shape == old.shape:
-                value = value[keep].clone()
-                value[is_fresh] = 0
+                value = value.index_select(axis, keep)
+                value.movedim(axis, 0)[is_fresh] = 0
             moved[key] = value
         optimizer.state[new] = moved
+
+
+def widen_hidden(net: ClusterNet, width: int, optimizer: Adam, generator: torch.Generator) -> bool:
+    """Give ``net`` ``width`` hidden units if it has fewer (returns whether it had),
+    computing the same function: the new units take PyTorch's default random input weights
+    (from ``generator``) and no say in the output (zero output weights); their Adam moments
+    in ``optimizer`` start at zero."""
+    hidden, dim = net.hidden.weight.shape
+    extra = width - hidden
+    if extra <= 0:
+        return False
+    device = net.hidden.weight.device
+    src = torch.cat([torch.arange(hidden), torch.full((extra,), -1)]).to(device)
+    bound = 1.0 / math.sqrt(dim)
+    draws = (torch.rand(extra, dim + 1, generator=generator) * 2 - 1) * bound
+    reindex_rows(net.hidden, "weight", src, draws[:, :dim], optimizer)
+    reindex_rows(net.hidden, "bias", src, draws[:, dim], optimizer)
+    reindex_rows(net.out, "weight", src, torch.zeros(extra, net.n_clusters), optimizer, axis=1)
+    return True
 
 
 def new_row_of(kept: Tensor, n_old: int) -> Tensor:

@@ -21,7 +21,7 @@ from torch import nn
 
 from deepdpm_core.bayes import SuffStats, grouped_stats
 from deepdpm_core.estep import R_FLOOR, MixtureState
-from deepdpm_core.nets import Adam, discriminant_start, slot_kl
+from deepdpm_core.nets import Adam, discriminant_start, slot_kl, widen_hidden
 from deepdpm_core.runtime import Communicator, device_clock, net_precision
 from deepdpm_core.training.move_round import births
 from deepdpm_core.training.search import Search
@@ -146,13 +146,28 @@ class ExactEM(Search):
         search agrees with the rows' best clusters ``best`` on more of the rows ``x`` (over
         all ranks; collective): the discriminant's pooled covariance places rows far from
         every cluster by a linear function, where the search's net may have learnt the
-        clusters' own spreads."""
+        clusters' own spreads.
+
+        The net is first widened to :func:`discriminant_width` hidden units, so that it
+        holds every discriminant direction: with the paper's 50 units it holds 25, and on
+        1,000 clusters in 128 dimensions (``sphere-1000``, 200,000 rows, the true classes'
+        mixture) the start agreed with the mixture on 0.56 of the rows, 100 full-batch
+        steps (350 s on a CPU thread) left it short of its mark and its NMI 0.92; with 256
+        units it agrees on 0.9987 before any step."""
         net, state, comm = self.nets.cluster, self.state, self.ctx.comm
+        if widen_hidden(net, discriminant_width(self.dim, self.n_clusters), self.nets.opt_cluster, self.torch_gen):
+            self._take(state, self.nets, self.anchors)  # the new parameters, wrapped anew
         followed = net_agreement(self.cluster_model, x, best, n_total, comm)
         kept = {name: value.clone() for name, value in net.state_dict().items()}
         discriminant_start(net, state.means, state.covariances, state.log_weights)
         if net_agreement(self.cluster_model, x, best, n_total, comm) < followed:
             net.load_state_dict(kept)
+
+
+def discriminant_width(dim: int, n_clusters: int) -> int:
+    """Hidden units that hold the linear discriminant of ``n_clusters`` Gaussians in
+    ``dim`` coordinates: a pair of units a direction, min(D, K − 1) directions."""
+    return 2 * min(dim, n_clusters - 1)
 
 
 def exact_statistics(x: Tensor, state: MixtureState, candidates: Tensor, resp: Tensor,

@@ -22,7 +22,7 @@ from deepdpm_core.data import FeatureCoordinates, fit_coordinates
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.estep import MixtureState, log_weights_from_counts
 from deepdpm_core.moves import Nets, initial_cluster_count, initial_clusters, reset_subclusters
-from deepdpm_core.nets import ClusterNet, SubclusterNets, new_row_of
+from deepdpm_core.nets import ClusterNet, SubclusterNets, new_row_of, widen_hidden
 from deepdpm_core.runtime import Communicator, resolve_device, resolve_precision
 from deepdpm_core.training.batching import adam, auto_batch_size, epoch_steps, scaled_lr
 
@@ -183,6 +183,8 @@ def restore_model(ctx: FitContext, config: Config, state: dict[str, Any], rng: n
     ``torch_gen`` take their stored states."""
     mixture = MixtureState.from_state(state, ctx.device)
     nets = build_nets(ctx, config, mixture.n_clusters, torch_gen, subnets)
+    # a net widened for its distillation (exact EM's settling) loads at its own width
+    widen_hidden(nets.cluster, state["cluster_net"]["hidden.weight"].shape[0], nets.opt_cluster, torch_gen)
     nets.cluster.load_state_dict(state["cluster_net"])
     optim = config.optim
     optimizers = [(nets.opt_cluster, "opt_cluster", optim.lr_cluster)]

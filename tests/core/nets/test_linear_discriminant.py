@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import multivariate_normal
 
-from deepdpm_core.nets import ClusterNet, discriminant_start
+from deepdpm_core.nets import Adam, ClusterNet, discriminant_start, widen_hidden
 
 
 def _shared_covariance_mixture(k: int, d: int, span: int, seed: int = 0):
@@ -51,3 +51,41 @@ def test_units_beyond_the_discriminant_keep_their_weights_and_have_no_say():
                               torch.from_numpy(np.log(weights))) == 2
     assert torch.equal(net.hidden.weight[4:], before[4:])
     assert not net.out.weight[:, 4:].any()
+
+
+def test_a_widened_net_computes_the_same_and_keeps_its_adam_moments():
+    net = ClusterNet(3, 4, 5, torch.Generator().manual_seed(0))
+    opt = Adam(list(net.parameters()), 0.01)
+    x = torch.randn(64, 3, generator=torch.Generator().manual_seed(1))
+    net(x).square().sum().backward()
+    opt.step()
+    before = net(x).detach()
+    moments = {name: opt.state[p]["exp_avg"].clone() for name, p in net.named_parameters()}
+    assert widen_hidden(net, 9, opt, torch.Generator().manual_seed(2))
+    assert net.hidden.weight.shape == (9, 3) and net.out.weight.shape == (5, 9)
+    torch.testing.assert_close(net(x), before, rtol=0, atol=1e-6)
+    assert not net.out.weight[:, 4:].any() and net.hidden.weight[4:].abs().min() > 0
+    params = dict(net.named_parameters())
+    assert {id(p) for p in opt.param_groups[0]["params"]} == {id(p) for p in params.values()}
+    moved = {name: opt.state[p]["exp_avg"] for name, p in params.items()}
+    assert torch.equal(moved["hidden.weight"][:4], moments["hidden.weight"]) and not moved["hidden.weight"][4:].any()
+    assert torch.equal(moved["out.weight"][:, :4], moments["out.weight"]) and not moved["out.weight"][:, 4:].any()
+    assert torch.equal(moved["out.bias"], moments["out.bias"])
+    assert not widen_hidden(net, 6, opt, torch.Generator())  # never narrower
+    assert net.hidden.weight.shape == (9, 3)
+
+
+def test_a_net_widened_to_two_units_a_direction_holds_the_full_discriminant():
+    # 30 means spanning 29 directions of 40 features: the paper's 50 units hold 25 of them
+    means, covs, weights, x = _shared_covariance_mixture(30, 40, 30)
+    args = torch.from_numpy(means), torch.from_numpy(covs), torch.from_numpy(np.log(weights))
+    exact = _exact_log_posterior(means, covs, weights, x)
+    net = ClusterNet(40, 50, 30, torch.Generator().manual_seed(0)).double()
+    assert discriminant_start(net, *args) == 25
+    with torch.no_grad():
+        assert np.abs(torch.log_softmax(net(torch.from_numpy(x)), dim=1).numpy() - exact).max() > 1e-3
+    widen_hidden(net, 58, Adam(list(net.parameters()), 0.01), torch.Generator().manual_seed(0))
+    assert discriminant_start(net, *args) == 29
+    with torch.no_grad():
+        log_r = torch.log_softmax(net(torch.from_numpy(x)), dim=1).numpy()
+    np.testing.assert_allclose(log_r, exact, atol=1e-6)
