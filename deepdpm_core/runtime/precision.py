@@ -61,7 +61,9 @@ def net_precision(precision: str, device: torch.device, backward: bool = False) 
 @contextlib.contextmanager
 def flush_denormals() -> Iterator[None]:
     """Subnormal floats (|x| < 1.2e-38 in float32) flushed to zero on the CPU inside the
-    block; the previous mode is restored after it.
+    block; the previous mode is restored after it. The mode is a thread's own: threads
+    started before the block (a BLAS pool) keep theirs, so the clustering loss makes no
+    subnormal gradient itself (:data:`~deepdpm_core.nets.losses.SOFTMAX_ZERO`).
 
     Adam's moments of weights whose gradient stays 0 (dead ReLU units) decay into the
     subnormal range, where x86 arithmetic is many times slower (docs/benchmarks.md,
