@@ -1,7 +1,7 @@
 """The clustering net, the batched subclustering nets and their loss (paper Eqs. 5-6)."""
 
 from deepdpm_core.nets.adam import Adam
-from deepdpm_core.nets.linear_discriminant import discriminant_start
+from deepdpm_core.nets.linear_discriminant import discriminant_start, widen_hidden
 from deepdpm_core.nets.losses import slot_kl
 from deepdpm_core.nets.networks import (
     ClusterNet,
@@ -10,7 +10,6 @@ from deepdpm_core.nets.networks import (
     cluster_row_map,
     new_row_of,
     reindex_rows,
-    widen_hidden,
 )
 
 __all__ = [

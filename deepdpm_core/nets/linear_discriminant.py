@@ -11,8 +11,9 @@ the hidden layer has fewer than 2D units, or the K means span fewer than D direc
 pairs hold the r leading discriminant directions (reduced-rank LDA: the principal axes of
 the whitened means, Hastie, Tibshirani & Friedman, *Elements of Statistical Learning*,
 section 4.3.3), r = min(D, K − 1, H // 2); the other units keep their weights and start
-with no say in the output. Distillation then moves the net from there to the clusters'
-own covariances.
+with no say in the output. :func:`widen_hidden` first gives a net the 2·min(D, K − 1) units
+that hold every direction, computing the same function as before. Distillation then moves
+the net from there to the clusters' own covariances.
 
 A net trained through the search follows the moves, not the final partition: on 100 blobs
 along a curve (20,000 rows in 2-D) full-batch Adam from it stalls where the net's argmax
@@ -22,9 +23,12 @@ mixture's answer.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from deepdpm_core.nets.networks import ClusterNet
+from deepdpm_core.nets.adam import Adam
+from deepdpm_core.nets.networks import ClusterNet, reindex_rows
 
 Tensor = torch.Tensor
 
@@ -74,3 +78,22 @@ def discriminant_start(net: ClusterNet, means: Tensor, covariances: Tensor, log_
     bias = -0.5 * (u_means * u_means).sum(1) + log_weights.to(torch.float64)
     net.out.bias.copy_((bias - bias.max()).to(net.out.bias.dtype))
     return rank
+
+
+def widen_hidden(net: ClusterNet, width: int, optimizer: Adam, generator: torch.Generator) -> bool:
+    """Give ``net`` ``width`` hidden units if it has fewer (returns whether it had),
+    computing the same function: the new units take PyTorch's default random input weights
+    (from ``generator``) and no say in the output (zero output weights); their Adam moments
+    in ``optimizer`` start at zero."""
+    hidden, dim = net.hidden.weight.shape
+    extra = width - hidden
+    if extra <= 0:
+        return False
+    device = net.hidden.weight.device
+    src = torch.cat([torch.arange(hidden), torch.full((extra,), -1)]).to(device)
+    bound = 1.0 / math.sqrt(dim)
+    draws = (torch.rand(extra, dim + 1, generator=generator) * 2 - 1) * bound
+    reindex_rows(net.hidden, "weight", src, draws[:, :dim], optimizer)
+    reindex_rows(net.hidden, "bias", src, draws[:, dim], optimizer)
+    reindex_rows(net.out, "weight", src, torch.zeros(extra, net.n_clusters), optimizer, axis=1)
+    return True

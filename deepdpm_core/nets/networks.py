@@ -356,25 +356,6 @@ def reindex_rows(
         optimizer.state[new] = moved
 
 
-def widen_hidden(net: ClusterNet, width: int, optimizer: Adam, generator: torch.Generator) -> bool:
-    """Give ``net`` ``width`` hidden units if it has fewer (returns whether it had),
-    computing the same function: the new units take PyTorch's default random input weights
-    (from ``generator``) and no say in the output (zero output weights); their Adam moments
-    in ``optimizer`` start at zero."""
-    hidden, dim = net.hidden.weight.shape
-    extra = width - hidden
-    if extra <= 0:
-        return False
-    device = net.hidden.weight.device
-    src = torch.cat([torch.arange(hidden), torch.full((extra,), -1)]).to(device)
-    bound = 1.0 / math.sqrt(dim)
-    draws = (torch.rand(extra, dim + 1, generator=generator) * 2 - 1) * bound
-    reindex_rows(net.hidden, "weight", src, draws[:, :dim], optimizer)
-    reindex_rows(net.hidden, "bias", src, draws[:, dim], optimizer)
-    reindex_rows(net.out, "weight", src, torch.zeros(extra, net.n_clusters), optimizer, axis=1)
-    return True
-
-
 def new_row_of(kept: Tensor, n_old: int) -> Tensor:
     """Inverse of a row map: the new row of each old row, −1 where it was not kept.
 
