@@ -108,7 +108,7 @@ class ModelConfig(Section):
     (:data:`deepdpm_core.training.fit_context.SUB_HIDDEN`)."""
 
     hidden: PositiveInt = Field(
-        50, description="hidden units of the clustering net (paper: 50)")
+        50, description="hidden units of the clustering net (paper: 50); exact EM widens it to 2·min(D, K − 1) for its final fit where that is more")
     precision: Literal["auto", "float32", "tf32", "bf16"] = Field(
         "auto", description="the nets' matmuls: float32 | tf32 (CUDA) | bf16 | auto (tf32 on CUDA, else float32)")
 
