@@ -180,10 +180,9 @@ def test_the_net_of_many_clusters_gives_the_mixtures_own_labels():
 def test_the_net_of_many_clusters_in_many_features_is_widened_to_their_discriminant_and_resumes():
     # 30 blobs in 40 features: 29 discriminant directions, 58 units (the paper's 50 hold 25);
     # from the discriminant the net places every row where the mixture does
-    x, _ = make_blobs(3000, centers=30, n_features=40, cluster_std=1.0, random_state=0)
-    x = torch.tensor(x, dtype=torch.float32)
-    config = Config().with_overrides({"seed": 0})
-    search = start_fit(config, x)
+    x = torch.tensor(make_blobs(3000, centers=30, n_features=40, cluster_std=1.0, random_state=0)[0],
+                     dtype=torch.float32)
+    search = start_fit(config := Config().with_overrides({"seed": 0}), x)
     search.fit()
     last = search.history[-1]
     assert search.n_clusters == 30 and search.nets.cluster.hidden.weight.shape == (58, 40)
