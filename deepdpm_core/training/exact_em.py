@@ -118,19 +118,19 @@ class ExactEM(Search):
         point dropped (:meth:`Search.settle`). Either way the anchors end as each row's
         best cluster under the final mixture."""
         ctx, config = self.ctx, self.config
-        self.estep_targets()
+        targets = self.estep_targets()
         chosen = polish(ctx, config, self.prior_fit, self.anchors, self.n_clusters, self.rng)
         record: dict[str, Any] = {"polished": int(chosen is not None)}
         if chosen is not None:
             self.initialize(chosen)
-            self.estep_targets()
+            targets = self.estep_targets()
         if epoch < self.schedule.schedule.max_epochs:
             grown = grow(ctx, config, self.prior_fit, self.anchors, self.n_clusters, self.schedule.growths, self.rng)
             if grown is not None:  # settled far below the model's answer: search again
                 self.initialize(grown)
                 self.schedule.restart(epoch)
                 return {**record, "grown": self.n_clusters}
-        candidates, resp = self.estep_targets()
+        candidates, resp = targets  # the final mixture's: neither polish nor growth changed it since
         rows, n_rows = distil_sample(ctx.rank_rows, ctx.comm.rank, self.n_clusters, self.torch_gen)
         with net_precision(ctx.precision, ctx.device):
             self._start_distillation(ctx.x[rows], self.anchors[rows], n_rows)
