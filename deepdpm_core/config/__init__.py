@@ -14,10 +14,10 @@ from deepdpm_core.config.schema import (
     from_dict,
     from_stored,
 )
-from deepdpm_core.config.sections import check_row_count
+from deepdpm_core.config.sections import check_row_count, searches_by_exact_em
 from deepdpm_core.errors import ConfigError
 
 __all__ = [
     "FIXED_KEYS", "check_row_count", "Config", "config_sections", "ConfigError", "DataConfig", "EStepConfig", "from_dict", "from_stored", "InitConfig", "load_config",
-    "MovesConfig", "parse_overrides", "PriorConfig", "ScheduleConfig"
+    "MovesConfig", "parse_overrides", "PriorConfig", "ScheduleConfig", "searches_by_exact_em"
 ]

@@ -151,6 +151,12 @@ class SmallDataConfig(Section):
         1.0, description="a settled exact-EM search restarts from k-means of 2K, 4K, ... clusters when that scores this many coarsened nats a row higher (one that collapsed to one cluster, or hides groups that density valleys part: 0.05 exact nats a row)")
 
 
+def searches_by_exact_em(n_rows: int, max_rows: int | None) -> bool:
+    """Whether a fit of ``n_rows`` rows (over all ranks) searches by exact EM under
+    ``small_data.max_rows`` = ``max_rows`` (None: at every N); else the nets' search."""
+    return max_rows is None or n_rows <= max_rows
+
+
 class MovesConfig(Section):
     """Which split/merge rounds run (paper §3.2, Supmat 'Merge Proposals'); the rules of a
     round are constants of :mod:`deepdpm_core.moves` (docs/design.md, "Split and merge moves")."""

@@ -9,7 +9,7 @@ import faiss
 import numpy as np
 import torch
 
-from deepdpm_core.config import InitConfig
+from deepdpm_core.config import InitConfig, searches_by_exact_em
 from deepdpm_core.runtime import Communicator
 
 Tensor = torch.Tensor
@@ -47,7 +47,7 @@ def initial_cluster_count(setting: int | str, n_rows: int, exact_rows: int | Non
     if setting != "auto":
         return int(setting)
     wanted = AUTO_INITIAL_CLUSTERS
-    if exact_rows is not None and n_rows > exact_rows:
+    if not searches_by_exact_em(n_rows, exact_rows):
         wanted = max(wanted, n_rows // AUTO_ROWS_PER_INITIAL_CLUSTER)
     return max(1, min(wanted, n_rows // AUTO_ROWS_PER_CLUSTER))
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from deepdpm_core.config import Config
+from deepdpm_core.config import Config, searches_by_exact_em
 from deepdpm_core.data import check_features, readonly_tensor
 from deepdpm_core.errors import CheckpointError
 from deepdpm_core.runtime import Communicator, LocalCommunicator
@@ -56,8 +56,7 @@ def start_fit(config: Config, rows: np.ndarray, *, comm: Communicator | None = N
     if state is not None and x.shape[1] != state.get("dim", x.shape[1]):
         raise CheckpointError(f"the checkpoint was trained on {state['dim']}-D rows, these have {x.shape[1]}")
     ctx = fit_context(config, x, comm or LocalCommunicator(), wrap or (lambda m: m))
-    limit = config.small_data.max_rows
-    search = (ExactEM if limit is None or ctx.n_total <= limit else MinibatchSearch)(config, ctx)
+    search = (ExactEM if searches_by_exact_em(ctx.n_total, config.small_data.max_rows) else MinibatchSearch)(config, ctx)
     if state is not None:
         search.resume(state)
     return search

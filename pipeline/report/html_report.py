@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from deepdpm_core.atomic_files import atomic_path
+from deepdpm_core.config import searches_by_exact_em
 from deepdpm_core.model import diagnose
 from pipeline.report import data_view, plots
 from pipeline.report.clusters import KCount, cluster_rows, tiny_of
@@ -175,7 +176,9 @@ def _exact_em(summary: dict[str, Any]) -> bool:
     least its rows."""
     limit = ((summary.get("config") or {}).get("small_data") or {}).get("max_rows")
     n = summary.get("n_samples")
-    return limit is None or (n is not None and int(n) <= int(limit))
+    if n is None:  # the rows unknown: exact EM only where it runs at every N
+        return limit is None
+    return searches_by_exact_em(int(n), None if limit is None else int(limit))
 
 
 def _of_k(count: KCount | None, apart: str | None) -> str:
