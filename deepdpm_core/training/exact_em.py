@@ -61,6 +61,7 @@ class ExactEM(Search):
     """The search of every fit, or of those up to ``small_data.max_rows`` rows (module
     docstring)."""
 
+    name = "exact_em"
     #: without nets to wait for, one warm-up epoch before the first move round, and a move
     #: round (a split round, then a merge round) every 2 epochs
     schedule_rules = {"warmup_epochs": 1, "move_every": 2}

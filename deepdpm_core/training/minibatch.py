@@ -21,6 +21,8 @@ class MinibatchSearch(Search):
     """The search of data above ``small_data.max_rows`` rows (where it is set): the nets' minibatch steps,
     the statistics of one pass accumulated on the way."""
 
+    name = "net"
+
     def statistics(self, candidates: Tensor, resp: Tensor) -> tuple[SuffStats, SuffStats, dict[str, float], float]:
         """One pass over the local rows (collective), the batches drawn from the seed and
         the epoch."""

@@ -85,6 +85,8 @@ class Search:
         One record per epoch done.
     """
 
+    #: the search's name in every epoch record (``search``), for whoever reads the records
+    name: str
     #: the schedule's entries this search sets whatever the config says
     schedule_rules: dict[str, int] = {}
     #: epochs without M-step or moves after an accepted move, while the nets learn the new
@@ -289,6 +291,7 @@ class Search:
         prior = self.prior_fit.prior
         return {
             "epoch": self.epoch,
+            "search": self.name,
             "n_clusters": self.n_clusters,
             "loss_cluster": losses["loss_cluster"],
             "loss_subcluster": losses["loss_subcluster"],

@@ -16,12 +16,10 @@ from __future__ import annotations
 import html
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from deepdpm_core.atomic_files import atomic_path
-from deepdpm_core.config import searches_by_exact_em
 from deepdpm_core.model import diagnose
 from pipeline.report import data_view, plots
 from pipeline.report.clusters import KCount, cluster_rows, tiny_of
@@ -129,7 +127,7 @@ def render_report(
                              "Clusters split, merged and pruned in each epoch (top) and so far "
                              "(bottom). Move rounds take turns, splits then merges; the search "
                              "ends once rounds in a row change nothing."))
-        exact = _exact_em(summary)
+        exact = bool(history) and history[-1].get("search") == "exact_em"  # as the fit's records say
         losses_caption = (
             "Mean loss per row of the clustering net (left axis) and of the sub-cluster "
             "split proposals (right axis). " + (
@@ -169,16 +167,6 @@ def render_report(
         parts.append("</pre>")
     parts.append("</body></html>")
     return "\n".join(parts)
-
-
-def _exact_em(summary: dict[str, Any]) -> bool:
-    """Whether the fit searched by exact EM: ``small_data.max_rows`` null (every N) or at
-    least its rows."""
-    limit = ((summary.get("config") or {}).get("small_data") or {}).get("max_rows")
-    n = summary.get("n_samples")
-    if n is None:  # the rows unknown: exact EM only where it runs at every N
-        return limit is None
-    return searches_by_exact_em(int(n), None if limit is None else int(limit))
 
 
 def _of_k(count: KCount | None, apart: str | None) -> str:

@@ -27,13 +27,14 @@ def test_fit_attributes_and_history(fitted, data):
     assert m.means_.shape == (m.n_clusters_, 3) and m.covariances_.shape == (m.n_clusters_, 3, 3)
     assert m.weights_.sum() == pytest.approx(1.0)
     phases = {"seconds_estep", "seconds_train", "seconds_stats", "seconds_mstep", "seconds_moves"}
-    keys = {"epoch", "n_clusters", "loss_cluster", "loss_subcluster", "move", "splits_accepted",
+    keys = {"epoch", "search", "n_clusters", "loss_cluster", "loss_subcluster", "move", "splits_accepted",
             "prior_scale", "prior_nu", "diagonal_covariances",
             "merges_accepted", "prunes", "seconds", "stop_reason", "converged", *phases}
     assert all(set(h) == keys for h in m.history_[:-1])
     # small data (exact EM): the last epoch also polishes the partition and fits the clustering net to it
     assert set(m.history_[-1]) == keys | {"polished", "distil_steps", "distil_agreement"}
     assert {h["move"] for h in m.history_} <= {None, "split", "merge"}
+    assert {h["search"] for h in m.history_} == {"exact_em"}
     for h in m.history_:  # the phases are the epoch's parts: they add up to its seconds
         assert min(h[p] for p in phases) >= 0
         assert sum(h[p] for p in phases) == pytest.approx(h["seconds"], rel=0.02, abs=2e-3)

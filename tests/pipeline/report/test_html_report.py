@@ -43,6 +43,15 @@ def test_the_projection_is_of_the_fits_coordinates(wine_fit, figures):
     assert "standardised features" in page
 
 
+def test_the_captions_tell_the_search_the_records_name(wine_fit):
+    run = load_run_dir(wine_fit)
+    assert {r["search"] for r in run.summary["history"]} == {"exact_em"}
+    assert "The search was exact EM" in render_report(run)
+    net = [{**r, "search": "net"} for r in run.summary["history"]]
+    page = render_report(RunData({**run.summary, "history": net}, run.assignments, run.source))
+    assert "The search was exact EM" not in page and "the nets have learned the mixture" in page
+
+
 def test_read_only_rows_are_projected_without_a_warning():
     # features read from Arrow or a memory map come as read-only arrays; torch warns on a
     # from_numpy of one, and the warning landed in the middle of `deepdpm demo`'s output
