@@ -89,8 +89,9 @@ def epoch_bar(search: Any, enabled: bool = True) -> Iterator[Callable[[dict], No
         def show(record: dict[str, Any]) -> None:
             bar.total = schedule.expected_end(record["epoch"])
             bar.update(1)
-            bar.set_postfix(K=record["n_clusters"], cl=f"{record['loss_cluster']:.3f}",
-                            sub=f"{record['loss_subcluster']:.3g}")
+            losses = {"cl": record["loss_cluster"], "sub": record["loss_subcluster"]}  # cl: None in exact EM
+            bar.set_postfix(K=record["n_clusters"], **{name: f"{value:.3g}" for name, value in losses.items()
+                                                       if value is not None})
             if record["stop_reason"] is not None:
                 bar.total = bar.n
                 bar.set_postfix_str(f"{bar.postfix}, stopped: {record['stop_reason']}", refresh=True)

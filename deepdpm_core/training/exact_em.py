@@ -8,8 +8,9 @@ nearer of its cluster's two subcluster means, the minimiser of the subclustering
 (Eq. 7) for the current means. The M-step, the prior and the stop rule are unchanged; the
 moves come more often (no nets to wait for), a split round offers births to the clusters
 it did not split, and where the search settles come polish and growth
-(:mod:`~deepdpm_core.training.settling`). Once K has settled, :func:`distil` fits the
-clustering net to the final responsibilities, so ``predict`` works as after any fit.
+(:mod:`~deepdpm_core.training.settling`). No net is trained during the search: once K has
+settled, :func:`distil` fits the clustering net to the final responsibilities, so
+``predict`` works as after any fit.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch import nn
 from deepdpm_core.bayes import SuffStats, grouped_stats
 from deepdpm_core.estep import R_FLOOR, MixtureState
 from deepdpm_core.nets import Adam, discriminant_start, slot_kl, widen_hidden
-from deepdpm_core.runtime import Communicator, device_clock, net_precision
+from deepdpm_core.runtime import Communicator, net_precision
 from deepdpm_core.training.move_round import births
 from deepdpm_core.training.search import Search
 from deepdpm_core.training.settling import grow, polish
@@ -46,9 +47,6 @@ DISTIL_MAX_STEPS = 1000
 #: steps of 1.5-4 s on a CPU thread) the agreement was still short of its mark after 25
 #: minutes; there 100 steps. Every sample of at most 20,000 rows (K ≤ 100) keeps its 1,000
 DISTIL_ROW_STEPS = 20_000_000
-#: rows a block of the clustering net's step in an EM epoch (:meth:`ExactEM.statistics`), as
-#: the E-step's chunks: a fit holds no (N, K) tensor
-STEP_ROWS = 65_536
 #: :func:`distil` fits the net to a uniform sample of at most this many rows ...
 DISTIL_ROWS = 20_000
 #: ... or this many a cluster where that is more: full-batch steps over all 100,000 rows of
@@ -71,36 +69,17 @@ class ExactEM(Search):
     #: subclustering nets to build, reshape or save
     subnets = False
 
-    def statistics(self, candidates: Tensor, resp: Tensor) -> tuple[SuffStats, SuffStats, dict[str, float], float]:
-        """One exact EM epoch (:func:`exact_statistics`; collective). The clustering net
-        takes one full-batch step on KL(r^E ‖ r), so it follows the clusters through the
-        moves; it is fitted for good once K has settled (:meth:`settle`)."""
-        ctx, nets = self.ctx, self.nets
-        t_start = device_clock(ctx.device)
-        k, n_local = self.n_clusters, ctx.x.shape[0]
-        self.cluster_model.train()
-        nets.opt_cluster.zero_grad()
-        sum_cl = torch.zeros((), dtype=torch.float64, device=ctx.device)
-        # the gradient over every row, block by block: the logits of all N rows at K = 1,000
-        # would take 4 KB a row; every rank runs as many blocks (a DDP all-reduce each)
-        for start in range(0, max(max(ctx.rank_rows), 1), STEP_ROWS):
-            block = slice(start, start + STEP_ROWS)
-            with torch.enable_grad(), net_precision(ctx.precision, ctx.device):  # whatever the caller's mode
-                part, _, _ = slot_kl(self.cluster_model(ctx.x[block]), candidates[block], resp[block])
-            with net_precision(ctx.precision, ctx.device, backward=True):
-                (part / (max(ctx.n_total, 1) / ctx.comm.world_size)).backward()
-            sum_cl += part.detach().double()
-        nets.opt_cluster.step()
-        t_train = device_clock(ctx.device)
+    def statistics(self, candidates: Tensor, resp: Tensor) -> tuple[SuffStats, SuffStats, dict[str, float | None], float]:
+        """One exact EM epoch (:func:`exact_statistics`; collective). No net is trained:
+        the clustering net is fitted once K has settled (:meth:`settle`), so the epoch
+        has no cluster loss (``None``) and no seconds of net steps."""
+        ctx, k = self.ctx, self.n_clusters
         soft, sub, sum_sub = exact_statistics(ctx.x, self.state, candidates, resp, self.anchors)
-        sums = torch.stack([sum_cl, sum_sub,
-                            torch.tensor(float(n_local), dtype=torch.float64, device=ctx.device)])
+        sums = torch.stack([sum_sub, torch.tensor(float(ctx.x.shape[0]), dtype=torch.float64, device=ctx.device)])
         flat = ctx.comm.all_reduce(torch.cat([soft.flat(), sub.flat(), sums]))
         a, b = SuffStats.numel(k, ctx.dim), SuffStats.numel(3 * k, ctx.dim)
         soft, sub = SuffStats.from_flat(flat[:a], k, ctx.dim), SuffStats.from_flat(flat[a:b], 2 * k, ctx.dim)
-        n = float(flat[-1].clamp_min(1))
-        return soft, sub, {"loss_cluster": float(flat[-3]) / n, "loss_subcluster": float(flat[-2]) / n}, \
-            t_train - t_start
+        return soft, sub, {"loss_cluster": None, "loss_subcluster": float(flat[-2]) / float(flat[-1].clamp_min(1))}, 0.0
 
     def births(self, unsplit: list[int]) -> int:
         """Births (:func:`~deepdpm_core.training.move_round.births`) offered to ``unsplit``."""
@@ -134,35 +113,26 @@ class ExactEM(Search):
         candidates, resp = targets  # the final mixture's: neither polish nor growth changed it since
         rows, n_rows = distil_sample(ctx.rank_rows, ctx.comm.rank, self.n_clusters, self.torch_gen)
         with net_precision(ctx.precision, ctx.device):
-            self._start_distillation(ctx.x[rows], self.anchors[rows], n_rows)
+            self._start_distillation()
             steps, agreement = distil(self.cluster_model, ctx.x[rows], candidates[rows], resp[rows], n_rows, ctx.comm,
                                       DISTIL_LR, DISTIL_AGREEMENT, distil_max_steps(n_rows))
             if n_rows < ctx.n_total:  # the agreement over every row, not the sample's
                 agreement = net_agreement(self.cluster_model, ctx.x, self.anchors, ctx.n_total, ctx.comm)
         return {**record, "distil_steps": steps, "distil_agreement": agreement, **super().settle(epoch)}
 
-    def _start_distillation(self, x: Tensor, best: Tensor, n_total: int) -> None:
+    def _start_distillation(self) -> None:
         """Set the clustering net to the mixture's linear discriminant
-        (:func:`~deepdpm_core.nets.discriminant_start`) unless the net that followed the
-        search agrees with the rows' best clusters ``best`` on more of the rows ``x`` (over
-        all ranks; collective): the discriminant's pooled covariance places rows far from
-        every cluster by a linear function, where the search's net may have learnt the
-        clusters' own spreads.
-
-        The net is first widened to :func:`discriminant_width` hidden units, so that it
-        holds every discriminant direction: with the paper's 50 units it holds 25, and on
-        1,000 clusters in 128 dimensions (``sphere-1000``, 200,000 rows, the true classes'
-        mixture) the start agreed with the mixture on 0.56 of the rows, 100 full-batch
-        steps (350 s on a CPU thread) left it short of its mark and its NMI 0.92; with 256
-        units it agrees on 0.9987 before any step."""
-        net, state, comm = self.nets.cluster, self.state, self.ctx.comm
+        (:func:`~deepdpm_core.nets.discriminant_start`), first widened to
+        :func:`discriminant_width` hidden units so that it holds every discriminant
+        direction: with the paper's 50 units it holds 25, and on 1,000 clusters in 128
+        dimensions (``sphere-1000``, 200,000 rows, the true classes' mixture) the start
+        agreed with the mixture on 0.56 of the rows, 100 full-batch steps (350 s on a CPU
+        thread) left it short of its mark and its NMI 0.92; with 256 units it agrees on
+        0.9987 before any step."""
+        net, state = self.nets.cluster, self.state
         if widen_hidden(net, discriminant_width(self.dim, self.n_clusters), self.nets.opt_cluster, self.torch_gen):
             self._take(state, self.nets, self.anchors)  # the new parameters, wrapped anew
-        followed = net_agreement(self.cluster_model, x, best, n_total, comm)
-        kept = {name: value.clone() for name, value in net.state_dict().items()}
-        discriminant_start(net, state.means, state.covariances, state.log_weights)
-        if net_agreement(self.cluster_model, x, best, n_total, comm) < followed:
-            net.load_state_dict(kept)
+        discriminant_start(net, state.means, state.covariances, state.log_weights, self.torch_gen)
 
 
 def discriminant_width(dim: int, n_clusters: int) -> int:

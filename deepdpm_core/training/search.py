@@ -200,7 +200,7 @@ class Search:
         self.history.append(record)
         return record
 
-    def run_epoch(self, seconds: dict[str, float] | None = None) -> tuple[SuffStats, SuffStats, dict[str, float]]:
+    def run_epoch(self, seconds: dict[str, float] | None = None) -> tuple[SuffStats, SuffStats, dict[str, float | None]]:
         """The E-step targets, then :meth:`statistics`; returns the reduced soft cluster and
         hard subcluster statistics and the mean losses. When ``seconds`` is given, the
         durations of the E-step targets (``estep``) and the nets' steps (``train``) go in it."""
@@ -222,11 +222,11 @@ class Search:
             self.mixture, self.x, self.anchors if self.estep.support(k) < k else None)
         return candidates, resp
 
-    def statistics(self, candidates: Tensor, resp: Tensor) -> tuple[SuffStats, SuffStats, dict[str, float], float]:
+    def statistics(self, candidates: Tensor, resp: Tensor) -> tuple[SuffStats, SuffStats, dict[str, float | None], float]:
         """Train on the E-step targets ``candidates`` and ``resp`` ((N_local, m) each) and
         return the epoch's statistics over all ranks: soft (K rows), hard subclusters (2K
-        rows, cluster k's at 2k, 2k + 1), the mean losses (``loss_cluster``,
-        ``loss_subcluster``) and the seconds of the nets' steps. Collective."""
+        rows, cluster k's at 2k, 2k + 1), the mean losses (``loss_cluster``, None where no
+        net trained, ``loss_subcluster``) and the seconds of the nets' steps. Collective."""
         raise NotImplementedError
 
     def m_step(self, soft: SuffStats, sub: SuffStats) -> None:
@@ -284,7 +284,7 @@ class Search:
             return {"prunes": len(empty)}
         return {}
 
-    def _record(self, move: str | None, losses: dict[str, float], moved: dict[str, int], seconds: float,
+    def _record(self, move: str | None, losses: dict[str, float | None], moved: dict[str, int], seconds: float,
                 phases: dict[str, float], settled: dict[str, Any]) -> dict[str, Any]:
         """The history record of the epoch just run, :attr:`epoch` (1-based, as the
         schedule counts: the record of the e-th epoch says ``"epoch": e``)."""

@@ -129,15 +129,15 @@ def render_report(
                              "ends once rounds in a row change nothing."))
         exact = bool(history) and history[-1].get("search") == "exact_em"  # as the fit's records say
         losses_caption = (
+            "The search was exact EM: no net is trained during the search, and the "
+            "clustering net is fitted to the clusters after the last epoch. The sub-cluster "
+            "loss is the mean squared distance of a row to the nearer of its cluster's two "
+            "sub-cluster means (paper Eq. 7); it jumps when a move changes the sub-clusters."
+            if exact else
             "Mean loss per row of the clustering net (left axis) and of the sub-cluster "
-            "split proposals (right axis). " + (
-                "The search was exact EM: the clustering "
-                "net takes one step per epoch and is fitted to the clusters only after the "
-                "last one, so its loss here stays near ln K and drops when K does; it does "
-                "not measure the clusters. The sub-cluster loss jumps when a move changes "
-                "the sub-clusters." if exact else
-                "Lower is better, and a level end means the nets have learned the mixture; "
-                "both jump after an accepted move, which changes what they learn."))
+            "split proposals (right axis). Lower is better, and a level end means the nets "
+            "have learned the mixture; both jump after an accepted move, which changes what "
+            "they learn.")
         parts.append(figure(plots.plot_losses(history, tmp_dir / "losses.png").read_bytes(),
                              "Losses", losses_caption))
         if plots.has_scores(history):

@@ -153,16 +153,20 @@ def plot_moves(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
 
 
 def plot_losses(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """Cluster and subcluster losses per epoch (two y-axes: their scales differ)."""
+    """Cluster and subcluster losses per epoch (two y-axes: their scales differ); the
+    subcluster loss alone where the records have no cluster loss (exact EM trains no net
+    during the search)."""
     epochs = _column(history, "epoch")
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.plot(epochs, _column(history, "loss_cluster"), color="tab:blue", label="cluster")
+    sub_ax = ax
+    if any(r.get("loss_cluster") is not None for r in history):
+        ax.plot(epochs, _column(history, "loss_cluster"), color="tab:blue", label="cluster")
+        ax.set_ylabel("cluster loss", color="tab:blue")
+        sub_ax = ax.twinx()
+    sub_ax.plot(epochs, _column(history, "loss_subcluster"), color="tab:orange")
+    sub_ax.set_ylabel("subcluster loss", color="tab:orange")
     ax.set_xlabel("epoch")
-    ax.set_ylabel("cluster loss", color="tab:blue")
-    twin = ax.twinx()
-    twin.plot(epochs, _column(history, "loss_subcluster"), color="tab:orange")
-    twin.set_ylabel("subcluster loss", color="tab:orange")
-    ax.set_title("Mean loss per row of the nets")
+    ax.set_title("Mean loss per row of the nets" if sub_ax is not ax else "Mean subcluster loss per row")
     _integer_axes(ax)
     ax.grid(alpha=0.3)
     return save_figure(fig, path)

@@ -175,7 +175,7 @@ def test_local_and_ray_log_the_same_mlflow_metrics(runs, store):
     assert {"nmi", "ari", "acc", "n_clusters", "final_nmi", "fit_seconds"} <= local.data.metrics.keys()
     assert _untimed(local.data.metrics) == pytest.approx(_untimed(on_ray.data.metrics))
     client = mlflow.MlflowClient(store)
-    for key in ("n_clusters", "nmi", "loss_cluster"):
+    for key in ("n_clusters", "nmi", "loss_subcluster"):
         histories = [[(m.step, m.value) for m in client.get_metric_history(r.info.run_id, key)]
                      for r in (local, on_ray)]
         assert histories[0] == histories[1], key

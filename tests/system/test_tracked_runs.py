@@ -35,7 +35,8 @@ from pipeline.tracking.epoch_metrics import EPOCH_METRICS as TRACKING_EPOCH_METR
 from tests.support.mlflow_server import mlflow_server  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
-EPOCH_METRICS = {"n_clusters", "loss_cluster", "loss_subcluster", "splits_accepted",
+#: an exact EM fit's epochs: no ``loss_cluster`` (no net is trained during its search)
+EPOCH_METRICS = {"n_clusters", "loss_subcluster", "splits_accepted",
                  "merges_accepted", "prior_scale", "prior_nu", "diagonal_covariances",
                  "epoch_seconds", "epoch_seconds_estep", "epoch_seconds_train",
                  "epoch_seconds_stats", "epoch_seconds_mstep", "epoch_seconds_moves"}  # fmt: skip

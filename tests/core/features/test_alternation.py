@@ -259,7 +259,7 @@ def test_fit_alternate_command_writes_outputs_and_nested_mlflow_runs(
         assert child.data.metrics["final_nmi"] == pytest.approx(
             summary["alternation"][step]["metrics"]["nmi"]
         )
-        assert "ae_loss" in child.data.metrics and "loss_cluster" in child.data.metrics
+        assert "ae_loss" in child.data.metrics and "loss_subcluster" in child.data.metrics
         assert child.data.params["alternation"] == str(step)
     assert parent.data.params["alternate"] == "2"
     assert parent.data.metrics["final_nmi"] == pytest.approx(summary["metrics"]["nmi"])

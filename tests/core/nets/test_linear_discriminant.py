@@ -7,6 +7,7 @@ import torch
 from scipy.stats import multivariate_normal
 
 from deepdpm_core.nets import Adam, ClusterNet, discriminant_start, widen_hidden
+from deepdpm_core.nets.linear_discriminant import HINGE_SLOPE
 
 
 def _shared_covariance_mixture(k: int, d: int, span: int, seed: int = 0):
@@ -36,21 +37,32 @@ def test_the_net_starts_at_the_exact_responsibilities_of_a_shared_covariance(k, 
     means, covs, weights, x = _shared_covariance_mixture(k, d, span)
     net = ClusterNet(d, hidden, k, torch.Generator().manual_seed(0)).double()
     held = discriminant_start(net, torch.from_numpy(means), torch.from_numpy(covs),
-                              torch.from_numpy(np.log(weights)))
+                              torch.from_numpy(np.log(weights)), torch.Generator().manual_seed(1))
     assert held == rank
     with torch.no_grad():
         log_r = torch.log_softmax(net(torch.from_numpy(x)), dim=1).numpy()
     np.testing.assert_allclose(log_r, _exact_log_posterior(means, covs, weights, x), atol=1e-6)
 
 
-def test_units_beyond_the_discriminant_keep_their_weights_and_have_no_say():
-    means, covs, weights, x = _shared_covariance_mixture(5, 2, 2)
-    net = ClusterNet(2, 50, 5, torch.Generator().manual_seed(0))
-    before = net.hidden.weight.detach().clone()
-    assert discriminant_start(net, torch.from_numpy(means), torch.from_numpy(covs),
-                              torch.from_numpy(np.log(weights))) == 2
-    assert torch.equal(net.hidden.weight[4:], before[4:])
-    assert not net.out.weight[:, 4:].any()
+def test_units_beyond_the_discriminant_are_hinges_through_the_data_with_no_say():
+    # two clusters far from the origin of the coordinates: PyTorch's default hinges pass
+    # near the origin, those of the start through the clusters
+    means = np.array([[100.0, 100.0], [-100.0, 100.0]])
+    covs = np.stack([np.diag([4.0, 1.0]), np.diag([1.0, 9.0])])
+    args = torch.from_numpy(means), torch.from_numpy(covs), torch.from_numpy(np.log([0.3, 0.7]))
+    net = ClusterNet(2, 50, 2, torch.Generator().manual_seed(0)).double()
+    assert discriminant_start(net, *args, torch.Generator().manual_seed(1)) == 1
+    w, b = net.hidden.weight.detach()[2:], net.hidden.bias.detach()[2:]
+    assert not net.out.weight[:, 2:].any()  # no say in the output
+    pooled = (0.3 * covs[0] + 0.7 * covs[1])
+    slopes = np.einsum("ud,de,ue->u", w.numpy(), pooled, w.numpy())  # per step of S along w
+    np.testing.assert_allclose(slopes, HINGE_SLOPE**2)
+    # each hinge w·x + b = 0 passes within 5 standard deviations (along w) of a cluster's mean
+    sd = np.sqrt(np.einsum("ud,kde,ue->uk", w.numpy(), covs, w.numpy()))
+    assert (np.abs(w.numpy() @ means.T + b.numpy()[:, None]) / sd).min(1).max() < 5
+    again = ClusterNet(2, 50, 2, torch.Generator().manual_seed(0)).double()
+    discriminant_start(again, *args, torch.Generator().manual_seed(1))  # every rank draws alike
+    assert all(torch.equal(p, q) for p, q in zip(net.parameters(), again.parameters(), strict=True))
 
 
 def test_a_widened_net_computes_the_same_and_keeps_its_adam_moments():
@@ -81,11 +93,11 @@ def test_a_net_widened_to_two_units_a_direction_holds_the_full_discriminant():
     args = torch.from_numpy(means), torch.from_numpy(covs), torch.from_numpy(np.log(weights))
     exact = _exact_log_posterior(means, covs, weights, x)
     net = ClusterNet(40, 50, 30, torch.Generator().manual_seed(0)).double()
-    assert discriminant_start(net, *args) == 25
+    assert discriminant_start(net, *args, torch.Generator().manual_seed(1)) == 25
     with torch.no_grad():
         assert np.abs(torch.log_softmax(net(torch.from_numpy(x)), dim=1).numpy() - exact).max() > 1e-3
     widen_hidden(net, 58, Adam(list(net.parameters()), 0.01), torch.Generator().manual_seed(0))
-    assert discriminant_start(net, *args) == 29
+    assert discriminant_start(net, *args, torch.Generator().manual_seed(1)) == 29
     with torch.no_grad():
         log_r = torch.log_softmax(net(torch.from_numpy(x)), dim=1).numpy()
     np.testing.assert_allclose(log_r, exact, atol=1e-6)

@@ -160,7 +160,8 @@ def test_first_layer_read_in_place_gives_the_bits_of_the_gathered_weights(monkey
 @pytest.fixture
 def search():
     X, _ = make_mixture(1500, 3, 4, random_state=0)
-    cfg = Config().with_overrides({"init.n_clusters": 4, "schedule.warmup_epochs": 0})
+    # the net search: its nets train every epoch, so surgery has their state to keep
+    cfg = Config().with_overrides({"init.n_clusters": 4, "schedule.warmup_epochs": 0, "small_data.max_rows": 0})
     t = start_fit(cfg, torch.from_numpy(X))
     t.initialize()
     t.step_epoch()
