@@ -256,7 +256,8 @@ def distil(model: nn.Module, x: Tensor, candidates: Tensor, resp: Tensor, n_tota
     -------
     steps : int
     agreement : float
-        The fraction of rows whose net argmax is their most responsible cluster.
+        The fraction of rows whose argmax under the net returned (measured after its last
+        step) is their most responsible cluster.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     opt = Adam(params, lr)
@@ -264,20 +265,19 @@ def distil(model: nn.Module, x: Tensor, candidates: Tensor, resp: Tensor, n_tota
     per_rank = max(n_total, 1) / comm.world_size  # DDP averages the ranks' gradients
     model.train(True)
     best, stale, agree, step = -1.0, 0, 0.0, 0
-    while step < max_steps:
+    while True:
         logits = model(x)
         kl, z, _ = slot_kl(logits, candidates, resp)
+        if step and (step % CHECK_EVERY == 0 or step >= max_steps):  # the net as it is returned
+            hits = (z == target_z).sum().to(torch.float64).reshape(1)
+            agree = float(comm.all_reduce(hits)[0]) / max(n_total, 1)
+            stale = 0 if agree > best + 1e-4 else stale + 1
+            best = max(best, agree)
+            if agree >= agreement or stale >= PATIENCE or step >= max_steps:
+                break
         opt.zero_grad()
         (kl / per_rank).backward()
         opt.step()
         step += 1
-        if step % CHECK_EVERY and step < max_steps:
-            continue
-        hits = (z == target_z).sum().to(torch.float64).reshape(1)
-        agree = float(comm.all_reduce(hits)[0]) / max(n_total, 1)
-        stale = 0 if agree > best + 1e-4 else stale + 1
-        best = max(best, agree)
-        if agree >= agreement or stale >= PATIENCE:
-            break
     model.train(False)
     return step, agree
