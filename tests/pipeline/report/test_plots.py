@@ -61,6 +61,18 @@ def test_history_plots_accept_an_empty_history(tmp_path):
         assert _pixels(plot([], tmp_path / f"{plot.__name__}.png")).size > 0
 
 
+def test_the_losses_plot_draws_the_cluster_loss_only_where_the_records_have_one(tmp_path, monkeypatch):
+    drawn = []
+    save = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: (drawn.append(fig), save(fig, path))[1])
+    nets = _history([1, 3, 3, 2])
+    exact = [{**r, "loss_cluster": None} for r in nets]  # exact EM: no net trains during the search
+    plots.plot_losses(nets, tmp_path / "nets.png")
+    plots.plot_losses(exact, tmp_path / "exact.png")
+    assert [len(f.axes) for f in drawn] == [2, 1]
+    assert [a.get_ylabel() for a in drawn[1].axes] == ["subcluster loss"]
+
+
 def test_cluster_sizes_sorted_bars(tmp_path):
     balanced = _pixels(plots.plot_cluster_sizes([100, 100, 100, 100], tmp_path / "b.png"))
     shuffled = _pixels(plots.plot_cluster_sizes([5, 300, 40, 2000], tmp_path / "s.png",
