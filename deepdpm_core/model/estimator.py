@@ -85,8 +85,8 @@ class DeepDPM(ClusterMixin, BaseEstimator):
     history_ : list of dict
         One record per epoch: epoch (counted from 1, as ``schedule`` counts), search
         (``exact_em``, or ``net``: the nets' minibatch search), n_clusters, loss_cluster
-        (None in exact EM, which trains no net during its search), loss_subcluster, splits_accepted, merges_accepted, prunes (clusters
-        removed without a merge),
+        (None in exact EM, which trains no net during its search), loss_subcluster,
+        splits_accepted, merges_accepted, prunes (clusters removed without a merge),
         prior_scale (s of Ψ = s·diag(p), in the features'
         units squared), diagonal_covariances (0 or 1), seconds, and where the seconds went:
         seconds_estep (E-step targets), seconds_train (minibatch steps), seconds_stats
