@@ -29,7 +29,8 @@ from deepdpm_core.training.search import Search
 from deepdpm_core.training.settling import grow, polish
 
 Tensor = torch.Tensor
-#: rounds of :func:`distil` between agreement checks, and checks without a gain before it stops
+#: steps of :func:`distil` between two looks for a gain, and looks without one before it
+#: stops (its mark is looked for before every step)
 CHECK_EVERY, PATIENCE = 25, 4
 #: Adam's learning rate in :func:`distil`: full-batch steps (no minibatch noise) on a net
 #: that starts at the mixture's linear discriminant, near the answer
@@ -234,10 +235,15 @@ def distil(model: nn.Module, x: Tensor, candidates: Tensor, resp: Tensor, n_tota
            comm: Communicator, lr: float, agreement: float, max_steps: int) -> tuple[int, float]:
     """Fit the clustering net to the final E-step targets: full-batch Adam on KL(r^E ‖ r).
 
-    Stops when the net's argmax agrees with r^E's on ``agreement`` of the rows (over all
-    ranks), when :data:`PATIENCE` checks in a row (every :data:`CHECK_EVERY` steps) bring
-    no gain (rows near a boundary between overlapping clusters, which a 1-hidden-layer
-    net may never place exactly), or after ``max_steps``. Every rank takes the same steps.
+    Stops as soon as the net's argmax agrees with r^E's on ``agreement`` of the rows (over
+    all ranks) and gives a row to every cluster that r^E's argmax gives one (checked
+    before every step, from the forward the step takes anyway: zero steps where the start
+    already agrees), when :data:`PATIENCE` checks in a row (every :data:`CHECK_EVERY`
+    steps) bring no gain (rows near a boundary between overlapping clusters, which a
+    1-hidden-layer net may never place exactly), or after ``max_steps``. Every rank takes
+    the same steps. The clusters the net owns no row of are dropped after it
+    (:meth:`Search.settle`): requiring the mixture's clusters keeps K the mixture's, not a
+    count that depends on how long the net trained.
 
     Parameters
     ----------
@@ -264,16 +270,23 @@ def distil(model: nn.Module, x: Tensor, candidates: Tensor, resp: Tensor, n_tota
     target_z = candidates.gather(1, resp.argmax(1, keepdim=True)).squeeze(1)
     per_rank = max(n_total, 1) / comm.world_size  # DDP averages the ranks' gradients
     model.train(True)
-    best, stale, agree, step = -1.0, 0, 0.0, 0
+    best, stale, step, owned = -1.0, 0, 0, None
     while True:
         logits = model(x)
         kl, z, _ = slot_kl(logits, candidates, resp)
-        if step and (step % CHECK_EVERY == 0 or step >= max_steps):  # the net as it is returned
-            hits = (z == target_z).sum().to(torch.float64).reshape(1)
-            agree = float(comm.all_reduce(hits)[0]) / max(n_total, 1)
+        k = logits.shape[1]
+        if owned is None:  # the clusters r^E's argmax gives a row (all ranks)
+            owned = comm.all_reduce(torch.bincount(target_z, minlength=k).to(torch.float64)) > 0
+        # the net as it is returned: its agreement, and the rows it gives each cluster
+        counts = torch.cat([(z == target_z).sum().reshape(1), torch.bincount(z, minlength=k)]).to(torch.float64)
+        counts = comm.all_reduce(counts)
+        agree = float(counts[0]) / max(n_total, 1)
+        if (agree >= agreement and bool((counts[1:][owned] > 0).all())) or step >= max_steps:
+            break
+        if step and step % CHECK_EVERY == 0:
             stale = 0 if agree > best + 1e-4 else stale + 1
             best = max(best, agree)
-            if agree >= agreement or stale >= PATIENCE or step >= max_steps:
+            if stale >= PATIENCE:
                 break
         opt.zero_grad()
         (kl / per_rank).backward()

@@ -63,16 +63,43 @@ def test_distil_fits_the_net_to_the_targets_and_stops_when_it_does():
     resp = torch.nn.functional.one_hot(torch.tensor(y), 5).float()
     candidates = torch.arange(5).expand(400, 5)
     net = ClusterNet(3, 50, 5, torch.Generator().manual_seed(0))
+    fresh = {k: v.clone() for k, v in net.state_dict().items()}
     steps, agreement = distil(net, x, candidates, resp, 400, LocalCommunicator(), 0.02, 0.99, 1000)
-    assert agreement >= 0.99 and steps < 1000
+    assert agreement >= 0.99 and 0 < steps < 1000
     # the agreement it reports is the returned net's, not the net's before a last step
     assert (net(x).argmax(1) == torch.tensor(y)).float().mean() == agreement
+    # ... and it stops at the first step that reaches the mark: one step fewer falls short
+    net.load_state_dict(fresh)
+    short = distil(net, x, candidates, resp, 400, LocalCommunicator(), 0.02, 0.99, steps - 1)[1]
+    assert short < 0.99
+    # a net that already agrees takes no step
+    assert distil(net, x, candidates, resp, 400, LocalCommunicator(), 0.02, short, 1000) == (0, short)
     # an agreement it cannot reach (random targets): stops once the checks bring no gain
     noise = torch.nn.functional.one_hot(torch.randint(5, (400,), generator=torch.Generator().manual_seed(1)), 5)
     steps, agreement = distil(net, x, candidates, noise.float(), 400, LocalCommunicator(), 0.02, 1.0, 5000)
     assert agreement < 1.0 and steps < 5000
     assert (net(x).argmax(1) == noise.argmax(1)).float().mean() == agreement
     assert distil(net, x, candidates, noise.float(), 400, LocalCommunicator(), 0.02, 1.0, 3)[0] == 3  # at most
+
+
+def test_distil_does_not_stop_before_the_net_owns_every_cluster_the_targets_do():
+    """K is the mixture's, not a count that depends on how long the net trained: a cluster
+    of 3 rows (less than the 1 % the mark leaves) keeps the net training until it owns one."""
+    x, y = make_blobs(400, centers=5, n_features=3, cluster_std=0.5, random_state=0)
+    near = np.flatnonzero(y == 0)[np.argsort(((x[y == 0] - x[y == 1].mean(0)) ** 2).sum(1))[:3]]
+    y[near] = 5  # the 3 rows of blob 0 nearest blob 1
+    x = torch.tensor((x - x.mean(0)) / x.std(), dtype=torch.float32)
+    resp, candidates = torch.nn.functional.one_hot(torch.tensor(y), 6).float(), torch.arange(6).expand(400, 6)
+
+    def fitted(max_steps):
+        net = ClusterNet(3, 50, 6, torch.Generator().manual_seed(0))
+        steps, agreement = distil(net, x, candidates, resp, 400, LocalCommunicator(), 0.02, 0.99, max_steps)
+        return steps, agreement, set(net(x).argmax(1).tolist())
+
+    steps, agreement, owned = fitted(10)  # past the mark already, without the small cluster
+    assert steps == 10 and agreement >= 0.99 and 5 not in owned
+    steps, agreement, owned = fitted(1000)
+    assert 10 < steps < 1000 and agreement >= 0.99 and owned == set(range(6))
 
 
 @pytest.mark.parametrize("max_rows, small", [(10_000, True), (0, False)])
@@ -189,7 +216,8 @@ def test_the_net_of_many_clusters_in_many_features_is_widened_to_their_discrimin
     search.fit()
     last = search.history[-1]
     assert search.n_clusters == 30 and search.nets.cluster.hidden.weight.shape == (58, 40)
-    assert last["distil_steps"] == exact_em.CHECK_EVERY and last["distil_agreement"] == 1.0
+    # the discriminant start already agrees: not a step is taken
+    assert last["distil_steps"] == 0 and last["distil_agreement"] == 1.0
     resumed = start_fit(config, x)
     resumed.resume(search.state_dict())  # the widened net loads at its width
     with torch.no_grad():
