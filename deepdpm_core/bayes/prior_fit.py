@@ -65,6 +65,9 @@ class PriorFit:
         per-feature variance (the first fit, at initialisation, replaces it).
     priors : list of NIWPrior
         The candidates (full and/or diagonal covariances).
+    scales : list of float
+        Each candidate's s, kept as fitted: recovering it from Ψ0 rounds, and a resumed
+        fit's ν0 refit reads Λ0, so it would not go on exactly as the uninterrupted one.
     prior : NIWPrior
         The one in use.
     """
@@ -97,6 +100,7 @@ class PriorFit:
             for kind in kinds
         ]
         self.prior = self.priors[0]
+        self.scales = [self.sigma_scale] * len(self.priors)
 
     def kappa(self, sigma_scale: float) -> float:
         """κ0: the configured number, or (``auto``) s·mean(P) on x̃, whose mean per-feature
@@ -132,6 +136,7 @@ class PriorFit:
         else:
             best = 0
         self.priors = [prior for prior, _ in fitted]
+        self.scales = [s for _, s in fitted]
         self.prior, self.sigma_scale = fitted[best]
 
     def state_dict(self) -> dict[str, Any]:
@@ -139,7 +144,7 @@ class PriorFit:
         return {
             "sigma_scale": self.sigma_scale,
             "prior_shape": self.shape.tolist(),
-            "prior_scales": [float(p.scale[0, 0] / (p.nu * self.shape[0])) for p in self.priors],
+            "prior_scales": list(self.scales),
             "prior_nus": [p.nu for p in self.priors],
             "prior_diagonal": self.prior.diagonal,
         }
@@ -152,8 +157,9 @@ class PriorFit:
         if "prior_shape" in state:
             self.shape = torch.tensor(state["prior_shape"], dtype=torch.float64)
         nus = state.get("prior_nus", [None] * len(self.priors))
+        self.scales = [float(s) for s in state["prior_scales"]]
         self.priors = [p.with_scale(self.shape, s, self.kappa(s), nu)
-                       for p, s, nu in zip(self.priors, state["prior_scales"], nus, strict=True)]
+                       for p, s, nu in zip(self.priors, self.scales, nus, strict=True)]
         self.prior = next(p for p in self.priors if p.diagonal == bool(state["prior_diagonal"]))
 
     def numerical_failure(self, epoch: int) -> DataError:
