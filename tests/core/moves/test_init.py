@@ -45,6 +45,27 @@ def test_seeds_are_distinct_rows_reproducible_and_survive_duplicates():
     assert kmeans_pp_seeds(twins, 5, np.random.default_rng(0)).shape == (5, 2)
 
 
+def _pp_seeds_brute_force(x: np.ndarray, n_clusters: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ as written in the paper: every row's distance to every new seed."""
+    chosen, d2 = [int(rng.integers(len(x)))], np.full(len(x), np.inf)
+    for _ in range(n_clusters - 1):
+        d2 = np.minimum(d2, ((x - x[chosen[-1]]) ** 2).sum(1))
+        cum = np.cumsum(d2)
+        chosen.append(min(int(np.searchsorted(cum, cum[-1] * rng.random(), side="right")), len(x) - 1))
+    return x[chosen]
+
+
+def test_seeds_ruled_out_by_the_triangle_inequality_are_those_of_brute_force():
+    # 150 tight groups on an integer lattice: the distances are exact in float32, so the
+    # rows a new seed is not measured against may change no draw; 400 seeds, most of them
+    # placed where few rows can come nearer
+    rng = np.random.default_rng(0)
+    centres = rng.integers(-40, 40, size=(150, 5)) * 10
+    x = (centres[rng.integers(150, size=3000)] + rng.integers(-2, 3, size=(3000, 5))).astype(np.float32)
+    np.testing.assert_array_equal(kmeans_pp_seeds(x, 400, np.random.default_rng(7)),
+                                  _pp_seeds_brute_force(x, 400, np.random.default_rng(7)))
+
+
 def _covered(x: np.ndarray, y: np.ndarray, centers: np.ndarray) -> int:
     """True clusters that are the majority of some centre's Voronoi cell."""
     index = faiss.IndexFlatL2(x.shape[1])
