@@ -12,7 +12,7 @@ The pairs kept carry (u_jk, a_jk), which level 3 applies to each point.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -67,6 +67,16 @@ class PairBounds:
         """
         u = torch.empty(len(comps), self.mixture.dim, dtype=torch.float64, device=self.mixture.means.device)
         a = torch.empty(len(comps), dtype=torch.float64, device=self.mixture.means.device)
+        for sel, u_part, a_part in self._direction_parts(anchors, comps, batched):
+            u[sel], a[sel] = u_part, a_part
+        return u, a
+
+    def _direction_parts(self, anchors: Tensor, comps: Tensor, batched: bool | None
+                         ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        """:meth:`pair_directions` a part at a time (a chunk of pairs, or one component's):
+        ``(sel, u[sel], a[sel])``, ``sel`` int64 indices into the pairs, so that a caller
+        that keeps few of the pairs never holds all P of the (P, D) float64 u."""
+        device = self.mixture.means.device
         if blocks.use_blocks(self.mixture.means, batched):  # P_k gathered per pair, in chunks
             step = max(1, self.mixture.layout.chunk_elems // self.mixture.dim**2)
             for s in range(0, len(comps), step):
@@ -74,9 +84,9 @@ class PairBounds:
                 prec = self.mixture.prec_chol[k]
                 w = torch.bmm((self.mixture.means[j] - self.mixture.means[k])[:, None], prec)  # (c, 1, D): rows P_kᵀΔ
                 norm = w.norm(dim=2, keepdim=True)
-                a[s : s + step] = norm[:, 0, 0]
-                u[s : s + step] = (torch.bmm(w, prec.transpose(1, 2)) * torch.where(norm > 0, 1.0 / norm, 0.0))[:, 0]
-            return u, a
+                u = (torch.bmm(w, prec.transpose(1, 2)) * torch.where(norm > 0, 1.0 / norm, 0.0))[:, 0]
+                yield torch.arange(s, s + len(k), device=device), u, norm[:, 0, 0]
+            return
         order = torch.argsort(comps.to(torch.int32), stable=True)
         start = 0
         for k, count in enumerate(torch.bincount(comps, minlength=self.mixture.n_components).tolist()):
@@ -91,10 +101,8 @@ class PairBounds:
                     w = delta @ prec  # rows P_kᵀΔ
                     norm = w.norm(dim=1)
                     v = w @ prec.T
-                a[sel] = norm
-                u[sel] = v * torch.where(norm > 0, 1.0 / norm, 0.0)[:, None]
+                yield sel, v * torch.where(norm > 0, 1.0 / norm, 0.0)[:, None], norm
             start += count
-        return u, a
 
     def reachable_pairs(self, anchors: Tensor, radius: Tensor, floor: Tensor, block_elems: int = 1 << 22,
                          batched: bool | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -141,8 +149,20 @@ class PairBounds:
             pair_room.append(room[j, k])
             pair_radius.append(rad[j, 0])
         pair_anchor, pair_comp, room, rad = (torch.cat(t) for t in (pair_anchor, pair_comp, pair_room, pair_radius))
-        u, a = self.pair_directions(pair_anchor, pair_comp, batched)
-        kept = torch.nonzero((a - u.norm(dim=1) * rad).clamp_min(0).square() <= room).squeeze(1)
-        kept = kept[torch.argsort(pair_anchor[kept].to(torch.int32), stable=True)]  # one gather of (P, D)
-        return (pair_anchor[kept], pair_comp[kept],
-                u[kept].to(self.mixture.work_dtype), a[kept].to(self.mixture.work_dtype))
+        # level 2 a part at a time: only the kept pairs' u are held, in the work dtype
+        work, device = self.mixture.work_dtype, pair_anchor.device
+        # (empty parts first: there may be no pair at all)
+        kept = [torch.empty(0, dtype=torch.int64, device=device)]
+        kept_u = [torch.empty(0, self.mixture.dim, dtype=work, device=device)]
+        kept_a = [torch.empty(0, dtype=work, device=device)]
+        for sel, u, a in self._direction_parts(pair_anchor, pair_comp, batched):
+            ok = torch.nonzero((a - u.norm(dim=1) * rad[sel]).clamp_min(0).square() <= room[sel]).squeeze(1)
+            kept.append(sel[ok])
+            kept_u.append(u[ok].to(work))
+            kept_a.append(a[ok].to(work))
+        kept, u, a = torch.cat(kept), torch.cat(kept_u), torch.cat(kept_a)
+        # by anchor, then in the pairs' order
+        order = torch.argsort(kept)
+        order = order[torch.argsort(pair_anchor[kept[order]].to(torch.int32), stable=True)]
+        kept = kept[order]
+        return pair_anchor[kept], pair_comp[kept], u[order], a[order]
