@@ -46,8 +46,11 @@ class PairBounds:
         self.mixture = mixture
         self.lam_max = (eigen_bound or largest_eigenvalue_bound)(mixture.covariances)
 
-    def pair_directions(self, anchors: Tensor, comps: Tensor, batched: bool | None = None) -> tuple[Tensor, Tensor]:
-        """The Cauchy–Schwarz bound's vectors for pairs (anchor j, component k).
+    def pair_directions(self, anchors: Tensor, comps: Tensor, batched: bool | None = None
+                        ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        """The Cauchy–Schwarz bound's vectors for pairs (anchor j, component k), a part at
+        a time (a chunk of pairs, or one component's), so that a caller that keeps few of
+        the pairs never holds all P of the (P, D) float64 u.
 
         a_jk = ‖P_kᵀ(μ_j − μ_k)‖ (the Mahalanobis distance of μ_j under component k) and
         u_jk = Σ_k⁻¹(μ_j − μ_k) / a_jk = P_k P_kᵀ(μ_j − μ_k) / a_jk, so u_jkᵀΣ_k u_jk = 1 and,
@@ -60,22 +63,13 @@ class PairBounds:
         batched : bool, optional
             Batched GEMMs with P_k gathered per pair (default: on a GPU).
 
-        Returns
-        -------
-        u : Tensor of shape (P, D), float64
-        a : Tensor of shape (P,), float64
+        Yields
+        ------
+        sel : Tensor of shape (p,), int64
+            The part's pairs, indices into ``anchors`` and ``comps``; the parts cover every pair once.
+        u : Tensor of shape (p, D), float64
+        a : Tensor of shape (p,), float64
         """
-        u = torch.empty(len(comps), self.mixture.dim, dtype=torch.float64, device=self.mixture.means.device)
-        a = torch.empty(len(comps), dtype=torch.float64, device=self.mixture.means.device)
-        for sel, u_part, a_part in self._direction_parts(anchors, comps, batched):
-            u[sel], a[sel] = u_part, a_part
-        return u, a
-
-    def _direction_parts(self, anchors: Tensor, comps: Tensor, batched: bool | None
-                         ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
-        """:meth:`pair_directions` a part at a time (a chunk of pairs, or one component's):
-        ``(sel, u[sel], a[sel])``, ``sel`` int64 indices into the pairs, so that a caller
-        that keeps few of the pairs never holds all P of the (P, D) float64 u."""
         device = self.mixture.means.device
         if blocks.use_blocks(self.mixture.means, batched):  # P_k gathered per pair, in chunks
             step = max(1, self.mixture.layout.chunk_elems // self.mixture.dim**2)
@@ -155,7 +149,7 @@ class PairBounds:
         kept = [torch.empty(0, dtype=torch.int64, device=device)]
         kept_u = [torch.empty(0, self.mixture.dim, dtype=work, device=device)]
         kept_a = [torch.empty(0, dtype=work, device=device)]
-        for sel, u, a in self._direction_parts(pair_anchor, pair_comp, batched):
+        for sel, u, a in self.pair_directions(pair_anchor, pair_comp, batched):
             ok = torch.nonzero((a - u.norm(dim=1) * rad[sel]).clamp_min(0).square() <= room[sel]).squeeze(1)
             kept.append(sel[ok])
             kept_u.append(u[ok].to(work))

@@ -118,7 +118,7 @@ class SparseEStep:
         comps : Tensor of shape (C,), int64
             Components left for anchor j by :meth:`~deepdpm_core.estep.pair_bounds.PairBounds.reachable_pairs`.
         u, a : Tensor of shape (C, D) and (C,)
-            Their :meth:`~deepdpm_core.estep.pair_bounds.PairBounds.pair_directions`.
+            Their :meth:`~deepdpm_core.estep.pair_bounds.PairBounds.pair_directions`, in the work dtype.
         lam : Tensor of shape (C,)
             Upper bounds on their λ_max(Σ_k) (:attr:`~deepdpm_core.estep.pair_bounds.PairBounds.lam_max`).
         cap : int
