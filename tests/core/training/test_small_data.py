@@ -12,6 +12,7 @@ from deepdpm_core.nets import ClusterNet
 from deepdpm_core.runtime import LocalCommunicator
 from deepdpm_core.training import exact_em, start_fit
 from deepdpm_core.training.exact_em import (
+    CHECK_EVERY,
     ExactEM,
     distil,
     distil_max_steps,
@@ -19,6 +20,8 @@ from deepdpm_core.training.exact_em import (
     exact_statistics,
 )
 from deepdpm_core.training.fit_context import build_nets, model_state
+
+Tensor = torch.Tensor
 
 
 def _state(rng, k, d):
@@ -57,29 +60,63 @@ def test_exact_statistics_match_brute_force():
     assert float(sum_sub) == pytest.approx(dist.min(1).sum(), rel=1e-5)
 
 
-def test_distil_fits_the_net_to_the_targets_and_stops_when_it_does():
+def _blob_targets(unsure: int = 0) -> tuple[Tensor, Tensor, Tensor, np.ndarray]:
+    """400 rows of 5 blobs in 3-D, standardised, with one-hot targets but for the ``unsure``
+    rows of blob 0 nearest blob 1, which r^E shares 0.6 / 0.4 between them."""
     x, y = make_blobs(400, centers=5, n_features=3, cluster_std=0.5, random_state=0)
+    resp = np.eye(5)[y]
+    near = np.flatnonzero(y == 0)[np.argsort(((x[y == 0] - x[y == 1].mean(0)) ** 2).sum(1))[:unsure]]
+    resp[near, 0], resp[near, 1] = 0.6, 0.4
     x = torch.tensor((x - x.mean(0)) / x.std(), dtype=torch.float32)
-    resp = torch.nn.functional.one_hot(torch.tensor(y), 5).float()
-    candidates = torch.arange(5).expand(400, 5)
+    return x, torch.arange(5).expand(400, 5), torch.tensor(resp, dtype=torch.float32), y
+
+
+def test_distil_fits_the_net_to_the_targets_and_stops_when_it_does():
+    x, candidates, resp, y = _blob_targets(unsure=3)
     net = ClusterNet(3, 50, 5, torch.Generator().manual_seed(0))
-    fresh = {k: v.clone() for k, v in net.state_dict().items()}
     steps, agreement = distil(net, x, candidates, resp, 400, LocalCommunicator(), 0.02, 0.99, 1000)
     assert agreement >= 0.99 and 0 < steps < 1000
     # the agreement it reports is the returned net's, not the net's before a last step
     assert (net(x).argmax(1) == torch.tensor(y)).float().mean() == agreement
-    # ... and it stops at the first step that reaches the mark: one step fewer falls short
-    net.load_state_dict(fresh)
-    short = distil(net, x, candidates, resp, 400, LocalCommunicator(), 0.02, 0.99, steps - 1)[1]
-    assert short < 0.99
     # a net that already agrees takes no step
-    assert distil(net, x, candidates, resp, 400, LocalCommunicator(), 0.02, short, 1000) == (0, short)
+    assert distil(net, x, candidates, resp, 400, LocalCommunicator(), 0.02, 0.99, 1000) == (0, agreement)
     # an agreement it cannot reach (random targets): stops once the checks bring no gain
     noise = torch.nn.functional.one_hot(torch.randint(5, (400,), generator=torch.Generator().manual_seed(1)), 5)
     steps, agreement = distil(net, x, candidates, noise.float(), 400, LocalCommunicator(), 0.02, 1.0, 5000)
     assert agreement < 1.0 and steps < 5000
     assert (net(x).argmax(1) == noise.argmax(1)).float().mean() == agreement
     assert distil(net, x, candidates, noise.float(), 400, LocalCommunicator(), 0.02, 1.0, 3)[0] == 3  # at most
+
+
+def _distilled(x, candidates, resp, max_steps, mark=0.99):
+    net = ClusterNet(3, 50, resp.shape[1], torch.Generator().manual_seed(0))
+    steps, agreement = distil(net, x, candidates, resp, 400, LocalCommunicator(), 0.02, mark, max_steps)
+    with torch.no_grad():
+        return steps, agreement, net(x).argmax(1)
+
+
+def test_distil_stops_at_the_mark_only_once_it_misses_no_clear_row():
+    """The rows the net may leave to the mark's 1 % are those r^E itself is unsure of; a
+    row it assigns with 0.99 of its mass placed elsewhere is a wrong label."""
+    x, candidates, resp, y = _blob_targets(unsure=3)
+    clear = resp.max(1).values >= 0.99
+    steps, agreement, z = _distilled(x, candidates, resp, 1000)
+    assert agreement >= 0.99 and (z == torch.tensor(y))[clear].all()
+    before = _distilled(x, candidates, resp, steps - 1)
+    assert before[1] < 0.99 or not (before[2] == torch.tensor(y))[clear].all()
+
+
+def test_distil_waits_for_a_clear_row_it_misses_only_so_long():
+    """A clear row the net cannot place (one target inside another blob) holds it
+    :data:`CHECK_EVERY` steps past the first step that reaches the mark, not to patience."""
+    x, candidates, resp, y = _blob_targets()
+    odd = int(np.flatnonzero(y == 2)[0])
+    resp[odd] = torch.nn.functional.one_hot(torch.tensor(3), 5).float()  # blob 2's row, said to be blob 3's
+    steps, agreement, z = _distilled(x, candidates, resp, 1000)
+    assert agreement >= 0.99 and z[odd] != 3
+    marked = steps - CHECK_EVERY  # the first step at the mark
+    assert _distilled(x, candidates, resp, marked)[1] >= 0.99
+    assert _distilled(x, candidates, resp, marked - 1)[1] < 0.99
 
 
 def test_distil_does_not_stop_before_the_net_owns_every_cluster_the_targets_do():
