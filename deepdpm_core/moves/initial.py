@@ -119,7 +119,8 @@ def kmeans_pp_seeds(x: np.ndarray, n_clusters: int, rng: np.random.Generator) ->
         else:
             dist = torch.addmv(sq[rows], X.index_select(0, rows), X[c], alpha=-2.0).add_(sq[c]).clamp_min_(0.0)
             nearer = dist < d2[rows]
-            d2[rows[nearer]], owner[rows[nearer]] = dist[nearer], t
+            moved = rows[nearer]
+            d2[moved], owner[moved] = dist[nearer], t
         cum = torch.cumsum(d2, 0, dtype=torch.float64)
         if cum[-1] <= 0:  # fewer distinct rows than seeds: the rest at random
             chosen.append(int(rng.integers(len(X))))

@@ -127,16 +127,10 @@ def test_distil_does_not_stop_before_the_net_owns_every_cluster_the_targets_do()
     y[near] = 5  # the 3 rows of blob 0 nearest blob 1
     x = torch.tensor((x - x.mean(0)) / x.std(), dtype=torch.float32)
     resp, candidates = torch.nn.functional.one_hot(torch.tensor(y), 6).float(), torch.arange(6).expand(400, 6)
-
-    def fitted(max_steps):
-        net = ClusterNet(3, 50, 6, torch.Generator().manual_seed(0))
-        steps, agreement = distil(net, x, candidates, resp, 400, LocalCommunicator(), 0.02, 0.99, max_steps)
-        return steps, agreement, set(net(x).argmax(1).tolist())
-
-    steps, agreement, owned = fitted(10)  # past the mark already, without the small cluster
-    assert steps == 10 and agreement >= 0.99 and 5 not in owned
-    steps, agreement, owned = fitted(1000)
-    assert 10 < steps < 1000 and agreement >= 0.99 and owned == set(range(6))
+    steps, agreement, z = _distilled(x, candidates, resp, 10)  # past the mark already, without the small cluster
+    assert steps == 10 and agreement >= 0.99 and 5 not in set(z.tolist())
+    steps, agreement, z = _distilled(x, candidates, resp, 1000)
+    assert 10 < steps < 1000 and agreement >= 0.99 and set(z.tolist()) == set(range(6))
 
 
 @pytest.mark.parametrize("max_rows, small", [(10_000, True), (0, False)])
