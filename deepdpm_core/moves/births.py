@@ -150,23 +150,24 @@ def birth_kmeans(x: Tensor, labels: Tensor, n_clusters: int, clusters: Tensor, s
     slot[clusters.to(x.device)] = torch.arange(b, device=x.device)
     row_slot = torch.where(labels >= 0, slot[labels.clamp_min(0)], -1)
     rows = torch.nonzero(row_slot >= 0).squeeze(1)
-    xs, owner = x.index_select(0, rows).to(torch.float64), row_slot.index_select(0, rows)
+    # the rows gathered once, cluster by cluster: each cluster's rows are one contiguous block
+    rows = rows[torch.argsort(row_slot.index_select(0, rows), stable=True)]
+    xs = x.index_select(0, rows).to(torch.float64)
+    ends = torch.cumsum(torch.bincount(row_slot.index_select(0, rows), minlength=b), 0).tolist()
+    blocks = list(zip([0, *ends[:-1]], ends, strict=True))
     centres = seeds.to(x.device, torch.float64).clone()
 
-    members = [torch.nonzero(owner == c).squeeze(1) for c in range(b)]
-
     def assign() -> Tensor:
-        out = torch.empty_like(owner)
-        for c, idx in enumerate(members):  # ‖x − m‖² up to ‖x‖², one product a cluster
-            scores = (centres[c].square().sum(1) - 2 * xs.index_select(0, idx) @ centres[c].T)
-            out[idx] = c * p + scores.argmin(1)
+        out = torch.empty(xs.shape[0], dtype=torch.long, device=x.device)
+        for c, (s, e) in enumerate(blocks):  # ‖x − m‖² up to ‖x‖², one product a cluster
+            scores = centres[c].square().sum(1) - 2 * xs[s:e] @ centres[c].T
+            out[s:e] = c * p + scores.argmin(1)
         return out
 
     for _ in range(iters):
         part = assign()
-        sums = torch.zeros(b * p, d + 1, dtype=torch.float64, device=x.device)
-        sums.index_add_(0, part, torch.cat([xs, torch.ones_like(xs[:, :1])], 1))
-        sums = comm.all_reduce(sums)
+        sums = torch.zeros(b * p, d, dtype=torch.float64, device=x.device).index_add_(0, part, xs)
+        sums = comm.all_reduce(torch.cat([sums, torch.bincount(part, minlength=b * p).to(sums)[:, None]], 1))
         n = sums[:, -1:]
         centres = torch.where(n > 0, sums[:, :-1] / n.clamp_min(1.0), centres.view(b * p, d)).view(b, p, d)
     part = assign()

@@ -102,3 +102,26 @@ def slot_kl(logits: Tensor, slots: Tensor, target: Tensor) -> tuple[Tensor, Tens
         ln softmax(logits) on the slots; not differentiable.
     """
     return _SlotKL.apply(logits, slots, target)
+
+
+def slot_misfit(log_r: Tensor, slots: Tensor, target: Tensor) -> Tensor:
+    """‖softmax(logits) − r^E‖₁ of each row, from :func:`slot_kl`'s ``log_r``: the slots'
+    terms, each cluster counted once, plus the probability the net puts off the slots. It
+    bounds the row's gradient of the loss with respect to its logits (softmax − r^E) in
+    every entry.
+
+    Parameters
+    ----------
+    log_r : Tensor of shape (B, m)
+        ln softmax(logits) on the slots.
+    slots, target : Tensor of shape (B, m)
+        As :func:`slot_kl`'s.
+
+    Returns
+    -------
+    Tensor of shape (B,), float32
+    """
+    prob = log_r.float().exp()
+    for j in range(1, slots.shape[1]):  # a repeated slot (target 0) adds its cluster once
+        prob[:, j] *= (slots[:, :j] != slots[:, j:j + 1]).all(1)
+    return (prob - target).abs().sum(1) + (1.0 - prob.sum(1)).clamp_min(0)
