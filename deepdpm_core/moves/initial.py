@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from deepdpm_core.config import InitConfig, searches_by_exact_em
+from deepdpm_core.moves.kmeans_pp import kmeans_pp_seeds
 from deepdpm_core.runtime import Communicator
 
 Tensor = torch.Tensor
@@ -72,73 +73,6 @@ def kmeans_sample_size(n_total: int, n_clusters: int, config: InitConfig) -> int
     """
     wanted = max(KMEANS_ROWS_X_CLUSTERS // n_clusters, config.points_per_cluster * n_clusters)
     return min(n_total, config.max_points, wanted)
-
-
-def kmeans_pp_seeds(x: np.ndarray, n_clusters: int, rng: np.random.Generator) -> np.ndarray:
-    """k-means++ seeding (Arthur & Vassilvitskii 2007): each next seed is a row drawn with
-    probability proportional to its squared distance to the nearest seed so far.
-
-    FAISS's uniformly drawn seeds leave small clusters of imbalanced data without a centre,
-    each then to be recovered by a split (1.28M x 128, 1000 Gaussians: 656 covered from
-    random seeds, 865 from k-means++). Each new seed c measures only the rows it may come
-    nearer to: by the triangle inequality ‖x − c‖ ≥ ‖c − s‖ − ‖x − s‖ ≥ ‖x − s‖ wherever
-    ‖c − s‖ ≥ 2‖x − s‖, s the row's nearest seed (Elkan 2003), so once the seeds are many
-    most rows are ruled out by one look-up; O(N·D) time a seed at worst, O(N) memory.
-
-    Parameters
-    ----------
-    x : ndarray of shape (N, D), float32
-    rng : numpy Generator
-
-    Returns
-    -------
-    ndarray of shape (n_clusters, D), float32 — rows of ``x``
-    """
-    X = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-    sq = X.square().sum(1)
-    chosen = [int(rng.integers(len(X)))]
-    d2 = torch.full_like(sq, math.inf)
-    owner = torch.zeros(len(X), dtype=torch.long)  # each row's nearest seed, by its place in ``chosen``
-    seeds = torch.empty(n_clusters, X.shape[1])
-    # what the formula below may be off by (its rounding), added where a row is ruled out
-    slack = PP_ROUNDING * (X.shape[1] + 2) * torch.finfo(torch.float32).eps * (sq + sq.max())
-    for t in range(n_clusters - 1):
-        c = chosen[-1]
-        seeds[t] = X[c]
-        rows = None  # every row
-        if t:
-            to_seeds = (seeds[:t] - X[c]).square_().sum(1)  # ‖c − s‖² for every earlier seed s
-            maybe = torch.nonzero(to_seeds[owner] < 4.0 * (d2 + slack)).squeeze(1)
-            if len(maybe) * PP_GATHER_COST < len(X):
-                rows = maybe
-        # ||x - c||² = ||x||² - 2 x·c + ||c||², clamped: cancellation can go below 0
-        if rows is None:
-            dist = torch.addmv(sq, X, X[c], alpha=-2.0).add_(sq[c]).clamp_min_(0.0)
-            owner.masked_fill_(dist < d2, t)
-            torch.minimum(d2, dist, out=d2)
-        else:
-            dist = torch.addmv(sq[rows], X.index_select(0, rows), X[c], alpha=-2.0).add_(sq[c]).clamp_min_(0.0)
-            nearer = dist < d2[rows]
-            moved = rows[nearer]
-            d2[moved], owner[moved] = dist[nearer], t
-        cum = torch.cumsum(d2, 0, dtype=torch.float64)
-        if cum[-1] <= 0:  # fewer distinct rows than seeds: the rest at random
-            chosen.append(int(rng.integers(len(X))))
-            continue
-        pick = int(torch.searchsorted(cum, torch.tensor([float(cum[-1]) * rng.random()],
-                                                        dtype=torch.float64), right=True))
-        chosen.append(min(pick, len(X) - 1))
-    return x[chosen].astype(np.float32, copy=False)
-
-
-#: :func:`kmeans_pp_seeds` keeps a row among those a new seed may come nearer to unless the
-#: triangle inequality rules it out by this many times a dot product's rounding
-#: ((D + 2)·ε, relative to ‖x‖² + max ‖x‖²) beyond its squared distance
-PP_ROUNDING = 4
-#: ... and measures only those rows where they are fewer than 1/this of all: gathering a
-#: row costs about what its distance costs (82,000 x 128, one CPU thread: 5.7 ms to gather
-#: 20,000 rows, 11.5 ms for the distances of all 82,000)
-PP_GATHER_COST = 2
 
 
 #: FAISS k-means runs on rows of at least this many features, zero columns appended: the

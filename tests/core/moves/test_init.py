@@ -13,9 +13,9 @@ from deepdpm_core.moves.initial import (
     initial_cluster_count,
     initial_clusters,
     kmeans_centers,
-    kmeans_pp_seeds,
     nearest_center,
 )
+from deepdpm_core.moves.kmeans_pp import PP_SEQUENTIAL_SEEDS, kmeans_pp_seeds
 from deepdpm_core.runtime.communicator import LocalCommunicator
 
 
@@ -33,16 +33,36 @@ def test_second_seed_follows_the_d2_distribution():
     assert np.all(np.abs(freq - exact) < 4 * sigma + 1e-12), (freq, exact)
 
 
-def test_seeds_are_distinct_rows_reproducible_and_survive_duplicates():
+def test_a_seed_drawn_in_a_block_follows_the_d2_distribution():
+    # drawn in blocks from the second seed on: the third is proposed by its distance to the
+    # first alone and kept by its distance to both, P(third = j) = E[min(d_1j, d_2j)^2 / sum]
+    x = np.array([[0.0], [1.0], [3.0], [7.0], [15.0]], dtype=np.float32)
+    d2 = (x - x.T) ** 2
+    exact = np.zeros(5)
+    for a in range(5):
+        for b in range(5):
+            p_b = d2[a, b] / d2[a].sum()
+            near = np.minimum(d2[a], d2[b])
+            exact += p_b * near / near.sum() / 5
+    rng = np.random.default_rng(0)
+    draws = 6000
+    thirds = [float(kmeans_pp_seeds(x, 3, rng, sequential=1)[2, 0]) for _ in range(draws)]
+    freq = np.array([thirds.count(float(v)) for v in x[:, 0]]) / draws
+    sigma = np.sqrt(exact * (1 - exact) / draws)
+    assert np.all(np.abs(freq - exact) < 4 * sigma + 1e-12), (freq, exact)
+
+
+@pytest.mark.parametrize("sequential", [PP_SEQUENTIAL_SEEDS, 1])
+def test_seeds_are_distinct_rows_reproducible_and_survive_duplicates(sequential):
     x = np.random.default_rng(1).normal(size=(500, 6)).astype(np.float32)
-    a = kmeans_pp_seeds(x, 20, np.random.default_rng(3))
-    b = kmeans_pp_seeds(x, 20, np.random.default_rng(3))
+    a = kmeans_pp_seeds(x, 200, np.random.default_rng(3), sequential)
+    b = kmeans_pp_seeds(x, 200, np.random.default_rng(3), sequential)
     np.testing.assert_array_equal(a, b)
-    assert a.shape == (20, 6) and len(np.unique(a, axis=0)) == 20  # D² never redraws a seed
+    assert a.shape == (200, 6) and len(np.unique(a, axis=0)) == 200  # D² never redraws a seed
     assert all((x == row).all(1).any() for row in a)
     # two distinct rows, five seeds: the rest are drawn uniformly instead of failing
     twins = np.repeat(np.eye(2, dtype=np.float32), 50, axis=0)
-    assert kmeans_pp_seeds(twins, 5, np.random.default_rng(0)).shape == (5, 2)
+    assert kmeans_pp_seeds(twins, 5, np.random.default_rng(0), sequential).shape == (5, 2)
 
 
 def _pp_seeds_brute_force(x: np.ndarray, n_clusters: int, rng: np.random.Generator) -> np.ndarray:
@@ -56,14 +76,14 @@ def _pp_seeds_brute_force(x: np.ndarray, n_clusters: int, rng: np.random.Generat
 
 
 def test_seeds_ruled_out_by_the_triangle_inequality_are_those_of_brute_force():
-    # 150 tight groups on an integer lattice: the distances are exact in float32, so the
-    # rows a new seed is not measured against may change no draw; 400 seeds, most of them
-    # placed where few rows can come nearer
+    # 100 tight groups on an integer lattice: the distances are exact in float32, so the
+    # rows a new seed is not measured against may change no draw; all the seeds drawn one
+    # by one, most of them placed where few rows can come nearer
     rng = np.random.default_rng(0)
-    centres = rng.integers(-40, 40, size=(150, 5)) * 10
-    x = (centres[rng.integers(150, size=3000)] + rng.integers(-2, 3, size=(3000, 5))).astype(np.float32)
-    np.testing.assert_array_equal(kmeans_pp_seeds(x, 400, np.random.default_rng(7)),
-                                  _pp_seeds_brute_force(x, 400, np.random.default_rng(7)))
+    centres = rng.integers(-40, 40, size=(100, 5)) * 10
+    x = (centres[rng.integers(100, size=3000)] + rng.integers(-2, 3, size=(3000, 5))).astype(np.float32)
+    np.testing.assert_array_equal(kmeans_pp_seeds(x, PP_SEQUENTIAL_SEEDS, np.random.default_rng(7)),
+                                  _pp_seeds_brute_force(x, PP_SEQUENTIAL_SEEDS, np.random.default_rng(7)))
 
 
 def _covered(x: np.ndarray, y: np.ndarray, centers: np.ndarray) -> int:
