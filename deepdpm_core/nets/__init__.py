@@ -2,7 +2,7 @@
 
 from deepdpm_core.nets.adam import Adam
 from deepdpm_core.nets.linear_discriminant import discriminant_start, widen_hidden
-from deepdpm_core.nets.losses import slot_kl, slot_misfit
+from deepdpm_core.nets.losses import first_slots, slot_kl, slot_misfit
 from deepdpm_core.nets.networks import (
     ClusterNet,
     SubclusterNets,
@@ -13,6 +13,6 @@ from deepdpm_core.nets.networks import (
 )
 
 __all__ = [
-    "Adam", "axis_aligned_subnets", "cluster_row_map", "ClusterNet", "discriminant_start", "new_row_of", "reindex_rows",
+    "Adam", "axis_aligned_subnets", "cluster_row_map", "ClusterNet", "discriminant_start", "first_slots", "new_row_of", "reindex_rows",
     "slot_kl", "slot_misfit", "SubclusterNets", "widen_hidden"
 ]

@@ -104,7 +104,15 @@ def slot_kl(logits: Tensor, slots: Tensor, target: Tensor) -> tuple[Tensor, Tens
     return _SlotKL.apply(logits, slots, target)
 
 
-def slot_misfit(log_r: Tensor, slots: Tensor, target: Tensor) -> Tensor:
+def first_slots(slots: Tensor) -> Tensor:
+    """Whether each slot is the first of its row to hold its cluster, (B, m) float32 of 0
+    and 1, from ``slots`` (B, m) int64 (:func:`slot_kl`'s; a repeated slot has target 0)."""
+    m = slots.shape[1]
+    earlier = torch.ones(m, m, dtype=torch.bool, device=slots.device).tril(-1)  # [j, i]: slot i comes before j
+    return (~((slots[:, :, None] == slots[:, None, :]) & earlier).any(2)).float()
+
+
+def slot_misfit(log_r: Tensor, target: Tensor, first: Tensor) -> Tensor:
     """‖softmax(logits) − r^E‖₁ of each row, from :func:`slot_kl`'s ``log_r``: the slots'
     terms, each cluster counted once, plus the probability the net puts off the slots. It
     bounds the row's gradient of the loss with respect to its logits (softmax − r^E) in
@@ -114,14 +122,14 @@ def slot_misfit(log_r: Tensor, slots: Tensor, target: Tensor) -> Tensor:
     ----------
     log_r : Tensor of shape (B, m)
         ln softmax(logits) on the slots.
-    slots, target : Tensor of shape (B, m)
+    target : Tensor of shape (B, m)
         As :func:`slot_kl`'s.
+    first : Tensor of shape (B, m)
+        :func:`first_slots` of the slots.
 
     Returns
     -------
     Tensor of shape (B,), float32
     """
-    prob = log_r.float().exp()
-    for j in range(1, slots.shape[1]):  # a repeated slot (target 0) adds its cluster once
-        prob[:, j] *= (slots[:, :j] != slots[:, j:j + 1]).all(1)
+    prob = log_r.float().exp() * first
     return (prob - target).abs().sum(1) + (1.0 - prob.sum(1)).clamp_min(0)

@@ -22,7 +22,14 @@ from torch import nn
 
 from deepdpm_core.bayes import SuffStats, grouped_stats
 from deepdpm_core.estep import R_FLOOR, MixtureState
-from deepdpm_core.nets import Adam, discriminant_start, slot_kl, slot_misfit, widen_hidden
+from deepdpm_core.nets import (
+    Adam,
+    discriminant_start,
+    first_slots,
+    slot_kl,
+    slot_misfit,
+    widen_hidden,
+)
 from deepdpm_core.runtime import Communicator, net_precision
 from deepdpm_core.training.move_round import births
 from deepdpm_core.training.search import Search
@@ -281,6 +288,7 @@ def distil(model: nn.Module, x: Tensor, candidates: Tensor, resp: Tensor, n_tota
     opt = Adam(params, lr)
     top, slot = resp.max(1)
     target_z, clear = candidates.gather(1, slot[:, None]).squeeze(1), top >= agreement
+    first = first_slots(candidates)
     per_rank = max(n_total, 1) / comm.world_size  # DDP averages the ranks' gradients
     model.train(True)
     best, stale, step, owned, marked = -1.0, 0, 0, None, None
@@ -306,7 +314,7 @@ def distil(model: nn.Module, x: Tensor, candidates: Tensor, resp: Tensor, n_tota
             if stale >= PATIENCE:
                 break
         # the step learns from the rows whose gradient is not negligible
-        rows = torch.nonzero(slot_misfit(log_r, candidates, resp) > DISTIL_ROW_MISFIT).squeeze(1)
+        rows = torch.nonzero(slot_misfit(log_r, resp, first) > DISTIL_ROW_MISFIT).squeeze(1)
         del logits, log_r
         opt.zero_grad()
         kl, _, _ = slot_kl(model(x[rows]), candidates[rows], resp[rows])

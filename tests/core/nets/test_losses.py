@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from deepdpm_core.nets import ClusterNet, slot_kl, slot_misfit
+from deepdpm_core.nets import ClusterNet, first_slots, slot_kl, slot_misfit
 
 
 def _case(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -51,14 +51,16 @@ def test_the_misfit_is_the_l1_distance_to_the_targets_and_bounds_each_rows_gradi
         kl.backward()
         dense = torch.zeros(6, 5).scatter_add_(1, slots, target)  # r^E over all K clusters
         brute = (torch.softmax(logits.float(), 1) - dense).abs().sum(1)
-        misfit = slot_misfit(log_r, slots, target)
+        misfit = slot_misfit(log_r, target, first_slots(slots))
         torch.testing.assert_close(misfit, brute)
         assert (a.grad.abs().amax(1) <= misfit + 1e-6).all()
+    assert torch.equal(first_slots(torch.tensor([[3, 1, 3, 3], [0, 1, 2, 0]])),
+                       torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]]))
     # the net's own softmax as the target: no misfit; the net sure of another cluster: nearly 2
     logits = torch.tensor([[4.0, 0.0, -2.0]])
     slots, own, other = torch.tensor([[0, 1, 2]]), torch.softmax(logits, 1), torch.tensor([[0.0, 1.0, 0.0]])
-    assert float(slot_misfit(slot_kl(logits, slots, own)[2], slots, own)) < 1e-6
-    assert float(slot_misfit(slot_kl(logits, slots, other)[2], slots, other)) > 1.9
+    assert float(slot_misfit(slot_kl(logits, slots, own)[2], own, first_slots(slots))) < 1e-6
+    assert float(slot_misfit(slot_kl(logits, slots, other)[2], other, first_slots(slots))) > 1.9
 
 
 def test_logits_far_below_the_row_maximum_cost_no_more_and_change_nothing():
