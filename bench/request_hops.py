@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's packages, as the other benchmarks
 PACKAGES = (str(ROOT / "deepdpm_core") + os.sep, str(ROOT / "pipeline") + os.sep)
 
 
