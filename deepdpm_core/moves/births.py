@@ -151,9 +151,10 @@ def birth_kmeans(x: Tensor, labels: Tensor, n_clusters: int, clusters: Tensor, s
     row_slot = torch.where(labels >= 0, slot[labels.clamp_min(0)], -1)
     rows = torch.nonzero(row_slot >= 0).squeeze(1)
     # the rows gathered once, cluster by cluster: each cluster's rows are one contiguous block
-    rows = rows[torch.argsort(row_slot.index_select(0, rows), stable=True)]
+    owner = row_slot.index_select(0, rows)
+    rows = rows[torch.argsort(owner, stable=True)]
     xs = x.index_select(0, rows).to(torch.float64)
-    ends = torch.cumsum(torch.bincount(row_slot.index_select(0, rows), minlength=b), 0).tolist()
+    ends = torch.cumsum(torch.bincount(owner, minlength=b), 0).tolist()
     blocks = list(zip([0, *ends[:-1]], ends, strict=True))
     centres = seeds.to(x.device, torch.float64).clone()
 

@@ -251,8 +251,8 @@ def distil(model: nn.Module, x: Tensor, candidates: Tensor, resp: Tensor, n_tota
 
     Each step learns from the rows whose gradient is not negligible
     (:data:`DISTIL_ROW_MISFIT`). Stops at the first step (checked before every step, from a
-    forward over every row: zero steps where the start already does) where the net's argmax agrees with
-    r^E's on ``agreement`` of the rows (over all ranks), gives a row to every cluster that
+    forward over every row: zero steps where the start already does) where the net's
+    argmax agrees with r^E's on ``agreement`` of the rows (over all ranks), gives a row to every cluster that
     r^E's argmax gives one, and misses none of the rows r^E assigns with at least
     ``agreement`` of their mass (the rows the net may miss lie on boundaries between
     overlapping clusters: a clear row placed elsewhere is a wrong label, not a doubt); the
