@@ -8,7 +8,7 @@ from sklearn.datasets import make_blobs
 
 from deepdpm_core.config import Config
 from deepdpm_core.estep import GaussianMixture, MixtureState
-from deepdpm_core.nets import ClusterNet
+from deepdpm_core.nets import ClusterNet, slot_kl
 from deepdpm_core.runtime import LocalCommunicator
 from deepdpm_core.training import exact_em, start_fit
 from deepdpm_core.training.exact_em import (
@@ -18,6 +18,7 @@ from deepdpm_core.training.exact_em import (
     distil_max_steps,
     distil_sample,
     exact_statistics,
+    net_check,
 )
 from deepdpm_core.training.fit_context import build_nets, model_state
 
@@ -93,6 +94,24 @@ def _distilled(x, candidates, resp, max_steps, mark=0.99):
     steps, agreement = distil(net, x, candidates, resp, 400, LocalCommunicator(), 0.02, mark, max_steps)
     with torch.no_grad():
         return steps, agreement, net(x).argmax(1)
+
+
+def test_the_nets_check_in_blocks_of_rows_gives_the_whole_forwards_values(monkeypatch):
+    """:func:`net_check` takes the logits a block of rows at a time on a CPU: the same K,
+    argmax and ln r on the slots as one forward over every row, and the same distillation."""
+    x, candidates, resp, y = _blob_targets(unsure=3)
+    net = ClusterNet(3, 50, 5, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, z, log_r = slot_kl(net(x), candidates, resp)
+    monkeypatch.setattr(exact_em, "CHECK_FLOATS", 7 * 5)  # blocks of 7 rows, the last one short
+    k, z_blocks, log_r_blocks = net_check(net, x, candidates, resp)
+    assert k == 5 and torch.equal(z_blocks, z) and torch.allclose(log_r_blocks, log_r, rtol=0, atol=1e-6)
+    assert _distilled(x, candidates, resp, 1000)[:2] == _distilled_unblocked(monkeypatch, x, candidates, resp)[:2]
+
+
+def _distilled_unblocked(monkeypatch, x, candidates, resp):
+    monkeypatch.setattr(exact_em, "CHECK_FLOATS", x.shape[0] * resp.shape[1])
+    return _distilled(x, candidates, resp, 1000)
 
 
 def test_distil_stops_at_the_mark_only_once_it_misses_no_clear_row():
