@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepdpm_core.bayes import blocks, gather_chunk_rows
-from deepdpm_core.estep.pair_bounds import PairBounds
+from deepdpm_core.estep.pair_bounds import PairBounds, ReachablePairs
 from deepdpm_core.estep.support_bounds import PRUNE_GAP, SUPPORT_LOG_GAP, rounding
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class SparseEStep:
         return row, comps[col]
 
     def _bound_survivors_blocked(self, x: Tensor, anchor: Tensor, lp_anchor: Tensor, offset: Tensor,
-                                 pairs: tuple[Tensor, Tensor, Tensor, Tensor], lam_max: Tensor,
+                                 pairs: ReachablePairs, lam_max: Tensor,
                                  cap: int) -> tuple[Tensor, Tensor]:
         """:meth:`_bound_survivors` for every anchor at once: blocks of same-anchor points,
         each against its anchor's pairs (padded to the most any anchor has) in one batched
@@ -163,8 +163,8 @@ class SparseEStep:
             Each point's exact log-density under its anchor.
         offset : Tensor of shape (K,), float64
             Each anchor's largest ‖x − μ_j‖ over its points (unwidened).
-        pairs : (anchor, comp, u, a) of :meth:`~deepdpm_core.estep.pair_bounds.PairBounds.reachable_pairs`,
-            sorted by anchor
+        pairs : ReachablePairs
+            Of :meth:`~deepdpm_core.estep.pair_bounds.PairBounds.reachable_pairs`.
         lam_max : Tensor of shape (K,), float64
             Upper bounds on each component's λ_max(Σ_k).
         cap : int
@@ -173,7 +173,8 @@ class SparseEStep:
         -------
         point, comp : Tensor of shape (S,), int64
         """
-        pair_anchor, pair_comp, u, a = pairs
+        pair_anchor, pair_comp, a = pairs.anchor, pairs.comp, pairs.a
+        u = pairs.u.index_select(0, pairs.u_row)
         k, d, dev, work = self.mixture.n_components, self.mixture.dim, x.device, self.mixture.work_dtype
         per_anchor = torch.bincount(pair_anchor, minlength=k)
         width = int(per_anchor.max())
@@ -293,19 +294,18 @@ class SparseEStep:
             if batched:
                 points, comps = (self._bound_survivors_blocked(x, anchor, lp[:, 0], offset, pairs, pair_bounds.lam_max,
                                                                4 * (m - 1))
-                                 if len(pairs[0]) else (anchor[:0], anchor[:0]))
+                                 if len(pairs.anchor) else (anchor[:0], anchor[:0]))
             else:
-                pair_anchor, pair_comp, u, a = pairs
                 found = [(anchor[:0], anchor[:0])]
-                bounds = torch.searchsorted(pair_anchor, present, right=False).tolist() + [len(pair_anchor)]
+                bounds = torch.searchsorted(pairs.anchor, present, right=False).tolist() + [len(pairs.anchor)]
                 for i, j in enumerate(present.tolist()):
                     c0, c1 = bounds[i], bounds[i + 1]
                     if c1 == c0:
                         continue
+                    comps, u = pairs.comp[c0:c1], pairs.u.index_select(0, pairs.u_row[c0:c1])
                     for rows, delta in anchor_chunks(j):
-                        row, comp = self._bound_survivors(delta, lp[rows, 0], j, pair_comp[c0:c1],
-                                                          u[c0:c1], a[c0:c1], pair_bounds.lam_max[pair_comp[c0:c1]],
-                                                          4 * (m - 1))
+                        row, comp = self._bound_survivors(delta, lp[rows, 0], j, comps, u, pairs.a[c0:c1],
+                                                          pair_bounds.lam_max[comps], 4 * (m - 1))
                         found.append((rows[row], comp))
                 points, comps = (torch.cat(t) for t in zip(*found, strict=True))
             if len(points):

@@ -99,6 +99,22 @@ def _pair_directions(gmm, anchors, comps, batched=None):
     return u, a
 
 
+def test_the_pairs_kept_are_sorted_by_anchor_and_find_their_own_vectors():
+    """:meth:`PairBounds.reachable_pairs` keeps u in the order level 2 made it: each kept
+    pair's row of u (``u_row``) and its a are :meth:`PairBounds.pair_directions`' for that
+    pair, and the pairs come by anchor, then by component."""
+    gmm, _ = _mixture(k=10, d=6, thin=False)
+    anchors = torch.tensor([0, 2, 3, 5, 6, 9])
+    radius, floor = torch.full((6,), 3.0, dtype=torch.float64), torch.full((6,), -30.0, dtype=torch.float64)
+    pairs = PairBounds(gmm).reachable_pairs(anchors, radius, floor)
+    assert 0 < len(pairs.anchor) < 60 and set(pairs.anchor.tolist()) <= set(anchors.tolist())
+    key = pairs.anchor * 10 + pairs.comp
+    assert (key.diff() > 0).all()
+    u, a = _pair_directions(gmm, pairs.anchor, pairs.comp)  # (fewer pairs a component: maybe the other GEMM path)
+    torch.testing.assert_close(pairs.u[pairs.u_row], u.to(pairs.u.dtype), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(pairs.a, a.to(pairs.a.dtype), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("thin", [False, True])
 def test_pair_bound_never_exceeds_the_mahalanobis_distance(thin):
     gmm, means = _mixture(k=10, d=6, thin=thin)
