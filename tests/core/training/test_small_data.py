@@ -18,6 +18,7 @@ from deepdpm_core.training.exact_em import (
     distil_max_steps,
     distil_sample,
     exact_statistics,
+    nearer_subcluster,
     net_check,
 )
 from deepdpm_core.training.fit_context import build_nets, model_state
@@ -59,6 +60,19 @@ def test_exact_statistics_match_brute_force():
     for row in range(2 * k):
         np.testing.assert_allclose(sub.s1[row].numpy(), xd[rows == row].sum(0), rtol=1e-5, atol=1e-4)
     assert float(sum_sub) == pytest.approx(dist.min(1).sum(), rel=1e-5)
+
+
+def test_the_nearer_subcluster_in_blocks_of_rows_is_the_whole_arrays(monkeypatch):
+    """On a CPU :func:`nearer_subcluster` takes a block of rows at a time: the same
+    distances and choices as the (N, 2, D) differences at once."""
+    rng = np.random.default_rng(1)
+    state, z = _state(rng, 4, 3), torch.tensor(rng.integers(0, 4, 301))
+    x = torch.tensor(rng.normal(0, 4, (301, 3)), dtype=torch.float32)
+    sub_means = state.sub_means.float()
+    whole = (x[:, None, :] - sub_means[z]).square().sum(-1).min(1)
+    monkeypatch.setattr(exact_em, "CHECK_FLOATS", 2 * 3 * 16)  # blocks of 16 rows, the last one short
+    nearest, which = nearer_subcluster(x, sub_means, z)
+    assert torch.equal(nearest, whole.values) and torch.equal(which, whole.indices)
 
 
 def _blob_targets(unsure: int = 0) -> tuple[Tensor, Tensor, Tensor, np.ndarray]:
