@@ -27,6 +27,10 @@ from deepdpm_core.estep import MixtureState
 #: histogram bins over [−SPAN, SPAN] standard deviations of the cluster along the axis
 BINS = 128
 SPAN = 4.0
+#: split or merge axes (:func:`split_axes`, :func:`pair_axes`) computed at a time: their
+#: (n, D, D) gathers, sums and factors stay in the cache (2,357 pairs of 1,000 clusters in
+#: 128-D, one thread: 1.68 s all at once, 0.50 s 32 at a time)
+AXES_PER_PASS = 32
 #: a split's valley counts only if each side holds this share of the cluster's points (and
 #: at least :data:`~deepdpm_core.moves.proposals.MIN_SUBCLUSTER_SIZE` points): a few stray
 #: points in a tail are no mode
@@ -89,12 +93,16 @@ def split_axes(state: MixtureState) -> tuple[Tensor, Tensor, Tensor]:
     """
     sub = state.sub_means.to(torch.float64)
     w = torch.softmax(state.sub_log_weights.to(torch.float64), 1)
-    covs = state.covariances.to(torch.float64)
-    # (a millionth of the cluster's covariance keeps subclusters not yet drawn, zeros, solvable)
-    within = torch.einsum("kj,kjab->kab", w, state.sub_covariances.to(torch.float64)) + 1e-6 * covs
-    unit = _discriminant(sub[:, 0] - sub[:, 1], within)
-    var = torch.einsum("ki,kij,kj->k", unit, covs, unit)
-    return sub.mean(1), unit, var.clamp_min(1e-300).sqrt()
+    units, scales = [], []
+    for s in range(0, state.n_clusters, AXES_PER_PASS):  # a few clusters at a time, as pair_axes
+        rows = slice(s, s + AXES_PER_PASS)
+        covs = state.covariances[rows].to(torch.float64)
+        # (a millionth of the cluster's covariance keeps subclusters not yet drawn, zeros, solvable)
+        within = torch.einsum("kj,kjab->kab", w[rows], state.sub_covariances[rows].to(torch.float64)) + 1e-6 * covs
+        unit = _discriminant(sub[rows, 0] - sub[rows, 1], within)
+        units.append(unit)
+        scales.append(torch.einsum("ki,kij,kj->k", unit, covs, unit).clamp_min(1e-300).sqrt())
+    return sub.mean(1), torch.cat(units), torch.cat(scales)
 
 
 def pair_axes(state: MixtureState, pairs: list[tuple[int, int]]) -> tuple[Tensor, Tensor, Tensor]:
@@ -112,17 +120,21 @@ def pair_axes(state: MixtureState, pairs: list[tuple[int, int]]) -> tuple[Tensor
         (within plus between), widened where a mean would lie beyond :data:`MEANS_WITHIN`
         of the span (the smaller of two unequal clusters would fall outside the histogram).
     """
-    a = torch.tensor([p[0] for p in pairs], dtype=torch.long, device=state.means.device)
-    b = torch.tensor([p[1] for p in pairs], dtype=torch.long, device=state.means.device)
+    device = state.means.device
     means, covs = state.means.to(torch.float64), state.covariances.to(torch.float64)
-    w = torch.softmax(torch.stack([state.log_weights[a], state.log_weights[b]], 1).to(torch.float64), 1)
-    pooled = w[:, 0, None, None] * covs[a] + w[:, 1, None, None] * covs[b]
-    unit = _discriminant(means[a] - means[b], pooled)
-    within = torch.stack([torch.einsum("pi,pij,pj->p", unit, covs[c], unit) for c in (a, b)], 1)
-    gap = ((means[a] - means[b]) * unit).sum(1)
-    var = (w * within).sum(1) + w[:, 0] * w[:, 1] * gap.square()
-    scale = torch.maximum(var.clamp_min(1e-300).sqrt(), gap.abs() / (2 * MEANS_WITHIN * SPAN))
-    return (means[a] + means[b]) / 2, unit, scale
+    log_weights = state.log_weights.to(torch.float64)
+    parts = []
+    for s in range(0, len(pairs), AXES_PER_PASS):
+        a, b = torch.tensor(pairs[s : s + AXES_PER_PASS], dtype=torch.long, device=device).T
+        w = torch.softmax(torch.stack([log_weights[a], log_weights[b]], 1), 1)
+        pooled = w[:, 0, None, None] * covs[a] + w[:, 1, None, None] * covs[b]
+        unit = _discriminant(means[a] - means[b], pooled)
+        within = torch.stack([torch.einsum("pi,pij,pj->p", unit, covs[c], unit) for c in (a, b)], 1)
+        gap = ((means[a] - means[b]) * unit).sum(1)
+        var = (w * within).sum(1) + w[:, 0] * w[:, 1] * gap.square()
+        scale = torch.maximum(var.clamp_min(1e-300).sqrt(), gap.abs() / (2 * MEANS_WITHIN * SPAN))
+        parts.append(((means[a] + means[b]) / 2, unit, scale))
+    return tuple(torch.cat(t) for t in zip(*parts, strict=True))
 
 
 def _discriminant(diff: Tensor, within: Tensor) -> Tensor:
@@ -140,7 +152,7 @@ def _bin(x: Tensor, mid: Tensor, unit: Tensor, scale: Tensor) -> tuple[Tensor, T
 
 
 @torch.no_grad()
-def projection_histograms(x: Tensor, labels: Tensor, state: MixtureState, chunk: int = 65536) -> Tensor:
+def projection_histograms(x: Tensor, labels: Tensor, state: MixtureState, chunk: int = 8192) -> Tensor:
     """Counts of each cluster's points along its split axis (:func:`split_axes`), in its
     standard deviations.
 
@@ -153,7 +165,8 @@ def projection_histograms(x: Tensor, labels: Tensor, state: MixtureState, chunk:
     state : MixtureState
         K clusters with their subcluster means and covariances.
     chunk : int
-        Rows per pass (the gathered axes are (chunk, D)).
+        Rows per pass: their gathered (chunk, D) axes stay in the cache (1,000 clusters in
+        128-D, 200,000 rows, one thread: 0.42 s in passes of 65,536 rows, 0.23 s of 8,192).
 
     Returns
     -------

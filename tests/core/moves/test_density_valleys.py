@@ -12,6 +12,7 @@ from deepdpm_core import DeepDPM
 from deepdpm_core.bayes import NIWPrior, SuffStats, grouped_stats
 from deepdpm_core.data import clustering_scores, make_mixture
 from deepdpm_core.estep import MixtureState
+from deepdpm_core.moves import density_valleys
 from deepdpm_core.moves.density_valleys import (
     APART_POINTS_PER_FEATURE,
     BINS,
@@ -125,6 +126,18 @@ def test_the_pair_histograms_count_the_two_clusters_points_on_their_axis():
         t = (x.double().numpy()[rows] - mid[p].numpy()) @ unit[p].numpy() / float(scale[p])
         np.testing.assert_array_equal(got[p], _counts(t))
     assert split_axes(state)[0].shape == (k, d)
+
+
+def test_the_axes_computed_a_few_at_a_time_are_those_computed_at_once(monkeypatch):
+    """:func:`split_axes` and :func:`pair_axes` take :data:`AXES_PER_PASS` clusters or pairs
+    at a time: the same values as all in one pass, the last pass short."""
+    state, _, _ = _labelled_rows(3, 7, 4, 10)
+    pairs = [(0, 1), (1, 4), (2, 3), (5, 6), (6, 0)]
+    at_once = split_axes(state), pair_axes(state, pairs)
+    monkeypatch.setattr(density_valleys, "AXES_PER_PASS", 2)
+    for got, want in zip((split_axes(state), pair_axes(state, pairs)), at_once, strict=True):
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g, w)
 
 
 def _ratio_by_hand(counts: np.ndarray, min_side: float) -> float:
