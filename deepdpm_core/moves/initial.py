@@ -127,13 +127,21 @@ def _zero_padded(x: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
-def nearest_center(x: Tensor, centers: Tensor, chunk: int = 65536) -> Tensor:
+#: :func:`nearest_center` on a CPU takes this many rows x centres of distances at a time:
+#: they stay in the cache between the GEMM and the argmin (200,000 rows in 128-D, one
+#: thread, 1,000 centres: 1.36 s in blocks of 65,536 rows, 0.69 s of 1,048; the same labels)
+NEAREST_FLOATS = 1 << 20
+
+
+def nearest_center(x: Tensor, centers: Tensor, chunk: int | None = None) -> Tensor:
     """Index of the nearest centre (squared L2) of every row.
 
     Parameters
     ----------
     x : Tensor of shape (N, D)
     centers : Tensor of shape (K, D)
+    chunk : int, optional
+        Rows at a time (default: 65,536 on a GPU, :data:`NEAREST_FLOATS` / K, at least 64, on a CPU).
 
     Returns
     -------
@@ -142,6 +150,7 @@ def nearest_center(x: Tensor, centers: Tensor, chunk: int = 65536) -> Tensor:
     c = centers.to(x)
     c_sq = c.square().sum(1)
     out = torch.empty(x.shape[0], dtype=torch.long, device=x.device)
+    chunk = chunk or (65536 if x.device.type != "cpu" else max(64, NEAREST_FLOATS // max(1, c.shape[0])))
     for s in range(0, x.shape[0], chunk):
         xs = x[s : s + chunk]
         out[s : s + chunk] = (c_sq - 2 * xs @ c.T).argmin(1)

@@ -9,6 +9,7 @@ from sklearn.datasets import make_blobs
 from deepdpm_core import DeepDPM
 from deepdpm_core.config import InitConfig
 from deepdpm_core.data import make_mixture
+from deepdpm_core.moves import initial
 from deepdpm_core.moves.initial import (
     initial_cluster_count,
     initial_clusters,
@@ -175,6 +176,18 @@ def test_large_k_start_runs_kmeans_on_a_sample_sized_by_k_and_labels_every_row(m
     for s in range(0, len(x), 10_000):
         d2 = ((x[s : s + 10_000, None, :] - centers[0][None]) ** 2).sum(-1)
         np.testing.assert_allclose(d2[np.arange(len(d2)), z[s : s + 10_000]], d2.min(1), rtol=1e-4, atol=1e-6)
+
+
+def test_the_nearest_centre_in_blocks_of_rows_is_that_of_all_rows_at_once(monkeypatch):
+    """On a CPU :func:`nearest_center` takes :data:`NEAREST_FLOATS` / K rows (at least 64) at a time:
+    the same labels as one pass over every row, the last block short."""
+    gen = torch.Generator().manual_seed(0)
+    x, centers = torch.randn(1000, 6, generator=gen), torch.randn(37, 6, generator=gen)
+    whole = nearest_center(x, centers, chunk=len(x))
+    monkeypatch.setattr(initial, "NEAREST_FLOATS", 1)  # blocks of 64 rows, the fewest
+    assert torch.equal(nearest_center(x, centers), whole)
+    d2 = torch.cdist(x.double(), centers.double())
+    assert torch.equal(d2.argmin(1), whole)
 
 
 def test_start_up_to_200_clusters_is_k_means_on_all_rows_as_before(monkeypatch):
