@@ -1,0 +1,96 @@
+"""Search failure or model preference: the fit's partition beside peers' hard partitions.
+
+``partition_evidence`` scores any partition by the model's own ln p(X, z) (the prior fitted
+to it). Against the true classes alone, a fit that scores higher looks like the model's
+choice; but the classes of overlapping clusters are no hard partition the model could
+prefer. Here, for each family of ``bench/k_battery.py`` (seed ``--seed``, its quick-battery
+N), the hard partitions of scikit-learn's ``GaussianMixture`` (full, ``n_init=2``) with
+K = 2 .. 2·true K components are scored too: where one scores above DeepDPM's own partition
+(``DeepDPM(random_state=seed)``), the search stopped short of what its model prefers.
+Δ ln p is each partition's score minus the classes'; BIC is the mixture's.
+
+    OMP_NUM_THREADS=1 python bench/peer_partitions.py --families 'blobs15*' --json bench/results/peer_partitions.json
+
+The Markdown table goes to stdout, progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.metrics import normalized_mutual_info_score
+from sklearn.mixture import GaussianMixture
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from k_battery import FAMILIES, QUICK_N  # noqa: E402
+
+from deepdpm_core import DeepDPM  # noqa: E402
+from deepdpm_core.bayes import partition_evidence  # noqa: E402
+
+
+def compare(name: str, seed: int) -> dict:
+    """DeepDPM's partition and ``GaussianMixture``'s of 2 .. 2K components on ``name``."""
+    family = FAMILIES[name]
+    X, y = family.make(QUICK_N.get(name, family.ns[0]), seed)
+    true_k = len(np.unique(y))
+    config = DeepDPM().get_config()
+
+    def delta(labels: np.ndarray) -> float:
+        return float(partition_evidence(X, labels, config).log_joint) - classes
+
+    classes = float(partition_evidence(X, y, config).log_joint)
+    fit = DeepDPM(random_state=seed).fit(X)
+    peers = []
+    for k in range(2, 2 * true_k + 1):
+        gmm = GaussianMixture(k, n_init=2, random_state=seed).fit(X)
+        labels = gmm.predict(X)
+        peers.append({"k": k, "delta_log_p": delta(labels), "bic": float(gmm.bic(X)),
+                      "nmi": float(normalized_mutual_info_score(y, labels))})
+        print(f"{name} GaussianMixture K {k}: delta ln p {peers[-1]['delta_log_p']:.0f}", file=sys.stderr)
+    return {"family": name, "n": len(y), "seed": seed, "true_k": true_k,
+            "deepdpm": {"k": int(len(np.unique(fit.labels_))), "delta_log_p": delta(fit.labels_),
+                        "nmi": float(normalized_mutual_info_score(y, fit.labels_))},
+            "peers": peers}
+
+
+def table(records: list[dict]) -> str:
+    """One row per family: DeepDPM's K, Δ ln p and NMI; the best-scoring peer partition's; BIC's K."""
+    lines = ["| family | true K | DeepDPM K, Δ ln p, NMI | best GaussianMixture partition: K, Δ ln p, NMI | BIC K | verdict |",
+             "|---|---:|---|---|---:|---|"]
+    for r in records:
+        best = max(r["peers"], key=lambda p: p["delta_log_p"])
+        bic = min(r["peers"], key=lambda p: p["bic"])["k"]
+        own = r["deepdpm"]
+        verdict = "search stopped short" if best["delta_log_p"] > own["delta_log_p"] else "model's choice"
+        lines.append(f"| {r['family']} | {r['true_k']} | {own['k']}, {own['delta_log_p']:+,.0f}, {own['nmi']:.3f} | "
+                     f"{best['k']}, {best['delta_log_p']:+,.0f}, {best['nmi']:.3f} | {bic} | {verdict} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", nargs="+", default=["blobs15*"], help="names or patterns of k_battery's")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE")
+    args = parser.parse_args(argv)
+    torch.manual_seed(args.seed)
+    names = [n for n in FAMILIES if any(fnmatch.fnmatch(n, p) for p in args.families)]
+    records = [compare(name, args.seed) for name in names]
+    print(table(records))
+    if args.json:
+        command = "python bench/peer_partitions.py " + " ".join(map(shlex.quote, argv or sys.argv[1:]))
+        args.json.write_text(json.dumps({"command": command, "records": records}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
