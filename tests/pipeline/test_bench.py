@@ -207,6 +207,22 @@ def test_k_levels_finds_the_truth_in_the_hierarchy_of_two_gaussians(tmp_path):
     assert "| overlap10-2d | 2048 | 2 | 2 | 40 |" in done.stdout
 
 
+def test_peer_partitions_scores_the_fit_beside_gaussian_mixtures_partitions(tmp_path):
+    # two Gaussians at 10 % overlap in 2-D: the fit finds both, and GaussianMixture's 2
+    # components are the same partition, scored alike
+    out = tmp_path / "peers.json"
+    done = subprocess.run([sys.executable, "bench/peer_partitions.py", "--families", "overlap10-2d",
+                           "--json", str(out)], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = json.loads(out.read_text())["records"]
+    assert [p["k"] for p in record["peers"]] == [2, 3, 4] and record["deepdpm"]["k"] == 2
+    two = record["peers"][0]
+    assert two["nmi"] > 0.6 and abs(two["delta_log_p"] - record["deepdpm"]["delta_log_p"]) < 50
+    # the same partition scores alike: no search failure is claimed
+    assert "| overlap10-2d | 2 | 2, " in done.stdout and done.stdout.rstrip().endswith("| model's choice |")
+
+
 def test_a_fits_request_hops_back_between_modules_no_more_than_it_did():
     # bench/request_hops.py's count: the request's walk from run_fit through the calls that
     # take it, counting each move back into a module it had left (12 for a local fit)
