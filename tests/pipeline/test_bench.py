@@ -195,32 +195,33 @@ def test_k_battery_draws_fifteen_overlapping_blobs_as_it_says():
     assert scores[0] > scores[1] + 0.05
 
 
-def test_k_levels_finds_the_truth_in_the_hierarchy_of_two_gaussians(tmp_path):
-    out = tmp_path / "k_levels.json"
-    done = subprocess.run([sys.executable, "bench/k_levels.py", "--families", "overlap10-2d",
-                           "--json", str(out)], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=300)
+def _run_on_two_gaussians(script: str, out: Path) -> tuple[dict, str]:
+    """``script`` on the two Gaussians at 10 % overlap in 2-D, its JSON written to ``out``:
+    its one record and its stdout."""
+    done = subprocess.run([sys.executable, f"bench/{script}", "--families", "overlap10-2d", "--json", str(out)],
+                          cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     (record,) = json.loads(out.read_text())["records"]
+    return record, done.stdout
+
+
+def test_k_levels_finds_the_truth_in_the_hierarchy_of_two_gaussians(tmp_path):
+    record, stdout = _run_on_two_gaussians("k_levels.py", tmp_path / "k_levels.json")
     assert record["components"] == 40 and record["exact_k"] == 2 and record["nmi_at_true_k"] > 0.6
     assert record["elbow_k"] == 2
-    assert "| overlap10-2d | 2048 | 2 | 2 | 40 |" in done.stdout
+    assert "| overlap10-2d | 2048 | 2 | 2 | 40 |" in stdout
 
 
 def test_peer_partitions_scores_the_fit_beside_gaussian_mixtures_partitions(tmp_path):
     # two Gaussians at 10 % overlap in 2-D: the fit finds both, and GaussianMixture's 2
     # components are the same partition, scored alike
-    out = tmp_path / "peers.json"
-    done = subprocess.run([sys.executable, "bench/peer_partitions.py", "--families", "overlap10-2d",
-                           "--json", str(out)], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (record,) = json.loads(out.read_text())["records"]
+    record, stdout = _run_on_two_gaussians("peer_partitions.py", tmp_path / "peers.json")
     assert [p["k"] for p in record["peers"]] == [2, 3, 4] and record["deepdpm"]["k"] == 2
     two = record["peers"][0]
     assert two["nmi"] > 0.6 and abs(two["delta_log_p"] - record["deepdpm"]["delta_log_p"]) < 50
     # the same partition scores alike: no search failure is claimed
-    assert "| overlap10-2d | 2 | 2, " in done.stdout and done.stdout.rstrip().endswith("| model's choice |")
+    assert "| overlap10-2d | 2 | 2, " in stdout and stdout.rstrip().endswith("| model's choice |")
 
 
 def test_a_fits_request_hops_back_between_modules_no_more_than_it_did():
