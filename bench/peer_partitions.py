@@ -5,10 +5,10 @@ to it). Against the true classes alone, a fit that scores higher looks like the 
 choice; but the classes of overlapping clusters are no hard partition the model could
 prefer. Here, for each family of ``bench/k_battery.py`` (seed ``--seed``, its quick-battery
 N), the hard partitions of scikit-learn's ``GaussianMixture`` (full, ``n_init=2``) with
-K = 2 .. 2·true K components are scored too: where one scores above DeepDPM's own partition
-(``DeepDPM(random_state=seed)``) by more than :data:`MARGIN_NATS`, the search stopped short
-of what its model prefers.
-Δ ln p is each partition's score minus the classes'; BIC is the mixture's.
+K = 2 .. 2·true K components (those it can fit) are scored too: where one scores above
+DeepDPM's own partition (``DeepDPM(random_state=seed)``) by more than :data:`MARGIN_NATS`,
+the search stopped short of what its model prefers. Δ ln p is each partition's score minus
+the classes'; BIC is the mixture's.
 
     OMP_NUM_THREADS=1 python bench/peer_partitions.py --families 'blobs15*' overlap30-2d table-degenerate --json bench/results/peer_partitions.json
 
@@ -56,7 +56,11 @@ def compare(name: str, seed: int) -> dict:
     fit = DeepDPM(random_state=seed).fit(X)
     peers = []
     for k in range(2, 2 * true_k + 1):
-        gmm = GaussianMixture(k, n_init=2, random_state=seed).fit(X)
+        try:
+            gmm = GaussianMixture(k, n_init=2, random_state=seed).fit(X)
+        except ValueError as err:  # a component's covariance collapsed (constant columns, few rows)
+            peers.append({"k": k, "error": str(err).split(" because ")[0]})
+            continue
         labels = gmm.predict(X)
         peers.append({"k": k, "delta_log_p": delta(labels), "bic": float(gmm.bic(X)),
                       "nmi": float(normalized_mutual_info_score(y, labels))})
@@ -72,9 +76,14 @@ def table(records: list[dict]) -> str:
     lines = ["| family | true K | DeepDPM K, Δ ln p, NMI | best GaussianMixture partition: K, Δ ln p, NMI | BIC K | verdict |",
              "|---|---:|---|---|---:|---|"]
     for r in records:
-        best = max(r["peers"], key=lambda p: p["delta_log_p"])
-        bic = min(r["peers"], key=lambda p: p["bic"])["k"]
+        fitted = [p for p in r["peers"] if "error" not in p]
         own = r["deepdpm"]
+        if not fitted:
+            lines.append(f"| {r['family']} | {r['true_k']} | {own['k']}, {own['delta_log_p']:+,.0f}, {own['nmi']:.3f} | "
+                         "— (no mixture fitted) | — | — |")
+            continue
+        best = max(fitted, key=lambda p: p["delta_log_p"])
+        bic = min(fitted, key=lambda p: p["bic"])["k"]
         verdict = "search stopped short" if best["delta_log_p"] > own["delta_log_p"] + MARGIN_NATS else "model's choice"
         lines.append(f"| {r['family']} | {r['true_k']} | {own['k']}, {own['delta_log_p']:+,.0f}, {own['nmi']:.3f} | "
                      f"{best['k']}, {best['delta_log_p']:+,.0f}, {best['nmi']:.3f} | {bic} | {verdict} |")
