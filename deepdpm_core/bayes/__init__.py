@@ -8,7 +8,13 @@ from deepdpm_core.bayes.empirical_bayes import (
     empirical_bayes_scale,
     empirical_bayes_shape,
 )
-from deepdpm_core.bayes.linalg import cholesky_jittered, precision_cholesky, symmetric_eigh
+from deepdpm_core.bayes.linalg import (
+    cache_blocks,
+    cholesky_jittered,
+    precision_cholesky,
+    row_blocks,
+    symmetric_eigh,
+)
 from deepdpm_core.bayes.merge_levels import MergeLevels, elbow_level, merge_levels
 from deepdpm_core.bayes.niw import (
     NIWPrior,
@@ -31,11 +37,11 @@ from deepdpm_core.bayes.stats import (
 )
 
 __all__ = [
-    "blocks", "cholesky_jittered", "empirical_bayes_nu", "empirical_bayes_scale",
+    "blocks", "cache_blocks", "cholesky_jittered", "empirical_bayes_nu", "empirical_bayes_scale",
     "elbow_level", "empirical_bayes_shape", "fitted_log_joint",
     "gather_chunk_rows", "grouped_stats", "log_crp", "log_marginal_likelihood",
     "log_merge_hastings", "log_split_hastings", "map_covariance_writer", "map_estimate", "merge_levels", "MergeLevels", "NIWPrior",
     "partition_evidence",
-    "posterior", "posterior_mean", "precision_cholesky", "PriorFit", "sparse_stats", "SuffStats",
+    "posterior", "posterior_mean", "precision_cholesky", "PriorFit", "row_blocks", "sparse_stats", "SuffStats",
     "symmetric_eigh", "TripleBuffer"
 ]

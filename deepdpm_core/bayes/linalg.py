@@ -64,6 +64,23 @@ def row_blocks(n_rows: int, step: int) -> list[tuple[int, int]]:
     return list(zip(starts, [*starts[1:], n_rows][: len(starts)], strict=True))
 
 
+#: a pass over a large array on a CPU takes blocks of about this many numbers
+#: (:func:`cache_blocks`): a block stays in the cache while every operation on it runs
+#: (200,000 rows x 1,000 clusters, one thread: the distillation's logits and softmax 2.29 s at
+#: once, 1.44 s in blocks; nearest centres 1.36 s in blocks of 65,536 rows, 0.69 s in these)
+CACHE_FLOATS = 1 << 20
+
+
+def cache_blocks(n_rows: int, numbers_per_row: int, device: torch.device, other_rows: int | None = None
+                 ) -> list[tuple[int, int]]:
+    """[start, stop) blocks of rows for a row-by-row pass over ``numbers_per_row`` numbers a
+    row: on a CPU :data:`CACHE_FLOATS` numbers a block (:func:`row_blocks`: no block of one
+    row), elsewhere ``other_rows`` rows a block (None: every row at once). Always at least
+    one block, empty where there are no rows, so that the parts can be concatenated."""
+    step = CACHE_FLOATS // max(1, numbers_per_row) if device.type == "cpu" else other_rows or n_rows
+    return row_blocks(n_rows, max(1, step)) or [(0, 0)]
+
+
 def cholesky_jittered(mat: Tensor) -> Tensor:
     """Cholesky factor with a tiny relative jitter retry for numerically singular input."""
     chol, info = torch.linalg.cholesky_ex(mat)

@@ -179,7 +179,7 @@ class PairBounds:
             whole = len(ok) == len(sel)  # (every pair of the part kept: no gather)
             kept.append(sel if whole else sel[ok])
             kept_u.append((u if whole else u[ok]).to(work))
-            kept_a.append(a[ok].to(work))
+            kept_a.append((a if whole else a[ok]).to(work))
         kept, u, a = torch.cat(kept), torch.cat(kept_u), torch.cat(kept_a)
         # by anchor, then in the pairs' order
         order = torch.argsort(kept)

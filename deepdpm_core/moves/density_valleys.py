@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from deepdpm_core.bayes import cholesky_jittered
+from deepdpm_core.bayes import cholesky_jittered, row_blocks
 from deepdpm_core.estep import MixtureState
 
 #: histogram bins over [−SPAN, SPAN] standard deviations of the cluster along the axis
@@ -94,8 +94,8 @@ def split_axes(state: MixtureState) -> tuple[Tensor, Tensor, Tensor]:
     sub = state.sub_means.to(torch.float64)
     w = torch.softmax(state.sub_log_weights.to(torch.float64), 1)
     units, scales = [], []
-    for s in range(0, state.n_clusters, AXES_PER_PASS):  # a few clusters at a time, as pair_axes
-        rows = slice(s, s + AXES_PER_PASS)
+    for s, e in row_blocks(state.n_clusters, AXES_PER_PASS):  # a few clusters at a time, as pair_axes
+        rows = slice(s, e)
         covs = state.covariances[rows].to(torch.float64)
         # (a millionth of the cluster's covariance keeps subclusters not yet drawn, zeros, solvable)
         within = torch.einsum("kj,kjab->kab", w[rows], state.sub_covariances[rows].to(torch.float64)) + 1e-6 * covs
@@ -124,8 +124,8 @@ def pair_axes(state: MixtureState, pairs: list[tuple[int, int]]) -> tuple[Tensor
     means, covs = state.means.to(torch.float64), state.covariances.to(torch.float64)
     log_weights = state.log_weights.to(torch.float64)
     parts = []
-    for s in range(0, len(pairs), AXES_PER_PASS):
-        a, b = torch.tensor(pairs[s : s + AXES_PER_PASS], dtype=torch.long, device=device).T
+    for s, e in row_blocks(len(pairs), AXES_PER_PASS):
+        a, b = torch.tensor(pairs[s:e], dtype=torch.long, device=device).T
         w = torch.softmax(torch.stack([log_weights[a], log_weights[b]], 1), 1)
         pooled = w[:, 0, None, None] * covs[a] + w[:, 1, None, None] * covs[b]
         unit = _discriminant(means[a] - means[b], pooled)

@@ -9,6 +9,7 @@ import faiss
 import numpy as np
 import torch
 
+from deepdpm_core.bayes import cache_blocks, row_blocks
 from deepdpm_core.config import InitConfig, searches_by_exact_em
 from deepdpm_core.moves.kmeans_pp import kmeans_pp_seeds
 from deepdpm_core.runtime import Communicator
@@ -127,12 +128,6 @@ def _zero_padded(x: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
-#: :func:`nearest_center` on a CPU takes this many rows x centres of distances at a time:
-#: they stay in the cache between the GEMM and the argmin (200,000 rows in 128-D, one
-#: thread, 1,000 centres: 1.36 s in blocks of 65,536 rows, 0.69 s of 1,048; the same labels)
-NEAREST_FLOATS = 1 << 20
-
-
 def nearest_center(x: Tensor, centers: Tensor, chunk: int | None = None) -> Tensor:
     """Index of the nearest centre (squared L2) of every row.
 
@@ -141,7 +136,9 @@ def nearest_center(x: Tensor, centers: Tensor, chunk: int | None = None) -> Tens
     x : Tensor of shape (N, D)
     centers : Tensor of shape (K, D)
     chunk : int, optional
-        Rows at a time (default: 65,536 on a GPU, :data:`NEAREST_FLOATS` / K, at least 64, on a CPU).
+        Rows at a time (default: 65,536 on a GPU; on a CPU
+        :func:`~deepdpm_core.bayes.cache_blocks`, so the distances stay in the cache between
+        the GEMM and the argmin, the same labels).
 
     Returns
     -------
@@ -150,10 +147,9 @@ def nearest_center(x: Tensor, centers: Tensor, chunk: int | None = None) -> Tens
     c = centers.to(x)
     c_sq = c.square().sum(1)
     out = torch.empty(x.shape[0], dtype=torch.long, device=x.device)
-    chunk = chunk or (65536 if x.device.type != "cpu" else max(64, NEAREST_FLOATS // max(1, c.shape[0])))
-    for s in range(0, x.shape[0], chunk):
-        xs = x[s : s + chunk]
-        out[s : s + chunk] = (c_sq - 2 * xs @ c.T).argmin(1)
+    blocks = row_blocks(x.shape[0], chunk) if chunk else cache_blocks(x.shape[0], c.shape[0], x.device, 65536)
+    for s, e in blocks:
+        out[s:e] = (c_sq - 2 * x[s:e] @ c.T).argmin(1)
     return out
 
 

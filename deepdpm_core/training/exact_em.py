@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from deepdpm_core.bayes import SuffStats, grouped_stats
+from deepdpm_core.bayes import SuffStats, cache_blocks, grouped_stats
 from deepdpm_core.estep import R_FLOOR, MixtureState
 from deepdpm_core.nets import (
     Adam,
@@ -62,11 +62,6 @@ DISTIL_ROW_STEPS = 20_000_000
 #: are most rows (1,000 clusters in 128-D, 200,000 rows: all but 2–4 %), so a step costs a
 #: forward over the rows and a backward over a few per cent of them (4 steps 40.4 -> 15.5 s)
 DISTIL_ROW_MISFIT = 1e-5
-#: on a CPU :func:`net_check` takes the logits of this many rows x clusters at a time (and
-#: :func:`nearer_subcluster` this many numbers of its differences): the softmax's passes
-#: over them stay in the cache (200,000 rows, 1,000 clusters, 256 hidden units, one thread:
-#: 2.29 s for all rows at once, 1.44 s in blocks of 1,024 rows)
-CHECK_FLOATS = 1 << 20
 #: :func:`distil` fits the net to a uniform sample of at most this many rows ...
 DISTIL_ROWS = 20_000
 #: ... or this many a cluster where that is more: full-batch steps over all 100,000 rows of
@@ -198,9 +193,9 @@ def exact_statistics(x: Tensor, state: MixtureState, candidates: Tensor, resp: T
 def nearer_subcluster(x: Tensor, sub_means: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
     """Each row's squared distance to the nearer of its cluster's two subcluster means and
     which one (0 or 1), both (N_local,): the minimiser of Eq. 7 for fixed means. On a CPU a
-    block of rows at a time (:data:`CHECK_FLOATS` numbers of (rows, 2, D) differences), so
-    the differences stay in the cache: the same values row by row (200,000 rows in 128-D,
-    one thread: 0.29 s at once, 0.02 s in blocks).
+    block of rows at a time (:func:`~deepdpm_core.bayes.cache_blocks`), so the (rows, 2, D)
+    differences stay in the cache: the same values row by row (200,000 rows in 128-D, one
+    thread: 0.29 s at once, 0.02 s in blocks).
 
     Parameters
     ----------
@@ -210,11 +205,9 @@ def nearer_subcluster(x: Tensor, sub_means: Tensor, z: Tensor) -> tuple[Tensor, 
     z : Tensor of shape (N_local,), int64
         Each row's cluster.
     """
-    rows = max(1, x.shape[0] if x.device.type != "cpu" else CHECK_FLOATS // (2 * x.shape[1]))
     nearest, which = [], []
-    for start in range(0, max(x.shape[0], 1), rows):
-        block = slice(start, start + rows)
-        dist, j = (x[block, None, :] - sub_means.index_select(0, z[block])).square().sum(-1).min(1)
+    for start, stop in cache_blocks(x.shape[0], 2 * x.shape[1], x.device):
+        dist, j = (x[start:stop, None, :] - sub_means.index_select(0, z[start:stop])).square().sum(-1).min(1)
         nearest.append(dist)
         which.append(j)
     return torch.cat(nearest), torch.cat(which)
@@ -275,13 +268,12 @@ def net_agreement(model: nn.Module, x: Tensor, best: Tensor, n_total: int, comm:
 def net_check(model: nn.Module, x: Tensor, candidates: Tensor, resp: Tensor) -> tuple[int, Tensor, Tensor]:
     """The net's K, argmax z (N_local,) and ln r on the slots (N_local, m), without a
     graph: :func:`~deepdpm_core.nets.slot_kl` of the net's logits, on a CPU a block of
-    rows at a time (:data:`CHECK_FLOATS`), the same values row by row."""
+    rows at a time (:func:`~deepdpm_core.bayes.cache_blocks`), the same values row by row."""
     with torch.no_grad():
         k = model(x[:1]).shape[1]
-        rows = max(1, x.shape[0] if x.device.type != "cpu" else CHECK_FLOATS // k)
         zs, log_rs = [], []
-        for start in range(0, max(x.shape[0], 1), rows):
-            block = slice(start, start + rows)
+        for start, stop in cache_blocks(x.shape[0], k, x.device):
+            block = slice(start, stop)
             _, z, log_r = slot_kl(model(x[block]), candidates[block], resp[block])
             zs.append(z)
             log_rs.append(log_r)

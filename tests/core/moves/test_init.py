@@ -7,9 +7,9 @@ import torch
 from sklearn.datasets import make_blobs
 
 from deepdpm_core import DeepDPM
+from deepdpm_core.bayes import linalg
 from deepdpm_core.config import InitConfig
 from deepdpm_core.data import make_mixture
-from deepdpm_core.moves import initial
 from deepdpm_core.moves.initial import (
     initial_cluster_count,
     initial_clusters,
@@ -179,12 +179,12 @@ def test_large_k_start_runs_kmeans_on_a_sample_sized_by_k_and_labels_every_row(m
 
 
 def test_the_nearest_centre_in_blocks_of_rows_is_that_of_all_rows_at_once(monkeypatch):
-    """On a CPU :func:`nearest_center` takes :data:`NEAREST_FLOATS` / K rows (at least 64) at a time:
+    """On a CPU :func:`nearest_center` takes blocks of rows (:func:`~deepdpm_core.bayes.cache_blocks`):
     the same labels as one pass over every row, the last block short."""
     gen = torch.Generator().manual_seed(0)
     x, centers = torch.randn(1000, 6, generator=gen), torch.randn(37, 6, generator=gen)
     whole = nearest_center(x, centers, chunk=len(x))
-    monkeypatch.setattr(initial, "NEAREST_FLOATS", 1)  # blocks of 64 rows, the fewest
+    monkeypatch.setattr(linalg, "CACHE_FLOATS", 37 * 64)  # blocks of 64 rows
     assert torch.equal(nearest_center(x, centers), whole)
     d2 = torch.cdist(x.double(), centers.double())
     assert torch.equal(d2.argmin(1), whole)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from sklearn.datasets import make_blobs
 
+from deepdpm_core.bayes import linalg
 from deepdpm_core.config import Config
 from deepdpm_core.estep import GaussianMixture, MixtureState
 from deepdpm_core.nets import ClusterNet, slot_kl
@@ -70,7 +71,7 @@ def test_the_nearer_subcluster_in_blocks_of_rows_is_the_whole_arrays(monkeypatch
     x = torch.tensor(rng.normal(0, 4, (301, 3)), dtype=torch.float32)
     sub_means = state.sub_means.float()
     whole = (x[:, None, :] - sub_means[z]).square().sum(-1).min(1)
-    monkeypatch.setattr(exact_em, "CHECK_FLOATS", 2 * 3 * 16)  # blocks of 16 rows, the last one short
+    monkeypatch.setattr(linalg, "CACHE_FLOATS", 2 * 3 * 16)  # blocks of 16 rows, the last one short
     nearest, which = nearer_subcluster(x, sub_means, z)
     assert torch.equal(nearest, whole.values) and torch.equal(which, whole.indices)
 
@@ -117,14 +118,14 @@ def test_the_nets_check_in_blocks_of_rows_gives_the_whole_forwards_values(monkey
     net = ClusterNet(3, 50, 5, torch.Generator().manual_seed(0))
     with torch.no_grad():
         _, z, log_r = slot_kl(net(x), candidates, resp)
-    monkeypatch.setattr(exact_em, "CHECK_FLOATS", 7 * 5)  # blocks of 7 rows, the last one short
+    monkeypatch.setattr(linalg, "CACHE_FLOATS", 7 * 5)  # blocks of 7 rows, the last one short
     k, z_blocks, log_r_blocks = net_check(net, x, candidates, resp)
     assert k == 5 and torch.equal(z_blocks, z) and torch.allclose(log_r_blocks, log_r, rtol=0, atol=1e-6)
     assert _distilled(x, candidates, resp, 1000)[:2] == _distilled_unblocked(monkeypatch, x, candidates, resp)[:2]
 
 
 def _distilled_unblocked(monkeypatch, x, candidates, resp):
-    monkeypatch.setattr(exact_em, "CHECK_FLOATS", x.shape[0] * resp.shape[1])
+    monkeypatch.setattr(linalg, "CACHE_FLOATS", x.shape[0] * resp.shape[1])
     return _distilled(x, candidates, resp, 1000)
 
 
