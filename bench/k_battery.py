@@ -57,6 +57,10 @@ machine does not inflate).
     OMP_NUM_THREADS=1 python bench/k_battery.py --quick --jobs 2 --json bench/results/k_battery_quick.json
     OMP_NUM_THREADS=1 python bench/k_battery.py --families grid100 --json bench/results/k_battery_grid100.json
     python bench/k_battery.py --families 'overlap*' --set prior.coarsening=null
+    python bench/k_battery.py --quick --constant deepdpm_core.moves.density_valleys.MERGE_VALLEY=1.01
+
+``--constant`` sets one of the method's calibrated module constants for an ablation
+(``bench/constants.py``): what the rule it holds buys, measured on every family at once.
 
 The Markdown table goes to stdout, progress to stderr; ``--json FILE`` holds every record
 and the command line (rewritten after each record). SIGTERM or Ctrl-C stops the run and
@@ -91,6 +95,7 @@ from sklearn.mixture import BayesianGaussianMixture, GaussianMixture
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from constants import parse_constants, set_constants  # noqa: E402
 from k_suite import NOISE, k_tolerance, make_datasets, select  # noqa: E402
 from k_vs_n import DEFAULT_N, checked_overrides, faiss_kmeans  # noqa: E402
 from k_vs_n import FAMILIES as K_VS_N  # noqa: E402
@@ -378,12 +383,12 @@ def run_methods(X: np.ndarray, y: np.ndarray, seed: int, overrides: dict, args: 
 
 # --------------------------------------------------------------------------------- report
 def _ran(rows: list[dict], method: str, start: str | None = None) -> list[dict]:
-    """The records of ``method`` that have a K; DeepDPM's of one start only (``start``, or
-    the first start of the records)."""
+    """The records of ``method`` that have a K, in seed order (``--jobs`` workers finish in
+    any order); DeepDPM's of one start only (``start``, or the first start of the records)."""
     ran = [r for r in rows if r["method"] == method and r["k"] is not None]
     if method == "DeepDPM":
         ran = [r for r in ran if r.get("start", "default") == (start or _first_start(rows))]
-    return ran
+    return sorted(ran, key=lambda r: r["seed"])
 
 
 def _first_start(rows: list[dict]) -> str | None:
@@ -516,6 +521,7 @@ def family_ns(name: str, args: argparse.Namespace) -> tuple[int | None, ...]:
 def run_task(name: str, n: int | None, seed: int, overrides: dict, args: argparse.Namespace) -> list[dict]:
     """Every method's record on one (family, N, seed), progress on stderr as each finishes."""
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
+    set_constants(args.constants)  # in this process: a worker starts from the modules' own values
     X, y = FAMILIES[name].make(n, seed)
     base = {"family": name, "n": len(X), "d": X.shape[1], "true_k": len(np.unique(y)), "seed": seed}
     records = []
@@ -556,6 +562,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default 0 1 2 (0 with --quick)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="config overrides for DeepDPM only, e.g. prior.coarsening=null")
+    parser.add_argument("--constant", nargs="*", default=[], metavar="deepdpm_core.MODULE.NAME=VALUE",
+                        help="an ablation: a calibrated module constant set for DeepDPM (bench/constants.py), "
+                             "e.g. deepdpm_core.moves.density_valleys.MERGE_VALLEY=1.01")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE")
     parser.add_argument("--bgm-max-cost", type=float, default=5e10,
                         help="run BGM-DP only where N x components x (D^2 + 2000) is at most this")
@@ -579,12 +588,17 @@ def main(argv: list[str] | None = None) -> int:
         args.hdbscan_max_cost = min(args.hdbscan_max_cost, QUICK_HDBSCAN_COST)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
     overrides = checked_overrides(parser, args.set)
+    try:
+        args.constants = parse_constants(args.constant)
+    except ValueError as err:
+        parser.error(str(err))
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     names = select(FAMILIES, args.families)
     report = {"command": shlex.join(["python", *(sys.argv if argv is None else [__file__, *argv])]),
               "threads": torch.get_num_threads(),
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "overrides": overrides, "seeds": seeds, "starts": args.starts, "quick": args.quick,
+              "overrides": overrides, "constants": args.constants, "seeds": seeds, "starts": args.starts,
+              "quick": args.quick,
               "complete": False,
               "options": {k: getattr(args, k) for k in ("bgm_max_cost", "bgm_max_seconds",
                                                         "hdbscan_max_n", "hdbscan_max_cost")},
@@ -608,7 +622,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json_atomic(report, args.json)
     print(f"seeds {' '.join(map(str, seeds))}; DeepDPM defaults"
-          f"{' with ' + ' '.join(args.set) if args.set else ''}; {torch.get_num_threads()} torch "
+          f"{' with ' + ' '.join(args.set + args.constant) if args.set or args.constant else ''}; "
+          f"{torch.get_num_threads()} torch "
           f"thread(s); wall {report['wall_seconds']:.0f} s, CPU {report['cpu_seconds']:.0f} s\n")
     print(report_table(report["records"]))
     starts = start_table(report["records"])

@@ -171,6 +171,50 @@ def test_k_battery_fits_from_each_start_and_scores_each_partition(tmp_path):
     assert "| overlap10-2d | 2048 | 2 |" in table and "starts agree" in table
 
 
+def test_k_battery_sets_a_constant_in_its_workers_for_an_ablation(tmp_path):
+    """--constant rebinds a calibrated constant in every worker: with every pair merged that
+    shows any valley at all, the two Gaussians 3.29 apart (K 2 by default) become one."""
+    out = tmp_path / "ablation.json"
+    constant = "deepdpm_core.moves.density_valleys.MERGE_VALLEY=0.0"
+    done = subprocess.run([sys.executable, "bench/k_battery.py", "--families", "overlap10-2d", "--seeds", "0", "1",
+                           "--jobs", "2", "--constant", constant, "--json", str(out)],
+                          cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["constants"] == {"deepdpm_core.moves.density_valleys.MERGE_VALLEY": 0.0}
+    assert [r["k"] for r in report["records"] if r["method"] == "DeepDPM"] == [1, 1]
+    bad = subprocess.run([sys.executable, "bench/k_battery.py", "--constant", "deepdpm_core.moves.NOPE=1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "deepdpm_core.moves has no NOPE" in bad.stderr
+
+
+def test_a_constant_is_rebound_wherever_it_was_imported():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        constants = importlib.import_module("constants")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    from deepdpm_core.moves import births, density_valleys, proposals
+
+    before = density_valleys.SPLIT_VALLEY
+    try:
+        changed = constants.set_constants(constants.parse_constants(
+            ["deepdpm_core.moves.density_valleys.SPLIT_VALLEY=0.5"]))
+        assert {"deepdpm_core.moves.density_valleys.SPLIT_VALLEY", "deepdpm_core.moves.proposals.SPLIT_VALLEY",
+                "deepdpm_core.moves.births.SPLIT_VALLEY"} <= set(changed)
+        assert density_valleys.SPLIT_VALLEY == proposals.SPLIT_VALLEY == births.SPLIT_VALLEY == 0.5
+        assert proposals.MERGE_VALLEY == 0.85  # another constant keeps its value
+    finally:
+        constants.set_constants({"deepdpm_core.moves.density_valleys.SPLIT_VALLEY": before})
+    assert proposals.SPLIT_VALLEY is before
+    for item, message in (("SPLIT_VALLEY=0.5", "expected"), ("deepdpm_core.moves.density_valleys.SPLIT_VALLEY=x",
+                                                                "not a Python literal"),
+                          ("numpy.pi=3", "only deepdpm_core")):
+        with pytest.raises(ValueError, match=message):
+            constants.parse_constants([item])
+
+
 def test_k_battery_draws_fifteen_overlapping_blobs_as_it_says():
     """blobs15: 15 Gaussians in 2-D whose centres keep the gap, each of the stated geometric
     mean spread, their sizes adding up to N; more spread, more overlap (k-means scores less)."""
