@@ -264,8 +264,41 @@ def test_peer_partitions_scores_the_fit_beside_gaussian_mixtures_partitions(tmp_
     assert [p["k"] for p in record["peers"]] == [2, 3, 4] and record["deepdpm"]["k"] == 2
     two = record["peers"][0]
     assert two["nmi"] > 0.6 and abs(two["delta_log_p"] - record["deepdpm"]["delta_log_p"]) < 50
-    # the same partition scores alike: no search failure is claimed
-    assert "| overlap10-2d | 2 | 2, " in stdout and stdout.rstrip().endswith("| model's choice |")
+    # the same partition scores alike: no search failure is claimed; the soft score picks 2 too
+    assert "| overlap10-2d | 2 | 2, " in stdout and stdout.rstrip().endswith("| 2 | model's choice |")
+    assert all(p["soft_delta_log_p"] > p["delta_log_p"] for p in record["peers"])  # H(r) > 0
+
+
+def test_the_soft_score_of_a_hard_partition_is_its_ln_p_and_adds_the_entropy():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        peers = importlib.import_module("peer_partitions")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(0, 1, (150, 3)), rng.normal(6, 1, (150, 3))]).astype(np.float32)
+    labels = np.repeat([0, 1], 150)
+    hard = np.eye(2)[labels]
+    assert math.isclose(peers.soft_score(X, hard), peers.objective(X, labels, {}), rel_tol=1e-9)
+    # every row shared half and half by two groups: two groups of the whole's statistics
+    # halved, with the prior fitted to them, and ln 2 of entropy a row
+    import torch
+
+    from deepdpm_core.bayes import PriorFit, SuffStats, fitted_log_joint
+    from deepdpm_core.config import Config
+    from deepdpm_core.data import fit_coordinates
+    from deepdpm_core.runtime import LocalCommunicator
+
+    x = torch.as_tensor(X, dtype=torch.float64)
+    coords, _, _ = fit_coordinates(x, Config().data, LocalCommunicator(), torch.device("cpu"))
+    xt = coords.apply(x)
+    half = SuffStats(torch.full((2,), 150.0, dtype=torch.float64), (xt.sum(0) / 2).repeat(2, 1),
+                     (xt.T @ xt / 2).repeat(2, 1, 1))
+    reference = fitted_log_joint(half, PriorFit(Config().prior, coords, torch.device("cpu")), 10.0).log_joint
+    assert math.isclose(peers.soft_score(X, np.full((300, 2), 0.5)), reference + 300 * math.log(2), rel_tol=1e-9)
+    # a component with under one row's mass is left out (ln Γ(n) would reward it without bound)
+    tiny = np.concatenate([hard * (1 - 1e-6), np.full((300, 1), 1e-6)], 1)
+    assert math.isfinite(peers.soft_score(X, tiny))
 
 
 def test_a_fits_request_hops_back_between_modules_no_more_than_it_did():
