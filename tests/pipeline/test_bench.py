@@ -30,6 +30,15 @@ def _run_json(script: str, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _bench_module(name: str):
+    """The bench script ``name`` imported as a module (its sibling benches on the path)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
 def test_scale_bench_times_an_epoch_against_kmeans_and_fits():
     # K = 40 is above estep.dense_max_k (32): the sparse E-step path scale.py measures
     out = _run_json("scale.py", "--n", "6000", "--d", "8", "--k", "40", "--kmeans-iters", "2",
@@ -190,11 +199,7 @@ def test_k_battery_sets_a_constant_in_its_workers_for_an_ablation(tmp_path):
 
 
 def test_a_constant_is_rebound_wherever_it_was_imported():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        constants = importlib.import_module("constants")
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    constants = _bench_module("constants")
     from deepdpm_core.moves import births, density_valleys, proposals
 
     before = density_valleys.SPLIT_VALLEY
@@ -221,11 +226,7 @@ def test_k_battery_draws_fifteen_overlapping_blobs_as_it_says():
     from sklearn.cluster import KMeans
     from sklearn.metrics import normalized_mutual_info_score
 
-    sys.path.insert(0, str(ROOT / "bench"))  # k_battery imports its sibling benches
-    try:
-        battery = importlib.import_module("k_battery")
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    battery = _bench_module("k_battery")
     scores = []
     for name, spread in (("blobs15-2d-s2", 0.4), ("blobs15-2d-s4", 0.7)):
         X, y = battery.FAMILIES[name].make(5000, 0)
@@ -270,11 +271,7 @@ def test_peer_partitions_scores_the_fit_beside_gaussian_mixtures_partitions(tmp_
 
 
 def test_the_soft_score_of_a_hard_partition_is_its_ln_p_and_adds_the_entropy():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        peers = importlib.import_module("peer_partitions")
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    peers = _bench_module("peer_partitions")
     rng = np.random.default_rng(0)
     X = np.concatenate([rng.normal(0, 1, (150, 3)), rng.normal(6, 1, (150, 3))]).astype(np.float32)
     labels = np.repeat([0, 1], 150)
