@@ -18,7 +18,7 @@ overlapping clusters pay, in the hard score, for the labels of the rows they sha
 soft score gives back as entropy. "Soft K" is the peer with the highest soft score.
 
     OMP_NUM_THREADS=1 python bench/peer_partitions.py --families 'blobs15*' overlap30-2d table-degenerate wine-raw \\
-        breast-cancer-raw digits-raw table-classification n2d umap --json bench/results/peer_partitions.json
+        breast-cancer-raw digits-raw table-classification n2d umap curved --json bench/results/peer_partitions.json
 
 The Markdown table goes to stdout, progress to stderr.
 """
