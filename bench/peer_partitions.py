@@ -43,10 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from k_battery import FAMILIES, QUICK_N, objective  # noqa: E402
 
 from deepdpm_core import DeepDPM  # noqa: E402
-from deepdpm_core.bayes import PriorFit, fitted_log_joint, grouped_stats  # noqa: E402
+from deepdpm_core.bayes.partition_evidence import weighted_evidence  # noqa: E402
 from deepdpm_core.config import Config  # noqa: E402
-from deepdpm_core.data import fit_coordinates, nmi  # noqa: E402
-from deepdpm_core.runtime import LocalCommunicator  # noqa: E402
+from deepdpm_core.data import nmi  # noqa: E402
 
 #: a peer's partition must score this much more than the fit's to show a search failure: the
 #: same partition found by both scores alike up to rounding ("positive" evidence, 2 ln B > 2)
@@ -59,13 +58,9 @@ def soft_score(X: np.ndarray, resp: np.ndarray) -> float:
     (module docstring). Components holding less than one row's mass are left out: ln Γ(n_k)
     of the partition prior grows without bound as n_k falls below 1."""
     resp = resp[:, resp.sum(0) >= 1.0]
-    config, cpu = Config(), torch.device("cpu")
-    x = torch.as_tensor(np.asarray(X), dtype=torch.float64)
-    coords, _, _ = fit_coordinates(x, config.data, LocalCommunicator(), cpu)
     point, group = np.nonzero(resp > 0)
-    stats = grouped_stats(coords.apply(x), torch.as_tensor(point), torch.as_tensor(group),
-                          torch.as_tensor(resp[point, group], dtype=torch.float64), resp.shape[1])
-    joint = fitted_log_joint(stats, PriorFit(config.prior, coords, cpu), config.prior.alpha).log_joint
+    joint = weighted_evidence(torch.as_tensor(np.asarray(X), dtype=torch.float64), point, group,
+                              resp[point, group], Config()).log_joint
     return joint - float(xlogy(resp, resp).sum())
 
 

@@ -95,13 +95,20 @@ def partition_evidence(X: np.ndarray, labels: np.ndarray, config: Config | None 
     if labels.shape != (x.shape[0],):
         raise DataError(f"labels has shape {labels.shape}; expected one per row of X, ({x.shape[0]},)")
     _, group = np.unique(labels, return_inverse=True)
-    counts = np.bincount(group)
+    return weighted_evidence(x, np.arange(len(group)), group, np.ones(len(group)), config)
+
+
+def weighted_evidence(x: torch.Tensor, points: np.ndarray, groups: np.ndarray, weights: np.ndarray,
+                      config: Config) -> PartitionEvidence:
+    """ln p(X, z) of groups given as (point, group, weight) triples (every group holding some
+    weight): hard labels are weights of 1, responsibilities their own weights. The rows
+    ``x`` (N, D), float64, are scored in the fit's coordinates under ``config``'s prior, fitted
+    to the groups' statistics."""
     cpu = torch.device("cpu")
     coords, _, _ = fit_coordinates(x, config.data, LocalCommunicator(), cpu)
-    xt = coords.apply(x)
-    rows = torch.as_tensor(group, dtype=torch.long)
-    stats = grouped_stats(xt, torch.arange(len(rows)), rows, torch.ones(len(rows), dtype=torch.float64),
-                          len(counts))
+    stats = grouped_stats(coords.apply(x), torch.as_tensor(points, dtype=torch.long),
+                          torch.as_tensor(groups, dtype=torch.long),
+                          torch.as_tensor(weights, dtype=torch.float64), int(groups.max()) + 1)
     return fitted_log_joint(stats, PriorFit(config.prior, coords, cpu), config.prior.alpha)
 
 
